@@ -1,0 +1,236 @@
+//! Admission: may a newly claimed operation start its create?
+//!
+//! Admission is asked only after a claim returned *new*, so the key is already reserved. A
+//! refusal is confirmed before any business work, so the layer releases the reservation and
+//! answers with the refusal's status, `Retry-After: 2` and `{"error":"not_admitted"}`; a later
+//! request with the key is new again.
+//!
+//! ```
+//! use tower_idempotency::admission::{admit_fn, Admit, ConcurrencyLimit, RateLimit, Refusal};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//!
+//! // At most 8 creates at once (503 beyond), at most 100 admitted creates per second (429).
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(ConcurrencyLimit::new(8));
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(RateLimit::per_second(100));
+//!
+//! // Any policy of your own.
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(admit_fn(|op| {
+//!     let busy = op.parcel_id.starts_with("blocked-");
+//!     async move { if busy { Admit::Refuse(Refusal::TooManyRequests) } else { Admit::Proceed(()) } }
+//! }));
+//! # drop(layer);
+//! ```
+
+use std::future::{Future, ready};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use http::StatusCode;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::operation::LabelOperation;
+
+/// A policy that admits or refuses a newly claimed operation.
+pub trait Admission: Clone + Send + Sync + 'static {
+    /// Held from admission until the create and the complete are done, then dropped.
+    type Permit: Send + 'static;
+
+    /// Decides for `operation`, whose key is already reserved.
+    fn admit(&self, operation: &LabelOperation)
+    -> impl Future<Output = Admit<Self::Permit>> + Send;
+}
+
+/// The answer of an [`Admission`].
+#[derive(Debug)]
+pub enum Admit<P = ()> {
+    /// Go on with the create, holding the permit until it is completed.
+    Proceed(P),
+    /// A confirmed refusal before any business work: release the key and reply.
+    Refuse(Refusal),
+}
+
+/// Why admission refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a rate: `429 Too Many Requests`.
+    TooManyRequests,
+    /// Over capacity: `503 Service Unavailable`.
+    ServiceUnavailable,
+}
+
+impl Refusal {
+    /// The status of the reply: 429 or 503.
+    ///
+    /// ```
+    /// use tower_idempotency::admission::Refusal;
+    /// assert_eq!(Refusal::TooManyRequests.status(), 429);
+    /// assert_eq!(Refusal::ServiceUnavailable.status(), 503);
+    /// ```
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// Admits every operation. The default.
+///
+/// ```
+/// use tower_idempotency::admission::AlwaysAdmit;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).admission(AlwaysAdmit);
+/// # drop(layer);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AlwaysAdmit;
+
+impl Admission for AlwaysAdmit {
+    type Permit = ();
+
+    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit> + Send {
+        ready(Admit::Proceed(()))
+    }
+}
+
+/// An [`Admission`] from a closure; build it with [`admit_fn`].
+#[derive(Clone, Copy)]
+pub struct AdmitFn<F> {
+    f: F,
+}
+
+impl<F> std::fmt::Debug for AdmitFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmitFn").finish_non_exhaustive()
+    }
+}
+
+/// Turns a closure returning a future of [`Admit`] into an [`Admission`].
+///
+/// ```
+/// use tower_idempotency::admission::{admit_fn, Admit, Refusal};
+///
+/// let closed = admit_fn(|_op| async { Admit::<()>::Refuse(Refusal::ServiceUnavailable) });
+/// # drop(closed);
+/// ```
+pub fn admit_fn<F, Fut>(f: F) -> AdmitFn<F>
+where
+    F: Fn(&LabelOperation) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Admit> + Send,
+{
+    AdmitFn { f }
+}
+
+impl<F, Fut> Admission for AdmitFn<F>
+where
+    F: Fn(&LabelOperation) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Admit> + Send,
+{
+    type Permit = ();
+
+    fn admit(&self, operation: &LabelOperation) -> impl Future<Output = Admit> + Send {
+        (self.f)(operation)
+    }
+}
+
+/// At most `n` creates at once; beyond that, `503` ([`Refusal::ServiceUnavailable`]).
+///
+/// A slot is taken at admission and freed when its create and complete are done (or failed).
+/// Clones share the slots.
+///
+/// ```
+/// use tower_idempotency::admission::ConcurrencyLimit;
+///
+/// let limit = ConcurrencyLimit::new(2);
+/// assert_eq!(limit.available(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConcurrencyLimit {
+    slots: Arc<Semaphore>,
+}
+
+impl ConcurrencyLimit {
+    /// A limit of `n` creates in flight.
+    pub fn new(n: usize) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(n)),
+        }
+    }
+
+    /// Slots free right now.
+    pub fn available(&self) -> usize {
+        self.slots.available_permits()
+    }
+}
+
+impl Admission for ConcurrencyLimit {
+    type Permit = OwnedSemaphorePermit;
+
+    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit<Self::Permit>> + Send {
+        ready(match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(permit) => Admit::Proceed(permit),
+            Err(_) => Admit::Refuse(Refusal::ServiceUnavailable),
+        })
+    }
+}
+
+/// At most `n` admitted creates per second, with bursts up to `n`; beyond that, `429`
+/// ([`Refusal::TooManyRequests`]). A token bucket; clones share it.
+///
+/// ```
+/// use tower_idempotency::admission::RateLimit;
+///
+/// let limit = RateLimit::per_second(50);
+/// # drop(limit);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimit {
+    bucket: Arc<Mutex<Bucket>>,
+    per_second: f64,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl RateLimit {
+    /// A limit of `n` admitted creates per second. `0` refuses everything.
+    pub fn per_second(n: u32) -> Self {
+        Self {
+            bucket: Arc::new(Mutex::new(Bucket {
+                tokens: f64::from(n),
+                refilled: Instant::now(),
+            })),
+            per_second: f64::from(n),
+        }
+    }
+
+    fn take(&self, now: Instant) -> bool {
+        let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+        let elapsed = now.saturating_duration_since(bucket.refilled);
+        bucket.tokens =
+            (bucket.tokens + elapsed.as_secs_f64() * self.per_second).min(self.per_second);
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Admission for RateLimit {
+    type Permit = ();
+
+    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit> + Send {
+        ready(if self.take(Instant::now()) {
+            Admit::Proceed(())
+        } else {
+            Admit::Refuse(Refusal::TooManyRequests)
+        })
+    }
+}

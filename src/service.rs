@@ -1,0 +1,306 @@
+//! [`Idempotency`]: the service that guards the create.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Request, Response};
+use http_body::Body;
+use tower::Service;
+
+use crate::admission::{Admission, Admit, AlwaysAdmit};
+use crate::body::{RequestBody, ResponseBody};
+use crate::future::ResponseFuture;
+use crate::layer::{Config, IdempotencyLayer, OtherPaths};
+use crate::operation::LabelOperation;
+use crate::reply::{self, Outcome, Reply};
+use crate::store::{Claim, Reservation, Store, StoredResponse};
+use crate::validation::{self, ReadError};
+
+/// The middleware service built by [`IdempotencyLayer`].
+///
+/// It validates the request in the contract's order, claims the key in the store, asks
+/// admission, calls the inner service to create, completes the record, and only then replies
+/// with the stored response. The inner service receives the validated body bytes and the
+/// [`LabelOperation`] in the request extensions.
+///
+/// Every refusal, store failure and create failure is a response, never an error: the service's
+/// error is the inner service's, and only a passed-through request can yield it.
+///
+/// Once a claim returns *new*, admission, the create and the complete run as a task of their
+/// own: a client that disconnects (its response future dropped) cannot leave the key pending or
+/// cause a second create. This needs a Tokio runtime; without one, they run in the response
+/// future itself.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceExt, service_fn};
+/// use tower_idempotency::{Idempotency, LabelOperation, MemoryStore, RequestBody};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let create = service_fn(|_: Request<RequestBody<String>>| async {
+///     Ok::<_, Infallible>(Response::builder().status(201).body(String::from("{}")).unwrap())
+/// });
+/// let service = Idempotency::new(create, MemoryStore::new());
+///
+/// let op = LabelOperation::new("label-req-7", "parcel-42");
+/// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+/// let again = service.oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::CREATED);
+/// assert_eq!(again.status(), StatusCode::CREATED); // replayed, not created twice
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Idempotency<S, St, A = AlwaysAdmit> {
+    inner: S,
+    store: St,
+    admission: A,
+    config: Arc<Config>,
+}
+
+impl<S, St: Store> Idempotency<S, St> {
+    /// Wraps `inner` with the contract's defaults over `store`.
+    pub fn new(inner: S, store: St) -> Self {
+        Self::from_parts(inner, store, AlwaysAdmit, Arc::default())
+    }
+
+    /// A layer that wraps services over `store`; see [`IdempotencyLayer`].
+    pub fn layer(store: St) -> IdempotencyLayer<St> {
+        IdempotencyLayer::new(store)
+    }
+}
+
+impl<S, St, A> Idempotency<S, St, A> {
+    pub(crate) fn from_parts(inner: S, store: St, admission: A, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            store,
+            admission,
+            config,
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, St, A, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St, A>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    St: Store,
+    A: Admission,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let config = &self.config;
+        // Contract §2, steps 1 to 3 and the declared half of step 4: no body read yet.
+        if request.uri().path() != config.path {
+            return match config.other_paths {
+                OtherPaths::NotFound => ResponseFuture::ready(Reply::NotFound.into_response()),
+                OtherPaths::PassThrough => {
+                    ResponseFuture::pass_through(self.inner.call(request.map(RequestBody::inner)))
+                }
+            };
+        }
+        let early = if request.method() != Method::POST {
+            Some(Reply::MethodNotAllowed)
+        } else if !validation::is_json(request.headers()) {
+            Some(Reply::UnsupportedMediaType)
+        } else if validation::declares_over(request.headers(), config.body_limit) {
+            Some(Reply::PayloadTooLarge)
+        } else {
+            None
+        };
+        if let Some(reply) = early {
+            return ResponseFuture::ready(reply.into_response());
+        }
+        // The instance that was polled ready is the one that will be called.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let guard = Guard {
+            inner,
+            store: self.store.clone(),
+            admission: self.admission.clone(),
+            config: Arc::clone(&self.config),
+        };
+        ResponseFuture::guarded(Box::pin(guard.run(request)))
+    }
+}
+
+/// Everything the guarded path needs, moved into its future.
+struct Guard<S, St, A> {
+    inner: S,
+    store: St,
+    admission: A,
+    config: Arc<Config>,
+}
+
+impl<S, St, A> Guard<S, St, A> {
+    /// Steps 4 to 6, the fingerprint and the claim; a new claim goes on in [`Guard::create`].
+    async fn run<ReqBody, ResBody>(
+        self,
+        request: Request<ReqBody>,
+    ) -> Response<ResponseBody<ResBody>>
+    where
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        St: Store,
+        A: Admission,
+        ReqBody: Body<Data = Bytes> + Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+    {
+        let (parts, body) = request.into_parts();
+        let body = match validation::read_limited(body, self.config.body_limit).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => return Reply::PayloadTooLarge.into_response(),
+            Err(ReadError::Broken) => return Reply::InvalidRequest.into_response(),
+        };
+        let Ok(operation) = LabelOperation::from_json(&body) else {
+            return Reply::InvalidRequest.into_response();
+        };
+        if !validation::key_matches(&parts.headers, &operation.request_id) {
+            return Reply::InvalidRequest.into_response();
+        }
+        let fingerprint = operation.fingerprint();
+        let key = operation.request_id.clone();
+        match self.store.claim(&key, &fingerprint).await {
+            Ok(Claim::New(reservation)) => {
+                let new = New {
+                    guard: self,
+                    key,
+                    reservation,
+                    operation,
+                    parts,
+                    body,
+                };
+                run_to_end(new.create()).await
+            }
+            Ok(Claim::Replay(stored)) => reply::stored(stored, Outcome::Replay),
+            Ok(Claim::Pending) => Reply::Pending.into_response(),
+            Ok(Claim::Conflict) => Reply::Conflict.into_response(),
+            Err(error) => {
+                tracing::warn!(%error, "claim failed; nothing created");
+                Reply::StoreUnavailable.into_response()
+            }
+        }
+    }
+}
+
+/// A request whose claim returned *new*: it holds the reservation.
+struct New<S, St, A> {
+    guard: Guard<S, St, A>,
+    key: String,
+    reservation: Reservation,
+    operation: LabelOperation,
+    parts: Parts,
+    body: Bytes,
+}
+
+impl<S, St, A> New<S, St, A> {
+    /// Contract §5: admission (release on refusal), create, complete, and only then the reply.
+    async fn create<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
+    where
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+        St: Store,
+        A: Admission,
+        ResBody: Body<Data = Bytes>,
+    {
+        let Self {
+            guard:
+                Guard {
+                    mut inner,
+                    store,
+                    admission,
+                    config,
+                },
+            key,
+            reservation,
+            operation,
+            parts,
+            body,
+        } = self;
+        let permit = match admission.admit(&operation).await {
+            Admit::Proceed(permit) => permit,
+            Admit::Refuse(refusal) => {
+                if let Err(error) = store.release(&key, &reservation).await {
+                    tracing::warn!(%error, "release after an admission refusal failed; the key stays pending");
+                }
+                return Reply::NotAdmitted(refusal.status()).into_response();
+            }
+        };
+        let mut request = Request::from_parts(parts, RequestBody::full(body));
+        request.extensions_mut().insert(operation);
+        let Ok(response) = inner.call(request).await else {
+            tracing::error!("create failed; the key stays pending");
+            return Reply::CreateFailed.into_response();
+        };
+        let (parts, body) = response.into_parts();
+        let body = match validation::read_limited(body, config.response_limit).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => {
+                tracing::error!("created response over the cap; the key stays pending");
+                return Reply::ResponseTooLarge.into_response();
+            }
+            Err(ReadError::Broken) => {
+                tracing::error!("created response body failed; the key stays pending");
+                return Reply::CreateFailed.into_response();
+            }
+        };
+        let stored = StoredResponse::new(parts.status, parts.headers, body);
+        let outcome = match store.complete(&key, &reservation, &stored).await {
+            Ok(()) => Outcome::Created,
+            Err(error) => {
+                tracing::error!(%error, "complete failed after the create; the key stays pending");
+                Outcome::CompleteFailed
+            }
+        };
+        drop(permit);
+        reply::stored(stored, outcome)
+    }
+}
+
+/// Runs `create` as a task of its own, so that dropping the response future (a client that
+/// went away) cannot stop it between the claim and the complete.
+async fn run_to_end<F, B>(create: F) -> Response<ResponseBody<B>>
+where
+    F: std::future::Future<Output = Response<ResponseBody<B>>> + Send + 'static,
+    B: Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => match runtime.spawn(create).await {
+            Ok(response) => response,
+            Err(error) => {
+                tracing::error!(%error, "create task failed; the key stays pending");
+                Reply::CreateFailed.into_response()
+            }
+        },
+        Err(_) => create.await,
+    }
+}

@@ -1,0 +1,269 @@
+//! The in-memory store: one process, lost on restart.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use crate::operation::Fingerprint;
+
+/// Number of independently locked shards; a power of two.
+const SHARDS: usize = 64;
+
+/// The embedded default store: a sharded map in this process.
+///
+/// Concurrent and lock-striped: a key's shard is locked only for the few instructions a claim,
+/// complete or release takes, never across an `.await`, so distinct keys rarely contend. The
+/// claim is atomic because it decides and reserves under one shard lock.
+///
+/// It is **not** shared between replicas and does **not** survive a restart: use it for one
+/// process, tests and examples, and a shared store (Redis, PostgreSQL) in a real deployment.
+///
+/// Pending records never expire. With [`MemoryStore::with_retention`], *completed* records
+/// older than the window are dropped, so a long-running process does not grow without bound;
+/// a retry after that is a new operation.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+///
+/// let store = MemoryStore::with_retention(Duration::from_secs(24 * 60 * 60));
+/// let layer = IdempotencyLayer::new(store.clone());
+/// assert_eq!(store.len(), 0);
+/// # drop(layer);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    retention: Option<Duration>,
+}
+
+#[derive(Default)]
+struct Shard {
+    records: HashMap<Box<str>, Record>,
+    last_purge: Option<Instant>,
+}
+
+struct Record {
+    fingerprint: Fingerprint,
+    state: State,
+}
+
+enum State {
+    Pending(Reservation),
+    Completed {
+        response: StoredResponse,
+        at: Instant,
+    },
+}
+
+impl MemoryStore {
+    /// An empty store that keeps every record for the life of the process.
+    pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// An empty store that drops completed records older than `retention`.
+    ///
+    /// Pending records are kept however old they are.
+    pub fn with_retention(retention: Duration) -> Self {
+        Self::build(Some(retention))
+    }
+
+    fn build(retention: Option<Duration>) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
+        Self {
+            shared: Arc::new(Shared {
+                shards,
+                hasher: RandomState::new(),
+                retention,
+            }),
+        }
+    }
+
+    /// The number of records, pending and completed (expired ones not yet purged included).
+    pub fn len(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| lock(s).records.len())
+            .sum()
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `key` is held by a pending reservation.
+    ///
+    /// ```
+    /// use tower_idempotency::{fingerprint, MemoryStore, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::new();
+    /// store.claim("k", &fingerprint("k", "p")).await.unwrap();
+    /// assert!(store.is_pending("k"));
+    /// # }
+    /// ```
+    pub fn is_pending(&self, key: &str) -> bool {
+        matches!(
+            lock(self.shard(key)).records.get(key),
+            Some(Record {
+                state: State::Pending(_),
+                ..
+            })
+        )
+    }
+
+    /// The completed response stored for `key`, if any (expired ones included until purged).
+    pub fn completed(&self, key: &str) -> Option<StoredResponse> {
+        match lock(self.shard(key)).records.get(key) {
+            Some(Record {
+                state: State::Completed { response, .. },
+                ..
+            }) => Some(response.clone()),
+            _ => None,
+        }
+    }
+
+    /// Drops every completed record older than the retention window now, and returns how many
+    /// were dropped. Without a retention window it drops nothing.
+    ///
+    /// Claims purge their own shard about once per window, so calling this is optional.
+    pub fn purge_expired(&self) -> usize {
+        let Some(retention) = self.shared.retention else {
+            return 0;
+        };
+        let now = Instant::now();
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| lock(shard).purge(now, retention))
+            .sum()
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        let hash = self.shared.hasher.hash_one(key);
+        // The shard count is a power of two; the mask keeps the index in range.
+        &self.shared.shards[(hash as usize) & (SHARDS - 1)]
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("retention", &self.shared.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shard {
+    fn purge(&mut self, now: Instant, retention: Duration) -> usize {
+        let before = self.records.len();
+        self.records
+            .retain(|_, record| !record.is_expired(now, retention));
+        self.last_purge = Some(now);
+        before - self.records.len()
+    }
+}
+
+impl Record {
+    fn is_expired(&self, now: Instant, retention: Duration) -> bool {
+        matches!(self.state, State::Completed { at, .. } if now.duration_since(at) >= retention)
+    }
+}
+
+/// Locks a shard. A panic elsewhere while holding it cannot leave a record half-written (every
+/// update is a single assignment), so a poisoned lock is still sound to use.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        let retention = self.shared.retention;
+        let now = retention.map(|_| Instant::now());
+        let mut shard = lock(self.shard(key));
+        if let Some(record) = shard.records.get_mut(key) {
+            let expired = match (now, retention) {
+                (Some(now), Some(retention)) => record.is_expired(now, retention),
+                _ => false,
+            };
+            if !expired {
+                return Ok(if record.fingerprint != *fingerprint {
+                    Claim::Conflict
+                } else {
+                    match &record.state {
+                        State::Pending(_) => Claim::Pending,
+                        State::Completed { response, .. } => Claim::Replay(response.clone()),
+                    }
+                });
+            }
+            let reservation = Reservation::generate();
+            *record = Record {
+                fingerprint: *fingerprint,
+                state: State::Pending(reservation),
+            };
+            return Ok(Claim::New(reservation));
+        }
+        if let (Some(now), Some(retention)) = (now, retention)
+            && shard
+                .last_purge
+                .is_none_or(|at| now.duration_since(at) >= retention)
+        {
+            shard.purge(now, retention);
+        }
+        let reservation = Reservation::generate();
+        shard.records.insert(
+            key.into(),
+            Record {
+                fingerprint: *fingerprint,
+                state: State::Pending(reservation),
+            },
+        );
+        Ok(Claim::New(reservation))
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let mut shard = lock(self.shard(key));
+        match shard.records.get_mut(key) {
+            Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
+                record.state = State::Completed {
+                    response: response.clone(),
+                    at: Instant::now(),
+                };
+                Ok(())
+            }
+            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
+        }
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        let mut shard = lock(self.shard(key));
+        match shard.records.get(key) {
+            Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
+                shard.records.remove(key);
+                Ok(())
+            }
+            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
+        }
+    }
+}

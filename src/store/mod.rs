@@ -1,0 +1,312 @@
+//! The registry of operations: the [`Store`] trait and its backends.
+//!
+//! A store keeps one record per idempotency key: the fingerprint of the operation that claimed
+//! it and either a *pending* reservation or the *completed* response. [`Store::claim`] is the one
+//! atomic entry to it; [`Store::complete`] and [`Store::release`] act only on the reservation
+//! the claim handed out, so a stale attempt can never overwrite a completed record or delete
+//! someone else's reservation.
+//!
+//! [`MemoryStore`] is the reference implementation and the embedded default. The shared,
+//! durable backends live behind cargo features.
+//!
+//! ```
+//! use tower_idempotency::{fingerprint, Claim, MemoryStore, Store, StoredResponse};
+//! use http::{HeaderMap, StatusCode};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new();
+//! let fp = fingerprint("label-req-7", "parcel-42");
+//!
+//! let Ok(Claim::New(reservation)) = store.claim("label-req-7", &fp).await else { panic!() };
+//! assert!(matches!(store.claim("label-req-7", &fp).await, Ok(Claim::Pending)));
+//!
+//! let created = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "{}".into());
+//! store.complete("label-req-7", &reservation, &created).await.unwrap();
+//! let Ok(Claim::Replay(replayed)) = store.claim("label-req-7", &fp).await else { panic!() };
+//! assert_eq!(replayed, created);
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use crate::operation::Fingerprint;
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+/// A boxed error from a store backend.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The registry the layer claims keys in.
+///
+/// Implementations must decide [`claim`](Store::claim) atomically *in the backend*: two
+/// concurrent claims of one key can never both be [`Claim::New`]. The fingerprint is compared
+/// before the status, so a different operation under a taken key is always a
+/// [`Claim::Conflict`], pending or completed. Pending records never expire on their own: expiring
+/// one could allow a second create after the first succeeded.
+///
+/// Stores are cheap handles (`Clone`) onto shared state.
+///
+/// See [`MemoryStore`] for the reference implementation.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Looks at the record for `key` and decides atomically (contract §4):
+    ///
+    /// | record | fingerprint | result |
+    /// |---|---|---|
+    /// | none | — | [`Claim::New`], a pending reservation is created |
+    /// | pending or completed | differs | [`Claim::Conflict`], nothing changes |
+    /// | pending | equal | [`Claim::Pending`] |
+    /// | completed | equal | [`Claim::Replay`] with the stored response |
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the backend cannot answer; the layer then creates nothing.
+    fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores `response` as the completed result of the reservation `reservation` of `key`.
+    ///
+    /// The store keeps its own copy: nothing the caller does with `response` afterwards changes
+    /// what is stored.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::ReservationLost`] if `key` is not pending under `reservation` (it was
+    /// completed, released or never claimed by this attempt); otherwise a backend failure.
+    fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes the pending reservation `reservation` of `key`, after a confirmed admission
+    /// refusal, so that a later request with the key is new again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::ReservationLost`] if `key` is not pending under `reservation`;
+    /// otherwise a backend failure.
+    fn release(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The outcome of [`Store::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// There was no record: a pending reservation now holds the key for this attempt.
+    New(Reservation),
+    /// The operation is reserved or unfinished. A pending retry never gets the right to create.
+    Pending,
+    /// The operation completed; this is its stored response, to be written as it is.
+    Replay(StoredResponse),
+    /// The key belongs to a different operation (another fingerprint).
+    Conflict,
+}
+
+/// The token of one pending reservation, handed out with [`Claim::New`].
+///
+/// [`Store::complete`] and [`Store::release`] act only when the record is still pending under
+/// this token. Tokens are unique within a process and random across processes.
+///
+/// ```
+/// use tower_idempotency::Reservation;
+///
+/// let a = Reservation::generate();
+/// let b = Reservation::generate();
+/// assert_ne!(a, b);
+/// assert_eq!(Reservation::from_u128(a.as_u128()), a);
+/// assert_eq!(a.to_string().len(), 32);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation(u128);
+
+impl Reservation {
+    /// A new token, never equal to another one generated by this process.
+    pub fn generate() -> Self {
+        static SEED: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let seed = *SEED.get_or_init(process_seed);
+        let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self((u128::from(seed) << 64) | u128::from(count))
+    }
+
+    /// The token as a number, for a store to persist.
+    pub fn as_u128(&self) -> u128 {
+        self.0
+    }
+
+    /// A token read back from a store.
+    pub fn from_u128(value: u128) -> Self {
+        Self(value)
+    }
+}
+
+/// A random 64-bit value, different for every process.
+fn process_seed() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(since_epoch.as_nanos());
+    }
+    hasher.finish()
+}
+
+impl fmt::Display for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Reservation({self})")
+    }
+}
+
+/// A completed response as the store holds it: status, every header value in order, and the
+/// exact body bytes.
+///
+/// Replaying it writes what the store holds, value for value: a header with two values (two
+/// `ETag`s, say) is replayed with both, in order.
+///
+/// ```
+/// use tower_idempotency::StoredResponse;
+/// use http::{header, HeaderMap, HeaderValue, StatusCode};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+/// headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+/// let stored = StoredResponse::new(StatusCode::CREATED, headers, "{}".into());
+///
+/// let etags: Vec<_> = stored.headers().get_all(header::ETAG).iter().collect();
+/// assert_eq!(etags, ["\"label-901-v1\"", "\"backup\""]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl StoredResponse {
+    /// A stored response from its parts.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The stored status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// Every stored header value, in order.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The exact stored body bytes.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The parts, to build a reply from.
+    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
+        (self.status, self.headers, self.body)
+    }
+}
+
+/// What went wrong in a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached or failed to answer.
+    Unavailable,
+    /// The backend did not answer within the configured time.
+    Timeout,
+    /// The key is not pending under the given reservation: it was completed, released, or never
+    /// claimed by this attempt. Nothing was changed.
+    ReservationLost,
+    /// A record in the backend could not be decoded.
+    Corrupt,
+}
+
+/// The one error type of every [`Store`].
+///
+/// Backends convert their driver errors into it, keeping the original as its
+/// [`source`](std::error::Error::source).
+///
+/// ```
+/// use tower_idempotency::{StoreError, StoreErrorKind};
+///
+/// let error = StoreError::new(StoreErrorKind::Timeout);
+/// assert_eq!(error.kind(), StoreErrorKind::Timeout);
+/// assert_eq!(error.to_string(), "store timed out");
+/// ```
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// An error of the given kind with no further cause.
+    pub fn new(kind: StoreErrorKind) -> Self {
+        Self { kind, source: None }
+    }
+
+    /// An error of the given kind caused by a backend error.
+    pub fn with_source(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Timeout => "store timed out",
+            StoreErrorKind::ReservationLost => "reservation lost",
+            StoreErrorKind::Corrupt => "corrupt store record",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -1,0 +1,393 @@
+//! The contract's test rig: a journal of calls, a recording store, admission and create, and
+//! requests and assertions in the contract's words.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use tower::{Service, ServiceExt};
+use tower_idempotency::admission::{Admission, Admit, Refusal};
+use tower_idempotency::{
+    Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, MemoryStore, RequestBody,
+    Reservation, Store, StoreError, StoredResponse,
+};
+
+/// The journal of calls: `claim`, `admit`, `release`, `create`, `complete`, `write`.
+#[derive(Clone, Default)]
+pub struct Journal(Arc<Mutex<Vec<&'static str>>>);
+
+impl Journal {
+    pub fn record(&self, call: &'static str) {
+        self.0.lock().unwrap().push(call);
+    }
+
+    /// The calls so far, and a fresh start.
+    pub fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A store that journals each call and otherwise is any inner store.
+#[derive(Clone)]
+pub struct RecordingStore<St = MemoryStore> {
+    pub inner: St,
+    pub journal: Journal,
+}
+
+impl<St: Store> Store for RecordingStore<St> {
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        self.journal.record("claim");
+        self.inner.claim(key, fingerprint).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.journal.record("complete");
+        self.inner.complete(key, reservation, response).await
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        self.journal.record("release");
+        self.inner.release(key, reservation).await
+    }
+}
+
+/// Admission that journals each call and answers what the test sets: 0 (proceed), 429 or 503.
+#[derive(Clone)]
+pub struct RecordingAdmission {
+    pub verdict: Arc<AtomicU16>,
+    pub journal: Journal,
+}
+
+impl Admission for RecordingAdmission {
+    type Permit = ();
+
+    async fn admit(&self, _: &LabelOperation) -> Admit {
+        self.journal.record("admit");
+        match self.verdict.load(Ordering::SeqCst) {
+            429 => Admit::Refuse(Refusal::TooManyRequests),
+            503 => Admit::Refuse(Refusal::ServiceUnavailable),
+            _ => Admit::Proceed(()),
+        }
+    }
+}
+
+/// The lesson's created response body.
+pub const CREATED_BODY: &str =
+    r#"{"request_id":"label-req-7","state":"created","label_id":"label-901"}"#;
+/// The lesson's operation.
+pub const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
+pub const KEY: &str = "label-req-7";
+
+/// The lesson's create: journals `create`, counts, answers 201 with `Location`, two `ETag`s and
+/// the lesson's body.
+pub fn created_response() -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(CREATED_BODY.as_bytes())));
+    *response.status_mut() = StatusCode::CREATED;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_static("/labels/label-901"),
+    );
+    headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+    headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+    response
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub type Inner =
+    tower::util::BoxCloneSyncService<Request<RequestBody<Chunks>>, Response<Full<Bytes>>, BoxError>;
+
+/// The rig: a layer over a recording store and admission, wrapping a recording create.
+pub struct Rig {
+    pub journal: Journal,
+    pub memory: MemoryStore,
+    pub verdict: Arc<AtomicU16>,
+    pub creates: Arc<AtomicUsize>,
+    pub service: Idempotency<Inner, RecordingStore, RecordingAdmission>,
+}
+
+impl Rig {
+    pub fn new() -> Self {
+        Self::with_layer(|layer| layer)
+    }
+
+    /// A rig whose layer the caller may configure further.
+    pub fn with_layer(
+        configure: impl FnOnce(
+            IdempotencyLayer<RecordingStore, RecordingAdmission>,
+        ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
+    ) -> Self {
+        let journal = Journal::default();
+        let creates = Arc::new(AtomicUsize::new(0));
+        let create = {
+            let journal = journal.clone();
+            let creates = Arc::clone(&creates);
+            tower::service_fn(move |request: Request<RequestBody<Chunks>>| {
+                journal.record("create");
+                creates.fetch_add(1, Ordering::SeqCst);
+                assert!(request.extensions().get::<LabelOperation>().is_some());
+                async move { Ok::<_, BoxError>(created_response()) }
+            })
+        };
+        Self::build(journal, creates, Inner::new(create), configure)
+    }
+
+    /// A rig around a create of the caller's, made from the journal.
+    pub fn around<S>(create: impl FnOnce(Journal) -> S) -> Self
+    where
+        S: Service<
+                Request<RequestBody<Chunks>>,
+                Response = Response<Full<Bytes>>,
+                Error = BoxError,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        let journal = Journal::default();
+        let create = Inner::new(create(journal.clone()));
+        Self::build(journal, Arc::default(), create, |layer| layer)
+    }
+
+    /// A rig around a create of the caller's.
+    pub fn build(
+        journal: Journal,
+        creates: Arc<AtomicUsize>,
+        create: Inner,
+        configure: impl FnOnce(
+            IdempotencyLayer<RecordingStore, RecordingAdmission>,
+        ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
+    ) -> Self {
+        let memory = MemoryStore::new();
+        let store = RecordingStore {
+            inner: memory.clone(),
+            journal: journal.clone(),
+        };
+        let verdict = Arc::new(AtomicU16::new(0));
+        let admission = RecordingAdmission {
+            verdict: Arc::clone(&verdict),
+            journal: journal.clone(),
+        };
+        let layer = configure(IdempotencyLayer::new(store).admission(admission));
+        let service = tower::Layer::layer(&layer, create);
+        Self {
+            journal,
+            memory,
+            verdict,
+            creates,
+            service,
+        }
+    }
+
+    pub fn creates(&self) -> usize {
+        self.creates.load(Ordering::SeqCst)
+    }
+
+    /// Sends one request, journals `write` when the response is produced, and returns it
+    /// with its body read whole.
+    pub async fn send(&self, request: Request<Chunks>) -> Reply {
+        let response = self.service.clone().oneshot(request).await.unwrap();
+        self.journal.record("write");
+        Reply::read(response).await
+    }
+
+    /// Sends one request and checks the journal it left.
+    pub async fn send_expecting(&self, request: Request<Chunks>, journal: &[&str]) -> Reply {
+        self.journal.take();
+        let reply = self.send(request).await;
+        assert_eq!(self.journal.take(), journal, "journal");
+        reply
+    }
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub outcome: Option<tower_idempotency::Outcome>,
+}
+
+impl Reply {
+    pub async fn read<B>(response: Response<B>) -> Self
+    where
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Debug,
+    {
+        let outcome = response.extensions().get().copied();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Self {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            outcome,
+        }
+    }
+
+    /// Asserts the status, the exact body bytes and `Content-Type: application/json`.
+    #[track_caller]
+    pub fn exact(&self, status: u16, body: &str) -> &Self {
+        assert_eq!(self.status.as_u16(), status, "status; body {:?}", self.body);
+        assert_eq!(self.body, body.as_bytes(), "body");
+        assert_eq!(
+            self.values("content-type"),
+            ["application/json"],
+            "content-type"
+        );
+        self
+    }
+
+    /// Asserts every value of `name`, in order.
+    #[track_caller]
+    pub fn header(&self, name: &str, values: &[&str]) -> &Self {
+        assert_eq!(self.values(name), values, "header {name}");
+        self
+    }
+
+    pub fn values(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    /// Asserts this is the lesson's created response, value for value.
+    #[track_caller]
+    pub fn is_created(&self) -> &Self {
+        self.exact(201, CREATED_BODY)
+            .header("location", &["/labels/label-901"])
+            .header("etag", &["\"label-901-v1\"", "\"backup\""]);
+        assert_eq!(
+            self.headers.len(),
+            4,
+            "exactly the stored headers: {:?}",
+            self.headers
+        );
+        self
+    }
+}
+
+/// A request body in chunks, as a chunked transfer delivers it.
+#[derive(Debug, Default)]
+pub struct Chunks(VecDeque<Bytes>);
+
+impl Chunks {
+    pub fn one(bytes: impl Into<Bytes>) -> Self {
+        Self(VecDeque::from([bytes.into()]))
+    }
+
+    pub fn many<I: IntoIterator<Item = B>, B: Into<Bytes>>(chunks: I) -> Self {
+        Self(chunks.into_iter().map(Into::into).collect())
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
+    }
+}
+
+/// A request: method, path, key (if any), content type (if any), body in one chunk.
+pub fn request(
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    content_type: Option<&str>,
+    body: impl Into<Bytes>,
+) -> Request<Chunks> {
+    let mut builder = Request::builder().method(method).uri(path);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    if let Some(content_type) = content_type {
+        builder = builder.header("content-type", content_type);
+    }
+    builder.body(Chunks::one(body)).unwrap()
+}
+
+/// The lesson's valid request.
+pub fn valid() -> Request<Chunks> {
+    request("POST", "/labels", Some(KEY), Some("application/json"), BODY)
+}
+
+/// A valid request for another operation.
+pub fn operation(request_id: &str, parcel_id: &str) -> Request<Chunks> {
+    let op = LabelOperation::new(request_id, parcel_id);
+    request(
+        "POST",
+        "/labels",
+        Some(request_id),
+        Some("application/json"),
+        op.to_json(),
+    )
+}
+
+/// Drives a service ready and calls it, so a test can hold (or drop) the future.
+pub async fn call<S, R>(service: &mut S, request: R) -> S::Future
+where
+    S: Service<R>,
+    S::Error: std::fmt::Debug,
+{
+    service.ready().await.unwrap().call(request)
+}
+
+/// A rig whose create journals, counts, then waits at `gate` before answering.
+pub fn rig_with_gated_create(gate: Arc<tokio::sync::Notify>) -> (Rig, Arc<AtomicUsize>) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&creates);
+    let rig = Rig::around(move |journal| {
+        tower::service_fn(move |_| {
+            journal.record("create");
+            counter.fetch_add(1, Ordering::SeqCst);
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.notified().await;
+                Ok::<_, BoxError>(created_response())
+            }
+        })
+    });
+    (
+        Rig {
+            creates: Arc::clone(&creates),
+            ..rig
+        },
+        creates,
+    )
+}
+
+/// Waits, up to five seconds, until `condition` holds.
+pub async fn wait_for(condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
