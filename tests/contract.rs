@@ -448,7 +448,7 @@ async fn a_failed_create_is_500_and_the_key_stays_pending() {
     let rig = Rig::around(|journal| {
         tower::service_fn(move |_| {
             journal.record("create");
-            async { Err::<http::Response<_>, BoxError>("boom".into()) }
+            async { Err::<http::Response<_>, CreateError>("boom".into()) }
         })
     });
     rig.send_expecting(valid(), &["claim", "admit", "create", "write"])
@@ -487,7 +487,7 @@ async fn any_status_from_the_create_is_stored_and_replayed() {
                     bytes::Bytes::from_static(b"no"),
                 ));
                 *response.status_mut() = http::StatusCode::UNPROCESSABLE_ENTITY;
-                Ok::<_, BoxError>(response)
+                Ok::<_, CreateError>(response)
             }
         })
     });
@@ -495,4 +495,90 @@ async fn any_status_from_the_create_is_stored_and_replayed() {
     assert_eq!(first.status, 422);
     let again = rig.send_expecting(valid(), &["claim", "write"]).await;
     assert_eq!((again.status, again.body), (first.status, first.body));
+}
+
+// Store failures: fail closed, never create twice.
+
+#[tokio::test]
+async fn a_failed_claim_is_503_store_unavailable_and_creates_nothing() {
+    let rig = Rig::new();
+    rig.failing.lock().unwrap().push("claim");
+    let reply = rig.send_expecting(valid(), &["claim", "write"]).await;
+    reply
+        .exact(503, r#"{"error":"store_unavailable"}"#)
+        .header("retry-after", &["2"]);
+    assert_eq!(reply.outcome, Some(Outcome::StoreUnavailable));
+    assert_eq!(rig.creates(), 0);
+    rig.failing.lock().unwrap().clear();
+    rig.send(valid()).await.is_created();
+}
+
+#[tokio::test]
+async fn a_failed_complete_still_replies_the_created_response_and_leaves_the_key_pending() {
+    let rig = Rig::new();
+    rig.failing.lock().unwrap().push("complete");
+    let reply = rig
+        .send_expecting(valid(), &["claim", "admit", "create", "complete", "write"])
+        .await;
+    reply.is_created();
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    assert!(rig.memory.is_pending(KEY));
+    rig.failing.lock().unwrap().clear();
+    rig.send(valid()).await.exact(409, r#"{"error":"request_pending"}"#);
+    assert_eq!(rig.creates(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_release_still_replies_not_admitted() {
+    let rig = Rig::new();
+    rig.verdict.store(429, std::sync::atomic::Ordering::SeqCst);
+    rig.failing.lock().unwrap().push("release");
+    rig.send_expecting(valid(), &["claim", "admit", "release", "write"])
+        .await
+        .exact(429, r#"{"error":"not_admitted"}"#)
+        .header("retry-after", &["2"]);
+    assert_eq!(rig.creates(), 0);
+}
+
+// Configuration.
+
+#[tokio::test]
+async fn other_paths_can_pass_through_untouched() {
+    let rig = Rig::with_layer(|layer| layer.other_paths(tower_idempotency::OtherPaths::PassThrough));
+    let reply = rig
+        .send_expecting(request("GET", "/health", None, None, "ping"), &["create", "write"])
+        .await;
+    assert_eq!(reply.status, 201, "the inner service answered");
+    assert_eq!(reply.outcome, None);
+    // The guarded path is still guarded.
+    rig.send_expecting(request("GET", "/labels", None, None, ""), &["write"])
+        .await
+        .exact(405, METHOD);
+}
+
+#[tokio::test]
+async fn the_guarded_path_is_configurable() {
+    let rig = Rig::with_layer(|layer| layer.path("/v2/labels"));
+    rig.send_expecting(valid(), &["write"]).await.exact(404, NOT_FOUND);
+    let request = request("POST", "/v2/labels", Some(KEY), Some("application/json"), BODY);
+    rig.send(request).await.is_created();
+}
+
+#[tokio::test]
+async fn the_inner_service_gets_the_validated_body_and_the_operation() {
+    let rig = Rig::around(|journal| {
+        tower::service_fn(move |request: http::Request<tower_idempotency::RequestBody<Chunks>>| {
+            journal.record("create");
+            async move {
+                use http_body_util::BodyExt;
+                let op = request.extensions().get::<LabelOperation>().cloned().unwrap();
+                assert_eq!(op, LabelOperation::new(KEY, "parcel-42"));
+                assert_eq!(request.headers()["idempotency-key"], KEY);
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(body, BODY.as_bytes());
+                Ok::<_, CreateError>(created_response())
+            }
+        })
+    });
+    rig.send(valid()).await.is_created();
 }

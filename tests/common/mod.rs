@@ -2,6 +2,8 @@
 //! requests and assertions in the contract's words.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod conformance;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -17,7 +19,7 @@ use tower::{Service, ServiceExt};
 use tower_idempotency::admission::{Admission, Admit, Refusal};
 use tower_idempotency::{
     Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, MemoryStore, RequestBody,
-    Reservation, Store, StoreError, StoredResponse,
+    Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };
 
 /// The journal of calls: `claim`, `admit`, `release`, `create`, `complete`, `write`.
@@ -35,16 +37,37 @@ impl Journal {
     }
 }
 
-/// A store that journals each call and otherwise is any inner store.
+/// A store that journals each call, fails the calls a test names, and otherwise is any inner
+/// store.
 #[derive(Clone)]
 pub struct RecordingStore<St = MemoryStore> {
     pub inner: St,
     pub journal: Journal,
+    pub failing: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl<St> RecordingStore<St> {
+    pub fn new(inner: St, journal: Journal) -> Self {
+        Self {
+            inner,
+            journal,
+            failing: Arc::default(),
+        }
+    }
+
+    fn call(&self, call: &'static str) -> Result<(), StoreError> {
+        self.journal.record(call);
+        if self.failing.lock().unwrap().contains(&call) {
+            Err(StoreError::new(StoreErrorKind::Unavailable))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl<St: Store> Store for RecordingStore<St> {
     async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-        self.journal.record("claim");
+        self.call("claim")?;
         self.inner.claim(key, fingerprint).await
     }
 
@@ -54,12 +77,12 @@ impl<St: Store> Store for RecordingStore<St> {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        self.journal.record("complete");
+        self.call("complete")?;
         self.inner.complete(key, reservation, response).await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        self.journal.record("release");
+        self.call("release")?;
         self.inner.release(key, reservation).await
     }
 }
@@ -110,10 +133,20 @@ pub fn created_response() -> Response<Full<Bytes>> {
     response
 }
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The create's error. A concrete type, not a boxed `dyn Error`: a `'static` trait object in a
+/// service type trips rustc's "higher-ranked lifetime error" (rust-lang/rust#102211) when the
+/// service's future is held across an `.await` in a spawned task.
+#[derive(Debug)]
+pub struct CreateError(pub &'static str);
+
+impl From<&'static str> for CreateError {
+    fn from(message: &'static str) -> Self {
+        Self(message)
+    }
+}
 
 pub type Inner =
-    tower::util::BoxCloneSyncService<Request<RequestBody<Chunks>>, Response<Full<Bytes>>, BoxError>;
+    tower::util::BoxCloneSyncService<Request<RequestBody<Chunks>>, Response<Full<Bytes>>, CreateError>;
 
 /// The rig: a layer over a recording store and admission, wrapping a recording create.
 pub struct Rig {
@@ -121,6 +154,8 @@ pub struct Rig {
     pub memory: MemoryStore,
     pub verdict: Arc<AtomicU16>,
     pub creates: Arc<AtomicUsize>,
+    /// Store calls to fail: `"claim"`, `"complete"`, `"release"`.
+    pub failing: Arc<Mutex<Vec<&'static str>>>,
     pub service: Idempotency<Inner, RecordingStore, RecordingAdmission>,
 }
 
@@ -140,11 +175,10 @@ impl Rig {
         let create = {
             let journal = journal.clone();
             let creates = Arc::clone(&creates);
-            tower::service_fn(move |request: Request<RequestBody<Chunks>>| {
+            tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
                 journal.record("create");
                 creates.fetch_add(1, Ordering::SeqCst);
-                assert!(request.extensions().get::<LabelOperation>().is_some());
-                async move { Ok::<_, BoxError>(created_response()) }
+                async move { Ok::<_, CreateError>(created_response()) }
             })
         };
         Self::build(journal, creates, Inner::new(create), configure)
@@ -156,7 +190,7 @@ impl Rig {
         S: Service<
                 Request<RequestBody<Chunks>>,
                 Response = Response<Full<Bytes>>,
-                Error = BoxError,
+                Error = CreateError,
             > + Clone
             + Send
             + Sync
@@ -178,10 +212,8 @@ impl Rig {
         ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
     ) -> Self {
         let memory = MemoryStore::new();
-        let store = RecordingStore {
-            inner: memory.clone(),
-            journal: journal.clone(),
-        };
+        let store = RecordingStore::new(memory.clone(), journal.clone());
+        let failing = Arc::clone(&store.failing);
         let verdict = Arc::new(AtomicU16::new(0));
         let admission = RecordingAdmission {
             verdict: Arc::clone(&verdict),
@@ -194,6 +226,7 @@ impl Rig {
             memory,
             verdict,
             creates,
+            failing,
             service,
         }
     }
@@ -370,7 +403,7 @@ pub fn rig_with_gated_create(gate: Arc<tokio::sync::Notify>) -> (Rig, Arc<Atomic
             let gate = Arc::clone(&gate);
             async move {
                 gate.notified().await;
-                Ok::<_, BoxError>(created_response())
+                Ok::<_, CreateError>(created_response())
             }
         })
     });

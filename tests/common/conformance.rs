@@ -1,0 +1,232 @@
+//! One conformance suite for every [`Store`], written once.
+//!
+//! A backend's test file defines `async fn make_store(retention: Option<Duration>) -> impl Store`
+//! and calls `store_conformance!(make_store);`. Keys are unique per test run, so the suite can
+//! run against a shared server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use tower_idempotency::{
+    Claim, Fingerprint, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
+};
+
+/// A key no other test (or earlier run) uses.
+pub fn unique_key(name: &str) -> String {
+    format!("{name}-{}", Reservation::generate())
+}
+
+fn fp(parcel: &str) -> Fingerprint {
+    fingerprint("conformance", parcel)
+}
+
+/// A response with every awkward part a store must keep: two values of one header, a
+/// non-UTF-8 value, and a body with bytes that are not text.
+pub fn awkward_response() -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::LOCATION, HeaderValue::from_static("/labels/label-901"));
+    headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+    headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+    headers.insert("x-raw", HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap());
+    headers.insert("x-empty", HeaderValue::from_static(""));
+    let body = Bytes::from_static(b"{\"label_id\":\"label-901\"}\n\0\xff\xfe end");
+    StoredResponse::new(StatusCode::CREATED, headers, body)
+}
+
+async fn new(store: &impl Store, key: &str, fingerprint: &Fingerprint) -> Reservation {
+    match store.claim(key, fingerprint).await.unwrap() {
+        Claim::New(reservation) => reservation,
+        other => panic!("expected new, got {other:?}"),
+    }
+}
+
+async fn claim(store: &impl Store, key: &str, fingerprint: &Fingerprint) -> Claim {
+    store.claim(key, fingerprint).await.unwrap()
+}
+
+pub async fn all_four_claim_outcomes(store: impl Store) {
+    let key = unique_key("outcomes");
+    let reservation = new(&store, &key, &fp("a")).await;
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending);
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
+    let response = awkward_response();
+    store.complete(&key, &reservation, &response).await.unwrap();
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(response));
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
+}
+
+pub async fn conflict_is_decided_before_the_status_and_changes_nothing(store: impl Store) {
+    let key = unique_key("conflict");
+    let reservation = new(&store, &key, &fp("a")).await;
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending, "still pending for a");
+    store.complete(&key, &reservation, &awkward_response()).await.unwrap();
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
+    assert_eq!(
+        claim(&store, &key, &fp("a")).await,
+        Claim::Replay(awkward_response()),
+        "still completed for a"
+    );
+}
+
+pub async fn replay_is_byte_exact(store: impl Store) {
+    let key = unique_key("replay");
+    let reservation = new(&store, &key, &fp("a")).await;
+    let response = awkward_response();
+    store.complete(&key, &reservation, &response).await.unwrap();
+    let Claim::Replay(replayed) = claim(&store, &key, &fp("a")).await else {
+        panic!("expected replay")
+    };
+    assert_eq!(replayed.status(), response.status());
+    assert_eq!(replayed.body(), response.body());
+    let values = |r: &StoredResponse, name: &str| -> Vec<Vec<u8>> {
+        r.headers().get_all(name).iter().map(|v| v.as_bytes().to_vec()).collect()
+    };
+    for name in ["content-type", "location", "etag", "x-raw", "x-empty"] {
+        assert_eq!(values(&replayed, name), values(&response, name), "{name}");
+    }
+    assert_eq!(
+        values(&replayed, "etag"),
+        [b"\"label-901-v1\"".to_vec(), b"\"backup\"".to_vec()]
+    );
+    assert_eq!(replayed.headers().len(), response.headers().len());
+
+    // An empty body and no headers are kept as they are too.
+    let key = unique_key("replay-empty");
+    let reservation = new(&store, &key, &fp("a")).await;
+    let empty = StoredResponse::new(StatusCode::NO_CONTENT, HeaderMap::new(), Bytes::new());
+    store.complete(&key, &reservation, &empty).await.unwrap();
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(empty));
+}
+
+pub async fn complete_is_guarded_by_the_reservation(store: impl Store) {
+    let key = unique_key("complete");
+    let reservation = new(&store, &key, &fp("a")).await;
+    let stranger = Reservation::generate();
+    let error = store.complete(&key, &stranger, &awkward_response()).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending);
+
+    let first = awkward_response();
+    store.complete(&key, &reservation, &first).await.unwrap();
+    let second = StoredResponse::new(StatusCode::OK, HeaderMap::new(), "second".into());
+    let error = store.complete(&key, &reservation, &second).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::ReservationLost, "a completed record is final");
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(first));
+
+    let never_claimed = unique_key("complete-unclaimed");
+    let error = store.complete(&never_claimed, &reservation, &second).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
+    assert!(matches!(claim(&store, &never_claimed, &fp("a")).await, Claim::New(_)));
+}
+
+pub async fn release_is_guarded_by_the_reservation(store: impl Store) {
+    let key = unique_key("release");
+    let reservation = new(&store, &key, &fp("a")).await;
+    let error = store.release(&key, &Reservation::generate()).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending, "someone else's is kept");
+
+    store.release(&key, &reservation).await.unwrap();
+    let again = new(&store, &key, &fp("b")).await; // new again, for any operation
+
+    // A stale attempt can neither complete nor release the new reservation.
+    let stale = store.complete(&key, &reservation, &awkward_response()).await.unwrap_err();
+    assert_eq!(stale.kind(), StoreErrorKind::ReservationLost);
+    let stale = store.release(&key, &reservation).await.unwrap_err();
+    assert_eq!(stale.kind(), StoreErrorKind::ReservationLost);
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Pending);
+
+    // Release never deletes a completed record.
+    store.complete(&key, &again, &awkward_response()).await.unwrap();
+    let error = store.release(&key, &again).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
+    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Replay(awkward_response()));
+}
+
+/// `store` drops completed records after `retention`; pending ones stay.
+pub async fn retention_drops_completed_records_only(store: impl Store, retention: Duration) {
+    let completed = unique_key("retention-completed");
+    let pending = unique_key("retention-pending");
+    let reservation = new(&store, &completed, &fp("a")).await;
+    new(&store, &pending, &fp("a")).await;
+    store.complete(&completed, &reservation, &awkward_response()).await.unwrap();
+    assert!(matches!(claim(&store, &completed, &fp("a")).await, Claim::Replay(_)));
+    tokio::time::sleep(retention + retention / 2 + Duration::from_millis(50)).await;
+    assert!(
+        matches!(claim(&store, &completed, &fp("b")).await, Claim::New(_)),
+        "an expired completed record is gone"
+    );
+    assert_eq!(claim(&store, &pending, &fp("a")).await, Claim::Pending, "pending never expires");
+}
+
+pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store) {
+    let key = Arc::new(unique_key("race"));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, key) = (store.clone(), Arc::clone(&key));
+            tokio::spawn(async move { store.claim(&key, &fp("a")).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Claim::New(_) => new += 1,
+            Claim::Pending => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(new, 1);
+}
+
+/// Instantiates the suite for a store made by `$make(retention)`.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:path, retention = $retention:expr) => {
+        mod conformance {
+            use super::*;
+            use $crate::common::conformance as suite;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn all_four_claim_outcomes() {
+                suite::all_four_claim_outcomes($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn conflict_is_decided_before_the_status_and_changes_nothing() {
+                suite::conflict_is_decided_before_the_status_and_changes_nothing($make(None).await)
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn replay_is_byte_exact() {
+                suite::replay_is_byte_exact($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn complete_is_guarded_by_the_reservation() {
+                suite::complete_is_guarded_by_the_reservation($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn release_is_guarded_by_the_reservation() {
+                suite::release_is_guarded_by_the_reservation($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retention_drops_completed_records_only() {
+                let retention: std::time::Duration = $retention;
+                suite::retention_drops_completed_records_only($make(Some(retention)).await, retention)
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_claims_of_one_key_give_exactly_one_new() {
+                suite::concurrent_claims_of_one_key_give_exactly_one_new($make(None).await).await;
+            }
+        }
+    };
+}
