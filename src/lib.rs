@@ -1,7 +1,108 @@
-//! Make "create" endpoints idempotent: a [tower] middleware that guarantees a retried create
-//! never creates twice.
+//! Make "create" endpoints idempotent: a [tower] middleware after which a retried create never
+//! creates twice.
 //!
-//! TODO crate docs
+//! A client that creates something (a shipping label, a payment, an order) must be able to retry
+//! when a reply is lost, without creating it twice. It stores the operation before its first
+//! attempt and sends every attempt with the same `Idempotency-Key` and the same body. On the
+//! server, [`IdempotencyLayer`] wraps the service that performs the create and owns everything
+//! around it:
+//!
+//! 1. **Validation**, in a fixed order, before anything is touched: the path (`404`), the method
+//!    (`405`, `Allow: POST`), `Content-Type: application/json` (`415`), the body limit read
+//!    before any decoding (`413`), a strict JSON body `{"request_id":"…","parcel_id":"…"}` and
+//!    an `Idempotency-Key` equal to `request_id` (`400`).
+//! 2. **The fingerprint** of the operation, SHA-256 of its fields ([`fingerprint`]).
+//! 3. **The claim** of the key in a [`Store`], atomic: *new*, *pending* (`409
+//!    request_pending`), *conflict* (another operation under the key: `409
+//!    idempotency_conflict`) or *replay* (the stored response, value for value).
+//! 4. **Admission** of a new claim ([`admission`]): a refusal (429 or 503) releases the key and
+//!    replies with `Retry-After: 2`.
+//! 5. **The create**: the inner service's response is buffered and **completed into the store
+//!    before it is written**, so a retry after a lost reply is a replay, never a second create.
+//!
+//! Every refusal is a response with `Content-Type: application/json` and exactly these bytes,
+//! never an error of the service:
+//!
+//! | outcome | status | body | extra header |
+//! |---|---|---|---|
+//! | wrong path | 404 | `{"error":"not_found"}` | |
+//! | wrong method | 405 | `{"error":"method_not_allowed"}` | `Allow: POST` |
+//! | not JSON | 415 | `{"error":"unsupported_media_type"}` | |
+//! | body over the limit | 413 | `{"error":"payload_too_large"}` | |
+//! | invalid body or key | 400 | `{"error":"invalid_request"}` | |
+//! | key taken by another operation | 409 | `{"error":"idempotency_conflict"}` | |
+//! | operation pending | 409 | `{"error":"request_pending"}` | |
+//! | admission refused | 429 / 503 | `{"error":"not_admitted"}` | `Retry-After: 2` |
+//! | store failed to claim | 503 | `{"error":"store_unavailable"}` | `Retry-After: 2` |
+//! | create failed (key stays pending) | 500 | `{"error":"create_failed"}` | |
+//! | created response over the cap (key stays pending) | 500 | `{"error":"response_too_large"}` | |
+//!
+//! What the layer did is attached to every response it produces as an [`Outcome`] extension.
+//!
+//! # Example
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::BodyExt;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, RequestBody};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // The create: the only business work. It gets the validated operation in the extensions.
+//! let create = service_fn(|request: Request<RequestBody<String>>| async move {
+//!     let op = request.extensions().get::<LabelOperation>().unwrap();
+//!     let body = format!(r#"{{"request_id":"{}","state":"created"}}"#, op.request_id);
+//!     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(body).unwrap())
+//! });
+//! let store = MemoryStore::new();
+//! let service = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(store.clone()))
+//!     .service(create);
+//!
+//! // The client stores the operation, then builds every attempt from it.
+//! let op = LabelOperation::new("label-req-7", "parcel-42");
+//! let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+//! let retry = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(
+//!     retry.into_body().collect().await.unwrap().to_bytes(),
+//!     r#"{"request_id":"label-req-7","state":"created"}"#,
+//! );
+//!
+//! // The same key for another operation is a conflict.
+//! let other = LabelOperation::new("label-req-7", "parcel-43");
+//! let conflict = service.oneshot(other.attempt("/labels").unwrap()).await.unwrap();
+//! assert_eq!(conflict.status(), StatusCode::CONFLICT);
+//! # }
+//! ```
+//!
+//! # Testing a service behind the layer
+//!
+//! Drive it with [`tower::ServiceExt::oneshot`] as above: build requests with
+//! [`LabelOperation::attempt`], assert statuses and exact bytes, and read what the layer did
+//! from the [`Outcome`] response extension. [`MemoryStore`] lets a test look into the registry
+//! ([`MemoryStore::is_pending`], [`MemoryStore::completed`]).
+//!
+//! # Stores
+//!
+//! | store | shared by replicas | survives a restart |
+//! |---|---|---|
+//! | [`MemoryStore`] (default) | no | no |
+//!
+//! The header alone deduplicates nothing: only a registry shared by every replica, with an
+//! atomic claim, does. [`MemoryStore`] serves one process.
+//!
+//! # What is promised
+//!
+//! *At most one create per key*, for as long as the reservation or record is held. Not
+//! exactly-once: a crash between the create and the complete leaves the key pending, and a
+//! pending retry never gets the right to create. A create that fails (an error, a response over
+//! the cap) also leaves the key pending; only a confirmed admission refusal releases it.
+//!
+//! In production the key space must include the owner or tenant and the kind of operation, or
+//! one client's key could reveal another's stored response.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]

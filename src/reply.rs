@@ -1,21 +1,7 @@
 //! The replies the layer writes itself, byte for byte, and the outcome it reports.
 //!
-//! Every reply has `Content-Type: application/json` and exactly the body shown, with no
-//! trailing newline.
-//!
-//! | outcome | status | body | extra header |
-//! |---|---|---|---|
-//! | wrong path | 404 | `{"error":"not_found"}` | |
-//! | wrong method | 405 | `{"error":"method_not_allowed"}` | `Allow: POST` |
-//! | not JSON | 415 | `{"error":"unsupported_media_type"}` | |
-//! | body over the limit | 413 | `{"error":"payload_too_large"}` | |
-//! | invalid body or key | 400 | `{"error":"invalid_request"}` | |
-//! | key taken by another operation | 409 | `{"error":"idempotency_conflict"}` | |
-//! | operation pending | 409 | `{"error":"request_pending"}` | |
-//! | admission refused | 429 / 503 | `{"error":"not_admitted"}` | `Retry-After: 2` |
-//! | store failed to claim | 503 | `{"error":"store_unavailable"}` | `Retry-After: 2` |
-//! | create failed (key stays pending) | 500 | `{"error":"create_failed"}` | |
-//! | created response over the cap (key stays pending) | 500 | `{"error":"response_too_large"}` | |
+//! Every reply has `Content-Type: application/json` and exactly its body bytes, with no
+//! trailing newline; the crate docs list them all.
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};

@@ -46,11 +46,19 @@ async fn a_thousand_concurrent_identical_requests_create_once() {
             other => panic!("unexpected outcome {other:?}"),
         }
     }
-    let creates = rig.journal.take().iter().filter(|c| **c == "create").count();
+    let creates = rig
+        .journal
+        .take()
+        .iter()
+        .filter(|c| **c == "create")
+        .count();
     assert_eq!(creates, 1, "exactly one create");
     assert_eq!(created, 1);
     assert_eq!(created + replayed + pending, 1000);
-    assert!(pending > 0, "the create was slow enough for pending replies");
+    assert!(
+        pending > 0,
+        "the create was slow enough for pending replies"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -72,11 +80,7 @@ async fn concurrent_distinct_keys_each_create_once() {
 }
 
 /// Drops the response future once `reached` holds, then lets the create go on.
-async fn disconnect_when(
-    rig: &Rig,
-    gate: &tokio::sync::Notify,
-    reached: impl Fn(&Rig) -> bool,
-) {
+async fn disconnect_when(rig: &Rig, gate: &tokio::sync::Notify, reached: impl Fn(&Rig) -> bool) {
     let mut service = rig.service.clone();
     let mut future = Box::pin(call(&mut service, valid()).await);
     tokio::select! {
@@ -94,7 +98,9 @@ async fn a_client_that_disconnects_after_the_claim_still_gets_its_create_complet
     let (rig, creates) = rig_with_gated_create(Arc::clone(&gate));
     disconnect_when(&rig, &gate, |rig| rig.memory.is_pending(KEY)).await;
     assert_eq!(creates.load(Ordering::SeqCst), 1);
-    rig.send_expecting(valid(), &["claim", "write"]).await.is_created();
+    rig.send_expecting(valid(), &["claim", "write"])
+        .await
+        .is_created();
     assert_eq!(creates.load(Ordering::SeqCst), 1, "the retry replays");
 }
 

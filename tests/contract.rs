@@ -524,7 +524,9 @@ async fn a_failed_complete_still_replies_the_created_response_and_leaves_the_key
     assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
     assert!(rig.memory.is_pending(KEY));
     rig.failing.lock().unwrap().clear();
-    rig.send(valid()).await.exact(409, r#"{"error":"request_pending"}"#);
+    rig.send(valid())
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
     assert_eq!(rig.creates(), 1);
 }
 
@@ -544,9 +546,13 @@ async fn a_failed_release_still_replies_not_admitted() {
 
 #[tokio::test]
 async fn other_paths_can_pass_through_untouched() {
-    let rig = Rig::with_layer(|layer| layer.other_paths(tower_idempotency::OtherPaths::PassThrough));
+    let rig =
+        Rig::with_layer(|layer| layer.other_paths(tower_idempotency::OtherPaths::PassThrough));
     let reply = rig
-        .send_expecting(request("GET", "/health", None, None, "ping"), &["create", "write"])
+        .send_expecting(
+            request("GET", "/health", None, None, "ping"),
+            &["create", "write"],
+        )
         .await;
     assert_eq!(reply.status, 201, "the inner service answered");
     assert_eq!(reply.outcome, None);
@@ -559,26 +565,40 @@ async fn other_paths_can_pass_through_untouched() {
 #[tokio::test]
 async fn the_guarded_path_is_configurable() {
     let rig = Rig::with_layer(|layer| layer.path("/v2/labels"));
-    rig.send_expecting(valid(), &["write"]).await.exact(404, NOT_FOUND);
-    let request = request("POST", "/v2/labels", Some(KEY), Some("application/json"), BODY);
+    rig.send_expecting(valid(), &["write"])
+        .await
+        .exact(404, NOT_FOUND);
+    let request = request(
+        "POST",
+        "/v2/labels",
+        Some(KEY),
+        Some("application/json"),
+        BODY,
+    );
     rig.send(request).await.is_created();
 }
 
 #[tokio::test]
 async fn the_inner_service_gets_the_validated_body_and_the_operation() {
     let rig = Rig::around(|journal| {
-        tower::service_fn(move |request: http::Request<tower_idempotency::RequestBody<Chunks>>| {
-            journal.record("create");
-            async move {
-                use http_body_util::BodyExt;
-                let op = request.extensions().get::<LabelOperation>().cloned().unwrap();
-                assert_eq!(op, LabelOperation::new(KEY, "parcel-42"));
-                assert_eq!(request.headers()["idempotency-key"], KEY);
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                assert_eq!(body, BODY.as_bytes());
-                Ok::<_, CreateError>(created_response())
-            }
-        })
+        tower::service_fn(
+            move |request: http::Request<tower_idempotency::RequestBody<Chunks>>| {
+                journal.record("create");
+                async move {
+                    use http_body_util::BodyExt;
+                    let op = request
+                        .extensions()
+                        .get::<LabelOperation>()
+                        .cloned()
+                        .unwrap();
+                    assert_eq!(op, LabelOperation::new(KEY, "parcel-42"));
+                    assert_eq!(request.headers()["idempotency-key"], KEY);
+                    let body = request.into_body().collect().await.unwrap().to_bytes();
+                    assert_eq!(body, BODY.as_bytes());
+                    Ok::<_, CreateError>(created_response())
+                }
+            },
+        )
     });
     rig.send(valid()).await.is_created();
 }

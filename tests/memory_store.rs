@@ -24,7 +24,11 @@ async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {
     };
     store.claim("open", &fp).await.unwrap();
     store
-        .complete("done", &reservation, &common::conformance::awkward_response())
+        .complete(
+            "done",
+            &reservation,
+            &common::conformance::awkward_response(),
+        )
         .await
         .unwrap();
     assert_eq!(store.purge_expired(), 0);

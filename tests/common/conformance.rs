@@ -26,11 +26,20 @@ fn fp(parcel: &str) -> Fingerprint {
 /// non-UTF-8 value, and a body with bytes that are not text.
 pub fn awkward_response() -> StoredResponse {
     let mut headers = HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(header::LOCATION, HeaderValue::from_static("/labels/label-901"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_static("/labels/label-901"),
+    );
     headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
     headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
-    headers.insert("x-raw", HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap());
+    headers.insert(
+        "x-raw",
+        HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap(),
+    );
     headers.insert("x-empty", HeaderValue::from_static(""));
     let body = Bytes::from_static(b"{\"label_id\":\"label-901\"}\n\0\xff\xfe end");
     StoredResponse::new(StatusCode::CREATED, headers, body)
@@ -62,8 +71,15 @@ pub async fn conflict_is_decided_before_the_status_and_changes_nothing(store: im
     let key = unique_key("conflict");
     let reservation = new(&store, &key, &fp("a")).await;
     assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
-    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending, "still pending for a");
-    store.complete(&key, &reservation, &awkward_response()).await.unwrap();
+    assert_eq!(
+        claim(&store, &key, &fp("a")).await,
+        Claim::Pending,
+        "still pending for a"
+    );
+    store
+        .complete(&key, &reservation, &awkward_response())
+        .await
+        .unwrap();
     assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
     assert_eq!(
         claim(&store, &key, &fp("a")).await,
@@ -83,7 +99,11 @@ pub async fn replay_is_byte_exact(store: impl Store) {
     assert_eq!(replayed.status(), response.status());
     assert_eq!(replayed.body(), response.body());
     let values = |r: &StoredResponse, name: &str| -> Vec<Vec<u8>> {
-        r.headers().get_all(name).iter().map(|v| v.as_bytes().to_vec()).collect()
+        r.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.as_bytes().to_vec())
+            .collect()
     };
     for name in ["content-type", "location", "etag", "x-raw", "x-empty"] {
         assert_eq!(values(&replayed, name), values(&response, name), "{name}");
@@ -106,45 +126,77 @@ pub async fn complete_is_guarded_by_the_reservation(store: impl Store) {
     let key = unique_key("complete");
     let reservation = new(&store, &key, &fp("a")).await;
     let stranger = Reservation::generate();
-    let error = store.complete(&key, &stranger, &awkward_response()).await.unwrap_err();
+    let error = store
+        .complete(&key, &stranger, &awkward_response())
+        .await
+        .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending);
 
     let first = awkward_response();
     store.complete(&key, &reservation, &first).await.unwrap();
     let second = StoredResponse::new(StatusCode::OK, HeaderMap::new(), "second".into());
-    let error = store.complete(&key, &reservation, &second).await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::ReservationLost, "a completed record is final");
+    let error = store
+        .complete(&key, &reservation, &second)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        StoreErrorKind::ReservationLost,
+        "a completed record is final"
+    );
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(first));
 
     let never_claimed = unique_key("complete-unclaimed");
-    let error = store.complete(&never_claimed, &reservation, &second).await.unwrap_err();
+    let error = store
+        .complete(&never_claimed, &reservation, &second)
+        .await
+        .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
-    assert!(matches!(claim(&store, &never_claimed, &fp("a")).await, Claim::New(_)));
+    assert!(matches!(
+        claim(&store, &never_claimed, &fp("a")).await,
+        Claim::New(_)
+    ));
 }
 
 pub async fn release_is_guarded_by_the_reservation(store: impl Store) {
     let key = unique_key("release");
     let reservation = new(&store, &key, &fp("a")).await;
-    let error = store.release(&key, &Reservation::generate()).await.unwrap_err();
+    let error = store
+        .release(&key, &Reservation::generate())
+        .await
+        .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
-    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending, "someone else's is kept");
+    assert_eq!(
+        claim(&store, &key, &fp("a")).await,
+        Claim::Pending,
+        "someone else's is kept"
+    );
 
     store.release(&key, &reservation).await.unwrap();
     let again = new(&store, &key, &fp("b")).await; // new again, for any operation
 
     // A stale attempt can neither complete nor release the new reservation.
-    let stale = store.complete(&key, &reservation, &awkward_response()).await.unwrap_err();
+    let stale = store
+        .complete(&key, &reservation, &awkward_response())
+        .await
+        .unwrap_err();
     assert_eq!(stale.kind(), StoreErrorKind::ReservationLost);
     let stale = store.release(&key, &reservation).await.unwrap_err();
     assert_eq!(stale.kind(), StoreErrorKind::ReservationLost);
     assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Pending);
 
     // Release never deletes a completed record.
-    store.complete(&key, &again, &awkward_response()).await.unwrap();
+    store
+        .complete(&key, &again, &awkward_response())
+        .await
+        .unwrap();
     let error = store.release(&key, &again).await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::ReservationLost);
-    assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Replay(awkward_response()));
+    assert_eq!(
+        claim(&store, &key, &fp("b")).await,
+        Claim::Replay(awkward_response())
+    );
 }
 
 /// `store` drops completed records after `retention`; pending ones stay.
@@ -153,14 +205,24 @@ pub async fn retention_drops_completed_records_only(store: impl Store, retention
     let pending = unique_key("retention-pending");
     let reservation = new(&store, &completed, &fp("a")).await;
     new(&store, &pending, &fp("a")).await;
-    store.complete(&completed, &reservation, &awkward_response()).await.unwrap();
-    assert!(matches!(claim(&store, &completed, &fp("a")).await, Claim::Replay(_)));
+    store
+        .complete(&completed, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    assert!(matches!(
+        claim(&store, &completed, &fp("a")).await,
+        Claim::Replay(_)
+    ));
     tokio::time::sleep(retention + retention / 2 + Duration::from_millis(50)).await;
     assert!(
         matches!(claim(&store, &completed, &fp("b")).await, Claim::New(_)),
         "an expired completed record is gone"
     );
-    assert_eq!(claim(&store, &pending, &fp("a")).await, Claim::Pending, "pending never expires");
+    assert_eq!(
+        claim(&store, &pending, &fp("a")).await,
+        Claim::Pending,
+        "pending never expires"
+    );
 }
 
 pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store) {
@@ -219,8 +281,11 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retention_drops_completed_records_only() {
                 let retention: std::time::Duration = $retention;
-                suite::retention_drops_completed_records_only($make(Some(retention)).await, retention)
-                    .await;
+                suite::retention_drops_completed_records_only(
+                    $make(Some(retention)).await,
+                    retention,
+                )
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

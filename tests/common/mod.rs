@@ -145,8 +145,11 @@ impl From<&'static str> for CreateError {
     }
 }
 
-pub type Inner =
-    tower::util::BoxCloneSyncService<Request<RequestBody<Chunks>>, Response<Full<Bytes>>, CreateError>;
+pub type Inner = tower::util::BoxCloneSyncService<
+    Request<RequestBody<Chunks>>,
+    Response<Full<Bytes>>,
+    CreateError,
+>;
 
 /// The rig: a layer over a recording store and admission, wrapping a recording create.
 pub struct Rig {
