@@ -128,6 +128,12 @@ pub use crate::operation::{
 };
 pub use crate::reply::Outcome;
 pub use crate::service::Idempotency;
+/// The Redis driver the [`RedisStore`](store::RedisStore) is built on, re-exported so you get a
+/// matching version.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis;
+
 pub use crate::store::{
     Claim, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };

@@ -37,9 +37,20 @@ use http::{HeaderMap, StatusCode};
 
 use crate::operation::Fingerprint;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod codec;
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
+
+/// The default time a remote store call may take before it fails with
+/// [`StoreErrorKind::Timeout`].
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A boxed error from a store backend.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

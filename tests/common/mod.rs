@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+pub mod servers;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -426,4 +427,63 @@ pub async fn wait_for(condition: impl Fn() -> bool) {
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting");
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
+}
+
+/// A service over `store` whose create counts into `creates`, takes `delay`, and answers the
+/// lesson's 201.
+pub fn counting_service<St: Store>(
+    store: St,
+    creates: Arc<AtomicUsize>,
+    delay: std::time::Duration,
+) -> Idempotency<Inner, St> {
+    let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+        creates.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, CreateError>(created_response())
+        }
+    });
+    Idempotency::new(Inner::new(create), store)
+}
+
+/// Sends one request through `service` and reads the reply.
+pub async fn send_to<St: Store>(
+    service: &Idempotency<Inner, St>,
+    request: Request<Chunks>,
+) -> Reply {
+    Reply::read(service.clone().oneshot(request).await.unwrap()).await
+}
+
+/// Two replicas (a layer each, over stores with their own connections to one backend), `n`
+/// concurrent identical requests split between them: exactly one create.
+pub async fn replicas_create_once<St: Store>(a: St, b: St, n: usize) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let delay = std::time::Duration::from_millis(50);
+    let replicas = [
+        counting_service(a, Arc::clone(&creates), delay),
+        counting_service(b, Arc::clone(&creates), delay),
+    ];
+    let key = conformance::unique_key("replicas");
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let service = replicas[i % 2].clone();
+            let request = operation(&key, "parcel-42");
+            tokio::spawn(async move { send_to(&service, request).await })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::new();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status.as_u16() {
+            201 => assert_eq!(reply.body, CREATED_BODY),
+            409 => assert_eq!(reply.body, r#"{"error":"request_pending"}"#),
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+        *statuses.entry(reply.status.as_u16()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        1,
+        "exactly one create: {statuses:?}"
+    );
 }

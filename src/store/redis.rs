@@ -1,0 +1,239 @@
+//! The Redis store: shared by every replica, durable only with Redis persistence on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use super::codec;
+use super::{
+    Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+};
+use crate::operation::Fingerprint;
+
+/// Claim: creates the pending reservation, or reports conflict (fingerprint first), pending
+/// or replay with the stored response, all in one atomic step.
+const CLAIM: &str = r"
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp')
+if not record[1] then
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2])
+  return {0}
+end
+if record[1] ~= ARGV[1] then return {1} end
+if record[3] then return {3, record[3]} end
+return {2}
+";
+
+/// Complete: only while pending under this reservation.
+const COMPLETE: &str = r"
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'resp', ARGV[2])
+redis.call('HDEL', KEYS[1], 'token')
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+";
+
+/// Release: only while pending under this reservation.
+const RELEASE: &str = r"
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// A registry in Redis, shared by every replica that points at the same server.
+///
+/// Each record is one hash under `prefix + key` (so every script touches one key and runs on
+/// Redis Cluster too). Every operation is **one round trip**: a Lua script that Redis runs
+/// atomically (`EVALSHA`; after a server restart the first call of each script also loads it).
+/// A replay carries the stored response in the claim's answer.
+///
+/// Completed records expire after the [retention](RedisStore::retention), if set; pending
+/// records never expire. Durability is Redis's: with append-only persistence on, records
+/// survive a restart; without it, a restart forgets every key.
+///
+/// The connection is a [`ConnectionManager`], multiplexed and reconnecting by itself. Every call
+/// fails with a [`StoreError`] after the [timeout](RedisStore::timeout) (default one second), so
+/// the layer fails closed while Redis is away and recovers when it returns.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::store::RedisStore;
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379")
+///     .await?
+///     .prefix("labels:idempotency:")
+///     .retention(Duration::from_secs(24 * 60 * 60));
+/// let layer = IdempotencyLayer::new(store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    scripts: Arc<Scripts>,
+    prefix: Arc<str>,
+    retention_ms: u64,
+    timeout: Duration,
+}
+
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+}
+
+impl RedisStore {
+    /// The default prefix of record keys.
+    pub const DEFAULT_PREFIX: &'static str = "idempotency:";
+
+    /// Connects to `url` (`redis://host:port/db`) with the default timeout.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the URL is invalid or the server cannot be reached within the
+    /// timeout.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(Some(DEFAULT_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connect = ConnectionManager::new_with_config(client, config);
+        let connection = tokio::time::timeout(DEFAULT_TIMEOUT, connect)
+            .await
+            .map_err(|_| StoreError::new(StoreErrorKind::Timeout))?
+            .map_err(unavailable)?;
+        Ok(Self::from_manager(connection))
+    }
+
+    /// A store over a connection manager you configured yourself.
+    pub fn from_manager(connection: ConnectionManager) -> Self {
+        Self {
+            connection,
+            scripts: Arc::new(Scripts {
+                claim: Script::new(CLAIM),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+            }),
+            prefix: Arc::from(Self::DEFAULT_PREFIX),
+            retention_ms: 0,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Sets the prefix of record keys. Default `idempotency:`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// Lets completed records expire `retention` after they were completed. Default: never.
+    /// Pending records never expire.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention_ms = u64::try_from(retention.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self
+    }
+
+    /// Sets how long one store call may take. Default one second.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The underlying connection manager.
+    pub fn connection(&self) -> &ConnectionManager {
+        &self.connection
+    }
+
+    fn record_key(&self, key: &str) -> String {
+        let mut record = String::with_capacity(self.prefix.len() + key.len());
+        record.push_str(&self.prefix);
+        record.push_str(key);
+        record
+    }
+
+    /// Runs one script invocation within the timeout.
+    async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let mut connection = self.connection.clone();
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("retention_ms", &self.retention_ms)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(error: redis::RedisError) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unavailable, error)
+}
+
+fn token(reservation: &Reservation) -> [u8; 16] {
+    reservation.as_u128().to_be_bytes()
+}
+
+/// Reads the 0/1 answer of complete and release.
+fn acted(value: Value) -> Result<(), StoreError> {
+    match value {
+        Value::Int(1) => Ok(()),
+        Value::Int(0) => Err(StoreError::new(StoreErrorKind::ReservationLost)),
+        _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
+    }
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        let reservation = Reservation::generate();
+        let mut invocation = self.scripts.claim.key(self.record_key(key));
+        invocation
+            .arg(fingerprint.as_str())
+            .arg(&token(&reservation)[..]);
+        let Value::Array(answer) = self.run(invocation).await? else {
+            return Err(StoreError::new(StoreErrorKind::Corrupt));
+        };
+        let mut answer = answer.into_iter();
+        match (answer.next(), answer.next()) {
+            (Some(Value::Int(0)), None) => Ok(Claim::New(reservation)),
+            (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
+            (Some(Value::Int(2)), None) => Ok(Claim::Pending),
+            (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
+                codec::decode(Bytes::from(response)).map(Claim::Replay)
+            }
+            _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.complete.key(self.record_key(key));
+        invocation
+            .arg(&token(reservation)[..])
+            .arg(&codec::encode(response)[..])
+            .arg(self.retention_ms);
+        acted(self.run(invocation).await?)
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.release.key(self.record_key(key));
+        invocation.arg(&token(reservation)[..]);
+        acted(self.run(invocation).await?)
+    }
+}

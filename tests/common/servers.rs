@@ -1,0 +1,250 @@
+//! Servers a test owns: its own `redis-server` on a free port in a temp dir, and a loopback
+//! TCP proxy that can cut the line to a backend. Both stop when dropped.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A directory of its own under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "tower-idempotency-{name}-{}",
+            tower_idempotency::Reservation::generate()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `redis-server` of the test's own, with append-only persistence fsynced on every write.
+pub struct RedisServer {
+    pub port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        let mut server = Self {
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            child: None,
+        };
+        server.start_again();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server on the same port and directory, and waits until it answers.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(&self.dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH for this test");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server at once, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A crash and a start on the same port and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback TCP proxy in front of a backend. `cut()` drops every connection and refuses new
+/// ones (the backend is "down"); `restore()` lets traffic through again. When `count_pg` is
+/// set it counts PostgreSQL round trips: the client's `Sync` and simple `Query` messages.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    up: watch::Sender<bool>,
+    pub round_trips: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr, count_pg: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (up, _) = watch::channel(true);
+        let round_trips = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (up_rx, counter, stopped) =
+            (up.subscribe(), Arc::clone(&round_trips), Arc::clone(&stop));
+        tokio::spawn(async move {
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept().await else {
+                    break;
+                };
+                let mut up = up_rx.clone();
+                if !*up.borrow() {
+                    drop(client); // refused while cut
+                    continue;
+                }
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        () = pipe(client, server, count_pg.then_some(counter)) => {}
+                        _ = up.wait_for(|up| !*up) => {} // cut: drop both ends
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            up,
+            round_trips,
+            stop,
+        }
+    }
+
+    pub fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.cut();
+    }
+}
+
+/// Copies both ways until either side closes, counting PostgreSQL round trips client-side.
+async fn pipe(client: TcpStream, server: TcpStream, counter: Option<Arc<AtomicUsize>>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = async move {
+        let mut parser = PgMessages::default();
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let n = match client_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some(counter) = &counter {
+                counter.fetch_add(parser.feed(&buffer[..n]), Ordering::SeqCst);
+            }
+            if server_write.write_all(&buffer[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    let downstream = async move {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+    };
+    tokio::select! {
+        () = upstream => {}
+        () = downstream => {}
+    }
+}
+
+/// Splits the client side of the PostgreSQL protocol into messages and counts the ones that
+/// end a round trip: `S` (Sync) and `Q` (simple query). The first message (startup or SSL
+/// request) has no type byte.
+#[derive(Default)]
+struct PgMessages {
+    started: bool,
+    header: Vec<u8>,
+    skip: usize,
+}
+
+impl PgMessages {
+    fn feed(&mut self, mut bytes: &[u8]) -> usize {
+        let mut count = 0;
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let header_len = if self.started { 5 } else { 4 };
+            let n = (header_len - self.header.len()).min(bytes.len());
+            self.header.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.header.len() < header_len {
+                break;
+            }
+            let len_bytes: [u8; 4] = self.header[header_len - 4..].try_into().unwrap();
+            let len = u32::from_be_bytes(len_bytes) as usize;
+            if self.started && matches!(self.header[0], b'S' | b'Q') {
+                count += 1;
+            }
+            // An SSL request is answered with one byte and followed by the real startup.
+            let ssl_request = !self.started && len == 8;
+            self.skip = len.saturating_sub(4);
+            self.header.clear();
+            if !ssl_request {
+                self.started = true;
+            }
+        }
+        count
+    }
+}

@@ -1,0 +1,212 @@
+//! The Redis store: the conformance suite, replicas, restart, outage and round trips.
+//! Needs a Redis at `REDIS_URL` (default `redis://127.0.0.1:6379`) and `redis-server` on PATH.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::servers::RedisServer;
+use common::*;
+use tower_idempotency::store::RedisStore;
+use tower_idempotency::{Claim, Store, fingerprint};
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+async fn make_store(retention: Option<Duration>) -> RedisStore {
+    let store = RedisStore::connect(&redis_url())
+        .await
+        .expect("Redis at REDIS_URL")
+        .prefix("tower-idempotency-test:");
+    match retention {
+        Some(retention) => store.retention(retention),
+        None => store,
+    }
+}
+
+store_conformance!(make_store, retention = Duration::from_millis(300));
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_with_their_own_connections_create_once() {
+    replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO);
+    let created = send_to(&service, valid()).await;
+    created.is_created();
+    // A pending reservation, as a crash between create and complete leaves it.
+    let pending = operation("pending-op", "parcel-42");
+    let fp = fingerprint("pending-op", "parcel-42");
+    assert!(matches!(
+        store.claim("pending-op", &fp).await,
+        Ok(Claim::New(_))
+    ));
+
+    server.restart();
+
+    let replay = wait_for_answer(&service, valid).await;
+    replay.is_created();
+    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    send_to(&service, pending)
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        1,
+        "no second create after the restart"
+    );
+}
+
+/// Sends until the store answers (it reconnects by itself), for up to ten seconds.
+async fn wait_for_answer<St: Store>(
+    service: &tower_idempotency::Idempotency<Inner, St>,
+    request: impl Fn() -> http::Request<Chunks>,
+) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = send_to(service, request()).await;
+        if reply.status != 503 || Instant::now() > deadline {
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
+
+    server.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let reply = send_to(&service, valid()).await;
+        reply
+            .exact(503, r#"{"error":"store_unavailable"}"#)
+            .header("retry-after", &["2"]);
+        assert!(
+            started.elapsed() < timeout * 3,
+            "failed in {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        0,
+        "nothing created while the store is away"
+    );
+
+    server.start_again();
+    let reply = wait_for_answer(&service, valid).await;
+    reply.is_created();
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+/// Counts the commands clients sent, from `INFO commandstats` over one connection of its own
+/// (opened before counting starts), without the `INFO`s themselves.
+///
+/// Redis counts the commands a script runs inside it too; the store's scripts use only
+/// `HMGET`, `HSET`, `HGET`, `HDEL`, `PEXPIRE` and `DEL`, and the store never sends those
+/// itself, so they are left out: what remains is one per round trip.
+struct CommandCounter(redis::aio::MultiplexedConnection);
+
+impl CommandCounter {
+    async fn new(url: &str) -> Self {
+        let client = redis::Client::open(url).unwrap();
+        Self(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    async fn total(&mut self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.0)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|line| line.starts_with("cmdstat_"))
+            .filter(|line| {
+                let name = &line["cmdstat_".len()..line.find(':').unwrap_or(line.len())];
+                !matches!(
+                    name,
+                    "info" | "hmget" | "hset" | "hget" | "hdel" | "pexpire" | "del"
+                )
+            })
+            .filter_map(|line| {
+                let calls = line.split("calls=").nth(1)?;
+                calls.split(',').next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
+    /// Asserts that `request` costs exactly `expected` commands.
+    async fn expect<St: Store>(
+        &mut self,
+        service: &tower_idempotency::Idempotency<Inner, St>,
+        request: http::Request<Chunks>,
+        expected: u64,
+        what: &str,
+    ) -> Reply {
+        let before = self.total().await;
+        let reply = send_to(service, request).await;
+        assert_eq!(self.total().await - before, expected, "{what}");
+        reply
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_new_two_replay_pending_conflict_one() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let service = counting_service(store.clone(), Arc::default(), Duration::ZERO);
+    // Load the scripts once, as a long-running server has.
+    send_to(&service, operation("warm-up", "p")).await;
+    send_to(&service, operation("warm-up", "p")).await;
+    let mut counter = CommandCounter::new(&server.url()).await;
+
+    counter
+        .expect(&service, valid(), 2, "new: claim + complete")
+        .await
+        .is_created();
+    counter
+        .expect(&service, valid(), 1, "replay: claim")
+        .await
+        .is_created();
+    counter
+        .expect(&service, operation(KEY, "parcel-43"), 1, "conflict: claim")
+        .await
+        .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    let fp = fingerprint("pending-op", "parcel-42");
+    assert!(matches!(
+        store.claim("pending-op", &fp).await,
+        Ok(Claim::New(_))
+    ));
+    counter
+        .expect(
+            &service,
+            operation("pending-op", "parcel-42"),
+            1,
+            "pending: claim",
+        )
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    let refused = request("POST", "/labels", Some(KEY), Some("text/plain"), BODY);
+    counter
+        .expect(&service, refused, 0, "refused before the claim: nothing")
+        .await
+        .exact(415, r#"{"error":"unsupported_media_type"}"#);
+}
