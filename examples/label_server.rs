@@ -3,8 +3,11 @@
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--admit-rate N] [--max-in-flight N] [--store memory]
+//!     [--admit-rate N] [--max-in-flight N] [--store memory|redis://…|postgres://…]
 //! ```
+//!
+//! The shared stores need their features:
+//! `cargo run --example label_server --features redis -- --store redis://127.0.0.1:6379`.
 //!
 //! `--admit-rate N` admits at most N creates per second (else 429), `--max-in-flight N` at
 //! most N creates at once (else 503). One log line per request with its outcome.
@@ -27,7 +30,7 @@ use tower_idempotency::{
 };
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--admit-rate N] [--max-in-flight N] [--store memory]";
+[--admit-rate N] [--max-in-flight N] [--store memory|redis://…|postgres://…]";
 
 /// The command line.
 #[derive(Debug)]
@@ -218,6 +221,39 @@ fn app<St: Store>(store: St, options: &Options) -> Router {
         .layer(middleware::from_fn(log))
 }
 
+/// The app on the store `--store` names: `memory`, `redis://…` or `postgres://…` (the shared
+/// stores need the crate's `redis` and `postgres` features).
+async fn open_store(options: &Options) -> Result<Router, String> {
+    let url = options.store.as_str();
+    if url == "memory" {
+        return Ok(app(MemoryStore::new(), options));
+    }
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        {
+            let store = tower_idempotency::store::RedisStore::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(app(store, options));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err("build with --features redis".to_owned());
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            let store = tower_idempotency::store::PostgresStore::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            return Ok(app(store, options));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err("build with --features postgres".to_owned());
+    }
+    Err(format!("unsupported store\n{USAGE}"))
+}
+
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()
@@ -234,10 +270,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let app = match options.store.as_str() {
-        "memory" => app(MemoryStore::new(), &options),
-        other => {
-            eprintln!("--store {other}: unsupported store\n{USAGE}");
+    let app = match open_store(&options).await {
+        Ok(app) => app,
+        Err(message) => {
+            eprintln!("--store {}: {message}", options.store);
             std::process::exit(2);
         }
     };

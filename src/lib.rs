@@ -87,12 +87,16 @@
 //!
 //! # Stores
 //!
-//! | store | shared by replicas | survives a restart |
-//! |---|---|---|
-//! | [`MemoryStore`] (default) | no | no |
+//! | store | feature | shared by replicas | survives a restart |
+//! |---|---|---|---|
+//! | [`MemoryStore`] | (default) | no | no |
+//! | `RedisStore` | `redis` | yes | with Redis persistence on |
+//! | `PostgresStore` | `postgres` | yes | yes |
 //!
 //! The header alone deduplicates nothing: only a registry shared by every replica, with an
-//! atomic claim, does. [`MemoryStore`] serves one process.
+//! atomic claim, does. [`MemoryStore`] serves one process; the [`store`] module documents the
+//! shared ones. A store that cannot answer makes the layer fail closed: `503
+//! store_unavailable`, nothing created.
 //!
 //! # What is promised
 //!
@@ -133,6 +137,12 @@ pub use crate::service::Idempotency;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis;
+
+/// The PostgreSQL driver and pool the [`PostgresStore`](store::PostgresStore) is built on,
+/// re-exported so you get matching versions.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use {deadpool_postgres, tokio_postgres};
 
 pub use crate::store::{
     Claim, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,

@@ -40,6 +40,8 @@ use crate::operation::Fingerprint;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod codec;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -47,6 +49,9 @@ mod redis;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::PostgresStore;
 
 /// The default time a remote store call may take before it fails with
 /// [`StoreErrorKind::Timeout`].
@@ -259,6 +264,8 @@ pub enum StoreErrorKind {
     ReservationLost,
     /// A record in the backend could not be decoded.
     Corrupt,
+    /// The store's configuration is invalid (a malformed URL or table name, say).
+    InvalidConfig,
 }
 
 /// The one error type of every [`Store`].
@@ -306,6 +313,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "store timed out",
             StoreErrorKind::ReservationLost => "reservation lost",
             StoreErrorKind::Corrupt => "corrupt store record",
+            StoreErrorKind::InvalidConfig => "invalid store configuration",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

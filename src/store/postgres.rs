@@ -1,0 +1,357 @@
+//! The PostgreSQL store: shared by every replica and durable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use super::codec;
+use super::{
+    Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+};
+use crate::operation::Fingerprint;
+
+/// A registry in a PostgreSQL table, shared by every replica that uses the same database, and
+/// durable.
+///
+/// Every operation is **one statement**, so one round trip on a warm connection:
+///
+/// - the claim is an `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING` that atomically
+///   creates the pending reservation or returns the record as it stands (a completed record
+///   past its retention is replaced by the new reservation);
+/// - complete is an `UPDATE` and release a `DELETE`, both guarded by this request's
+///   reservation token.
+///
+/// The table is created by [`migrate`](PostgresStore::migrate), which is idempotent and safe to
+/// run from several replicas at once. Completed records get an `expires_at` from the
+/// [retention](PostgresStore::retention), if set, and [`purge_expired`](PostgresStore::purge_expired)
+/// deletes the expired ones; schedule it as you like. Pending records never expire.
+///
+/// Every call fails with a [`StoreError`] after the [timeout](PostgresStore::timeout) (default
+/// one second), so the layer fails closed while the database is away; the pool reconnects when
+/// it returns.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::store::PostgresStore;
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test")
+///     .await?
+///     .table("label_idempotency")?
+///     .retention(Duration::from_secs(24 * 60 * 60));
+/// store.migrate().await?;
+/// let layer = IdempotencyLayer::new(store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    sql: Arc<Sql>,
+    retention_ms: i64,
+    timeout: Duration,
+}
+
+/// The statements, built once for the table name.
+#[derive(Debug)]
+struct Sql {
+    table: String,
+    claim: String,
+    complete: String,
+    release: String,
+    purge: String,
+    migrate: String,
+}
+
+impl Sql {
+    fn new(table: &str) -> Self {
+        let quoted = format!("\"{table}\"");
+        Self {
+            table: table.to_owned(),
+            claim: format!(
+                "INSERT INTO {quoted} AS r (key, fingerprint, token) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END, \
+                 token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END, \
+                 response = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.response END, \
+                 expires_at = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.expires_at END \
+                 RETURNING token, fingerprint, response"
+            ),
+            complete: format!(
+                "UPDATE {quoted} SET response = $3, token = NULL, expires_at = CASE \
+                 WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
+                 WHERE key = $1 AND token = $2"
+            ),
+            release: format!("DELETE FROM {quoted} WHERE key = $1 AND token = $2"),
+            purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
+            migrate: format!(
+                "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
+                 CREATE TABLE IF NOT EXISTS {quoted} (\
+                 key text PRIMARY KEY, \
+                 fingerprint text NOT NULL, \
+                 token bytea, \
+                 response bytea, \
+                 expires_at timestamptz);\
+                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
+                 WHERE expires_at IS NOT NULL;"
+            ),
+        }
+    }
+}
+
+impl PostgresStore {
+    /// The default table name.
+    pub const DEFAULT_TABLE: &'static str = "idempotency_records";
+
+    /// A store on a pool of connections to `url` (`postgres://user@host:port/db`).
+    ///
+    /// Connects once to check the database can be reached.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the URL is invalid or the database cannot be reached within the
+    /// timeout.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+        let store = Self::from_config(config)?;
+        let client = store.client().await?;
+        drop(client);
+        Ok(store)
+    }
+
+    /// A store on a pool built from a `tokio_postgres` configuration, without TLS. Connects
+    /// lazily.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the pool cannot be built.
+    pub fn from_config(mut config: tokio_postgres::Config) -> Result<Self, StoreError> {
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_TIMEOUT);
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(DEFAULT_TIMEOUT))
+            .create_timeout(Some(DEFAULT_TIMEOUT))
+            .recycle_timeout(Some(DEFAULT_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+        Ok(Self::from_pool(pool))
+    }
+
+    /// A store on a pool you built yourself.
+    pub fn from_pool(pool: Pool) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
+            retention_ms: 0,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Uses the table `name`: letters, digits and `_`, not starting with a digit, at most 48
+    /// characters. Default `idempotency_records`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] for any other name.
+    pub fn table(mut self, name: &str) -> Result<Self, StoreError> {
+        let valid = !name.is_empty()
+            && name.len() <= 48
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            return Err(StoreError::new(StoreErrorKind::InvalidConfig));
+        }
+        self.sql = Arc::new(Sql::new(name));
+        Ok(self)
+    }
+
+    /// Gives completed records an `expires_at` `retention` after they were completed; from
+    /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
+    /// deletes them. Default: never. Pending records never expire.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention_ms = i64::try_from(retention.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        self
+    }
+
+    /// Sets how long one store call may take, waiting for a connection included. Default one
+    /// second.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The table name.
+    pub fn table_name(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Creates the table and its index if they do not exist. Idempotent, and safe to run from
+    /// several replicas at once.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be reached or refuses.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.within_timeout(async {
+            let mut client = self.client().await?;
+            let transaction = client.transaction().await.map_err(unavailable)?;
+            transaction
+                .batch_execute(&self.sql.migrate)
+                .await
+                .map_err(unavailable)?;
+            transaction.commit().await.map_err(unavailable)
+        })
+        .await
+    }
+
+    /// Deletes the completed records past their retention, and returns how many.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be reached or refuses.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.within_timeout(async {
+            let client = self.client().await?;
+            client
+                .execute(&self.sql.purge, &[])
+                .await
+                .map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(|error| match error {
+            PoolError::Timeout(_) => StoreError::with_source(StoreErrorKind::Timeout, error),
+            other => StoreError::with_source(StoreErrorKind::Unavailable, other),
+        })
+    }
+
+    async fn within_timeout<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout)))
+    }
+
+    /// Runs one prepared (and cached) statement and returns the rows it affected.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        self.within_timeout(async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+            client
+                .execute(&statement, params)
+                .await
+                .map_err(unavailable)
+        })
+        .await
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.sql.table)
+            .field("retention_ms", &self.retention_ms)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(error: tokio_postgres::Error) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unavailable, error)
+}
+
+fn guarded(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::new(StoreErrorKind::ReservationLost))
+    }
+}
+
+impl Store for PostgresStore {
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        let reservation = Reservation::generate();
+        let token = reservation.as_u128().to_be_bytes();
+        let row = self
+            .within_timeout(async {
+                let client = self.client().await?;
+                let statement = client
+                    .prepare_cached(&self.sql.claim)
+                    .await
+                    .map_err(unavailable)?;
+                client
+                    .query_one(&statement, &[&key, &fingerprint.as_str(), &&token[..]])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
+        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
+        let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
+        let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
+        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+        if stored_token == Some(&token[..]) {
+            Ok(Claim::New(reservation))
+        } else if stored_fingerprint != fingerprint.as_str() {
+            Ok(Claim::Conflict)
+        } else {
+            match response {
+                Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
+                None => Ok(Claim::Pending),
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let encoded = codec::encode(response);
+        let rows = self
+            .execute(
+                &self.sql.complete,
+                &[&key, &&token[..], &&encoded[..], &self.retention_ms],
+            )
+            .await?;
+        guarded(rows)
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let rows = self
+            .execute(&self.sql.release, &[&key, &&token[..]])
+            .await?;
+        guarded(rows)
+    }
+}

@@ -1,0 +1,235 @@
+//! The PostgreSQL store: the conformance suite, migrations, replicas, a pool reconnect, an
+//! outage and round trips. Needs PostgreSQL at `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`).
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::conformance::{awkward_response, unique_key};
+use common::servers::Proxy;
+use common::*;
+use tower_idempotency::store::PostgresStore;
+use tower_idempotency::{Claim, Store, StoreErrorKind, fingerprint};
+
+const TABLE: &str = "tower_idempotency_test";
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn make_store(retention: Option<Duration>) -> PostgresStore {
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .expect("PostgreSQL at DATABASE_URL")
+        .table(TABLE)
+        .unwrap();
+    store.migrate().await.unwrap();
+    match retention {
+        Some(retention) => store.retention(retention),
+        None => store,
+    }
+}
+
+store_conformance!(make_store, retention = Duration::from_millis(300));
+
+/// A store that reaches the database through `proxy`.
+async fn store_through(proxy: &Proxy) -> PostgresStore {
+    let original: tokio_postgres::Config = database_url().parse().unwrap();
+    let mut config = tokio_postgres::Config::new();
+    config.host("127.0.0.1").port(proxy.addr.port());
+    if let Some(user) = original.get_user() {
+        config.user(user);
+    }
+    if let Some(password) = original.get_password() {
+        config.password(password);
+    }
+    if let Some(dbname) = original.get_dbname() {
+        config.dbname(dbname);
+    }
+    let store = PostgresStore::from_config(config)
+        .unwrap()
+        .table(TABLE)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+async fn database_addr() -> SocketAddr {
+    let config: tokio_postgres::Config = database_url().parse().unwrap();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_table_names_are_checked() {
+    let store = make_store(None).await;
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    for bad in ["", "1abc", "a-b", "a\"b", "a;drop table x", &"x".repeat(49)] {
+        let error = make_store(None).await.table(bad).unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::InvalidConfig, "{bad:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_with_their_own_pools_create_once() {
+    replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_and_pending_records_survive_a_new_pool() {
+    let key = unique_key("durable");
+    let creates = Arc::new(AtomicUsize::new(0));
+    let pending_key = unique_key("durable-pending");
+    {
+        let store = make_store(None).await;
+        let service = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO);
+        send_to(&service, operation(&key, "parcel-42"))
+            .await
+            .exact(201, CREATED_BODY);
+        let fp = fingerprint(&pending_key, "parcel-42");
+        assert!(matches!(
+            store.claim(&pending_key, &fp).await,
+            Ok(Claim::New(_))
+        ));
+    } // every connection of that pool is closed here
+
+    let store = make_store(None).await;
+    let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
+    let replay = send_to(&service, operation(&key, "parcel-42")).await;
+    replay.is_created();
+    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    send_to(&service, operation(&pending_key, "parcel-42"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
+    let proxy = Proxy::start(database_addr().await, false).await;
+    let timeout = Duration::from_millis(300);
+    let store = store_through(&proxy).await.timeout(timeout);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
+    let key = unique_key("outage");
+    send_to(&service, operation(&unique_key("before"), "p"))
+        .await
+        .exact(201, CREATED_BODY);
+
+    proxy.cut();
+    for _ in 0..3 {
+        let started = Instant::now();
+        send_to(&service, operation(&key, "parcel-42"))
+            .await
+            .exact(503, r#"{"error":"store_unavailable"}"#)
+            .header("retry-after", &["2"]);
+        assert!(
+            started.elapsed() < timeout * 3,
+            "failed in {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        1,
+        "nothing created while the store is away"
+    );
+
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reply = loop {
+        let reply = send_to(&service, operation(&key, "parcel-42")).await;
+        if reply.status != 503 || Instant::now() > deadline {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    reply.exact(201, CREATED_BODY);
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_new_two_replay_pending_conflict_one() {
+    let proxy = Proxy::start(database_addr().await, true).await;
+    let store = store_through(&proxy).await;
+    let service = counting_service(store.clone(), Arc::default(), Duration::ZERO);
+    // Warm one connection and its prepared statements, as a long-running server has.
+    let warm = unique_key("warm");
+    send_to(&service, operation(&warm, "p")).await;
+    send_to(&service, operation(&warm, "p")).await;
+    let fp = fingerprint(&warm, "q");
+    let Ok(Claim::Conflict) = store.claim(&warm, &fp).await else {
+        panic!()
+    };
+    let pending = unique_key("pending");
+    let Ok(Claim::New(reservation)) = store.claim(&pending, &fingerprint(&pending, "p")).await
+    else {
+        panic!()
+    };
+    let _ = store.release(&pending, &reservation).await;
+    let Ok(Claim::New(_)) = store.claim(&pending, &fingerprint(&pending, "p")).await else {
+        panic!()
+    };
+
+    let key = unique_key("counted");
+    let cases = [
+        (operation(&key, "p"), 2, 201, "new: claim + complete"),
+        (operation(&key, "p"), 1, 201, "replay: claim"),
+        (operation(&key, "q"), 1, 409, "conflict: claim"),
+        (operation(&pending, "p"), 1, 409, "pending: claim"),
+        (
+            request("POST", "/labels", Some(&key), Some("text/plain"), BODY),
+            0,
+            415,
+            "refused: nothing",
+        ),
+    ];
+    for (request, round_trips, status, what) in cases {
+        let before = proxy.round_trips.load(Ordering::SeqCst);
+        let reply = send_to(&service, request).await;
+        assert_eq!(reply.status, status, "{what}");
+        assert_eq!(
+            proxy.round_trips.load(Ordering::SeqCst) - before,
+            round_trips,
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_completed_records_only() {
+    let store = make_store(Some(Duration::from_millis(50))).await;
+    let done = unique_key("purge-done");
+    let open = unique_key("purge-open");
+    let fp = fingerprint("x", "y");
+    let Ok(Claim::New(reservation)) = store.claim(&done, &fp).await else {
+        panic!()
+    };
+    store.claim(&open, &fp).await.unwrap();
+    store
+        .complete(&done, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(store.purge_expired().await.unwrap() >= 1);
+    assert_eq!(store.claim(&open, &fp).await.unwrap(), Claim::Pending);
+    assert!(matches!(
+        store.claim(&done, &fp).await.unwrap(),
+        Claim::New(_)
+    ));
+}
