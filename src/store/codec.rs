@@ -51,7 +51,9 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
     }
     let status = StatusCode::from_u16(bytes.get_u16()).map_err(|_| corrupt())?;
     let count = bytes.get_u16();
-    let mut headers = HeaderMap::with_capacity(usize::from(count));
+    // Capacity is only a hint: a corrupt count must not reserve (or panic on) a huge map.
+    let mut headers =
+        HeaderMap::try_with_capacity(usize::from(count).min(64)).map_err(|_| corrupt())?;
     for _ in 0..count {
         if bytes.remaining() < 2 {
             return Err(corrupt());
@@ -66,7 +68,7 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
             return Err(corrupt());
         }
         let value = HeaderValue::from_maybe_shared(bytes.split_to(len)).map_err(|_| corrupt())?;
-        headers.append(name, value);
+        headers.try_append(name, value).map_err(|_| corrupt())?;
     }
     Ok(StoredResponse::new(status, headers, bytes))
 }
