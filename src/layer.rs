@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
+use http::HeaderName;
+use http::request::Parts;
 use tower::Layer;
 
 use crate::admission::{Admission, AlwaysAdmit};
+use crate::scope::Scope;
 use crate::service::Idempotency;
 use crate::store::Store;
 
@@ -34,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) other_paths: OtherPaths,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) excluded_headers: Vec<HeaderName>,
 }
 
 impl Default for Config {
@@ -43,6 +48,8 @@ impl Default for Config {
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             other_paths: OtherPaths::NotFound,
+            scope: None,
+            excluded_headers: Vec::new(),
         }
     }
 }
@@ -165,6 +172,44 @@ impl<St, A> IdempotencyLayer<St, A> {
     /// ```
     pub fn other_paths(mut self, other_paths: OtherPaths) -> Self {
         self.config.other_paths = other_paths;
+        self
+    }
+
+    /// Takes a key scope (a tenant, an owner) from each request, so that every scope has a key
+    /// space of its own; see the [`scope`](crate::scope) module. A request for which `scope`
+    /// returns `None` is refused with `403 {"error":"scope_required"}` before the store is
+    /// touched.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// #[derive(Clone)]
+    /// struct Tenant(String);
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()));
+    /// # drop(layer);
+    /// ```
+    pub fn scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.scope = Some(Scope(Arc::new(scope)));
+        self
+    }
+
+    /// Headers of a created response that are not stored, and so never replayed, beside the
+    /// hop-by-hop ones that never are. Adds to the list.
+    ///
+    /// ```
+    /// use http::header::SET_COOKIE;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).exclude_headers([SET_COOKIE]);
+    /// # drop(layer);
+    /// ```
+    pub fn exclude_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.excluded_headers.extend(names);
         self
     }
 

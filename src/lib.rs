@@ -30,6 +30,7 @@
 //! | not JSON | 415 | `{"error":"unsupported_media_type"}` | |
 //! | body over the limit | 413 | `{"error":"payload_too_large"}` | |
 //! | invalid body or key | 400 | `{"error":"invalid_request"}` | |
+//! | no [scope](scope) where one is configured | 403 | `{"error":"scope_required"}` | |
 //! | key taken by another operation | 409 | `{"error":"idempotency_conflict"}` | |
 //! | operation pending | 409 | `{"error":"request_pending"}` | |
 //! | admission refused | 429 / 503 | `{"error":"not_admitted"}` | `Retry-After: 2` |
@@ -114,9 +115,11 @@
 pub mod admission;
 mod body;
 mod future;
+mod headers;
 mod layer;
 mod operation;
 mod reply;
+pub mod scope;
 mod service;
 pub mod store;
 mod validation;
@@ -131,6 +134,7 @@ pub use crate::operation::{
     Fingerprint, IDEMPOTENCY_KEY, InvalidOperation, LabelOperation, fingerprint,
 };
 pub use crate::reply::Outcome;
+pub use crate::scope::store_key;
 pub use crate::service::Idempotency;
 /// The Redis driver the [`RedisStore`](store::RedisStore) is built on, re-exported so you get a
 /// matching version.

@@ -32,7 +32,8 @@ pub enum Outcome {
     Conflict,
     /// Admission refused with this status (429 or 503); the key was released.
     NotAdmitted(StatusCode),
-    /// The request failed validation with this status (404, 405, 415, 413 or 400).
+    /// The request failed validation with this status (404, 405, 415, 413, 400, or 403 for a
+    /// missing scope).
     Rejected(StatusCode),
     /// The store failed to claim: `503 store_unavailable`, nothing created.
     StoreUnavailable,
@@ -76,6 +77,7 @@ pub(crate) enum Reply {
     UnsupportedMediaType,
     PayloadTooLarge,
     InvalidRequest,
+    ScopeRequired,
     Conflict,
     Pending,
     NotAdmitted(StatusCode),
@@ -111,6 +113,11 @@ impl Reply {
                 StatusCode::BAD_REQUEST,
                 br#"{"error":"invalid_request"}"#,
                 Outcome::Rejected(StatusCode::BAD_REQUEST),
+            ),
+            Self::ScopeRequired => (
+                StatusCode::FORBIDDEN,
+                br#"{"error":"scope_required"}"#,
+                Outcome::Rejected(StatusCode::FORBIDDEN),
             ),
             Self::Conflict => (
                 StatusCode::CONFLICT,

@@ -12,10 +12,12 @@ use tower::Service;
 use crate::admission::{Admission, Admit, AlwaysAdmit};
 use crate::body::{RequestBody, ResponseBody};
 use crate::future::ResponseFuture;
+use crate::headers;
 use crate::layer::{Config, IdempotencyLayer, OtherPaths};
 use crate::operation::LabelOperation;
 use crate::reply::{self, Outcome, Reply};
-use crate::store::{Claim, Reservation, Store, StoredResponse};
+use crate::scope::store_key;
+use crate::store::{Claim, Store, StoredResponse};
 use crate::validation::{self, ReadError};
 
 /// The middleware service built by [`IdempotencyLayer`].
@@ -163,7 +165,9 @@ struct Guard<S, St, A> {
 }
 
 impl<S, St, A> Guard<S, St, A> {
-    /// Steps 4 to 6, the fingerprint and the claim; a new claim goes on in [`Guard::create`].
+    /// Steps 4 to 6 and the scope: nothing is claimed until the body is complete and valid, so
+    /// a slow or stalled body holds no reservation. Then the claim and what follows run to
+    /// their end however the response future is dropped.
     async fn run<ReqBody, ResBody>(
         self,
         request: Request<ReqBody>,
@@ -188,44 +192,38 @@ impl<S, St, A> Guard<S, St, A> {
         if !validation::key_matches(&parts.headers, &operation.request_id) {
             return Reply::InvalidRequest.into_response();
         }
-        let fingerprint = operation.fingerprint();
-        let key = operation.request_id.clone();
-        match self.store.claim(&key, &fingerprint).await {
-            Ok(Claim::New(reservation)) => {
-                let new = New {
-                    guard: self,
-                    key,
-                    reservation,
-                    operation,
-                    parts,
-                    body,
-                };
-                run_to_end(new.create()).await
-            }
-            Ok(Claim::Replay(stored)) => reply::stored(stored, Outcome::Replay),
-            Ok(Claim::Pending) => Reply::Pending.into_response(),
-            Ok(Claim::Conflict) => Reply::Conflict.into_response(),
-            Err(error) => {
-                tracing::warn!(%error, "claim failed; nothing created");
-                Reply::StoreUnavailable.into_response()
-            }
-        }
+        let scope = match &self.config.scope {
+            Some(scope) => match (scope.0)(&parts) {
+                Some(scope) => Some(scope),
+                None => return Reply::ScopeRequired.into_response(),
+            },
+            None => None,
+        };
+        let key = store_key(&self.config.path, &operation.request_id, scope.as_deref());
+        let claimed = Claimed {
+            guard: self,
+            key,
+            operation,
+            parts,
+            body,
+        };
+        run_to_end(claimed.decide()).await
     }
 }
 
-/// A request whose claim returned *new*: it holds the reservation.
-struct New<S, St, A> {
+/// A valid request about to be claimed.
+struct Claimed<S, St, A> {
     guard: Guard<S, St, A>,
     key: String,
-    reservation: Reservation,
     operation: LabelOperation,
     parts: Parts,
     body: Bytes,
 }
 
-impl<S, St, A> New<S, St, A> {
-    /// Contract §5: admission (release on refusal), create, complete, and only then the reply.
-    async fn create<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
+impl<S, St, A> Claimed<S, St, A> {
+    /// Contract §4 and §5: the claim decides; a new claim gets admission (and a release on
+    /// refusal), the create, the complete, and only then the reply.
+    async fn decide<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         St: Store,
@@ -241,11 +239,20 @@ impl<S, St, A> New<S, St, A> {
                     config,
                 },
             key,
-            reservation,
             operation,
             parts,
             body,
         } = self;
+        let reservation = match store.claim(&key, &operation.fingerprint()).await {
+            Ok(Claim::New(reservation)) => reservation,
+            Ok(Claim::Replay(stored)) => return reply::stored(stored, Outcome::Replay),
+            Ok(Claim::Pending) => return Reply::Pending.into_response(),
+            Ok(Claim::Conflict) => return Reply::Conflict.into_response(),
+            Err(error) => {
+                tracing::warn!(%error, "claim failed; nothing created");
+                return Reply::StoreUnavailable.into_response();
+            }
+        };
         let permit = match admission.admit(&operation).await {
             Admit::Proceed(permit) => permit,
             Admit::Refuse(refusal) => {
@@ -261,7 +268,7 @@ impl<S, St, A> New<S, St, A> {
             tracing::error!("create failed; the key stays pending");
             return Reply::CreateFailed.into_response();
         };
-        let (parts, body) = response.into_parts();
+        let (mut parts, body) = response.into_parts();
         let body = match validation::read_limited(body, config.response_limit).await {
             Ok(body) => body,
             Err(ReadError::TooLarge) => {
@@ -273,6 +280,7 @@ impl<S, St, A> New<S, St, A> {
                 return Reply::CreateFailed.into_response();
             }
         };
+        headers::retain_storable(&mut parts.headers, &config.excluded_headers);
         let stored = StoredResponse::new(parts.status, parts.headers, body);
         let outcome = match store.complete(&key, &reservation, &stored).await {
             Ok(()) => Outcome::Created,
@@ -286,21 +294,29 @@ impl<S, St, A> New<S, St, A> {
     }
 }
 
-/// Runs `create` as a task of its own, so that dropping the response future (a client that
-/// went away) cannot stop it between the claim and the complete.
-async fn run_to_end<F, B>(create: F) -> Response<ResponseBody<B>>
+/// Drives `rest` (the claim and all that follows) to its end even if the response future is
+/// dropped: it is polled here once, and if it has to wait (a remote claim, a create doing I/O)
+/// it goes on as a task of its own that this future awaits. A store and a create that finish
+/// at once cost no task at all.
+async fn run_to_end<F, B>(rest: F) -> Response<ResponseBody<B>>
 where
     F: std::future::Future<Output = Response<ResponseBody<B>>> + Send + 'static,
     B: Send + 'static,
 {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => match runtime.spawn(create).await {
-            Ok(response) => response,
-            Err(error) => {
-                tracing::error!(%error, "create task failed; the key stays pending");
-                Reply::CreateFailed.into_response()
-            }
-        },
-        Err(_) => create.await,
+    let mut rest = Box::pin(rest);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return rest.await;
+    };
+    if let Poll::Ready(response) =
+        std::future::poll_fn(|cx| Poll::Ready(rest.as_mut().poll(cx))).await
+    {
+        return response;
+    }
+    match runtime.spawn(rest).await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::error!(%error, "create task failed; the key stays pending");
+            Reply::CreateFailed.into_response()
+        }
     }
 }

@@ -33,7 +33,10 @@ async fn a_concurrency_limit_refuses_with_503_while_creates_are_in_flight() {
     refused
         .exact(503, r#"{"error":"not_admitted"}"#)
         .header("retry-after", &["2"]);
-    assert!(!store.is_pending("op-2"), "the refused key is released");
+    assert!(
+        !store.is_pending(&key_of("op-2")),
+        "the refused key is released"
+    );
 
     gate.notify_one();
     Reply::read(first.await.unwrap().unwrap())

@@ -5,7 +5,7 @@ mod common;
 use axum::body::Body;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{BODY, CREATED_BODY, KEY, Reply};
+use common::{BODY, CREATED_BODY, KEY, Reply, key_of};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, OtherPaths};
@@ -46,7 +46,7 @@ async fn route_layer_guards_the_create_route_and_leaves_others_alone() {
     let replay = Reply::read(app.clone().oneshot(attempt()).await.unwrap()).await;
     replay.exact(201, CREATED_BODY);
     assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
-    assert!(store.completed(KEY).is_some());
+    assert!(store.completed(&key_of(KEY)).is_some());
 
     let health = Reply::read(
         app.oneshot(Request::get("/health").body(Body::empty()).unwrap())

@@ -89,14 +89,14 @@ async fn disconnect_when(rig: &Rig, gate: &tokio::sync::Notify, reached: impl Fn
     }
     drop(future); // the client goes away
     gate.notify_one();
-    wait_for(|| rig.memory.completed(KEY).is_some()).await;
+    wait_for(|| rig.memory.completed(&key_of(KEY)).is_some()).await;
 }
 
 #[tokio::test]
 async fn a_client_that_disconnects_after_the_claim_still_gets_its_create_completed() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let (rig, creates) = rig_with_gated_create(Arc::clone(&gate));
-    disconnect_when(&rig, &gate, |rig| rig.memory.is_pending(KEY)).await;
+    disconnect_when(&rig, &gate, |rig| rig.memory.is_pending(&key_of(KEY))).await;
     assert_eq!(creates.load(Ordering::SeqCst), 1);
     rig.send_expecting(valid(), &["claim", "write"])
         .await
@@ -136,11 +136,11 @@ async fn a_client_that_disconnects_while_admission_waits_still_gets_an_answer_st
     let mut future = Box::pin(call(&mut held, valid()).await);
     tokio::select! {
         _ = &mut future => panic!("admission is gated"),
-        () = wait_for(|| rig.memory.is_pending(KEY)) => {}
+        () = wait_for(|| rig.memory.is_pending(&key_of(KEY))) => {}
     }
     drop(future);
     gate.notify_one();
-    wait_for(|| rig.memory.completed(KEY).is_some()).await;
+    wait_for(|| rig.memory.completed(&key_of(KEY)).is_some()).await;
     assert_eq!(rig.creates(), 1);
     let reply = Reply::read(tower::ServiceExt::oneshot(service, valid()).await.unwrap()).await;
     reply.is_created();

@@ -24,13 +24,16 @@ async fn refusal_then_success_then_replay(status: u16) {
         .is_created();
     assert_eq!(rig.creates(), 1);
     assert_eq!(rig.memory.len(), 1);
-    assert!(rig.memory.completed(KEY).is_some(), "one completed record");
+    assert!(
+        rig.memory.completed(&key_of(KEY)).is_some(),
+        "one completed record"
+    );
 
     let replay = rig.send_expecting(valid(), &["claim", "write"]).await;
     replay.is_created();
     assert_eq!(replay.outcome, Some(Outcome::Replay));
     assert_eq!(rig.creates(), 1, "replay creates nothing");
-    assert!(rig.memory.completed(KEY).is_some());
+    assert!(rig.memory.completed(&key_of(KEY)).is_some());
 }
 
 #[tokio::test]
@@ -53,7 +56,7 @@ async fn complete_happens_before_the_reply_and_the_reply_cannot_change_the_store
     first.headers.clear();
     first.body = "tampered".into();
     // ...the store keeps its own copy.
-    let stored = rig.memory.completed(KEY).unwrap();
+    let stored = rig.memory.completed(&key_of(KEY)).unwrap();
     assert_eq!(stored.body(), CREATED_BODY.as_bytes());
     assert_eq!(stored.headers().get_all("etag").iter().count(), 2);
     rig.send(valid()).await.is_created();
@@ -393,7 +396,7 @@ async fn conflict_is_decided_before_pending_and_changes_nothing() {
     // The first request is pending: its create waits at the gate.
     let mut service = rig.service.clone();
     let first = tokio::spawn(call(&mut service, valid()).await);
-    wait_for(|| rig.memory.is_pending(KEY)).await;
+    wait_for(|| rig.memory.is_pending(&key_of(KEY))).await;
 
     rig.send_expecting(operation(KEY, "parcel-43"), &["claim", "write"])
         .await
@@ -402,7 +405,7 @@ async fn conflict_is_decided_before_pending_and_changes_nothing() {
         .await
         .exact(409, r#"{"error":"request_pending"}"#);
     assert!(
-        rig.memory.is_pending(KEY),
+        rig.memory.is_pending(&key_of(KEY)),
         "conflict and pending change nothing"
     );
 
@@ -434,7 +437,7 @@ async fn replay_writes_exactly_what_the_store_holds() {
     let rig = Rig::new();
     rig.send(valid()).await;
     let replay = rig.send_expecting(valid(), &["claim", "write"]).await;
-    let stored = rig.memory.completed(KEY).unwrap();
+    let stored = rig.memory.completed(&key_of(KEY)).unwrap();
     assert_eq!(replay.status, stored.status());
     assert_eq!(&replay.headers, stored.headers());
     assert_eq!(&replay.body, stored.body());
@@ -455,7 +458,7 @@ async fn a_failed_create_is_500_and_the_key_stays_pending() {
         .await
         .exact(500, r#"{"error":"create_failed"}"#);
     assert!(
-        rig.memory.is_pending(KEY),
+        rig.memory.is_pending(&key_of(KEY)),
         "no release after a failed create"
     );
     rig.send_expecting(valid(), &["claim", "write"])
@@ -469,7 +472,7 @@ async fn a_created_response_over_the_cap_is_500_and_the_key_stays_pending() {
     rig.send_expecting(valid(), &["claim", "admit", "create", "write"])
         .await
         .exact(500, r#"{"error":"response_too_large"}"#);
-    assert!(rig.memory.is_pending(KEY));
+    assert!(rig.memory.is_pending(&key_of(KEY)));
     assert_eq!(rig.creates(), 1);
     rig.send(valid())
         .await
@@ -522,7 +525,7 @@ async fn a_failed_complete_still_replies_the_created_response_and_leaves_the_key
         .await;
     reply.is_created();
     assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
-    assert!(rig.memory.is_pending(KEY));
+    assert!(rig.memory.is_pending(&key_of(KEY)));
     rig.failing.lock().unwrap().clear();
     rig.send(valid())
         .await

@@ -103,7 +103,7 @@ async fn completed_and_pending_records_survive_a_new_pool() {
             .exact(201, CREATED_BODY);
         let fp = fingerprint(&pending_key, "parcel-42");
         assert!(matches!(
-            store.claim(&pending_key, &fp).await,
+            store.claim(&key_of(&pending_key), &fp).await,
             Ok(Claim::New(_))
         ));
     } // every connection of that pool is closed here
@@ -173,16 +173,21 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
     send_to(&service, operation(&warm, "p")).await;
     send_to(&service, operation(&warm, "p")).await;
     let fp = fingerprint(&warm, "q");
-    let Ok(Claim::Conflict) = store.claim(&warm, &fp).await else {
+    let Ok(Claim::Conflict) = store.claim(&key_of(&warm), &fp).await else {
         panic!()
     };
     let pending = unique_key("pending");
-    let Ok(Claim::New(reservation)) = store.claim(&pending, &fingerprint(&pending, "p")).await
+    let Ok(Claim::New(reservation)) = store
+        .claim(&key_of(&pending), &fingerprint(&pending, "p"))
+        .await
     else {
         panic!()
     };
-    let _ = store.release(&pending, &reservation).await;
-    let Ok(Claim::New(_)) = store.claim(&pending, &fingerprint(&pending, "p")).await else {
+    let _ = store.release(&key_of(&pending), &reservation).await;
+    let Ok(Claim::New(_)) = store
+        .claim(&key_of(&pending), &fingerprint(&pending, "p"))
+        .await
+    else {
         panic!()
     };
 

@@ -47,7 +47,7 @@ async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
     let pending = operation("pending-op", "parcel-42");
     let fp = fingerprint("pending-op", "parcel-42");
     assert!(matches!(
-        store.claim("pending-op", &fp).await,
+        store.claim(&key_of("pending-op"), &fp).await,
         Ok(Claim::New(_))
     ));
 
@@ -192,7 +192,7 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
         .exact(409, r#"{"error":"idempotency_conflict"}"#);
     let fp = fingerprint("pending-op", "parcel-42");
     assert!(matches!(
-        store.claim("pending-op", &fp).await,
+        store.claim(&key_of("pending-op"), &fp).await,
         Ok(Claim::New(_))
     ));
     counter

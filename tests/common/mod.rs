@@ -487,3 +487,8 @@ pub async fn replicas_create_once<St: Store>(a: St, b: St, n: usize) {
         "exactly one create: {statuses:?}"
     );
 }
+
+/// The store key the layer claims for `request_id` on `/labels`, without a scope.
+pub fn key_of(request_id: &str) -> String {
+    tower_idempotency::store_key("/labels", request_id, None)
+}
