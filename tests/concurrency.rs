@@ -3,11 +3,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tower_idempotency::Outcome;
+use tower_idempotency::{MemoryStore, Outcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_identical_requests_create_once() {
@@ -145,4 +145,86 @@ async fn a_client_that_disconnects_while_admission_waits_still_gets_an_answer_st
     let reply = Reply::read(tower::ServiceExt::oneshot(service, valid()).await.unwrap()).await;
     reply.is_created();
     assert_eq!(rig.creates(), 1);
+}
+
+/// Drops the response future while the store is at the gate, then opens it: the create is
+/// done once and completed, and the retry replays it.
+async fn disconnect_at_store_gate(at_claim: bool) {
+    let memory = MemoryStore::new();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let store = GatedStore {
+        inner: memory.clone(),
+        claim_gate: if at_claim { OnceGate::new(&gate) } else { OnceGate::default() },
+        complete_gate: if at_claim { OnceGate::default() } else { OnceGate::new(&gate) },
+    };
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
+    let mut held = service.clone();
+    let mut future = Box::pin(call(&mut held, valid()).await);
+    tokio::select! {
+        _ = &mut future => panic!("the store is gated; the reply cannot be ready"),
+        () = wait_for(|| memory.is_pending(&key_of(KEY))) => {}
+    }
+    if !at_claim {
+        wait_for(|| creates.load(Ordering::SeqCst) == 1).await;
+    }
+    drop(future); // the client goes away
+    gate.notify_one();
+    wait_for(|| memory.completed(&key_of(KEY)).is_some()).await;
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+    let replay = send_to(&service, valid()).await;
+    replay.is_created();
+    assert_eq!(replay.outcome, Some(Outcome::Replay));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_while_the_claim_answer_is_in_flight_still_gets_its_create() {
+    disconnect_at_store_gate(true).await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_while_the_complete_is_in_flight_still_gets_it_stored() {
+    disconnect_at_store_gate(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_mixed_requests_through_several_instances_create_once_per_key() {
+    let store = MemoryStore::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let instances: Vec<_> = (0..4)
+        .map(|_| counting_service(store.clone(), Arc::clone(&creates), Duration::from_millis(2)))
+        .collect();
+    let tasks: Vec<_> = (0..4000)
+        .map(|i| {
+            let service = instances[i % instances.len()].clone();
+            // 200 keys; every tenth request is a conflicting operation under its key.
+            let key = format!("key-{}", i % 200);
+            let parcel = if i % 10 == 9 { "other-parcel" } else { "parcel-42" };
+            tokio::spawn(async move { send_to(&service, operation(&key, parcel)).await })
+        })
+        .collect();
+    let all = async {
+        let mut outcomes = std::collections::BTreeMap::new();
+        for task in tasks {
+            let reply = task.await.unwrap();
+            *outcomes.entry(format!("{:?}", reply.outcome)).or_insert(0) += 1;
+        }
+        outcomes
+    };
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("no deadlock: every request answered in bounded time");
+    let created = creates.load(Ordering::SeqCst);
+    assert!(created <= 200, "at most one create per key: {created}");
+    assert_eq!(outcomes.get("Some(Created)"), Some(&created));
+    let answered: usize = outcomes.values().sum();
+    assert_eq!(answered, 4000);
+    for outcome in outcomes.keys() {
+        assert!(
+            ["Some(Created)", "Some(Replay)", "Some(Pending)", "Some(Conflict)"].contains(&outcome.as_str()),
+            "{outcome}"
+        );
+    }
+    assert_eq!(store.len(), created);
 }

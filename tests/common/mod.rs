@@ -492,3 +492,51 @@ pub async fn replicas_create_once<St: Store>(a: St, b: St, n: usize) {
 pub fn key_of(request_id: &str) -> String {
     tower_idempotency::store_key("/labels", request_id, None)
 }
+
+/// A gate that holds the first call that reaches it, and no later one.
+#[derive(Clone, Default)]
+pub struct OnceGate(Arc<Mutex<Option<Arc<tokio::sync::Notify>>>>);
+
+impl OnceGate {
+    pub fn new(gate: &Arc<tokio::sync::Notify>) -> Self {
+        Self(Arc::new(Mutex::new(Some(Arc::clone(gate)))))
+    }
+
+    pub async fn pass(&self) {
+        let gate = self.0.lock().unwrap().take();
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
+    }
+}
+
+/// A store whose first claim waits at a gate after it took effect (its answer "in flight"),
+/// and whose first complete waits before it takes effect.
+#[derive(Clone)]
+pub struct GatedStore<St = MemoryStore> {
+    pub inner: St,
+    pub claim_gate: OnceGate,
+    pub complete_gate: OnceGate,
+}
+
+impl<St: Store> Store for GatedStore<St> {
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        let claim = self.inner.claim(key, fingerprint).await;
+        self.claim_gate.pass().await;
+        claim
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.complete_gate.pass().await;
+        self.inner.complete(key, reservation, response).await
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        self.inner.release(key, reservation).await
+    }
+}
