@@ -154,8 +154,16 @@ async fn disconnect_at_store_gate(at_claim: bool) {
     let gate = Arc::new(tokio::sync::Notify::new());
     let store = GatedStore {
         inner: memory.clone(),
-        claim_gate: if at_claim { OnceGate::new(&gate) } else { OnceGate::default() },
-        complete_gate: if at_claim { OnceGate::default() } else { OnceGate::new(&gate) },
+        claim_gate: if at_claim {
+            OnceGate::new(&gate)
+        } else {
+            OnceGate::default()
+        },
+        complete_gate: if at_claim {
+            OnceGate::default()
+        } else {
+            OnceGate::new(&gate)
+        },
     };
     let creates = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
@@ -193,14 +201,24 @@ async fn thousands_of_mixed_requests_through_several_instances_create_once_per_k
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let instances: Vec<_> = (0..4)
-        .map(|_| counting_service(store.clone(), Arc::clone(&creates), Duration::from_millis(2)))
+        .map(|_| {
+            counting_service(
+                store.clone(),
+                Arc::clone(&creates),
+                Duration::from_millis(2),
+            )
+        })
         .collect();
     let tasks: Vec<_> = (0..4000)
         .map(|i| {
             let service = instances[i % instances.len()].clone();
             // 200 keys; every tenth request is a conflicting operation under its key.
             let key = format!("key-{}", i % 200);
-            let parcel = if i % 10 == 9 { "other-parcel" } else { "parcel-42" };
+            let parcel = if i % 10 == 9 {
+                "other-parcel"
+            } else {
+                "parcel-42"
+            };
             tokio::spawn(async move { send_to(&service, operation(&key, parcel)).await })
         })
         .collect();
@@ -222,7 +240,13 @@ async fn thousands_of_mixed_requests_through_several_instances_create_once_per_k
     assert_eq!(answered, 4000);
     for outcome in outcomes.keys() {
         assert!(
-            ["Some(Created)", "Some(Replay)", "Some(Pending)", "Some(Conflict)"].contains(&outcome.as_str()),
+            [
+                "Some(Created)",
+                "Some(Replay)",
+                "Some(Pending)",
+                "Some(Conflict)"
+            ]
+            .contains(&outcome.as_str()),
             "{outcome}"
         );
     }

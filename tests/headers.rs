@@ -25,10 +25,19 @@ async fn hop_by_hop_and_excluded_headers_are_neither_stored_nor_replayed() {
     let first = rig.send(valid()).await;
     first.is_created(); // exactly the four stored headers
     let stored = rig.memory.completed(&key_of(KEY)).unwrap();
-    for name in ["connection", "keep-alive", "x-hop", "transfer-encoding", "set-cookie"] {
+    for name in [
+        "connection",
+        "keep-alive",
+        "x-hop",
+        "transfer-encoding",
+        "set-cookie",
+    ] {
         assert!(!stored.headers().contains_key(name), "{name} stored");
     }
     let replay = rig.send(valid()).await;
     replay.is_created();
-    assert_eq!(replay.headers, first.headers, "the first answer and the replay agree");
+    assert_eq!(
+        replay.headers, first.headers,
+        "the first answer and the replay agree"
+    );
 }

@@ -238,3 +238,13 @@ async fn purge_deletes_expired_completed_records_only() {
         Claim::New(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
+    let proxy = Arc::new(Proxy::start(database_addr().await, false).await);
+    let store = store_through(&proxy)
+        .await
+        .timeout(Duration::from_millis(300));
+    let cutter = Arc::clone(&proxy);
+    crash_between_create_and_complete(store, move || cutter.cut(), || proxy.restore()).await;
+}

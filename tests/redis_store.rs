@@ -210,3 +210,17 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
         .await
         .exact(415, r#"{"error":"unsupported_media_type"}"#);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
+    let server = RedisServer::start();
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
+    let proxy = Arc::new(common::servers::Proxy::start(upstream, false).await);
+    let url = format!("redis://{}", proxy.addr);
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    let cutter = Arc::clone(&proxy);
+    crash_between_create_and_complete(store, move || cutter.cut(), || proxy.restore()).await;
+}

@@ -26,7 +26,10 @@ impl Body for Endless {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.pulled.fetch_add(self.chunk.len(), Ordering::SeqCst);
         Poll::Ready(Some(Ok(Frame::data(self.chunk.clone()))))
     }
@@ -43,7 +46,10 @@ impl Body for Stalled {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         Poll::Pending
     }
 }
@@ -80,8 +86,13 @@ async fn an_endless_body_is_read_no_further_than_one_chunk_past_the_limit() {
         .header("idempotency-key", KEY)
         .body(body)
         .unwrap();
-    let response = create_service(store.clone(), Arc::clone(&creates)).oneshot(request).await.unwrap();
-    Reply::read(response).await.exact(413, r#"{"error":"payload_too_large"}"#);
+    let response = create_service(store.clone(), Arc::clone(&creates))
+        .oneshot(request)
+        .await
+        .unwrap();
+    Reply::read(response)
+        .await
+        .exact(413, r#"{"error":"payload_too_large"}"#);
     // An endless (terabytes, if it were sent) body cost one chunk: memory stays flat.
     assert_eq!(pulled.load(Ordering::SeqCst), 64 * 1024);
     assert!(store.is_empty());
@@ -103,7 +114,11 @@ async fn a_small_chunked_stream_past_the_limit_stops_at_limit_plus_one_chunk() {
     Reply::read(service.oneshot(request).await.unwrap())
         .await
         .exact(413, r#"{"error":"payload_too_large"}"#);
-    assert_eq!(pulled.load(Ordering::SeqCst), 4100, "4096 + one 10-byte frame");
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        4100,
+        "4096 + one 10-byte frame"
+    );
 }
 
 #[tokio::test]
@@ -136,7 +151,10 @@ async fn a_stalled_body_holds_no_reservation() {
     let service = create_service(store.clone(), Arc::default());
     let stalled = tokio::time::timeout(Duration::from_millis(100), service.oneshot(request)).await;
     assert!(stalled.is_err(), "still waiting for the body");
-    assert!(store.is_empty(), "nothing claimed while the body is incomplete");
+    assert!(
+        store.is_empty(),
+        "nothing claimed while the body is incomplete"
+    );
     // The abandoned attempt left nothing behind: the operation is new.
     let creates = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO);

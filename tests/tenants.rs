@@ -19,10 +19,15 @@ fn as_tenant(tenant: &'static str, mut request: http::Request<Chunks>) -> http::
     request
 }
 
-fn scoped(store: MemoryStore, creates: Arc<AtomicUsize>) -> tower_idempotency::Idempotency<Inner, MemoryStore> {
+fn scoped(
+    store: MemoryStore,
+    creates: Arc<AtomicUsize>,
+) -> tower_idempotency::Idempotency<Inner, MemoryStore> {
     let inner = counting_service(store.clone(), creates, Duration::ZERO).into_inner();
     IdempotencyLayer::new(store)
-        .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.to_owned()))
+        .scope(|parts: &http::request::Parts| {
+            parts.extensions.get::<Tenant>().map(|t| t.0.to_owned())
+        })
         .layer(inner)
 }
 
@@ -32,10 +37,15 @@ async fn the_same_request_id_in_two_scopes_is_two_operations() {
     let creates = Arc::new(AtomicUsize::new(0));
     let service = scoped(store.clone(), Arc::clone(&creates));
 
-    send_to(&service, as_tenant("acme", valid())).await.is_created();
+    send_to(&service, as_tenant("acme", valid()))
+        .await
+        .is_created();
     // Another tenant, same key, another parcel: no conflict, no replay, its own create.
     let other = send_to(&service, as_tenant("globex", operation(KEY, "parcel-43"))).await;
-    assert_eq!((other.status.as_u16(), other.outcome), (201, Some(Outcome::Created)));
+    assert_eq!(
+        (other.status.as_u16(), other.outcome),
+        (201, Some(Outcome::Created))
+    );
     assert_eq!(creates.load(Ordering::SeqCst), 2);
     // Each replays its own.
     let replay = send_to(&service, as_tenant("acme", valid())).await;
@@ -43,8 +53,16 @@ async fn the_same_request_id_in_two_scopes_is_two_operations() {
     send_to(&service, as_tenant("acme", operation(KEY, "parcel-43")))
         .await
         .exact(409, r#"{"error":"idempotency_conflict"}"#);
-    assert!(store.completed(&store_key("/labels", KEY, Some("acme"))).is_some());
-    assert!(store.completed(&store_key("/labels", KEY, Some("globex"))).is_some());
+    assert!(
+        store
+            .completed(&store_key("/labels", KEY, Some("acme")))
+            .is_some()
+    );
+    assert!(
+        store
+            .completed(&store_key("/labels", KEY, Some("globex")))
+            .is_some()
+    );
     assert!(store.completed(&key_of(KEY)).is_none(), "no unscoped key");
 }
 
@@ -54,7 +72,9 @@ async fn a_pending_operation_in_one_scope_does_not_block_another() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let (rig, creates) = rig_with_gated_create(Arc::clone(&gate));
     let service = IdempotencyLayer::new(store.clone())
-        .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.to_owned()))
+        .scope(|parts: &http::request::Parts| {
+            parts.extensions.get::<Tenant>().map(|t| t.0.to_owned())
+        })
         .layer(rig.service.get_ref().clone());
     let mut held = service.clone();
     let first = tokio::spawn(call(&mut held, as_tenant("acme", valid())).await);
@@ -81,7 +101,10 @@ async fn a_request_without_a_required_scope_is_refused_before_the_store() {
     let service = scoped(store.clone(), Arc::clone(&creates));
     let reply = send_to(&service, valid()).await;
     reply.exact(403, r#"{"error":"scope_required"}"#);
-    assert_eq!(reply.outcome, Some(Outcome::Rejected(http::StatusCode::FORBIDDEN)));
+    assert_eq!(
+        reply.outcome,
+        Some(Outcome::Rejected(http::StatusCode::FORBIDDEN))
+    );
     assert!(store.is_empty());
     assert_eq!(creates.load(Ordering::SeqCst), 0);
     // The contract's own refusals still come first.
@@ -95,12 +118,26 @@ async fn two_endpoints_on_one_store_have_separate_keys() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let inner = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO).into_inner();
-    let labels = IdempotencyLayer::new(store.clone()).path("/labels").layer(inner.clone());
-    let returns = IdempotencyLayer::new(store.clone()).path("/returns").layer(inner);
+    let labels = IdempotencyLayer::new(store.clone())
+        .path("/labels")
+        .layer(inner.clone());
+    let returns = IdempotencyLayer::new(store.clone())
+        .path("/returns")
+        .layer(inner);
     send_to(&labels, valid()).await.is_created();
-    let on_returns = request("POST", "/returns", Some(KEY), Some("application/json"), BODY);
+    let on_returns = request(
+        "POST",
+        "/returns",
+        Some(KEY),
+        Some("application/json"),
+        BODY,
+    );
     let reply = send_to(&returns, on_returns).await;
-    assert_eq!(reply.outcome, Some(Outcome::Created), "not a replay of /labels");
+    assert_eq!(
+        reply.outcome,
+        Some(Outcome::Created),
+        "not a replay of /labels"
+    );
     assert_eq!(creates.load(Ordering::SeqCst), 2);
     assert_eq!(store.len(), 2);
 }

@@ -540,3 +540,48 @@ impl<St: Store> Store for GatedStore<St> {
         self.inner.release(key, reservation).await
     }
 }
+
+/// Contract §5's gap: the store connection drops after the create and before the complete
+/// (`cut` is called inside the create). The client still gets the created response, the key
+/// stays pending, and retries, once the store is back (`restore`), get `request_pending` and
+/// never a second create.
+pub async fn crash_between_create_and_complete<St: Store>(
+    store: St,
+    cut: impl Fn() + Send + Sync + 'static,
+    restore: impl Fn(),
+) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&creates);
+    let cut = Arc::new(cut);
+    let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        cut(); // the store is gone before the complete
+        async { Ok::<_, CreateError>(created_response()) }
+    });
+    let service = Idempotency::new(Inner::new(create), store);
+    let key = conformance::unique_key("crash");
+    let first = send_to(&service, operation(&key, "parcel-42")).await;
+    assert_eq!(
+        first.status, 201,
+        "the create happened: its response is the reply"
+    );
+    assert_eq!(
+        first.outcome,
+        Some(tower_idempotency::Outcome::CompleteFailed)
+    );
+
+    restore();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let retry = loop {
+        let reply = send_to(&service, operation(&key, "parcel-42")).await;
+        if reply.status != 503 || std::time::Instant::now() > deadline {
+            break reply;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    retry.exact(409, r#"{"error":"request_pending"}"#);
+    send_to(&service, operation(&key, "parcel-42"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert_eq!(creates.load(Ordering::SeqCst), 1, "no second create");
+}
