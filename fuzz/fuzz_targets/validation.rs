@@ -1,0 +1,80 @@
+//! Arbitrary requests through the layer: every reply must be one of the contract's, and a
+//! refused request must never reach the store or the create.
+#![no_main]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use libfuzzer_sys::fuzz_target;
+use tower::ServiceExt;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, RequestBody};
+
+const REPLIES: [(u16, &str); 6] = [
+    (404, r#"{"error":"not_found"}"#),
+    (405, r#"{"error":"method_not_allowed"}"#),
+    (415, r#"{"error":"unsupported_media_type"}"#),
+    (413, r#"{"error":"payload_too_large"}"#),
+    (400, r#"{"error":"invalid_request"}"#),
+    (201, "created"),
+];
+
+/// Splits the input into method, path, content type, key and body at `\n`s.
+fn request(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {
+    let mut parts = data.splitn(5, |b| *b == b'\n');
+    let method = http::Method::from_bytes(parts.next()?).ok()?;
+    let path = std::str::from_utf8(parts.next()?).ok()?;
+    let content_type = parts.next()?;
+    let key = parts.next()?;
+    let body = Bytes::copy_from_slice(parts.next().unwrap_or_default());
+    let mut builder = http::Request::builder().method(method).uri(path);
+    if let Ok(value) = http::HeaderValue::from_bytes(content_type) {
+        builder = builder.header("content-type", value);
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(key) {
+        builder = builder.header("idempotency-key", value);
+    }
+    builder.body(Full::new(body)).ok()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some(request) = request(data) else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = MemoryStore::new();
+        let creates = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&creates);
+        let create = tower::service_fn(move |_: http::Request<RequestBody<Full<Bytes>>>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from_static(b"created")))
+                        .unwrap(),
+                )
+            }
+        });
+        let service = tower::Layer::layer(&IdempotencyLayer::new(store.clone()), create);
+        let response = service.oneshot(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            REPLIES
+                .iter()
+                .any(|(s, b)| *s == status && body == b.as_bytes()),
+            "not a contract reply: {status} {body:?}"
+        );
+        if status == 201 {
+            assert_eq!(creates.load(Ordering::SeqCst), 1);
+            assert_eq!(store.len(), 1);
+        } else {
+            assert_eq!(creates.load(Ordering::SeqCst), 0);
+            assert!(store.is_empty(), "a refusal reached the store");
+        }
+    });
+});
