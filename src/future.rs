@@ -1,91 +1,220 @@
-//! The response future of [`Idempotency`](crate::Idempotency).
+//! The response future of [`Idempotency`](crate::Idempotency): a hand-written state machine.
+//!
+//! A guarded request goes through three states. *Reading* collects the body in place (no
+//! allocation beyond the body itself) and, once it is complete, validates it. *Deciding* is the
+//! claim and everything after it (admission, create, complete), one boxed future over the
+//! caller's store, admission and inner service. If the response future is dropped while
+//! deciding (a client that went away), the decision is not abandoned: it moves to a task of its
+//! own and runs to its end, so a disconnect can neither strand a reservation nor cause a
+//! second create. Dropping it while reading costs nothing: nothing is claimed yet.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::Response;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
 use pin_project_lite::pin_project;
+use tower::Service;
 
-use crate::body::ResponseBody;
+use crate::admission::Admission;
+use crate::body::{RequestBody, ResponseBody};
+use crate::reply::Reply;
+use crate::service::Guard;
+use crate::store::Store;
+use crate::validation::{Collector, ReadError};
 
-/// The guarded path: validation, claim and create, boxed because it spans several awaits over
-/// caller-chosen store and admission futures.
-pub(crate) type Guarded<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
+/// The claim and what follows, boxed because it spans several awaits over caller-chosen store,
+/// admission and inner-service futures.
+type Deciding<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
+
+/// What a guarded request holds while its body is read.
+pub(crate) struct Reading<S, St, A> {
+    pub(crate) parts: Parts,
+    pub(crate) guard: Guard<S, St, A>,
+    pub(crate) collector: Collector,
+}
 
 pin_project! {
     /// Response future of [`Idempotency`](crate::Idempotency).
     ///
     /// It never fails on the guarded path: every refusal, store failure and create failure is a
     /// response. Only a passed-through request can yield the inner service's error.
-    pub struct ResponseFuture<F, B> {
+    ///
+    /// Dropped after the claim has started, it hands the rest of the work to a Tokio task, which
+    /// needs a Tokio runtime at that moment; without one the work is dropped and logged.
+    pub struct ResponseFuture<S, St, A, ReqBody, ResBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+        ResBody: 'static,
+    {
         #[pin]
-        kind: Kind<F, B>,
+        state: State<S, St, A, ReqBody, ResBody>,
+    }
+
+    impl<S, St, A, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, ReqBody, ResBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+        ResBody: 'static,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            if let StateProj::Deciding { future } = this.project().state.project()
+                && let Some(future) = future.take()
+            {
+                hand_over(future);
+            }
+        }
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<F, B> {
-        Ready { response: Option<Response<ResponseBody<B>>> },
-        PassThrough { #[pin] future: F },
-        Guarded { future: Guarded<B> },
+    #[project = StateProj]
+    enum State<S, St, A, ReqBody, ResBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+        ResBody: 'static,
+    {
+        Ready { response: Option<Response<ResponseBody<ResBody>>> },
+        PassThrough { #[pin] future: S::Future },
+        Reading { #[pin] body: ReqBody, reading: Option<Reading<S, St, A>> },
+        Deciding { future: Option<Deciding<ResBody>> },
     }
 }
 
-impl<F, B> ResponseFuture<F, B> {
-    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+/// Moves an abandoned decision to a task of its own.
+fn hand_over<B: 'static>(future: Deciding<B>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                drop(future.await);
+            });
+        }
+        Err(_) => tracing::error!(
+            "response future dropped after the claim outside a Tokio runtime; the work is abandoned"
+        ),
+    }
+}
+
+impl<S, St, A, ReqBody, ResBody> ResponseFuture<S, St, A, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>>,
+    ResBody: 'static,
+{
+    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>) -> Self {
         Self {
-            kind: Kind::Ready {
+            state: State::Ready {
                 response: Some(response),
             },
         }
     }
 
-    pub(crate) fn pass_through(future: F) -> Self {
+    pub(crate) fn pass_through(future: S::Future) -> Self {
         Self {
-            kind: Kind::PassThrough { future },
+            state: State::PassThrough { future },
         }
     }
 
-    pub(crate) fn guarded(future: Guarded<B>) -> Self {
+    pub(crate) fn reading(body: ReqBody, reading: Reading<S, St, A>) -> Self {
         Self {
-            kind: Kind::Guarded { future },
-        }
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<ResponseBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => panic!("ResponseFuture polled after completion"),
+            state: State::Reading {
+                body,
+                reading: Some(reading),
             },
-            KindProj::PassThrough { future } => {
-                let response = ready!(future.poll(cx))?;
-                Poll::Ready(Ok(response.map(ResponseBody::inner)))
-            }
-            KindProj::Guarded { future } => future.as_mut().poll(cx).map(Ok),
         }
     }
 }
 
-impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
+
+impl<S, St, A, ReqBody, ResBody> Future for ResponseFuture<S, St, A, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    St: Store,
+    A: Admission,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let mut state = self.as_mut().project().state;
+            let next = match state.as_mut().project() {
+                StateProj::Ready { response } => {
+                    return Poll::Ready(Ok(response.take().expect(POLLED_AFTER_COMPLETION)));
+                }
+                StateProj::PassThrough { future } => {
+                    let response = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Deciding { future } => {
+                    let deciding = future.as_mut().expect(POLLED_AFTER_COMPLETION);
+                    let response = ready!(deciding.as_mut().poll(cx));
+                    *future = None; // finished: nothing to hand over on drop
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Reading { mut body, reading } => {
+                    let read = loop {
+                        let collector =
+                            &mut reading.as_mut().expect(POLLED_AFTER_COMPLETION).collector;
+                        match ready!(body.as_mut().poll_frame(cx)) {
+                            None => break Ok(()),
+                            Some(Err(_)) => break Err(ReadError::Broken),
+                            Some(Ok(frame)) => {
+                                if let Ok(data) = frame.into_data()
+                                    && let Err(error) = collector.push(data)
+                                {
+                                    break Err(error);
+                                }
+                            }
+                        }
+                    };
+                    let Reading {
+                        parts,
+                        guard,
+                        collector,
+                    } = reading.take().expect(POLLED_AFTER_COMPLETION);
+                    match read {
+                        Ok(()) => match guard.validate(parts, collector.finish()) {
+                            Ok(claimed) => State::Deciding {
+                                future: Some(Box::pin(claimed.decide())),
+                            },
+                            Err(reply) => State::Ready {
+                                response: Some(reply.into_response()),
+                            },
+                        },
+                        Err(ReadError::TooLarge) => State::Ready {
+                            response: Some(Reply::PayloadTooLarge.into_response()),
+                        },
+                        Err(ReadError::Broken) => State::Ready {
+                            response: Some(Reply::InvalidRequest.into_response()),
+                        },
+                    }
+                }
+            };
+            state.set(next);
+        }
+    }
+}
+
+impl<S, St, A, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, St, A, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>>,
+    ResBody: 'static,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match &self.kind {
-            Kind::Ready { .. } => "Ready",
-            Kind::PassThrough { .. } => "PassThrough",
-            Kind::Guarded { .. } => "Guarded",
+        let state = match &self.state {
+            State::Ready { .. } => "Ready",
+            State::PassThrough { .. } => "PassThrough",
+            State::Reading { .. } => "Reading",
+            State::Deciding { .. } => "Deciding",
         };
         f.debug_struct("ResponseFuture")
-            .field("kind", &kind)
+            .field("state", &state)
             .finish()
     }
 }

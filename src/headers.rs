@@ -22,6 +22,13 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 /// Removes from `headers` everything that must not be stored.
 pub(crate) fn retain_storable(headers: &mut HeaderMap, excluded: &[HeaderName]) {
+    // One pass over the few headers a created response has; most have nothing to remove.
+    let storable = headers
+        .keys()
+        .all(|name| !HOP_BY_HOP.contains(name) && !excluded.contains(name));
+    if storable {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -213,7 +213,8 @@ pub struct Fingerprint([u8; 64]);
 impl Fingerprint {
     /// The fingerprint as 64 lowercase hexadecimal characters.
     pub fn as_str(&self) -> &str {
-        // Only ever filled with ASCII hex digits, by `fingerprint` or `parse`.
+        // Only ever filled with ASCII hex digits, by `fingerprint` or `parse`, so this never
+        // falls back to the empty string.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
 

@@ -11,14 +11,14 @@ use tower::Service;
 
 use crate::admission::{Admission, Admit, AlwaysAdmit};
 use crate::body::{RequestBody, ResponseBody};
-use crate::future::ResponseFuture;
+use crate::future::{Reading, ResponseFuture};
 use crate::headers;
 use crate::layer::{Config, IdempotencyLayer, OtherPaths};
 use crate::operation::LabelOperation;
 use crate::reply::{self, Outcome, Reply};
 use crate::scope::store_key;
 use crate::store::{Claim, Store, StoredResponse};
-use crate::validation::{self, ReadError};
+use crate::validation::{self, Collector, ReadError};
 
 /// The middleware service built by [`IdempotencyLayer`].
 ///
@@ -30,10 +30,9 @@ use crate::validation::{self, ReadError};
 /// Every refusal, store failure and create failure is a response, never an error: the service's
 /// error is the inner service's, and only a passed-through request can yield it.
 ///
-/// Once a claim returns *new*, admission, the create and the complete run as a task of their
-/// own: a client that disconnects (its response future dropped) cannot leave the key pending or
-/// cause a second create. This needs a Tokio runtime; without one, they run in the response
-/// future itself.
+/// Once the claim has started, it and everything after it run to their end even if the
+/// response future is dropped (a client that went away): the rest moves to a Tokio task, so a
+/// disconnect can neither leave a key pending nor cause a second create.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -114,7 +113,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S, St, A, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -152,12 +151,21 @@ where
             admission: self.admission.clone(),
             config: Arc::clone(&self.config),
         };
-        ResponseFuture::guarded(Box::pin(guard.run(request)))
+        let (parts, body) = request.into_parts();
+        let collector = Collector::new(guard.config.body_limit);
+        ResponseFuture::reading(
+            body,
+            Reading {
+                parts,
+                guard,
+                collector,
+            },
+        )
     }
 }
 
 /// Everything the guarded path needs, moved into its future.
-struct Guard<S, St, A> {
+pub(crate) struct Guard<S, St, A> {
     inner: S,
     store: St,
     admission: A,
@@ -165,54 +173,30 @@ struct Guard<S, St, A> {
 }
 
 impl<S, St, A> Guard<S, St, A> {
-    /// Steps 4 to 6 and the scope: nothing is claimed until the body is complete and valid, so
-    /// a slow or stalled body holds no reservation. Then the claim and what follows run to
-    /// their end however the response future is dropped.
-    async fn run<ReqBody, ResBody>(
-        self,
-        request: Request<ReqBody>,
-    ) -> Response<ResponseBody<ResBody>>
-    where
-        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        St: Store,
-        A: Admission,
-        ReqBody: Body<Data = Bytes> + Send + 'static,
-        ResBody: Body<Data = Bytes> + Send + 'static,
-    {
-        let (parts, body) = request.into_parts();
-        let body = match validation::read_limited(body, self.config.body_limit).await {
-            Ok(body) => body,
-            Err(ReadError::TooLarge) => return Reply::PayloadTooLarge.into_response(),
-            Err(ReadError::Broken) => return Reply::InvalidRequest.into_response(),
-        };
-        let Ok(operation) = LabelOperation::from_json(&body) else {
-            return Reply::InvalidRequest.into_response();
-        };
+    /// Steps 5 and 6 and the scope, on the complete body: nothing is claimed until the body is
+    /// complete and valid, so a slow or stalled body holds no reservation.
+    pub(crate) fn validate(self, parts: Parts, body: Bytes) -> Result<Claimed<S, St, A>, Reply> {
+        let operation = LabelOperation::from_json(&body).map_err(|_| Reply::InvalidRequest)?;
         if !validation::key_matches(&parts.headers, &operation.request_id) {
-            return Reply::InvalidRequest.into_response();
+            return Err(Reply::InvalidRequest);
         }
         let scope = match &self.config.scope {
-            Some(scope) => match (scope.0)(&parts) {
-                Some(scope) => Some(scope),
-                None => return Reply::ScopeRequired.into_response(),
-            },
+            Some(scope) => Some((scope.0)(&parts).ok_or(Reply::ScopeRequired)?),
             None => None,
         };
         let key = store_key(&self.config.path, &operation.request_id, scope.as_deref());
-        let claimed = Claimed {
+        Ok(Claimed {
             guard: self,
             key,
             operation,
             parts,
             body,
-        };
-        run_to_end(claimed.decide()).await
+        })
     }
 }
 
 /// A valid request about to be claimed.
-struct Claimed<S, St, A> {
+pub(crate) struct Claimed<S, St, A> {
     guard: Guard<S, St, A>,
     key: String,
     operation: LabelOperation,
@@ -223,7 +207,7 @@ struct Claimed<S, St, A> {
 impl<S, St, A> Claimed<S, St, A> {
     /// Contract §4 and §5: the claim decides; a new claim gets admission (and a release on
     /// refusal), the create, the complete, and only then the reply.
-    async fn decide<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
+    pub(crate) async fn decide<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         St: Store,
@@ -291,32 +275,5 @@ impl<S, St, A> Claimed<S, St, A> {
         };
         drop(permit);
         reply::stored(stored, outcome)
-    }
-}
-
-/// Drives `rest` (the claim and all that follows) to its end even if the response future is
-/// dropped: it is polled here once, and if it has to wait (a remote claim, a create doing I/O)
-/// it goes on as a task of its own that this future awaits. A store and a create that finish
-/// at once cost no task at all.
-async fn run_to_end<F, B>(rest: F) -> Response<ResponseBody<B>>
-where
-    F: std::future::Future<Output = Response<ResponseBody<B>>> + Send + 'static,
-    B: Send + 'static,
-{
-    let mut rest = Box::pin(rest);
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return rest.await;
-    };
-    if let Poll::Ready(response) =
-        std::future::poll_fn(|cx| Poll::Ready(rest.as_mut().poll(cx))).await
-    {
-        return response;
-    }
-    match runtime.spawn(rest).await {
-        Ok(response) => response,
-        Err(error) => {
-            tracing::error!(%error, "create task failed; the key stays pending");
-            Reply::CreateFailed.into_response()
-        }
     }
 }

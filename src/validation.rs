@@ -100,46 +100,75 @@ pub(crate) enum ReadError {
     Broken,
 }
 
-/// Step 4: reads a body of at most `limit` bytes, never holding more than `limit` + one frame.
-///
-/// A body that arrives in one frame is returned without a copy.
+/// Collects body frames up to a limit, never holding more than the limit plus the frame that
+/// went over it. A body that arrives in one frame is kept without a copy.
+#[derive(Debug)]
+pub(crate) struct Collector {
+    first: Option<Bytes>,
+    joined: Option<BytesMut>,
+    len: usize,
+    limit: usize,
+}
+
+impl Collector {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            first: None,
+            joined: None,
+            len: 0,
+            limit,
+        }
+    }
+
+    /// Adds one data frame.
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), ReadError> {
+        self.len = self.len.saturating_add(data.len());
+        if self.len > self.limit {
+            return Err(ReadError::TooLarge);
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        match (&mut self.first, &mut self.joined) {
+            (None, None) => self.first = Some(data),
+            (Some(head), None) => {
+                let capacity = self.len.max(head.len() * 2).min(self.limit);
+                let mut buffer = BytesMut::with_capacity(capacity);
+                buffer.extend_from_slice(head);
+                buffer.extend_from_slice(&data);
+                self.first = None;
+                self.joined = Some(buffer);
+            }
+            (_, Some(buffer)) => buffer.extend_from_slice(&data),
+        }
+        Ok(())
+    }
+
+    /// The whole body.
+    pub(crate) fn finish(self) -> Bytes {
+        match (self.first, self.joined) {
+            (_, Some(buffer)) => buffer.freeze(),
+            (Some(head), None) => head,
+            (None, None) => Bytes::new(),
+        }
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes with a [`Collector`].
 pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: Body<Data = Bytes>,
 {
     let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut joined: Option<BytesMut> = None;
-    let mut len = 0usize;
+    let mut collector = Collector::new(limit);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| ReadError::Broken)?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers carry nothing the contract reads
-        };
-        len = len.saturating_add(data.len());
-        if len > limit {
-            return Err(ReadError::TooLarge);
-        }
-        if data.is_empty() {
-            continue;
-        }
-        match (&mut first, &mut joined) {
-            (None, None) => first = Some(data),
-            (Some(head), None) => {
-                let mut buffer = BytesMut::with_capacity(len.max(head.len() * 2).min(limit));
-                buffer.extend_from_slice(head);
-                buffer.extend_from_slice(&data);
-                first = None;
-                joined = Some(buffer);
-            }
-            (_, Some(buffer)) => buffer.extend_from_slice(&data),
+        // Trailers carry nothing the contract reads.
+        if let Ok(data) = frame.into_data() {
+            collector.push(data)?;
         }
     }
-    Ok(match (first, joined) {
-        (_, Some(buffer)) => buffer.freeze(),
-        (Some(head), None) => head,
-        (None, None) => Bytes::new(),
-    })
+    Ok(collector.finish())
 }
 
 /// Step 6: exactly one `Idempotency-Key` header, equal to `request_id`.

@@ -1,0 +1,182 @@
+//! Heap allocations per request on each path, counted by a global allocator; and, under
+//! callgrind, instructions per request.
+//!
+//! `cargo bench --bench allocations` prints allocations. `allocations <path> <n>` sends `n`
+//! requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
+//! `refuse_400`), for `benches/instructions.sh` to count under callgrind. Counts, not times:
+//! the same on every machine for the same binary.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use tower::{Service, ServiceExt};
+use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter has no effect
+// on the memory handed out.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer, layout and size.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[derive(Clone)]
+struct Create;
+
+impl<B> Service<Request<B>> for Create {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+        *response.status_mut() = StatusCode::CREATED;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::LOCATION,
+            HeaderValue::from_static("/labels/label-901"),
+        );
+        headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+        headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+        std::future::ready(Ok(response))
+    }
+}
+
+fn request(key: &str, content_type: &'static str, body: &str) -> Request<Full<Bytes>> {
+    Request::post("/labels")
+        .header(header::CONTENT_TYPE, content_type)
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+        .unwrap()
+}
+
+fn valid(key: &str) -> Request<Full<Bytes>> {
+    request(
+        key,
+        "application/json",
+        &format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#),
+    )
+}
+
+/// Allocations of one request through `service`, the request's own construction excluded.
+fn count<S>(runtime: &tokio::runtime::Runtime, service: &S, request: Request<Full<Bytes>>) -> usize
+where
+    S: Service<Request<Full<Bytes>>, Error = Infallible> + Clone,
+    S::Response: Into<Response<tower_idempotency::ResponseBody<Full<Bytes>>>>,
+{
+    runtime.block_on(async {
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let response: Response<_> = service.clone().oneshot(request).await.unwrap().into();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        std::hint::black_box(body);
+        ALLOCATIONS.load(Ordering::Relaxed) - before
+    })
+}
+
+/// One request of the named path.
+fn path_request(path: &str, i: usize) -> Request<Full<Bytes>> {
+    match path {
+        "new" => valid(&format!("k{i}")),
+        "refuse_415" => request("k", "text/plain", "{}"),
+        "refuse_413" => {
+            let mut request = valid("k");
+            request
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from_static("5000"));
+            request
+        }
+        "refuse_400" => request("k", "application/json", "{\"request_id\":1}"),
+        _ => valid("label-req-7"),
+    }
+}
+
+const PATHS: [&str; 6] = [
+    "bare",
+    "new",
+    "replay",
+    "refuse_415",
+    "refuse_413",
+    "refuse_400",
+];
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let service = Idempotency::new(Create, MemoryStore::new());
+    let bare = tower::service_fn(|request: Request<Full<Bytes>>| {
+        let mut create = Create;
+        let future = create.call(request.map(RequestBody::inner));
+        async move { Ok::<_, Infallible>(future.await?.map(tower_idempotency::ResponseBody::inner)) }
+    });
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if let [path, n] = args.as_slice() {
+        // Under callgrind: n requests of one path, the requests built beforehand.
+        let n: usize = n.parse().expect("a count");
+        count(&runtime, &service, valid("label-req-7"));
+        let requests: Vec<_> = (0..n).map(|i| path_request(path, i)).collect();
+        for request in requests {
+            if path == "bare" {
+                count(&runtime, &bare, request);
+            } else {
+                count(&runtime, &service, request);
+            }
+        }
+        return;
+    }
+    // Warm up: the first request of a process allocates thread-locals and the like.
+    for i in 0..100 {
+        count(&runtime, &service, valid(&format!("warm-{i}")));
+        count(&runtime, &bare, valid("warm"));
+    }
+    count(&runtime, &service, valid("label-req-7"));
+    println!("allocations per request (memory store, current-thread runtime)");
+    for path in PATHS {
+        let request = path_request(path, usize::MAX);
+        let allocations = if path == "bare" {
+            count(&runtime, &bare, request)
+        } else {
+            count(&runtime, &service, request)
+        };
+        println!("{path:>12}: {allocations}");
+    }
+}

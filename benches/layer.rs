@@ -1,0 +1,216 @@
+//! The layer against the bare service, in process, per request.
+//!
+//! `cargo bench --bench layer`. Compare each path with `bare` from the same run: the
+//! differences are the layer's cost.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use tower::{Service, ServiceExt};
+use tower_idempotency::{Claim, Idempotency, MemoryStore, RequestBody, Store, fingerprint};
+
+const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
+const CREATED: &str = r#"{"request_id":"label-req-7","state":"created","label_id":"label-901"}"#;
+
+/// The lesson's create, answering at once.
+#[derive(Clone)]
+struct Create;
+
+impl<B> Service<Request<B>> for Create {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        let mut response = Response::new(Full::new(Bytes::from_static(CREATED.as_bytes())));
+        *response.status_mut() = StatusCode::CREATED;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::LOCATION,
+            HeaderValue::from_static("/labels/label-901"),
+        );
+        headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+        headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+        std::future::ready(Ok(response))
+    }
+}
+
+fn request(key: &str, content_type: &'static str, body: Bytes) -> Request<Full<Bytes>> {
+    Request::post("/labels")
+        .header(header::CONTENT_TYPE, content_type)
+        .header("idempotency-key", key)
+        .body(Full::new(body))
+        .unwrap()
+}
+
+fn valid(key: &str) -> Request<Full<Bytes>> {
+    let body = format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#);
+    request(key, "application/json", Bytes::from(body))
+}
+
+async fn drive<S, B>(service: &S, request: Request<B>) -> Bytes
+where
+    S: Service<
+            Request<B>,
+            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let response = service.clone().oneshot(request).await.unwrap();
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+fn layer_paths(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("layer");
+
+    group.bench_function("bare", |b| {
+        b.to_async(&runtime).iter_batched(
+            || valid("label-req-7").map(RequestBody::<Full<Bytes>>::inner),
+            |request| async {
+                let response = Create.oneshot(request).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap().to_bytes())
+            },
+            BatchSize::SmallInput,
+        );
+    });
+
+    // A one-second retention keeps the store at a steady size, as in a long-running process;
+    // without it the store grows by every measured request and its growth dominates.
+    let store = MemoryStore::with_retention(Duration::from_secs(1));
+    let service: Idempotency<Create, MemoryStore> = Idempotency::new(Create, store);
+    let next = AtomicU64::new(0);
+    group.bench_function("new", |b| {
+        b.to_async(&runtime).iter_batched(
+            || valid(&format!("k{}", next.fetch_add(1, Ordering::Relaxed))),
+            |request| async { black_box(drive(&service, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+
+    runtime.block_on(drive(&service, valid("label-req-7")));
+    group.bench_function("replay", |b| {
+        b.to_async(&runtime).iter_batched(
+            || valid("label-req-7"),
+            |request| async { black_box(drive(&service, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+
+    type MakeRequest = fn() -> Request<Full<Bytes>>;
+    let refusals: [(&str, MakeRequest); 3] = [
+        ("refuse_415", || {
+            request(
+                "label-req-7",
+                "text/plain",
+                Bytes::from_static(BODY.as_bytes()),
+            )
+        }),
+        ("refuse_413", || {
+            let mut request = valid("label-req-7");
+            request
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from_static("5000"));
+            request
+        }),
+        ("refuse_400", || {
+            request(
+                "label-req-7",
+                "application/json",
+                Bytes::from_static(b"{\"request_id\":1}"),
+            )
+        }),
+    ];
+    for (name, make) in refusals {
+        group.bench_function(name, |b| {
+            b.to_async(&runtime).iter_batched(
+                make,
+                |request| async { black_box(drive(&service, request).await) },
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+/// Claims per second of the memory store with 1, 2 and 8 tasks on a multi-threaded runtime,
+/// on distinct keys and on one hot key.
+fn memory_contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_store");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let fp = fingerprint("label-req-7", "parcel-42");
+    for tasks in [1usize, 2, 8] {
+        for hot in [false, true] {
+            let name = format!(
+                "{}_{tasks}_tasks",
+                if hot { "hot_key" } else { "distinct_keys" }
+            );
+            group.bench_function(name, |b| {
+                b.iter_custom(|iterations| {
+                    let store = MemoryStore::new();
+                    let keys: Arc<Vec<String>> =
+                        Arc::new((0..iterations).map(|i| format!("/labels:k{i}")).collect());
+                    runtime.block_on(async {
+                        let started = Instant::now();
+                        let per_task = iterations.div_ceil(tasks as u64) as usize;
+                        let handles: Vec<_> = (0..tasks)
+                            .map(|t| {
+                                let (store, keys) = (store.clone(), Arc::clone(&keys));
+                                tokio::spawn(async move {
+                                    for i in t * per_task..((t + 1) * per_task).min(keys.len()) {
+                                        let key =
+                                            if hot { "/labels:hot" } else { keys[i].as_str() };
+                                        let claim = store.claim(key, &fp).await.unwrap();
+                                        black_box(matches!(claim, Claim::New(_)));
+                                    }
+                                })
+                            })
+                            .collect();
+                        for handle in handles {
+                            handle.await.unwrap();
+                        }
+                        started.elapsed()
+                    })
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(50)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = layer_paths, memory_contention
+}
+criterion_main!(benches);
