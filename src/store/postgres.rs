@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
 
 use super::codec;
 use super::{
@@ -18,9 +19,11 @@ use crate::operation::Fingerprint;
 ///
 /// Every operation is **one statement**, so one round trip on a warm connection:
 ///
-/// - the claim is an `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING` that atomically
-///   creates the pending reservation or returns the record as it stands (a completed record
-///   past its retention is replaced by the new reservation);
+/// - the claim is one statement, an `INSERT … ON CONFLICT (key) DO NOTHING` that atomically
+///   creates the pending reservation, joined with a read of the record as it stands when the key
+///   is taken. A replay, a pending or a conflicting claim writes nothing. (Two rare cases take a
+///   second statement: a claim that raced another for the same key and committed in between,
+///   and the take-over of a completed record past its retention.)
 /// - complete is an `UPDATE` and release a `DELETE`, both guarded by this request's
 ///   reservation token.
 ///
@@ -60,6 +63,7 @@ pub struct PostgresStore {
 struct Sql {
     table: String,
     claim: String,
+    take_over: String,
     complete: String,
     release: String,
     purge: String,
@@ -72,13 +76,18 @@ impl Sql {
         Self {
             table: table.to_owned(),
             claim: format!(
-                "INSERT INTO {quoted} AS r (key, fingerprint, token) VALUES ($1, $2, $3) \
-                 ON CONFLICT (key) DO UPDATE SET \
-                 fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END, \
-                 token = CASE WHEN r.expires_at <= now() THEN excluded.token ELSE r.token END, \
-                 response = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.response END, \
-                 expires_at = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.expires_at END \
-                 RETURNING token, fingerprint, response"
+                "WITH inserted AS (\
+                 INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO NOTHING \
+                 RETURNING token, fingerprint, response, false AS expired) \
+                 SELECT token, fingerprint, response, expired FROM inserted \
+                 UNION ALL \
+                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false) \
+                 FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
+            ),
+            take_over: format!(
+                "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL \
+                 WHERE key = $1 AND expires_at <= now()"
             ),
             complete: format!(
                 "UPDATE {quoted} SET response = $3, token = NULL, expires_at = CASE \
@@ -101,6 +110,9 @@ impl Sql {
         }
     }
 }
+
+/// Passes of the claim statement before giving up; see [`PostgresStore::claim`].
+const CLAIM_ATTEMPTS: usize = 4;
 
 impl PostgresStore {
     /// The default table name.
@@ -258,11 +270,7 @@ impl PostgresStore {
     }
 
     /// Runs one prepared (and cached) statement and returns the rows it affected.
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         self.within_timeout(async {
             let client = self.client().await?;
             let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
@@ -301,33 +309,50 @@ impl Store for PostgresStore {
     async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
         let reservation = Reservation::generate();
         let token = reservation.as_u128().to_be_bytes();
-        let row = self
-            .within_timeout(async {
-                let client = self.client().await?;
-                let statement = client
-                    .prepare_cached(&self.sql.claim)
-                    .await
-                    .map_err(unavailable)?;
-                client
-                    .query_one(&statement, &[&key, &fingerprint.as_str(), &&token[..]])
-                    .await
-                    .map_err(unavailable)
-            })
-            .await?;
-        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
-        let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
-        let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
-        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
-        if stored_token == Some(&token[..]) {
-            Ok(Claim::New(reservation))
-        } else if stored_fingerprint != fingerprint.as_str() {
-            Ok(Claim::Conflict)
-        } else {
-            match response {
-                Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
-                None => Ok(Claim::Pending),
+        let params: [&(dyn ToSql + Sync); 3] = [&key, &fingerprint.as_str(), &&token[..]];
+        // Almost always one pass. Another pass only when a concurrent claim committed the key
+        // between this statement's snapshot and its insert (the statement then sees no row),
+        // or when the record found had expired and another claim took it over first.
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = self
+                .within_timeout(async {
+                    let client = self.client().await?;
+                    let statement = client
+                        .prepare_cached(&self.sql.claim)
+                        .await
+                        .map_err(unavailable)?;
+                    client
+                        .query_opt(&statement, &params)
+                        .await
+                        .map_err(unavailable)
+                })
+                .await?;
+            let Some(row) = row else { continue };
+            let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
+            let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
+            let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
+            let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+            let expired: bool = row.try_get(3).map_err(corrupt)?;
+            if stored_token == Some(&token[..]) {
+                return Ok(Claim::New(reservation));
             }
+            if expired {
+                // A completed record past its retention is absent: take it over, once.
+                if self.execute(&self.sql.take_over, &params).await? == 1 {
+                    return Ok(Claim::New(reservation));
+                }
+                continue;
+            }
+            return if stored_fingerprint != fingerprint.as_str() {
+                Ok(Claim::Conflict)
+            } else {
+                match response {
+                    Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
+                    None => Ok(Claim::Pending),
+                }
+            };
         }
+        Err(StoreError::new(StoreErrorKind::Unavailable))
     }
 
     async fn complete(

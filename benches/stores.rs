@@ -1,0 +1,182 @@
+//! The layer on the shared stores, new and replay paths, against the bare service in the same
+//! run; needs Redis at `REDIS_URL` and PostgreSQL at `DATABASE_URL`.
+//!
+//! `cargo bench --all-features --bench stores`. Prints the Redis commands per request as well
+//! (from `INFO commandstats`); the PostgreSQL statements per request are counted exactly by the
+//! test `postgres_store::round_trips_new_two_replay_pending_conflict_one`.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use tower::ServiceExt;
+use tower_idempotency::store::{PostgresStore, RedisStore};
+use tower_idempotency::{Idempotency, RequestBody, Store};
+
+fn create(
+    _: Request<RequestBody<Full<Bytes>>>,
+) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(br#"{"state":"created"}"#)));
+    *response.status_mut() = StatusCode::CREATED;
+    std::future::ready(Ok(response))
+}
+
+fn valid(key: &str) -> Request<Full<Bytes>> {
+    Request::post("/labels")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#
+        ))))
+        .unwrap()
+}
+
+fn run_id() -> String {
+    format!(
+        "{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, store: St) {
+    let service = Idempotency::new(tower::service_fn(create), store);
+    let run = run_id();
+    let next = AtomicU64::new(0);
+    let mut group = c.benchmark_group(name);
+    group.bench_function("new", |b| {
+        b.to_async(runtime).iter_batched(
+            || {
+                valid(&format!(
+                    "bench-{run}-{}",
+                    next.fetch_add(1, Ordering::Relaxed)
+                ))
+            },
+            |request| async {
+                let response = service.clone().oneshot(request).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap().to_bytes())
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    let replayed = format!("bench-{run}-replayed");
+    runtime
+        .block_on(service.clone().oneshot(valid(&replayed)))
+        .unwrap();
+    group.bench_function("replay", |b| {
+        b.to_async(runtime).iter_batched(
+            || valid(&replayed),
+            |request| async {
+                let response = service.clone().oneshot(request).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap().to_bytes())
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
+/// Redis commands sent by clients (script-internal calls left out) per request of each path.
+fn redis_round_trips(runtime: &tokio::runtime::Runtime, url: &str, store: RedisStore) {
+    let client = redis::Client::open(url).unwrap();
+    let total = || {
+        runtime.block_on(async {
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            info.lines()
+                .filter_map(|line| line.strip_prefix("cmdstat_"))
+                .filter(|line| line.starts_with("evalsha:") || line.starts_with("eval:"))
+                .filter_map(|line| {
+                    line.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>()
+        })
+    };
+    let service = Idempotency::new(tower::service_fn(create), store);
+    let run = run_id();
+    let n = 200u64;
+    let before = total();
+    for i in 0..n {
+        runtime
+            .block_on(service.clone().oneshot(valid(&format!("rt-{run}-{i}"))))
+            .unwrap();
+    }
+    let new = total() - before;
+    let before = total();
+    for i in 0..n {
+        runtime
+            .block_on(service.clone().oneshot(valid(&format!("rt-{run}-{i}"))))
+            .unwrap();
+    }
+    let replay = total() - before;
+    println!(
+        "redis round trips per request: new {:.2}, replay {:.2}",
+        new as f64 / n as f64,
+        replay as f64 / n as f64
+    );
+}
+
+fn stores(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    c.bench_function("bare", |b| {
+        b.to_async(&runtime).iter_batched(
+            || valid("bare").map(RequestBody::inner),
+            |request| async {
+                let response = create(request).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap().to_bytes())
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = runtime
+        .block_on(RedisStore::connect(&redis_url))
+        .expect("Redis at REDIS_URL");
+    let redis = redis
+        .prefix("tower-idempotency-bench:")
+        .retention(Duration::from_secs(60));
+    redis_round_trips(&runtime, &redis_url, redis.clone());
+    paths(c, &runtime, "redis", redis);
+
+    let database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let postgres = runtime
+        .block_on(PostgresStore::connect(&database_url))
+        .expect("PostgreSQL at DATABASE_URL");
+    let postgres = postgres.table("tower_idempotency_bench").unwrap();
+    runtime.block_on(postgres.migrate()).unwrap();
+    paths(c, &runtime, "postgres", postgres.clone());
+    runtime.block_on(async {
+        let client = postgres.pool().get().await.unwrap();
+        client
+            .batch_execute("TRUNCATE tower_idempotency_bench")
+            .await
+            .unwrap();
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(30);
+    targets = stores
+}
+criterion_main!(benches);
