@@ -23,7 +23,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use tower::{Layer, ServiceExt};
+use tower::Layer;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
 use tower_idempotency::{
     IDEMPOTENCY_KEY, IdempotencyLayer, LabelOperation, MemoryStore, Outcome, Store,
@@ -215,7 +215,6 @@ fn app<St: Store>(store: St, options: &Options) -> Router {
     let guarded = IdempotencyLayer::new(store)
         .admission(policies)
         .layer(create);
-    let guarded = ServiceExt::<Request>::map_response(guarded, IntoResponse::into_response);
     Router::new()
         .fallback_service(guarded)
         .layer(middleware::from_fn(log))

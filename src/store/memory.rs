@@ -56,7 +56,8 @@ struct Record {
 enum State {
     Pending(Reservation),
     Completed {
-        response: StoredResponse,
+        /// Boxed: it is large, and the table moves its entries whenever it grows.
+        response: Box<StoredResponse>,
         /// When it was completed; only kept with a retention window.
         at: Option<Instant>,
     },
@@ -122,7 +123,7 @@ impl MemoryStore {
             Some(Record {
                 state: State::Completed { response, .. },
                 ..
-            }) => Some(response.clone()),
+            }) => Some((**response).clone()),
             _ => None,
         }
     }
@@ -206,7 +207,7 @@ impl Store for MemoryStore {
                 } else {
                     match &record.state {
                         State::Pending(_) => Claim::Pending,
-                        State::Completed { response, .. } => Claim::Replay(response.clone()),
+                        State::Completed { response, .. } => Claim::Replay((**response).clone()),
                     }
                 });
             }
@@ -245,7 +246,7 @@ impl Store for MemoryStore {
         match shard.records.get_mut(key) {
             Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
                 record.state = State::Completed {
-                    response: response.clone(),
+                    response: Box::new(response.clone()),
                     at: self.shared.retention.map(|_| Instant::now()),
                 };
                 Ok(())
