@@ -19,10 +19,11 @@ use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
+use tracing::{Instrument, Span};
 
 use crate::admission::Admission;
 use crate::body::{RequestBody, ResponseBody};
-use crate::reply::Reply;
+use crate::reply::{Outcome, Reply};
 use crate::service::Guard;
 use crate::store::Store;
 use crate::validation::{Collector, ReadError};
@@ -53,6 +54,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, St, A, ReqBody, ResBody>,
+        span: Span,
     }
 
     impl<S, St, A, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, ReqBody, ResBody>
@@ -103,28 +105,40 @@ where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,
 {
-    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>) -> Self {
+    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>, span: Span) -> Self {
         Self {
             state: State::Ready {
                 response: Some(response),
             },
+            span,
         }
     }
 
     pub(crate) fn pass_through(future: S::Future) -> Self {
         Self {
             state: State::PassThrough { future },
+            span: Span::none(),
         }
     }
 
-    pub(crate) fn reading(body: ReqBody, reading: Reading<S, St, A>) -> Self {
+    pub(crate) fn reading(body: ReqBody, reading: Reading<S, St, A>, span: Span) -> Self {
         Self {
             state: State::Reading {
                 body,
                 reading: Some(reading),
             },
+            span,
         }
     }
+}
+
+/// Records the outcome on the request's span, with one event.
+fn finished<B>(span: &Span, response: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
+    if let Some(outcome) = response.extensions().get::<Outcome>() {
+        span.record("outcome", outcome.as_str());
+        tracing::debug!(outcome = %outcome, status = response.status().as_u16(), "idempotency outcome");
+    }
+    response
 }
 
 const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
@@ -142,10 +156,14 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            let mut state = self.as_mut().project().state;
+            let this = self.as_mut().project();
+            let span: &Span = this.span;
+            let _entered = span.enter();
+            let mut state = this.state;
             let next = match state.as_mut().project() {
                 StateProj::Ready { response } => {
-                    return Poll::Ready(Ok(response.take().expect(POLLED_AFTER_COMPLETION)));
+                    let response = response.take().expect(POLLED_AFTER_COMPLETION);
+                    return Poll::Ready(Ok(finished(span, response)));
                 }
                 StateProj::PassThrough { future } => {
                     let response = ready!(future.poll(cx))?;
@@ -155,7 +173,7 @@ where
                     let deciding = future.as_mut().expect(POLLED_AFTER_COMPLETION);
                     let response = ready!(deciding.as_mut().poll(cx));
                     *future = None; // finished: nothing to hand over on drop
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(finished(span, response)));
                 }
                 StateProj::Reading { mut body, reading } => {
                     let read = loop {
@@ -180,9 +198,13 @@ where
                     } = reading.take().expect(POLLED_AFTER_COMPLETION);
                     match read {
                         Ok(()) => match guard.validate(parts, collector.finish()) {
-                            Ok(claimed) => State::Deciding {
-                                future: Some(Box::pin(claimed.decide())),
-                            },
+                            Ok(claimed) => {
+                                claimed.trace(span);
+                                let decide = claimed.decide().instrument(span.clone());
+                                State::Deciding {
+                                    future: Some(Box::pin(decide)),
+                                }
+                            }
                             Err(reply) => State::Ready {
                                 response: Some(reply.into_response()),
                             },

@@ -39,6 +39,8 @@ pub(crate) struct Config {
     pub(crate) other_paths: OtherPaths,
     pub(crate) scope: Option<Scope>,
     pub(crate) excluded_headers: Vec<HeaderName>,
+    pub(crate) mark_replays: bool,
+    pub(crate) trace_keys: bool,
 }
 
 impl Default for Config {
@@ -50,6 +52,8 @@ impl Default for Config {
             other_paths: OtherPaths::NotFound,
             scope: None,
             excluded_headers: Vec::new(),
+            mark_replays: false,
+            trace_keys: false,
         }
     }
 }
@@ -210,6 +214,34 @@ impl<St, A> IdempotencyLayer<St, A> {
     /// ```
     pub fn exclude_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.excluded_headers.extend(names);
+        self
+    }
+
+    /// Adds `Idempotent-Replayed: true` to every replayed response. Off by default: the
+    /// contract replays the stored headers exactly, and the marker is one header more.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).mark_replays(true);
+    /// # drop(layer);
+    /// ```
+    pub fn mark_replays(mut self, mark: bool) -> Self {
+        self.config.mark_replays = mark;
+        self
+    }
+
+    /// Records the store key on each request's tracing span. Off by default: a key can be
+    /// personal data, so traces carry only the fingerprint, never the body.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).trace_keys(true);
+    /// # drop(layer);
+    /// ```
+    pub fn trace_keys(mut self, trace: bool) -> Self {
+        self.config.trace_keys = trace;
         self
     }
 

@@ -133,7 +133,7 @@ pub use crate::layer::{
 pub use crate::operation::{
     Fingerprint, IDEMPOTENCY_KEY, InvalidOperation, LabelOperation, fingerprint,
 };
-pub use crate::reply::Outcome;
+pub use crate::reply::{IDEMPOTENT_REPLAYED, Outcome};
 pub use crate::scope::store_key;
 pub use crate::service::Idempotency;
 /// The Redis driver the [`RedisStore`](store::RedisStore) is built on, re-exported so you get a

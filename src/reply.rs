@@ -69,6 +69,12 @@ impl std::fmt::Display for Outcome {
     }
 }
 
+/// The replay marker header, sent on replays only when
+/// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
+/// `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
+
 /// One fixed reply of the layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reply {

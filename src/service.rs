@@ -14,8 +14,8 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::future::{Reading, ResponseFuture};
 use crate::headers;
 use crate::layer::{Config, IdempotencyLayer, OtherPaths};
-use crate::operation::LabelOperation;
-use crate::reply::{self, Outcome, Reply};
+use crate::operation::{Fingerprint, LabelOperation};
+use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Reply};
 use crate::scope::store_key;
 use crate::store::{Claim, Store, StoredResponse};
 use crate::validation::{self, Collector, ReadError};
@@ -121,16 +121,22 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
-        // Contract §2, steps 1 to 3 and the declared half of step 4: no body read yet.
-        if request.uri().path() != config.path {
-            return match config.other_paths {
-                OtherPaths::NotFound => ResponseFuture::ready(Reply::NotFound.into_response()),
-                OtherPaths::PassThrough => {
-                    ResponseFuture::pass_through(self.inner.call(request.map(RequestBody::inner)))
-                }
-            };
+        let on_path = request.uri().path() == config.path;
+        if !on_path && config.other_paths == OtherPaths::PassThrough {
+            return ResponseFuture::pass_through(self.inner.call(request.map(RequestBody::inner)));
         }
-        let early = if request.method() != Method::POST {
+        let span = tracing::debug_span!(
+            "idempotency",
+            method = %request.method(),
+            path = %config.path,
+            fingerprint = tracing::field::Empty,
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        // Contract §2, steps 1 to 3 and the declared half of step 4: no body read yet.
+        let early = if !on_path {
+            Some(Reply::NotFound)
+        } else if request.method() != Method::POST {
             Some(Reply::MethodNotAllowed)
         } else if !validation::is_json(request.headers()) {
             Some(Reply::UnsupportedMediaType)
@@ -140,7 +146,7 @@ where
             None
         };
         if let Some(reply) = early {
-            return ResponseFuture::ready(reply.into_response());
+            return ResponseFuture::ready(reply.into_response(), span);
         }
         // The instance that was polled ready is the one that will be called.
         let clone = self.inner.clone();
@@ -160,6 +166,7 @@ where
                 guard,
                 collector,
             },
+            span,
         )
     }
 }
@@ -186,6 +193,7 @@ impl<S, St, A> Guard<S, St, A> {
         };
         let key = store_key(&self.config.path, &operation.request_id, scope.as_deref());
         Ok(Claimed {
+            fingerprint: operation.fingerprint(),
             guard: self,
             key,
             operation,
@@ -199,12 +207,21 @@ impl<S, St, A> Guard<S, St, A> {
 pub(crate) struct Claimed<S, St, A> {
     guard: Guard<S, St, A>,
     key: String,
+    fingerprint: Fingerprint,
     operation: LabelOperation,
     parts: Parts,
     body: Bytes,
 }
 
 impl<S, St, A> Claimed<S, St, A> {
+    /// Records the fingerprint, and the key if configured, on the request's span.
+    pub(crate) fn trace(&self, span: &tracing::Span) {
+        span.record("fingerprint", self.fingerprint.as_str());
+        if self.guard.config.trace_keys {
+            span.record("key", self.key.as_str());
+        }
+    }
+
     /// Contract §4 and §5: the claim decides; a new claim gets admission (and a release on
     /// refusal), the create, the complete, and only then the reply.
     pub(crate) async fn decide<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
@@ -223,13 +240,22 @@ impl<S, St, A> Claimed<S, St, A> {
                     config,
                 },
             key,
+            fingerprint,
             operation,
             parts,
             body,
         } = self;
-        let reservation = match store.claim(&key, &operation.fingerprint()).await {
+        let reservation = match store.claim(&key, &fingerprint).await {
             Ok(Claim::New(reservation)) => reservation,
-            Ok(Claim::Replay(stored)) => return reply::stored(stored, Outcome::Replay),
+            Ok(Claim::Replay(stored)) => {
+                let mut response = reply::stored(stored, Outcome::Replay);
+                if config.mark_replays {
+                    response
+                        .headers_mut()
+                        .insert(IDEMPOTENT_REPLAYED, http::HeaderValue::from_static("true"));
+                }
+                return response;
+            }
             Ok(Claim::Pending) => return Reply::Pending.into_response(),
             Ok(Claim::Conflict) => return Reply::Conflict.into_response(),
             Err(error) => {
