@@ -110,6 +110,13 @@ macro_rules! body_impls {
             }
         }
 
+        /// An empty body, as middleware such as a timeout builds for its own replies.
+        impl<B> Default for $name<B> {
+            fn default() -> Self {
+                Self::full(Bytes::new())
+            }
+        }
+
         impl<B> std::fmt::Debug for $name<B> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 let kind = match &self.kind {

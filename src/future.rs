@@ -25,8 +25,8 @@ use crate::admission::Admission;
 use crate::body::{RequestBody, ResponseBody};
 use crate::reply::{Outcome, Reply};
 use crate::service::Guard;
-use crate::store::Store;
-use crate::validation::{Collector, ReadError};
+use crate::store::{BoxError, Store};
+use crate::validation::{self, Collector, ReadError};
 
 /// The claim and what follows, boxed because it spans several awaits over caller-chosen store,
 /// admission and inner-service futures.
@@ -150,6 +150,7 @@ where
     St: Store,
     A: Admission,
     ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
@@ -181,7 +182,7 @@ where
                             &mut reading.as_mut().expect(POLLED_AFTER_COMPLETION).collector;
                         match ready!(body.as_mut().poll_frame(cx)) {
                             None => break Ok(()),
-                            Some(Err(_)) => break Err(ReadError::Broken),
+                            Some(Err(error)) => break Err(validation::body_error(error)),
                             Some(Ok(frame)) => {
                                 if let Ok(data) = frame.into_data()
                                     && let Err(error) = collector.push(data)

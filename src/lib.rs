@@ -30,7 +30,7 @@
 //! | not JSON | 415 | `{"error":"unsupported_media_type"}` | |
 //! | body over the limit | 413 | `{"error":"payload_too_large"}` | |
 //! | invalid body or key | 400 | `{"error":"invalid_request"}` | |
-//! | no [scope](scope) where one is configured | 403 | `{"error":"scope_required"}` | |
+//! | no [`scope`] where one is configured | 403 | `{"error":"scope_required"}` | |
 //! | key taken by another operation | 409 | `{"error":"idempotency_conflict"}` | |
 //! | operation pending | 409 | `{"error":"request_pending"}` | |
 //! | admission refused | 429 / 503 | `{"error":"not_admitted"}` | `Retry-After: 2` |
@@ -85,6 +85,25 @@
 //! [`LabelOperation::attempt`], assert statuses and exact bytes, and read what the layer did
 //! from the [`Outcome`] response extension. [`MemoryStore`] lets a test look into the registry
 //! ([`MemoryStore::is_pending`], [`MemoryStore::completed`]).
+//!
+//! # Composing with other middleware
+//!
+//! The layer is a plain [`tower::Layer`]: use it with `ServiceBuilder`, axum's `.layer()` and
+//! `.route_layer()`, or as a router's `fallback_service` (every path then gets the contract's
+//! replies). Its order among other layers matters:
+//!
+//! - **Outside** (before it in a `ServiceBuilder`): tracing, request ids, compression, timeouts.
+//!   Compression outside means the stored response is the uncompressed one, compressed anew for
+//!   each replay's `Accept-Encoding`; inside, one client's encoding would be stored and
+//!   replayed to all. Request ids outside are per attempt and never stored. A timeout outside
+//!   answers the client when it fires, but the claimed create goes on and completes, so the
+//!   retry replays it.
+//! - **Not inside** (between the layer and the create): a timeout there turns a slow create
+//!   into a failed one from the layer's point of view, leaving the key pending for good
+//!   (`500 create_failed`, then `request_pending`), though the create may have run.
+//! - **Body limits**: the layer enforces its own (4096 by default). A smaller limit outside
+//!   refuses first (its own 413 for a declared length; a streamed body trips it inside the
+//!   layer's read, which answers the contract's 413); a larger one changes nothing.
 //!
 //! # Stores
 //!

@@ -17,7 +17,7 @@ use crate::layer::{Config, IdempotencyLayer, OtherPaths};
 use crate::operation::{Fingerprint, LabelOperation};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Reply};
 use crate::scope::store_key;
-use crate::store::{Claim, Store, StoredResponse};
+use crate::store::{BoxError, Claim, Store, StoredResponse};
 use crate::validation::{self, Collector, ReadError};
 
 /// The middleware service built by [`IdempotencyLayer`].
@@ -109,6 +109,7 @@ where
     St: Store,
     A: Admission,
     ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
 {
     type Response = Response<ResponseBody<ResBody>>;

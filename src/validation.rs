@@ -154,6 +154,20 @@ impl Collector {
     }
 }
 
+/// Why a request body stream failed: a length limit of a layer in front (anywhere in the error's
+/// chain) is "too large"; anything else is a broken body.
+pub(crate) fn body_error(error: impl Into<crate::store::BoxError>) -> ReadError {
+    let error = error.into();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+    while let Some(current) = cause {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return ReadError::TooLarge;
+        }
+        cause = current.source();
+    }
+    ReadError::Broken
+}
+
 /// Reads a whole body of at most `limit` bytes with a [`Collector`].
 pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where

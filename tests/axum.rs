@@ -84,3 +84,70 @@ async fn stack_wide_layer_in_pass_through_mode() {
         .await
         .exact(415, r#"{"error":"unsupported_media_type"}"#);
 }
+
+#[tokio::test]
+async fn a_handler_can_read_the_operation_from_the_extensions() {
+    use axum::Extension;
+    async fn from_extensions(Extension(op): Extension<LabelOperation>) -> (StatusCode, String) {
+        (
+            StatusCode::CREATED,
+            format!("created {} for {}", op.request_id, op.parcel_id),
+        )
+    }
+    let app: Router = Router::new()
+        .route("/labels", post(from_extensions))
+        .route_layer(IdempotencyLayer::new(MemoryStore::new()));
+    let reply = Reply::read(app.clone().oneshot(attempt()).await.unwrap()).await;
+    assert_eq!(reply.status, 201);
+    assert_eq!(reply.body, "created label-req-7 for parcel-42");
+    let replay = Reply::read(app.oneshot(attempt()).await.unwrap()).await;
+    assert_eq!((replay.status, replay.body), (reply.status, reply.body));
+}
+
+#[tokio::test]
+async fn in_a_nested_router_the_layer_sees_the_path_axum_passes_in() {
+    let store = MemoryStore::new();
+    // Nested under /v1, the inner router (and the layer on its route) sees /labels.
+    let api: Router = Router::new()
+        .route("/labels", post(create_label))
+        .route_layer(IdempotencyLayer::new(store.clone()));
+    let app: Router = Router::new().nest("/v1", api);
+    let request = Request::post("/v1/labels")
+        .header("content-type", "application/json")
+        .header("idempotency-key", KEY)
+        .body(Body::from(BODY))
+        .unwrap();
+    Reply::read(app.clone().oneshot(request).await.unwrap())
+        .await
+        .exact(201, CREATED_BODY);
+    assert!(
+        store.completed(&key_of(KEY)).is_some(),
+        "claimed under the endpoint /labels"
+    );
+    let other = Request::get("/v1/other").body(Body::empty()).unwrap();
+    assert_eq!(
+        app.oneshot(other).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn as_the_fallback_service_every_path_gets_the_contracts_replies() {
+    let guarded = tower::Layer::layer(
+        &IdempotencyLayer::new(MemoryStore::new()),
+        Router::new().route("/labels", post(create_label)),
+    );
+    let app: Router = Router::new().fallback_service(guarded);
+    Reply::read(app.clone().oneshot(attempt()).await.unwrap())
+        .await
+        .exact(201, CREATED_BODY);
+    let other = Request::get("/other").body(Body::empty()).unwrap();
+    Reply::read(app.clone().oneshot(other).await.unwrap())
+        .await
+        .exact(404, r#"{"error":"not_found"}"#);
+    let get = Request::get("/labels").body(Body::empty()).unwrap();
+    Reply::read(app.oneshot(get).await.unwrap())
+        .await
+        .exact(405, r#"{"error":"method_not_allowed"}"#)
+        .header("allow", &["POST"]);
+}

@@ -1,0 +1,159 @@
+//! The layer in tower stacks with tower-http middleware, outside and inside it.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{BODY, CREATED_BODY, KEY, Reply, key_of};
+use http::{Request, StatusCode};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_http::compression::CompressionLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
+
+async fn create_label(
+    Json(op): Json<LabelOperation>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(
+            r#"{{"request_id":"{}","state":"created","label_id":"label-901"}}"#,
+            op.request_id
+        ),
+    )
+}
+
+fn attempt(body: impl Into<Body>) -> Request<Body> {
+    Request::post("/labels")
+        .header("content-type", "application/json")
+        .header("idempotency-key", KEY)
+        .header("accept-encoding", "identity")
+        .body(body.into())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_contract_holds_inside_a_stack_of_tower_http_layers() {
+    let store = MemoryStore::new();
+    let app: Router = Router::new()
+        .route("/labels", post(create_label))
+        .route_layer(
+            ServiceBuilder::new()
+                // Outside the layer: tracing, request ids, a timeout, compression.
+                .layer(TraceLayer::new_for_http())
+                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(PropagateRequestIdLayer::x_request_id())
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Duration::from_secs(5),
+                ))
+                .layer(CompressionLayer::new())
+                .layer(IdempotencyLayer::new(store.clone())),
+        );
+    let first = Reply::read(app.clone().oneshot(attempt(BODY)).await.unwrap()).await;
+    first.exact(201, CREATED_BODY);
+    assert_eq!(first.values("x-request-id").len(), 1);
+    let replay = Reply::read(app.clone().oneshot(attempt(BODY)).await.unwrap()).await;
+    replay.exact(201, CREATED_BODY);
+    assert_ne!(
+        first.values("x-request-id"),
+        replay.values("x-request-id"),
+        "ids are per request, not replayed"
+    );
+    assert!(store.completed(&key_of(KEY)).is_some());
+    let stored = store.completed(&key_of(KEY)).unwrap();
+    assert!(
+        !stored.headers().contains_key("x-request-id"),
+        "outer headers are not stored"
+    );
+}
+
+#[tokio::test]
+async fn a_body_limit_outside_the_layer_decides_first_and_one_inside_applies_to_the_create() {
+    // A smaller limit outside refuses before the layer sees the request (its own 413 reply).
+    let outer_small: Router = Router::new()
+        .route("/labels", post(create_label))
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(RequestBodyLimitLayer::new(16))
+                .layer(IdempotencyLayer::new(MemoryStore::new())),
+        );
+    let response = outer_small.oneshot(attempt(BODY)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    // A larger limit outside leaves the layer's 4096 in charge, with the contract's bytes.
+    let outer_large: Router = Router::new()
+        .route("/labels", post(create_label))
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(RequestBodyLimitLayer::new(1 << 20))
+                .layer(IdempotencyLayer::new(MemoryStore::new())),
+        );
+    let big = format!("{BODY}{}", " ".repeat(5000));
+    Reply::read(outer_large.clone().oneshot(attempt(big)).await.unwrap())
+        .await
+        .exact(413, r#"{"error":"payload_too_large"}"#);
+    Reply::read(outer_large.oneshot(attempt(BODY)).await.unwrap())
+        .await
+        .exact(201, CREATED_BODY);
+}
+
+#[tokio::test]
+async fn a_timeout_outside_the_layer_answers_the_client_but_the_create_still_completes() {
+    let store = MemoryStore::new();
+    async fn slow_create(Json(op): Json<LabelOperation>) -> (StatusCode, String) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (StatusCode::CREATED, op.request_id)
+    }
+    let app: Router = Router::new()
+        .route("/labels", post(slow_create))
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Duration::from_millis(50),
+                ))
+                .layer(IdempotencyLayer::new(store.clone())),
+        );
+    let timed_out = app.clone().oneshot(attempt(BODY)).await.unwrap();
+    assert_eq!(timed_out.status(), StatusCode::GATEWAY_TIMEOUT);
+    // The timeout dropped the layer's future mid-create; the create goes on and completes.
+    assert!(store.is_pending(&key_of(KEY)));
+    common::wait_for(|| store.completed(&key_of(KEY)).is_some()).await;
+    let retry = Reply::read(app.oneshot(attempt(BODY)).await.unwrap()).await;
+    assert_eq!(
+        (retry.status.as_u16(), &retry.body[..]),
+        (201, KEY.as_bytes())
+    );
+}
+
+#[tokio::test]
+async fn compression_outside_the_layer_compresses_the_replay_too() {
+    let app: Router = Router::new()
+        .route("/labels", post(create_label))
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(CompressionLayer::new().gzip(true))
+                .layer(IdempotencyLayer::new(MemoryStore::new())),
+        );
+    let gzip = |body: &'static str| {
+        let mut request = attempt(body);
+        request
+            .headers_mut()
+            .insert("accept-encoding", "gzip".parse().unwrap());
+        request
+    };
+    let first = app.clone().oneshot(gzip(BODY)).await.unwrap();
+    let replay = app.oneshot(gzip(BODY)).await.unwrap();
+    for response in [first, replay] {
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()["content-encoding"], "gzip");
+    }
+}
