@@ -54,7 +54,7 @@ impl Body for Stalled {
     }
 }
 
-fn create_service<B: Body<Data = Bytes> + Send + 'static>(
+fn create_service<B>(
     store: MemoryStore,
     creates: Arc<AtomicUsize>,
 ) -> impl tower::Service<
@@ -62,7 +62,10 @@ fn create_service<B: Body<Data = Bytes> + Send + 'static>(
     Response = http::Response<tower_idempotency::ResponseBody<http_body_util::Full<Bytes>>>,
     Error = CreateError,
     Future: Send,
-> + Clone {
+> + Clone
+where
+    B: Body<Data = Bytes, Error = Infallible> + Send + 'static,
+{
     tower::Layer::layer(
         &IdempotencyLayer::new(store),
         tower::service_fn(move |_: http::Request<RequestBody<B>>| {
