@@ -118,6 +118,26 @@
 //! shared ones. A store that cannot answer makes the layer fail closed: `503
 //! store_unavailable`, nothing created.
 //!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
+//! | `postgres` | `store::PostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
+//!
+//! None is on by default; the in-memory store needs none. The minimum supported Rust version is
+//! 1.88.
+//!
+//! # Observability
+//!
+//! Every guarded request runs in a `tracing` span named `idempotency` with its method, the
+//! endpoint's path, the operation's fingerprint and, once decided, its outcome, and ends with
+//! one debug event. The body is never traced; the store key only with
+//! [`IdempotencyLayer::trace_keys`]. Store and create failures are logged at `warn` and
+//! `error`. The [`Outcome`] is also a response extension, for metrics layers, and
+//! [`IdempotencyLayer::mark_replays`] adds `Idempotent-Replayed: true` to replays (off by
+//! default, since a replay is otherwise byte for byte the stored response).
+//!
 //! # What is promised
 //!
 //! *At most one create per key*, for as long as the reservation or record is held. Not
