@@ -6,12 +6,15 @@
 //! `refuse_400`), for `benches/instructions.sh` to count under callgrind. Counts, not times:
 //! the same on every machine for the same binary.
 
+mod common;
+
+use common::{Create, request, valid};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
 use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
@@ -44,55 +47,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-#[derive(Clone)]
-struct Create;
-
-impl<B> Service<Request<B>> for Create {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
-        *response.status_mut() = StatusCode::CREATED;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::LOCATION,
-            HeaderValue::from_static("/labels/label-901"),
-        );
-        headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
-        headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
-        std::future::ready(Ok(response))
-    }
-}
-
-fn request(key: &str, content_type: &'static str, body: &str) -> Request<Full<Bytes>> {
-    Request::post("/labels")
-        .header(header::CONTENT_TYPE, content_type)
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
-        .unwrap()
-}
-
-fn valid(key: &str) -> Request<Full<Bytes>> {
-    request(
-        key,
-        "application/json",
-        &format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#),
-    )
-}
 
 /// Allocations of one request through `service`, the request's own construction excluded.
 fn count<S>(runtime: &tokio::runtime::Runtime, service: &S, request: Request<Full<Bytes>>) -> usize

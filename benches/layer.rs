@@ -3,6 +3,9 @@
 //! `cargo bench --bench layer`. Compare each path with `bare` from the same run: the
 //! differences are the layer's cost.
 
+mod common;
+
+use common::{Create, request, valid};
 use std::convert::Infallible;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -11,60 +14,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
 use tower_idempotency::{Claim, Idempotency, MemoryStore, RequestBody, Store, fingerprint};
 
 const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
-const CREATED: &str = r#"{"request_id":"label-req-7","state":"created","label_id":"label-901"}"#;
-
-/// The lesson's create, answering at once.
-#[derive(Clone)]
-struct Create;
-
-impl<B> Service<Request<B>> for Create {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut response = Response::new(Full::new(Bytes::from_static(CREATED.as_bytes())));
-        *response.status_mut() = StatusCode::CREATED;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::LOCATION,
-            HeaderValue::from_static("/labels/label-901"),
-        );
-        headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
-        headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
-        std::future::ready(Ok(response))
-    }
-}
-
-fn request(key: &str, content_type: &'static str, body: Bytes) -> Request<Full<Bytes>> {
-    Request::post("/labels")
-        .header(header::CONTENT_TYPE, content_type)
-        .header("idempotency-key", key)
-        .body(Full::new(body))
-        .unwrap()
-}
-
-fn valid(key: &str) -> Request<Full<Bytes>> {
-    let body = format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#);
-    request(key, "application/json", Bytes::from(body))
-}
 
 async fn drive<S, B>(service: &S, request: Request<B>) -> Bytes
 where

@@ -5,36 +5,18 @@
 //! (from `INFO commandstats`); the PostgreSQL statements per request are counted exactly by the
 //! test `postgres_store::round_trips_new_two_replay_pending_conflict_one`.
 
-use std::convert::Infallible;
+mod common;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::{Create, valid};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use http::{Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::store::{PostgresStore, RedisStore};
 use tower_idempotency::{Idempotency, RequestBody, Store};
-
-fn create(
-    _: Request<RequestBody<Full<Bytes>>>,
-) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(br#"{"state":"created"}"#)));
-    *response.status_mut() = StatusCode::CREATED;
-    std::future::ready(Ok(response))
-}
-
-fn valid(key: &str) -> Request<Full<Bytes>> {
-    Request::post("/labels")
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::from(format!(
-            r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#
-        ))))
-        .unwrap()
-}
 
 fn run_id() -> String {
     format!(
@@ -47,7 +29,7 @@ fn run_id() -> String {
 }
 
 fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, store: St) {
-    let service = Idempotency::new(tower::service_fn(create), store);
+    let service = Idempotency::new(Create, store);
     let run = run_id();
     let next = AtomicU64::new(0);
     let mut group = c.benchmark_group(name);
@@ -108,7 +90,7 @@ fn redis_round_trips(runtime: &tokio::runtime::Runtime, url: &str, store: RedisS
                 .sum::<u64>()
         })
     };
-    let service = Idempotency::new(tower::service_fn(create), store);
+    let service = Idempotency::new(Create, store);
     let run = run_id();
     let n = 200u64;
     let before = total();
@@ -141,7 +123,7 @@ fn stores(c: &mut Criterion) {
         b.to_async(&runtime).iter_batched(
             || valid("bare").map(RequestBody::inner),
             |request| async {
-                let response = create(request).await.unwrap();
+                let response = Create.oneshot(request).await.unwrap();
                 black_box(response.into_body().collect().await.unwrap().to_bytes())
             },
             BatchSize::SmallInput,

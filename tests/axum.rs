@@ -2,27 +2,13 @@
 
 mod common;
 
+use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use common::{BODY, CREATED_BODY, KEY, Reply, key_of};
+use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, OtherPaths};
-
-async fn create_label(
-    Json(op): Json<LabelOperation>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    assert_eq!(op.parcel_id, "parcel-42");
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!(
-            r#"{{"request_id":"{}","state":"created","label_id":"label-901"}}"#,
-            op.request_id
-        ),
-    )
-}
 
 fn attempt() -> Request<Body> {
     Request::post("/labels")

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::post;
 use axum::{Json, Router};
-use common::{BODY, CREATED_BODY, KEY, Reply, key_of};
+use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::compression::CompressionLayer;
@@ -16,19 +16,6 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
-
-async fn create_label(
-    Json(op): Json<LabelOperation>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!(
-            r#"{{"request_id":"{}","state":"created","label_id":"label-901"}}"#,
-            op.request_id
-        ),
-    )
-}
 
 fn attempt(body: impl Into<Body>) -> Request<Body> {
     Request::post("/labels")

@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::conformance::{awkward_response, unique_key};
 use common::servers::Proxy;
@@ -124,43 +124,7 @@ async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
     let proxy = Proxy::start(database_addr().await, false).await;
     let timeout = Duration::from_millis(300);
     let store = store_through(&proxy).await.timeout(timeout);
-    let creates = Arc::new(AtomicUsize::new(0));
-    let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
-    let key = unique_key("outage");
-    send_to(&service, operation(&unique_key("before"), "p"))
-        .await
-        .exact(201, CREATED_BODY);
-
-    proxy.cut();
-    for _ in 0..3 {
-        let started = Instant::now();
-        send_to(&service, operation(&key, "parcel-42"))
-            .await
-            .exact(503, r#"{"error":"store_unavailable"}"#)
-            .header("retry-after", &["2"]);
-        assert!(
-            started.elapsed() < timeout * 3,
-            "failed in {:?}",
-            started.elapsed()
-        );
-    }
-    assert_eq!(
-        creates.load(Ordering::SeqCst),
-        1,
-        "nothing created while the store is away"
-    );
-
-    proxy.restore();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let reply = loop {
-        let reply = send_to(&service, operation(&key, "parcel-42")).await;
-        if reply.status != 503 || Instant::now() > deadline {
-            break reply;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    reply.exact(201, CREATED_BODY);
-    assert_eq!(creates.load(Ordering::SeqCst), 2);
+    outage_fails_closed_and_recovers(store, timeout, || proxy.cut(), || proxy.restore()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,30 +6,17 @@ mod common;
 
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use axum::{Json, Router};
-use common::{BODY, CREATED_BODY, KEY, Reply, key_of};
+use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, OtherPaths};
-
-async fn create_label(
-    Json(op): Json<LabelOperation>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!(
-            r#"{{"request_id":"{}","state":"created","label_id":"label-901"}}"#,
-            op.request_id
-        ),
-    )
-}
+use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
 
 /// The health service next to the JSON create route, as one router.
 async fn routes() -> Router {

@@ -57,6 +57,25 @@ pub use postgres::PostgresStore;
 /// [`StoreErrorKind::Timeout`].
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Runs one remote store call, failing with [`StoreErrorKind::Timeout`] past `timeout`.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) async fn within<T>(
+    timeout: std::time::Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout)))
+}
+
+/// A retention window in whole milliseconds, at least one, as remote stores keep it.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
+    u64::try_from(retention.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
 /// A boxed error from a store backend.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -11,6 +11,7 @@ use tokio_postgres::types::ToSql;
 use super::codec;
 use super::{
     Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -195,9 +196,7 @@ impl PostgresStore {
     /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
     /// deletes them. Default: never. Pending records never expire.
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention_ms = i64::try_from(retention.as_millis())
-            .unwrap_or(i64::MAX)
-            .max(1);
+        self.retention_ms = i64::try_from(retention_millis(retention)).unwrap_or(i64::MAX);
         self
     }
 
@@ -225,7 +224,7 @@ impl PostgresStore {
     ///
     /// A [`StoreError`] if the database cannot be reached or refuses.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.within_timeout(async {
+        within(self.timeout, async {
             let mut client = self.client().await?;
             let transaction = client.transaction().await.map_err(unavailable)?;
             transaction
@@ -243,7 +242,7 @@ impl PostgresStore {
     ///
     /// A [`StoreError`] if the database cannot be reached or refuses.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.within_timeout(async {
+        within(self.timeout, async {
             let client = self.client().await?;
             client
                 .execute(&self.sql.purge, &[])
@@ -260,18 +259,9 @@ impl PostgresStore {
         })
     }
 
-    async fn within_timeout<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout)))
-    }
-
     /// Runs one prepared (and cached) statement and returns the rows it affected.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-        self.within_timeout(async {
+        within(self.timeout, async {
             let client = self.client().await?;
             let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
             client
@@ -314,19 +304,18 @@ impl Store for PostgresStore {
         // between this statement's snapshot and its insert (the statement then sees no row),
         // or when the record found had expired and another claim took it over first.
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = self
-                .within_timeout(async {
-                    let client = self.client().await?;
-                    let statement = client
-                        .prepare_cached(&self.sql.claim)
-                        .await
-                        .map_err(unavailable)?;
-                    client
-                        .query_opt(&statement, &params)
-                        .await
-                        .map_err(unavailable)
-                })
-                .await?;
+            let row = within(self.timeout, async {
+                let client = self.client().await?;
+                let statement = client
+                    .prepare_cached(&self.sql.claim)
+                    .await
+                    .map_err(unavailable)?;
+                client
+                    .query_opt(&statement, &params)
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
             let Some(row) = row else { continue };
             let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
             let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;

@@ -10,6 +10,7 @@ use redis::{Script, Value};
 use super::codec;
 use super::{
     Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -102,11 +103,12 @@ impl RedisStore {
             .set_response_timeout(Some(DEFAULT_TIMEOUT))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let connect = ConnectionManager::new_with_config(client, config);
-        let connection = tokio::time::timeout(DEFAULT_TIMEOUT, connect)
-            .await
-            .map_err(|_| StoreError::new(StoreErrorKind::Timeout))?
-            .map_err(unavailable)?;
+        let connect = async {
+            ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(unavailable)
+        };
+        let connection = within(DEFAULT_TIMEOUT, connect).await?;
         Ok(Self::from_manager(connection))
     }
 
@@ -134,9 +136,7 @@ impl RedisStore {
     /// Lets completed records expire `retention` after they were completed. Default: never.
     /// Pending records never expire.
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention_ms = u64::try_from(retention.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        self.retention_ms = retention_millis(retention);
         self
     }
 
@@ -161,10 +161,13 @@ impl RedisStore {
     /// Runs one script invocation within the timeout.
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
-            Ok(result) => result.map_err(unavailable),
-            Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
-        }
+        let call = async {
+            invocation
+                .invoke_async(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        within(self.timeout, call).await
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tower_idempotency::{
     Claim, Fingerprint, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
 };
@@ -25,17 +25,8 @@ fn fp(parcel: &str) -> Fingerprint {
 /// A response with every awkward part a store must keep: two values of one header, a
 /// non-UTF-8 value, and a body with bytes that are not text.
 pub fn awkward_response() -> StoredResponse {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        header::LOCATION,
-        HeaderValue::from_static("/labels/label-901"),
-    );
-    headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
-    headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
+    let (parts, _) = super::created_response().into_parts();
+    let mut headers = parts.headers;
     headers.insert(
         "x-raw",
         HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap(),

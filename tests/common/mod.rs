@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+pub mod lesson;
 pub mod servers;
 
 use std::collections::VecDeque;
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
@@ -108,31 +109,7 @@ impl Admission for RecordingAdmission {
     }
 }
 
-/// The lesson's created response body.
-pub const CREATED_BODY: &str =
-    r#"{"request_id":"label-req-7","state":"created","label_id":"label-901"}"#;
-/// The lesson's operation.
-pub const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
-pub const KEY: &str = "label-req-7";
-
-/// The lesson's create: journals `create`, counts, answers 201 with `Location`, two `ETag`s and
-/// the lesson's body.
-pub fn created_response() -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(CREATED_BODY.as_bytes())));
-    *response.status_mut() = StatusCode::CREATED;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        header::LOCATION,
-        HeaderValue::from_static("/labels/label-901"),
-    );
-    headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
-    headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
-    response
-}
+pub use self::lesson::{BODY, CREATED_BODY, KEY, created_response};
 
 /// The create's error. A concrete type, not a boxed `dyn Error`: a `'static` trait object in a
 /// service type trips rustc's "higher-ranked lifetime error" (rust-lang/rust#102211) when the
@@ -571,17 +548,81 @@ pub async fn crash_between_create_and_complete<St: Store>(
     );
 
     restore();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let retry = loop {
-        let reply = send_to(&service, operation(&key, "parcel-42")).await;
-        if reply.status != 503 || std::time::Instant::now() > deadline {
-            break reply;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    retry.exact(409, r#"{"error":"request_pending"}"#);
+    send_until_answered(&service, || operation(&key, "parcel-42"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
     send_to(&service, operation(&key, "parcel-42"))
         .await
         .exact(409, r#"{"error":"request_pending"}"#);
     assert_eq!(creates.load(Ordering::SeqCst), 1, "no second create");
+}
+
+/// The lesson's create as an axum handler: 201, JSON, the lesson's body for the operation.
+pub async fn axum_create_label(
+    axum::Json(op): axum::Json<LabelOperation>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(
+            r#"{{"request_id":"{}","state":"created","label_id":"label-901"}}"#,
+            op.request_id
+        ),
+    )
+}
+
+/// A store outage: with the backend away (`cut`), requests fail closed with `503
+/// store_unavailable` within three timeouts and create nothing; once it is back (`restore`),
+/// traffic recovers by itself, with no new service.
+pub async fn outage_fails_closed_and_recovers<St: Store>(
+    store: St,
+    timeout: std::time::Duration,
+    cut: impl FnOnce(),
+    restore: impl FnOnce(),
+) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), std::time::Duration::ZERO);
+    send_to(&service, operation(&conformance::unique_key("before"), "p"))
+        .await
+        .exact(201, CREATED_BODY);
+    let key = conformance::unique_key("outage");
+    cut();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        send_to(&service, operation(&key, "parcel-42"))
+            .await
+            .exact(503, r#"{"error":"store_unavailable"}"#)
+            .header("retry-after", &["2"]);
+        assert!(
+            started.elapsed() < timeout * 3,
+            "failed in {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        1,
+        "nothing created while the store is away"
+    );
+    restore();
+    send_until_answered(&service, || operation(&key, "parcel-42"))
+        .await
+        .exact(201, CREATED_BODY);
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
+}
+
+/// Sends until the store answers again (a reconnect takes a moment): the first reply that is
+/// not `503`, or the last one after ten seconds.
+pub async fn send_until_answered<St: Store>(
+    service: &Idempotency<Inner, St>,
+    request: impl Fn() -> Request<Chunks>,
+) -> Reply {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let reply = send_to(service, request()).await;
+        if reply.status != 503 || std::time::Instant::now() > deadline {
+            return reply;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
