@@ -84,7 +84,10 @@
 //! Drive it with [`tower::ServiceExt::oneshot`] as above: build requests with
 //! [`LabelOperation::attempt`], assert statuses and exact bytes, and read what the layer did
 //! from the [`Outcome`] response extension. [`MemoryStore`] lets a test look into the registry
-//! ([`MemoryStore::is_pending`], [`MemoryStore::completed`]).
+//! ([`MemoryStore::is_pending`], [`MemoryStore::completed`]). With the `test-util` feature,
+//! the `testing` module records the calls in order (claim, admit, release, create,
+//! complete), fails store calls on demand and scripts admission, so the contract's call traces
+//! are one assertion each.
 //!
 //! # Composing with other middleware
 //!
@@ -124,6 +127,7 @@
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
 //! | `postgres` | `store::PostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
+//! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
 //! 1.88.
@@ -161,6 +165,9 @@ mod reply;
 pub mod scope;
 mod service;
 pub mod store;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 mod validation;
 
 pub use crate::admission::Admission;

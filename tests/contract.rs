@@ -9,8 +9,7 @@ use tower_idempotency::{LabelOperation, Outcome, fingerprint};
 
 async fn refusal_then_success_then_replay(status: u16) {
     let rig = Rig::new();
-    rig.verdict
-        .store(status, std::sync::atomic::Ordering::SeqCst);
+    rig.admission.refuse(Some(refusal(status)));
     rig.send_expecting(valid(), &["claim", "admit", "release", "write"])
         .await
         .exact(status, r#"{"error":"not_admitted"}"#)
@@ -18,7 +17,7 @@ async fn refusal_then_success_then_replay(status: u16) {
     assert_eq!(rig.creates(), 0, "a refusal creates nothing");
     assert!(rig.memory.is_empty(), "a refusal releases the key");
 
-    rig.verdict.store(0, std::sync::atomic::Ordering::SeqCst);
+    rig.admission.refuse(None);
     rig.send_expecting(valid(), &["claim", "admit", "create", "complete", "write"])
         .await
         .is_created();
@@ -505,28 +504,28 @@ async fn any_status_from_the_create_is_stored_and_replayed() {
 #[tokio::test]
 async fn a_failed_claim_is_503_store_unavailable_and_creates_nothing() {
     let rig = Rig::new();
-    rig.failing.lock().unwrap().push("claim");
+    rig.store.fail("claim");
     let reply = rig.send_expecting(valid(), &["claim", "write"]).await;
     reply
         .exact(503, r#"{"error":"store_unavailable"}"#)
         .header("retry-after", &["2"]);
     assert_eq!(reply.outcome, Some(Outcome::StoreUnavailable));
     assert_eq!(rig.creates(), 0);
-    rig.failing.lock().unwrap().clear();
+    rig.store.recover();
     rig.send(valid()).await.is_created();
 }
 
 #[tokio::test]
 async fn a_failed_complete_still_replies_the_created_response_and_leaves_the_key_pending() {
     let rig = Rig::new();
-    rig.failing.lock().unwrap().push("complete");
+    rig.store.fail("complete");
     let reply = rig
         .send_expecting(valid(), &["claim", "admit", "create", "complete", "write"])
         .await;
     reply.is_created();
     assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
     assert!(rig.memory.is_pending(&key_of(KEY)));
-    rig.failing.lock().unwrap().clear();
+    rig.store.recover();
     rig.send(valid())
         .await
         .exact(409, r#"{"error":"request_pending"}"#);
@@ -536,8 +535,8 @@ async fn a_failed_complete_still_replies_the_created_response_and_leaves_the_key
 #[tokio::test]
 async fn a_failed_release_still_replies_not_admitted() {
     let rig = Rig::new();
-    rig.verdict.store(429, std::sync::atomic::Ordering::SeqCst);
-    rig.failing.lock().unwrap().push("release");
+    rig.admission.refuse(Some(refusal(429)));
+    rig.store.fail("release");
     rig.send_expecting(valid(), &["claim", "admit", "release", "write"])
         .await
         .exact(429, r#"{"error":"not_admitted"}"#)

@@ -49,8 +49,8 @@ impl Recorded {
 
 async fn traced(
     configure: impl FnOnce(
-        IdempotencyLayer<RecordingStore, RecordingAdmission>,
-    ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
+        IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+    ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
 ) -> (Rig, Recorded, tracing::subscriber::DefaultGuard) {
     let recorded = Recorded::default();
     let subscriber = tracing_subscriber::registry().with(recorded.clone());
@@ -99,7 +99,7 @@ async fn every_request_has_a_span_with_its_outcome_and_fingerprint_never_its_bod
         let lines = recorded.take();
         assert!(lines.iter().any(|l| l == outcome), "{outcome} in {lines:?}");
     }
-    rig.failing.lock().unwrap().push("claim");
+    rig.store.fail("claim");
     rig.send(operation("other", "p")).await;
     assert!(
         recorded

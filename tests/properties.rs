@@ -322,7 +322,7 @@ proptest! {
             for op in ops {
                 match op {
                     Op::Send { k, p, admit, fails } => {
-                        rig.verdict.store(admit, Ordering::SeqCst);
+                        rig.admission.refuse((admit != 0).then(|| refusal(admit)));
                         let mut would_create = false;
                         let (status, body) = model_send(&mut model, k, p, admit, || {
                             would_create = true;
@@ -334,7 +334,7 @@ proptest! {
                         prop_assert_eq!(String::from_utf8_lossy(&reply.body), body);
                     }
                     Op::Hold { k, p } if held.is_none() => {
-                        rig.verdict.store(0, Ordering::SeqCst);
+                        rig.admission.refuse(None);
                         let mut would_create = false;
                         let expected = model_send(&mut model, k, p, 0, || {
                             would_create = true;

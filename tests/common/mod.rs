@@ -9,7 +9,7 @@ pub mod servers;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -18,96 +18,12 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::admission::{Admission, Admit, Refusal};
 use tower_idempotency::{
     Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, MemoryStore, RequestBody,
-    Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    Reservation, Store, StoreError, StoredResponse,
 };
 
-/// The journal of calls: `claim`, `admit`, `release`, `create`, `complete`, `write`.
-#[derive(Clone, Default)]
-pub struct Journal(Arc<Mutex<Vec<&'static str>>>);
-
-impl Journal {
-    pub fn record(&self, call: &'static str) {
-        self.0.lock().unwrap().push(call);
-    }
-
-    /// The calls so far, and a fresh start.
-    pub fn take(&self) -> Vec<&'static str> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-/// A store that journals each call, fails the calls a test names, and otherwise is any inner
-/// store.
-#[derive(Clone)]
-pub struct RecordingStore<St = MemoryStore> {
-    pub inner: St,
-    pub journal: Journal,
-    pub failing: Arc<Mutex<Vec<&'static str>>>,
-}
-
-impl<St> RecordingStore<St> {
-    pub fn new(inner: St, journal: Journal) -> Self {
-        Self {
-            inner,
-            journal,
-            failing: Arc::default(),
-        }
-    }
-
-    fn call(&self, call: &'static str) -> Result<(), StoreError> {
-        self.journal.record(call);
-        if self.failing.lock().unwrap().contains(&call) {
-            Err(StoreError::new(StoreErrorKind::Unavailable))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl<St: Store> Store for RecordingStore<St> {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-        self.call("claim")?;
-        self.inner.claim(key, fingerprint).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        self.call("complete")?;
-        self.inner.complete(key, reservation, response).await
-    }
-
-    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        self.call("release")?;
-        self.inner.release(key, reservation).await
-    }
-}
-
-/// Admission that journals each call and answers what the test sets: 0 (proceed), 429 or 503.
-#[derive(Clone)]
-pub struct RecordingAdmission {
-    pub verdict: Arc<AtomicU16>,
-    pub journal: Journal,
-}
-
-impl Admission for RecordingAdmission {
-    type Permit = ();
-
-    async fn admit(&self, _: &LabelOperation) -> Admit {
-        self.journal.record("admit");
-        match self.verdict.load(Ordering::SeqCst) {
-            429 => Admit::Refuse(Refusal::TooManyRequests),
-            503 => Admit::Refuse(Refusal::ServiceUnavailable),
-            _ => Admit::Proceed(()),
-        }
-    }
-}
+pub use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
 
 pub use self::lesson::{BODY, CREATED_BODY, KEY, created_response};
 
@@ -133,11 +49,12 @@ pub type Inner = tower::util::BoxCloneSyncService<
 pub struct Rig {
     pub journal: Journal,
     pub memory: MemoryStore,
-    pub verdict: Arc<AtomicU16>,
+    /// What admission answers; proceeds unless a test says otherwise.
+    pub admission: ScriptedAdmission,
     pub creates: Arc<AtomicUsize>,
-    /// Store calls to fail: `"claim"`, `"complete"`, `"release"`.
-    pub failing: Arc<Mutex<Vec<&'static str>>>,
-    pub service: Idempotency<Inner, RecordingStore, RecordingAdmission>,
+    /// The store, to fail its calls on demand.
+    pub store: RecordingStore,
+    pub service: Idempotency<Inner, RecordingStore, ScriptedAdmission>,
 }
 
 impl Rig {
@@ -148,8 +65,8 @@ impl Rig {
     /// A rig whose layer the caller may configure further.
     pub fn with_layer(
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, RecordingAdmission>,
-        ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
+            IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+        ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
     ) -> Self {
         let journal = Journal::default();
         let creates = Arc::new(AtomicUsize::new(0));
@@ -189,25 +106,20 @@ impl Rig {
         creates: Arc<AtomicUsize>,
         create: Inner,
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, RecordingAdmission>,
-        ) -> IdempotencyLayer<RecordingStore, RecordingAdmission>,
+            IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+        ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
     ) -> Self {
         let memory = MemoryStore::new();
         let store = RecordingStore::new(memory.clone(), journal.clone());
-        let failing = Arc::clone(&store.failing);
-        let verdict = Arc::new(AtomicU16::new(0));
-        let admission = RecordingAdmission {
-            verdict: Arc::clone(&verdict),
-            journal: journal.clone(),
-        };
-        let layer = configure(IdempotencyLayer::new(store).admission(admission));
+        let admission = ScriptedAdmission::new(journal.clone());
+        let layer = configure(IdempotencyLayer::new(store.clone()).admission(admission.clone()));
         let service = tower::Layer::layer(&layer, create);
         Self {
             journal,
             memory,
-            verdict,
+            admission,
             creates,
-            failing,
+            store,
             service,
         }
     }
@@ -624,5 +536,13 @@ pub async fn send_until_answered<St: Store>(
             return reply;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The refusal admission gives for a status: 429 or 503.
+pub fn refusal(status: u16) -> tower_idempotency::admission::Refusal {
+    match status {
+        429 => tower_idempotency::admission::Refusal::TooManyRequests,
+        _ => tower_idempotency::admission::Refusal::ServiceUnavailable,
     }
 }
