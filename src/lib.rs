@@ -104,6 +104,10 @@
 //! - **Not inside** (between the layer and the create): a timeout there turns a slow create
 //!   into a failed one from the layer's point of view, leaving the key pending for good
 //!   (`500 create_failed`, then `request_pending`), though the create may have run.
+//! - **tonic**: in a `tonic::transport::Server` stack, in [`OtherPaths::PassThrough`] mode, the
+//!   layer guards the JSON route and hands gRPC calls on untouched. tonic-web answers `400` to
+//!   an HTTP/1.1 request that is not gRPC-web, so a JSON route served over HTTP/1.1 must not sit
+//!   behind `GrpcWebLayer`.
 //! - **Body limits**: the layer enforces its own (4096 by default). A smaller limit outside
 //!   refuses first (its own 413 for a declared length; a streamed body trips it inside the
 //!   layer's read, which answers the contract's 413); a larger one changes nothing.

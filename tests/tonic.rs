@@ -66,8 +66,26 @@ async fn grpc_routes_pass_through_and_the_create_route_is_guarded() {
     assert!(store.completed(&key_of(KEY)).is_some());
 }
 
+/// A gRPC health check over HTTP/2 against `addr`.
+async fn health_check(addr: std::net::SocketAddr) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let request = HealthCheckRequest {
+        service: String::new(),
+    };
+    let mut client = HealthClient::new(channel);
+    let check = client.check(request);
+    let reply = tokio::time::timeout(Duration::from_secs(5), check)
+        .await
+        .unwrap();
+    reply.unwrap().into_inner().status
+}
+
 #[tokio::test]
-async fn a_tonic_server_with_the_layer_answers_grpc_clients() {
+async fn a_tonic_server_with_tonic_web_and_the_layer_answers_grpc_clients() {
     let store = MemoryStore::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -82,24 +100,43 @@ async fn a_tonic_server_with_the_layer_answers_grpc_clients() {
         .add_service(health)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     let server = tokio::spawn(server);
-
-    let mut client = HealthClient::new(
-        tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
-    let reply = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.check(HealthCheckRequest {
-            service: String::new(),
-        }),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(reply.into_inner().status, ServingStatus::Serving as i32);
+    assert_eq!(health_check(addr).await, ServingStatus::Serving as i32);
     assert!(store.is_empty());
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_tonic_server_serves_grpc_and_the_guarded_json_route_side_by_side() {
+    let store = MemoryStore::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .layer(IdempotencyLayer::new(store.clone()).other_paths(OtherPaths::PassThrough))
+        .add_routes(tonic::service::Routes::from(routes().await))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    let server = tokio::spawn(server);
+
+    // JSON over HTTP/1.1 to the same server: guarded.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let create = || {
+        Request::post(format!("http://{addr}/labels"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", KEY)
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                BODY.as_bytes(),
+            )))
+            .unwrap()
+    };
+    Reply::read(client.request(create()).await.unwrap())
+        .await
+        .exact(201, CREATED_BODY);
+    let replay = Reply::read(client.request(create()).await.unwrap()).await;
+    replay.exact(201, CREATED_BODY);
+    assert!(store.completed(&key_of(KEY)).is_some());
+    // gRPC over HTTP/2 to the same server: untouched.
+    assert_eq!(health_check(addr).await, ServingStatus::Serving as i32);
+    assert_eq!(store.len(), 1);
     server.abort();
 }
