@@ -6,18 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000}
-cargo bench --bench allocations --no-run 2>/dev/null
-bin=$(cargo bench --bench allocations --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "allocations" and m.get("executable"):
-        print(m["executable"])')
+source benches/bench-binary.sh
+bin=$(bench_binary allocations)
 total() { # path count → total instructions
   valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-base_bare=$(total bare 0)
 printf '%-12s %14s %10s\n' path instructions "x bare"
 bare=""
 for path in bare new replay refuse_415 refuse_413 refuse_400; do
@@ -27,4 +21,3 @@ for path in bare new replay refuse_415 refuse_413 refuse_400; do
   [[ -z "$bare" ]] && bare=$per
   printf '%-12s %14d %10s\n' "$path" "$per" "$(python3 -c "print(f'{$per/$bare:.2f}')")"
 done
-: "$base_bare"

@@ -11,12 +11,8 @@ seconds=${1:-10}
 connections=${2:-32}
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install -y wrk"; exit 1; }
 
-bin=$(cargo bench --bench e2e_server --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "e2e_server" and m.get("executable"):
-        print(m["executable"])')
+source benches/bench-binary.sh
+bin=$(bench_binary e2e_server)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pids=()

@@ -81,7 +81,7 @@ pin_project! {
     {
         Ready { response: Option<Response<ResponseBody<ResBody>>> },
         PassThrough { #[pin] future: S::Future },
-        Reading { #[pin] body: ReqBody, reading: Option<Reading<S, St, A>> },
+        Reading { #[pin] body: ReqBody, reading: Option<Box<Reading<S, St, A>>> },
         Deciding { future: Option<Deciding<ResBody>> },
     }
 }
@@ -125,7 +125,7 @@ where
         Self {
             state: State::Reading {
                 body,
-                reading: Some(reading),
+                reading: Some(Box::new(reading)),
             },
             span,
         }
@@ -196,7 +196,7 @@ where
                         parts,
                         guard,
                         collector,
-                    } = reading.take().expect(POLLED_AFTER_COMPLETION);
+                    } = *reading.take().expect(POLLED_AFTER_COMPLETION);
                     match read {
                         Ok(()) => match guard.validate(parts, collector.finish()) {
                             Ok(claimed) => {
