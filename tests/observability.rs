@@ -2,7 +2,8 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, Once};
 
 use common::*;
 use tower::{ServiceBuilder, ServiceExt};
@@ -11,9 +12,15 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
-/// Every span field and event field recorded, as `name=value` lines.
-#[derive(Clone, Default)]
-struct Recorded(Arc<Mutex<Vec<String>>>);
+thread_local! {
+    /// Every span field and event field recorded on this thread, as `name=value` lines.
+    static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records into the thread's [`LINES`]. Installed once as the global subscriber, so that
+/// tracing's per-callsite interest never depends on which test thread got there first; each
+/// test runs on its own thread (current-thread runtime) and reads only its own lines.
+struct Recorder;
 
 struct Lines<'a>(&'a mut Vec<String>);
 
@@ -27,40 +34,55 @@ impl Visit for Lines<'_> {
     }
 }
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorded {
+fn record(visit: impl FnOnce(&mut Lines<'_>)) {
+    LINES.with(|lines| visit(&mut Lines(&mut lines.borrow_mut())));
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorder {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
-        attrs.record(&mut Lines(&mut self.0.lock().unwrap()));
+        record(|lines| attrs.record(lines));
     }
 
     fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
-        values.record(&mut Lines(&mut self.0.lock().unwrap()));
+        record(|lines| values.record(lines));
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        event.record(&mut Lines(&mut self.0.lock().unwrap()));
+        record(|lines| event.record(lines));
     }
 }
 
+/// This thread's recorded lines.
+struct Recorded;
+
 impl Recorded {
     fn take(&self) -> Vec<String> {
-        std::mem::take(&mut self.0.lock().unwrap())
+        LINES.with(|lines| std::mem::take(&mut *lines.borrow_mut()))
     }
+}
+
+/// Installs the recorder, before any test of this file traces anything.
+fn install() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(Recorder);
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    });
 }
 
 async fn traced(
     configure: impl FnOnce(
         IdempotencyLayer<RecordingStore, ScriptedAdmission>,
     ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
-) -> (Rig, Recorded, tracing::subscriber::DefaultGuard) {
-    let recorded = Recorded::default();
-    let subscriber = tracing_subscriber::registry().with(recorded.clone());
-    let guard = tracing::subscriber::set_default(subscriber);
-    (Rig::with_layer(configure), recorded, guard)
+) -> (Rig, Recorded) {
+    install();
+    Recorded.take();
+    (Rig::with_layer(configure), Recorded)
 }
 
 #[tokio::test]
 async fn every_request_has_a_span_with_its_outcome_and_fingerprint_never_its_body() {
-    let (rig, recorded, _guard) = traced(|layer| layer).await;
+    let (rig, recorded) = traced(|layer| layer).await;
     rig.send(valid()).await.is_created();
     let lines = recorded.take();
     let fingerprint = format!(
@@ -111,7 +133,7 @@ async fn every_request_has_a_span_with_its_outcome_and_fingerprint_never_its_bod
 
 #[tokio::test]
 async fn the_key_is_traced_only_where_configured() {
-    let (rig, recorded, _guard) = traced(|layer| layer.trace_keys(true)).await;
+    let (rig, recorded) = traced(|layer| layer.trace_keys(true)).await;
     rig.send(valid()).await;
     let key = format!("key={}", key_of(KEY));
     assert!(recorded.take().contains(&key));
@@ -119,6 +141,7 @@ async fn the_key_is_traced_only_where_configured() {
 
 #[tokio::test]
 async fn an_outer_layer_can_count_outcomes_from_the_response_extension() {
+    install();
     let counted: Arc<Mutex<Vec<Outcome>>> = Arc::default();
     let seen = Arc::clone(&counted);
     let rig = Rig::new();
@@ -151,6 +174,7 @@ async fn an_outer_layer_can_count_outcomes_from_the_response_extension() {
 
 #[tokio::test]
 async fn the_replay_marker_is_off_by_default_and_marks_replays_only() {
+    install();
     let rig = Rig::new();
     rig.send(valid()).await;
     assert!(
