@@ -1,7 +1,8 @@
 //! The response future of [`Idempotency`](crate::Idempotency): a hand-written state machine.
 //!
-//! A guarded request goes through three states. *Reading* collects the body in place (no
-//! allocation beyond the body itself) and, once it is complete, validates it. *Deciding* is the
+//! A guarded request goes through two states before its reply. *Reading* collects the body
+//! (its state boxed, so that the future stays small to move) and, once the body is complete,
+//! validates it. *Deciding* is the
 //! claim and everything after it (admission, create, complete), one boxed future over the
 //! caller's store, admission and inner service. If the response future is dropped while
 //! deciding (a client that went away), the decision is not abandoned: it moves to a task of its
@@ -47,6 +48,10 @@ pin_project! {
     ///
     /// Dropped after the claim has started, it hands the rest of the work to a Tokio task, which
     /// needs a Tokio runtime at that moment; without one the work is dropped and logged.
+    ///
+    /// # Panics
+    ///
+    /// When polled again after it returned `Poll::Ready`, like most futures.
     pub struct ResponseFuture<S, St, A, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
