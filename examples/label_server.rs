@@ -84,8 +84,8 @@ struct Policies {
     rate: Option<RateLimit>,
 }
 
-impl Admission for Policies {
-    type Permit = Option<<ConcurrencyLimit as Admission>::Permit>;
+impl Admission<LabelOperation> for Policies {
+    type Permit = Option<<ConcurrencyLimit as Admission<LabelOperation>>::Permit>;
 
     async fn admit(&self, operation: &LabelOperation) -> Admit<Self::Permit> {
         let permit = match &self.in_flight {

@@ -7,14 +7,14 @@
 //!
 //! ```
 //! use tower_idempotency::admission::{admit_fn, Admit, ConcurrencyLimit, RateLimit, Refusal};
-//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
 //!
 //! // At most 8 creates at once (503 beyond), at most 100 admitted creates per second (429).
 //! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(ConcurrencyLimit::new(8));
 //! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(RateLimit::per_second(100));
 //!
 //! // Any policy of your own.
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(admit_fn(|op| {
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(admit_fn(|op: &LabelOperation| {
 //!     let busy = op.parcel_id.starts_with("blocked-");
 //!     async move { if busy { Admit::Refuse(Refusal::TooManyRequests) } else { Admit::Proceed(()) } }
 //! }));
@@ -22,22 +22,24 @@
 //! ```
 
 use std::future::{Future, ready};
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::operation::LabelOperation;
-
-/// A policy that admits or refuses a newly claimed operation.
-pub trait Admission: Clone + Send + Sync + 'static {
+/// A policy that admits or refuses a newly claimed operation of type `T` (the
+/// [`Operation::Value`](crate::Operation::Value): a [`LabelOperation`](crate::LabelOperation),
+/// your own body type, …).
+///
+/// The built-in policies admit operations of every type.
+pub trait Admission<T>: Clone + Send + Sync + 'static {
     /// Held from admission until the create and the complete are done, then dropped.
     type Permit: Send + 'static;
 
     /// Decides for `operation`, whose key is already reserved.
-    fn admit(&self, operation: &LabelOperation)
-    -> impl Future<Output = Admit<Self::Permit>> + Send;
+    fn admit(&self, operation: &T) -> impl Future<Output = Admit<Self::Permit>> + Send;
 }
 
 /// The answer of an [`Admission`].
@@ -86,21 +88,30 @@ impl Refusal {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AlwaysAdmit;
 
-impl Admission for AlwaysAdmit {
+impl<T> Admission<T> for AlwaysAdmit {
     type Permit = ();
 
-    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit> + Send {
+    fn admit(&self, _: &T) -> impl Future<Output = Admit> + Send {
         ready(Admit::Proceed(()))
     }
 }
 
-/// An [`Admission`] from a closure; build it with [`admit_fn`].
-#[derive(Clone, Copy)]
-pub struct AdmitFn<F> {
+/// An [`Admission`] of operations of type `T` from a closure; build it with [`admit_fn`].
+pub struct AdmitFn<F, T> {
     f: F,
+    operation: PhantomData<fn(&T)>,
 }
 
-impl<F> std::fmt::Debug for AdmitFn<F> {
+impl<F: Clone, T> Clone for AdmitFn<F, T> {
+    fn clone(&self) -> Self {
+        Self {
+            f: self.f.clone(),
+            operation: PhantomData,
+        }
+    }
+}
+
+impl<F, T> std::fmt::Debug for AdmitFn<F, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdmitFn").finish_non_exhaustive()
     }
@@ -111,25 +122,28 @@ impl<F> std::fmt::Debug for AdmitFn<F> {
 /// ```
 /// use tower_idempotency::admission::{admit_fn, Admit, Refusal};
 ///
-/// let closed = admit_fn(|_op| async { Admit::<()>::Refuse(Refusal::ServiceUnavailable) });
+/// let closed = admit_fn(|_op: &serde_json::Value| async { Admit::<()>::Refuse(Refusal::ServiceUnavailable) });
 /// # drop(closed);
 /// ```
-pub fn admit_fn<F, Fut>(f: F) -> AdmitFn<F>
+pub fn admit_fn<T, F, Fut>(f: F) -> AdmitFn<F, T>
 where
-    F: Fn(&LabelOperation) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(&T) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Admit> + Send,
 {
-    AdmitFn { f }
+    AdmitFn {
+        f,
+        operation: PhantomData,
+    }
 }
 
-impl<F, Fut> Admission for AdmitFn<F>
+impl<T: 'static, F, Fut> Admission<T> for AdmitFn<F, T>
 where
-    F: Fn(&LabelOperation) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(&T) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Admit> + Send,
 {
     type Permit = ();
 
-    fn admit(&self, operation: &LabelOperation) -> impl Future<Output = Admit> + Send {
+    fn admit(&self, operation: &T) -> impl Future<Output = Admit> + Send {
         (self.f)(operation)
     }
 }
@@ -164,10 +178,10 @@ impl ConcurrencyLimit {
     }
 }
 
-impl Admission for ConcurrencyLimit {
+impl<T> Admission<T> for ConcurrencyLimit {
     type Permit = OwnedSemaphorePermit;
 
-    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit<Self::Permit>> + Send {
+    fn admit(&self, _: &T) -> impl Future<Output = Admit<Self::Permit>> + Send {
         ready(match Arc::clone(&self.slots).try_acquire_owned() {
             Ok(permit) => Admit::Proceed(permit),
             Err(_) => Admit::Refuse(Refusal::ServiceUnavailable),
@@ -223,10 +237,10 @@ impl RateLimit {
     }
 }
 
-impl Admission for RateLimit {
+impl<T> Admission<T> for RateLimit {
     type Permit = ();
 
-    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit> + Send {
+    fn admit(&self, _: &T) -> impl Future<Output = Admit> + Send {
         ready(if self.take(Instant::now()) {
             Admit::Proceed(())
         } else {

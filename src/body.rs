@@ -1,11 +1,17 @@
-//! The request body the inner service receives and the response body the layer returns.
+//! The request body the inner service receives, the response body the layer returns, and the
+//! one loop that collects a body up to a limit.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http::header::CONTENT_LENGTH;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+
+use crate::store::BoxError;
 
 pin_project! {
     /// The body of a request handed to the inner service.
@@ -131,3 +137,122 @@ macro_rules! body_impls {
 
 body_impls!(RequestBody);
 body_impls!(ResponseBody);
+
+/// The body limit, at once: a declared `Content-Length` over the limit.
+pub(crate) fn declares_over(headers: &HeaderMap, limit: usize) -> bool {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|len| len > limit as u64)
+}
+
+/// Why reading a body at most `limit` long failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    /// More than `limit` bytes arrived.
+    TooLarge,
+    /// The body stream failed (a client that went away, say).
+    Broken,
+}
+
+/// Collects body frames up to a limit, never holding more than the limit plus the frame that
+/// went over it. A body that arrives in one frame is kept without a copy.
+#[derive(Debug)]
+pub(crate) struct Collector {
+    first: Option<Bytes>,
+    joined: Option<BytesMut>,
+    len: usize,
+    limit: usize,
+}
+
+impl Collector {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            first: None,
+            joined: None,
+            len: 0,
+            limit,
+        }
+    }
+
+    /// Adds one data frame.
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), ReadError> {
+        self.len = self.len.saturating_add(data.len());
+        if self.len > self.limit {
+            return Err(ReadError::TooLarge);
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        match (&mut self.first, &mut self.joined) {
+            (None, None) => self.first = Some(data),
+            (Some(head), None) => {
+                let capacity = self.len.max(head.len() * 2).min(self.limit);
+                let mut buffer = BytesMut::with_capacity(capacity);
+                buffer.extend_from_slice(head);
+                buffer.extend_from_slice(&data);
+                self.first = None;
+                self.joined = Some(buffer);
+            }
+            (_, Some(buffer)) => buffer.extend_from_slice(&data),
+        }
+        Ok(())
+    }
+
+    /// The whole body.
+    pub(crate) fn finish(self) -> Bytes {
+        match (self.first, self.joined) {
+            (_, Some(buffer)) => buffer.freeze(),
+            (Some(head), None) => head,
+            (None, None) => Bytes::new(),
+        }
+    }
+}
+
+/// Why a request body stream failed: a length limit of a layer in front (anywhere in the error's
+/// chain) is "too large"; anything else is a broken body.
+pub(crate) fn body_error(error: impl Into<BoxError>) -> ReadError {
+    let error = error.into();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+    while let Some(current) = cause {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return ReadError::TooLarge;
+        }
+        cause = current.source();
+    }
+    ReadError::Broken
+}
+
+/// Reads a whole body of at most `limit` bytes with a [`Collector`]: the created response.
+pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut collector = Collector::new(limit);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| ReadError::Broken)?;
+        // Trailers carry nothing the contract reads.
+        if let Ok(data) = frame.into_data() {
+            collector.push(data)?;
+        }
+    }
+    Ok(collector.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn declared_length() {
+        let mut headers = HeaderMap::new();
+        assert!(!declares_over(&headers, 4096));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("4096"));
+        assert!(!declares_over(&headers, 4096));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("4097"));
+        assert!(declares_over(&headers, 4096));
+    }
+}

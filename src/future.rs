@@ -1,10 +1,10 @@
 //! The response future of [`Idempotency`](crate::Idempotency): a hand-written state machine.
 //!
-//! A guarded request goes through two states before its reply. *Reading* collects the body
-//! (its state boxed, so that the future stays small to move) and, once the body is complete,
-//! validates it. *Deciding* is the
-//! claim and everything after it (admission, create, complete), one boxed future over the
-//! caller's store, admission and inner service. If the response future is dropped while
+//! It drives the pipeline's steps and knows nothing of the service. A
+//! guarded request goes through two states before its reply. *Reading* collects the body (its
+//! state boxed, so that the future stays small to move) and, once the body is complete, has
+//! the operation parse it. *Deciding* is the claim and everything after it (admission, create,
+//! complete), one boxed future over the caller's store, admission and inner service. If the response future is dropped while
 //! deciding (a client that went away), the decision is not abandoned: it moves to a task of its
 //! own and runs to its end, so a disconnect can neither strand a reservation nor cause a
 //! second create. Dropping it while reading costs nothing: nothing is claimed yet.
@@ -23,21 +23,21 @@ use tower::Service;
 use tracing::{Instrument, Span};
 
 use crate::admission::Admission;
-use crate::body::{RequestBody, ResponseBody};
-use crate::reply::{Outcome, Reply};
-use crate::service::Guard;
+use crate::body::{self, Collector, RequestBody, ResponseBody};
+use crate::operation::Operation;
+use crate::pipeline::{self, Guard};
+use crate::reply::Outcome;
 use crate::store::{BoxError, Store};
-use crate::validation::{self, Collector, ReadError};
 
 /// The claim and what follows, boxed because it spans several awaits over caller-chosen store,
 /// admission and inner-service futures.
 type Deciding<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
 
 /// What a guarded request holds while its body is read.
-pub(crate) struct Reading<S, St, A> {
-    pub(crate) parts: Parts,
-    pub(crate) guard: Guard<S, St, A>,
-    pub(crate) collector: Collector,
+struct Reading<S, St, A, O> {
+    parts: Parts,
+    guard: Guard<S, St, A, O>,
+    collector: Collector,
 }
 
 pin_project! {
@@ -52,17 +52,17 @@ pin_project! {
     /// # Panics
     ///
     /// When polled again after it returned `Poll::Ready`, like most futures.
-    pub struct ResponseFuture<S, St, A, ReqBody, ResBody>
+    pub struct ResponseFuture<S, St, A, O, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         #[pin]
-        state: State<S, St, A, ReqBody, ResBody>,
+        state: State<S, St, A, O, ReqBody, ResBody>,
         span: Span,
     }
 
-    impl<S, St, A, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, ReqBody, ResBody>
+    impl<S, St, A, O, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, O, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
@@ -79,14 +79,14 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, St, A, ReqBody, ResBody>
+    enum State<S, St, A, O, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         Ready { response: Option<Response<ResponseBody<ResBody>>> },
         PassThrough { #[pin] future: S::Future },
-        Reading { #[pin] body: ReqBody, reading: Option<Box<Reading<S, St, A>>> },
+        Reading { #[pin] body: ReqBody, reading: Option<Box<Reading<S, St, A, O>>> },
         Deciding { future: Option<Deciding<ResBody>> },
     }
 }
@@ -105,7 +105,7 @@ fn hand_over<B: 'static>(future: Deciding<B>) {
     }
 }
 
-impl<S, St, A, ReqBody, ResBody> ResponseFuture<S, St, A, ReqBody, ResBody>
+impl<S, St, A, O, ReqBody, ResBody> ResponseFuture<S, St, A, O, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,
@@ -126,11 +126,21 @@ where
         }
     }
 
-    pub(crate) fn reading(body: ReqBody, reading: Reading<S, St, A>, span: Span) -> Self {
+    pub(crate) fn reading(
+        body: ReqBody,
+        parts: Parts,
+        guard: Guard<S, St, A, O>,
+        collector: Collector,
+        span: Span,
+    ) -> Self {
         Self {
             state: State::Reading {
                 body,
-                reading: Some(Box::new(reading)),
+                reading: Some(Box::new(Reading {
+                    parts,
+                    guard,
+                    collector,
+                })),
             },
             span,
         }
@@ -148,12 +158,13 @@ fn finished<B>(span: &Span, response: Response<ResponseBody<B>>) -> Response<Res
 
 const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
 
-impl<S, St, A, ReqBody, ResBody> Future for ResponseFuture<S, St, A, ReqBody, ResBody>
+impl<S, St, A, O, ReqBody, ResBody> Future for ResponseFuture<S, St, A, O, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     St: Store,
-    A: Admission,
+    A: Admission<O::Value>,
+    O: Operation,
     ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -187,7 +198,7 @@ where
                             &mut reading.as_mut().expect(POLLED_AFTER_COMPLETION).collector;
                         match ready!(body.as_mut().poll_frame(cx)) {
                             None => break Ok(()),
-                            Some(Err(error)) => break Err(validation::body_error(error)),
+                            Some(Err(error)) => break Err(body::body_error(error)),
                             Some(Ok(frame)) => {
                                 if let Ok(data) = frame.into_data()
                                     && let Err(error) = collector.push(data)
@@ -202,24 +213,19 @@ where
                         guard,
                         collector,
                     } = *reading.take().expect(POLLED_AFTER_COMPLETION);
-                    match read {
-                        Ok(()) => match guard.validate(parts, collector.finish()) {
-                            Ok(claimed) => {
-                                claimed.trace(span);
-                                let decide = claimed.decide().instrument(span.clone());
-                                State::Deciding {
-                                    future: Some(Box::pin(decide)),
-                                }
+                    let settings = std::sync::Arc::clone(&guard.settings);
+                    let claimed = pipeline::read(collector, read)
+                        .and_then(|body| guard.operation(parts, body));
+                    match claimed {
+                        Ok(claimed) => {
+                            claimed.trace(span);
+                            let run = claimed.run().instrument(span.clone());
+                            State::Deciding {
+                                future: Some(Box::pin(run)),
                             }
-                            Err(reply) => State::Ready {
-                                response: Some(reply.into_response()),
-                            },
-                        },
-                        Err(ReadError::TooLarge) => State::Ready {
-                            response: Some(Reply::PayloadTooLarge.into_response()),
-                        },
-                        Err(ReadError::Broken) => State::Ready {
-                            response: Some(Reply::InvalidRequest.into_response()),
+                        }
+                        Err(rejection) => State::Ready {
+                            response: Some(rejection.into_response(&settings.operation)),
                         },
                     }
                 }
@@ -229,7 +235,7 @@ where
     }
 }
 
-impl<S, St, A, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, St, A, ReqBody, ResBody>
+impl<S, St, A, O, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, St, A, O, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,

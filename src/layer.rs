@@ -6,23 +6,20 @@ use http::HeaderName;
 use http::request::Parts;
 use tower::Layer;
 
-use crate::admission::{Admission, AlwaysAdmit};
+use crate::admission::AlwaysAdmit;
+use crate::operation::{LabelContract, Operation};
 use crate::scope::Scope;
 use crate::service::Idempotency;
 use crate::store::Store;
 
-/// The default path of the guarded create endpoint.
-pub const DEFAULT_PATH: &str = "/labels";
-/// The default request body limit, in bytes.
-pub const DEFAULT_BODY_LIMIT: usize = 4096;
 /// The default cap on a created response the layer buffers and stores, in bytes.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
 
-/// What the layer does with a request on a path other than the guarded one.
+/// What the layer does with a request on a path other than the guarded one, when a path is set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OtherPaths {
-    /// Reply `404 {"error":"not_found"}`, as the contract says. The default, for a layer that
-    /// wraps only the create endpoint.
+    /// Reply `404`, as the contract says. The default, for a layer that wraps only the create
+    /// endpoint.
     #[default]
     NotFound,
     /// Hand the request to the inner service untouched, for a stack-wide `.layer()` where other
@@ -30,10 +27,67 @@ pub enum OtherPaths {
     PassThrough,
 }
 
-/// The configuration every service of one layer shares.
+/// Which created responses the layer stores (and so replays).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StoredResponses {
+    /// Every response of the create, whatever its status: the key is never free again. The
+    /// default, and the only safe choice when a failed create may still have had an effect.
+    #[default]
+    Every,
+    /// Only `2xx` responses. After any other response (or an error of the inner service) the
+    /// key is released, so a retry creates anew, and the response goes to the client as it
+    /// is, unstored. For services whose failures provably leave no effect.
+    Successful,
+}
+
+/// Which paths the layer guards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PathSetting {
+    /// The operation's [`default_path`](Operation::default_path).
+    OperationDefault,
+    /// Every path: the layer sits on a route.
+    Any,
+    /// Exactly this path.
+    Exact(String),
+}
+
+/// The configuration a layer holds before it builds services.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub(crate) path: String,
+    path: PathSetting,
+    body_limit: Option<usize>,
+    response_limit: usize,
+    other_paths: OtherPaths,
+    scope: Option<Scope>,
+    global_keys: bool,
+    excluded_headers: Vec<HeaderName>,
+    mark_replays: bool,
+    trace_keys: bool,
+    stored: StoredResponses,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            path: PathSetting::OperationDefault,
+            body_limit: None,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            other_paths: OtherPaths::NotFound,
+            scope: None,
+            global_keys: false,
+            excluded_headers: Vec::new(),
+            mark_replays: false,
+            trace_keys: false,
+            stored: StoredResponses::Every,
+        }
+    }
+}
+
+/// What every service of one layer shares: the operation and the settings, resolved.
+#[derive(Debug)]
+pub(crate) struct Settings<O> {
+    pub(crate) operation: O,
+    pub(crate) path: Option<String>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) other_paths: OtherPaths,
@@ -41,71 +95,118 @@ pub(crate) struct Config {
     pub(crate) excluded_headers: Vec<HeaderName>,
     pub(crate) mark_replays: bool,
     pub(crate) trace_keys: bool,
+    pub(crate) stored: StoredResponses,
 }
 
-impl Default for Config {
-    fn default() -> Self {
+impl<O: Operation> Settings<O> {
+    /// Resolves `config` for `operation`.
+    ///
+    /// # Panics
+    ///
+    /// If the operation requires a scope and neither a scope nor global keys is configured.
+    pub(crate) fn new(operation: O, config: &Config) -> Self {
+        assert!(
+            !operation.requires_scope() || config.scope.is_some() || config.global_keys,
+            "this operation's keys are chosen by clients: set IdempotencyLayer::scope (a tenant \
+             per request) or opt into one key space for every client with \
+             IdempotencyLayer::global_keys"
+        );
+        let path = match &config.path {
+            PathSetting::OperationDefault => operation.default_path().map(str::to_owned),
+            PathSetting::Any => None,
+            PathSetting::Exact(path) => Some(path.clone()),
+        };
         Self {
-            path: DEFAULT_PATH.to_owned(),
-            body_limit: DEFAULT_BODY_LIMIT,
-            response_limit: DEFAULT_RESPONSE_LIMIT,
-            other_paths: OtherPaths::NotFound,
-            scope: None,
-            excluded_headers: Vec::new(),
-            mark_replays: false,
-            trace_keys: false,
+            path,
+            body_limit: config
+                .body_limit
+                .unwrap_or_else(|| operation.default_body_limit()),
+            response_limit: config.response_limit,
+            other_paths: config.other_paths,
+            scope: config.scope.clone(),
+            excluded_headers: config.excluded_headers.clone(),
+            mark_replays: config.mark_replays,
+            trace_keys: config.trace_keys,
+            stored: config.stored,
+            operation,
         }
     }
 }
 
 /// A [`Layer`] that makes a create endpoint idempotent.
 ///
-/// It holds only configuration: the [`Store`], the [`Admission`] policy, the guarded path
-/// (default `/labels`), the request body limit (default 4096 bytes), the cap on a created
-/// response (default 64 KiB), and what happens on [other paths](OtherPaths).
+/// It holds only configuration: the [`Store`], the [`Admission`](crate::Admission) policy, the [`Operation`]
+/// (what a create request means: [`JsonOperation`](crate::JsonOperation) for your own JSON
+/// body, [`RawOperation`](crate::RawOperation), or the lesson's [`LabelContract`], the
+/// default), the guarded path, the request body limit, the cap on a created response (default
+/// 64 KiB), the key scope, and which responses are stored.
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-/// use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, RequestBody};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, RequestBody};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let create = service_fn(|request: Request<RequestBody<String>>| async move {
-///     let op = request.extensions().get::<LabelOperation>().unwrap().clone();
-///     let mut response = Response::new(format!(r#"{{"request_id":"{}"}}"#, op.request_id));
-///     *response.status_mut() = StatusCode::CREATED;
-///     Ok::<_, Infallible>(response)
+/// let create = service_fn(|_: Request<RequestBody<String>>| async move {
+///     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(String::from("{}")).unwrap())
 /// });
-/// let service = ServiceBuilder::new()
-///     .layer(IdempotencyLayer::new(MemoryStore::new()).path("/labels").body_limit(4096))
-///     .service(create);
+/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+///     .scope(|parts: &http::request::Parts| {
+///         parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+///     })
+///     .body_limit(8 * 1024);
+/// let service = ServiceBuilder::new().layer(layer).service(create);
 ///
-/// let attempt = LabelOperation::new("label-req-7", "parcel-42").attempt("/labels").unwrap();
+/// let attempt = Request::post("/orders")
+///     .header("content-type", "application/json")
+///     .header("idempotency-key", "order-1")
+///     .header("x-tenant", "acme")
+///     .body(String::from(r#"{"sku":"A-1"}"#))
+///     .unwrap();
 /// let response = service.oneshot(attempt).await.unwrap();
 /// assert_eq!(response.status(), StatusCode::CREATED);
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct IdempotencyLayer<St, A = AlwaysAdmit> {
+pub struct IdempotencyLayer<St, A = AlwaysAdmit, O = LabelContract> {
     pub(crate) store: St,
     pub(crate) admission: A,
+    pub(crate) operation: O,
     pub(crate) config: Config,
 }
 
 impl<St: Store> IdempotencyLayer<St> {
-    /// A layer over `store`, admitting every operation, with the contract's defaults.
+    /// A layer over `store` for the lesson's [`LabelContract`] (`POST /labels`, every byte
+    /// fixed), admitting every operation. For your own endpoint, use
+    /// [`with_operation`](Self::with_operation).
     pub fn new(store: St) -> Self {
+        Self::with_operation(store, LabelContract)
+    }
+}
+
+impl<St: Store, O: Operation> IdempotencyLayer<St, AlwaysAdmit, O> {
+    /// A layer over `store` for `operation`, admitting every operation.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys();
+    /// # drop(layer);
+    /// ```
+    pub fn with_operation(store: St, operation: O) -> Self {
         Self {
             store,
             admission: AlwaysAdmit,
+            operation,
             config: Config::default(),
         }
     }
 }
 
-impl<St, A> IdempotencyLayer<St, A> {
-    /// Sets the [`Admission`] policy asked after every new claim.
+impl<St, A, O> IdempotencyLayer<St, A, O> {
+    /// Sets the [`Admission`](crate::Admission) policy asked after every new claim.
     ///
     /// ```
     /// use tower_idempotency::admission::ConcurrencyLimit;
@@ -114,15 +215,35 @@ impl<St, A> IdempotencyLayer<St, A> {
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).admission(ConcurrencyLimit::new(4));
     /// # drop(layer);
     /// ```
-    pub fn admission<B: Admission>(self, admission: B) -> IdempotencyLayer<St, B> {
+    pub fn admission<B>(self, admission: B) -> IdempotencyLayer<St, B, O> {
         IdempotencyLayer {
             store: self.store,
             admission,
+            operation: self.operation,
             config: self.config,
         }
     }
 
-    /// Sets the guarded path, compared exactly with the request's URI path. Default `/labels`.
+    /// Sets the [`Operation`]: what a create request means.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, RawOperation};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).operation(RawOperation::new()).global_keys();
+    /// # drop(layer);
+    /// ```
+    pub fn operation<P: Operation>(self, operation: P) -> IdempotencyLayer<St, A, P> {
+        IdempotencyLayer {
+            store: self.store,
+            admission: self.admission,
+            operation,
+            config: self.config,
+        }
+    }
+
+    /// Guards only `path`, compared exactly with the request's URI path; other paths get
+    /// [`OtherPaths`]. The [`LabelContract`] guards `/labels` unless told otherwise; the generic
+    /// operations guard every path (the layer sits on the route) unless a path is set.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
@@ -131,11 +252,26 @@ impl<St, A> IdempotencyLayer<St, A> {
     /// # drop(layer);
     /// ```
     pub fn path(mut self, path: impl Into<String>) -> Self {
-        self.config.path = path.into();
+        self.config.path = PathSetting::Exact(path.into());
         self
     }
 
-    /// Sets the request body limit in bytes. Default 4096.
+    /// Guards every path: for a layer on a route (axum's `route_layer`), where the router has
+    /// matched already. The key space still holds the method and the concrete path.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).any_path();
+    /// # drop(layer);
+    /// ```
+    pub fn any_path(mut self) -> Self {
+        self.config.path = PathSetting::Any;
+        self
+    }
+
+    /// Sets the request body limit in bytes. Default: the operation's (4096 for the
+    /// [`LabelContract`], 16 KiB for the generic operations).
     ///
     /// A declared `Content-Length` over it is refused at once; otherwise at most one byte past
     /// it is read before the `413`.
@@ -147,7 +283,7 @@ impl<St, A> IdempotencyLayer<St, A> {
     /// # drop(layer);
     /// ```
     pub fn body_limit(mut self, limit: usize) -> Self {
-        self.config.body_limit = limit;
+        self.config.body_limit = Some(limit);
         self
     }
 
@@ -166,7 +302,8 @@ impl<St, A> IdempotencyLayer<St, A> {
         self
     }
 
-    /// Sets what happens on paths other than the guarded one. Default [`OtherPaths::NotFound`].
+    /// Sets what happens on paths other than the guarded one, when one is set. Default
+    /// [`OtherPaths::NotFound`].
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
@@ -199,6 +336,39 @@ impl<St, A> IdempotencyLayer<St, A> {
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
         self.config.scope = Some(Scope(Arc::new(scope)));
+        self
+    }
+
+    /// Opts into one key space for every client: a key sent by one client names the same
+    /// operation for every other. Only safe when keys cannot collide across clients (they are
+    /// random UUIDs, say) and a stored response may be read by anyone who knows its key.
+    /// Operations with client-chosen keys require this or a [`scope`](Self::scope): without
+    /// either, building the service panics.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys();
+    /// # drop(layer);
+    /// ```
+    pub fn global_keys(mut self) -> Self {
+        self.config.global_keys = true;
+        self
+    }
+
+    /// Which created responses are stored; default [`StoredResponses::Every`].
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, StoredResponses};
+    ///
+    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys()
+    ///     .store_responses(StoredResponses::Successful);
+    /// # drop(layer);
+    /// ```
+    pub fn store_responses(mut self, stored: StoredResponses) -> Self {
+        self.config.stored = stored;
         self
     }
 
@@ -251,15 +421,20 @@ impl<St, A> IdempotencyLayer<St, A> {
     }
 }
 
-impl<S, St: Clone, A: Clone> Layer<S> for IdempotencyLayer<St, A> {
-    type Service = Idempotency<S, St, A>;
+/// # Panics
+///
+/// If the operation requires a scope and the layer has neither a [scope](IdempotencyLayer::scope)
+/// nor [global keys](IdempotencyLayer::global_keys): a configuration error, found when the
+/// service is built (at start-up), never on a request.
+impl<S, St: Clone, A: Clone, O: Operation> Layer<S> for IdempotencyLayer<St, A, O> {
+    type Service = Idempotency<S, St, A, O>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::from_parts(
             inner,
             self.store.clone(),
             self.admission.clone(),
-            Arc::new(self.config.clone()),
+            Arc::new(Settings::new(self.operation.clone(), &self.config)),
         )
     }
 }

@@ -45,7 +45,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::admission::{Admission, Admit, Refusal};
-use crate::operation::{Fingerprint, LabelOperation};
+use crate::operation::Fingerprint;
 use crate::store::{
     Claim, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };
@@ -187,10 +187,10 @@ impl ScriptedAdmission {
     }
 }
 
-impl Admission for ScriptedAdmission {
+impl<T> Admission<T> for ScriptedAdmission {
     type Permit = ();
 
-    fn admit(&self, _: &LabelOperation) -> impl Future<Output = Admit> + Send {
+    fn admit(&self, _: &T) -> impl Future<Output = Admit> + Send {
         self.journal.record("admit");
         let refusal = *self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
         std::future::ready(match refusal {

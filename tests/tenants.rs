@@ -55,12 +55,22 @@ async fn the_same_request_id_in_two_scopes_is_two_operations() {
         .exact(409, r#"{"error":"idempotency_conflict"}"#);
     assert!(
         store
-            .completed(&store_key("/labels", KEY, Some("acme")))
+            .completed(&store_key(
+                Some("acme"),
+                &http::Method::POST,
+                "/labels",
+                KEY
+            ))
             .is_some()
     );
     assert!(
         store
-            .completed(&store_key("/labels", KEY, Some("globex")))
+            .completed(&store_key(
+                Some("globex"),
+                &http::Method::POST,
+                "/labels",
+                KEY
+            ))
             .is_some()
     );
     assert!(store.completed(&key_of(KEY)).is_none(), "no unscoped key");
@@ -78,12 +88,25 @@ async fn a_pending_operation_in_one_scope_does_not_block_another() {
         .layer(rig.service.get_ref().clone());
     let mut held = service.clone();
     let first = tokio::spawn(call(&mut held, as_tenant("acme", valid())).await);
-    wait_for(|| store.is_pending(&store_key("/labels", KEY, Some("acme")))).await;
+    wait_for(|| {
+        store.is_pending(&store_key(
+            Some("acme"),
+            &http::Method::POST,
+            "/labels",
+            KEY,
+        ))
+    })
+    .await;
     // While acme's operation is pending, globex's with the same key is new and creates.
     let mut second = service.clone();
     let other = tokio::spawn(call(&mut second, as_tenant("globex", valid())).await);
     wait_for(|| creates.load(Ordering::SeqCst) == 2).await;
-    assert!(store.is_pending(&store_key("/labels", KEY, Some("acme"))));
+    assert!(store.is_pending(&store_key(
+        Some("acme"),
+        &http::Method::POST,
+        "/labels",
+        KEY
+    )));
     while !(first.is_finished() && other.is_finished()) {
         gate.notify_one();
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -379,7 +379,7 @@ pub async fn replicas_create_once<St: Store>(a: St, b: St, n: usize) {
 
 /// The store key the layer claims for `request_id` on `/labels`, without a scope.
 pub fn key_of(request_id: &str) -> String {
-    tower_idempotency::store_key("/labels", request_id, None)
+    tower_idempotency::store_key(None, &http::Method::POST, "/labels", request_id)
 }
 
 /// A gate that holds the first call that reaches it, and no later one.

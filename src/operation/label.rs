@@ -1,4 +1,5 @@
-//! The operation a create request carries, its strict validation and its fingerprint.
+//! The lesson's label contract: [`LabelOperation`], its strict validation, its fingerprint, and
+//! [`LabelContract`], the [`Operation`] that guards `POST /labels` byte for byte.
 //!
 //! A client stores a [`LabelOperation`] *before* its first attempt and builds every attempt from
 //! it with [`LabelOperation::attempt`], so that every attempt carries the same `Idempotency-Key`
@@ -23,12 +24,15 @@
 
 use std::fmt;
 
-use http::{HeaderValue, Method, Request, Uri, header};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// The name of the header that carries the idempotency key: `Idempotency-Key`.
-pub const IDEMPOTENCY_KEY: header::HeaderName = header::HeaderName::from_static("idempotency-key");
+use super::media;
+use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
+use crate::reply::Rejection;
 
 /// One create operation: the intent (`request_id`) and the object it acts on (`parcel_id`).
 ///
@@ -196,59 +200,6 @@ fn is_identifier(value: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// The SHA-256 fingerprint of an operation, as 64 lowercase hexadecimal characters.
-///
-/// Held inline: computing, comparing and storing it allocates nothing.
-///
-/// ```
-/// use tower_idempotency::fingerprint;
-///
-/// let fp = fingerprint("label-req-7", "parcel-42");
-/// assert_eq!(fp.as_str().len(), 64);
-/// assert_eq!(fp.to_string(), fp.as_str());
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 64]);
-
-impl Fingerprint {
-    /// The fingerprint as 64 lowercase hexadecimal characters.
-    pub fn as_str(&self) -> &str {
-        // Only ever filled with ASCII hex digits, by `fingerprint` or `parse`, so this never
-        // falls back to the empty string.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-
-    /// Parses a fingerprint from its 64-character lowercase hexadecimal form, as a store reads
-    /// it back.
-    ///
-    /// ```
-    /// use tower_idempotency::{fingerprint, Fingerprint};
-    ///
-    /// let fp = fingerprint("a", "b");
-    /// assert_eq!(Fingerprint::parse(fp.as_str()), Some(fp));
-    /// assert_eq!(Fingerprint::parse("not hex"), None);
-    /// ```
-    pub fn parse(text: &str) -> Option<Self> {
-        let bytes: [u8; 64] = text.as_bytes().try_into().ok()?;
-        bytes
-            .iter()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-            .then_some(Self(bytes))
-    }
-}
-
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint({})", self.as_str())
-    }
-}
-
 /// `lowercase_hex(sha256(request_id + "\n" + parcel_id))`: the contract's fingerprint (§3).
 ///
 /// It is computed from validated field values, not from the raw body, so field order and
@@ -268,8 +219,126 @@ pub fn fingerprint(request_id: &str, parcel_id: &str) -> Fingerprint {
         .chain_update(b"\n")
         .chain_update(parcel_id.as_bytes())
         .finalize();
-    let mut hex_digits = [0u8; 64];
-    // The buffer is exactly twice the digest length, so encoding cannot fail.
-    let _ = hex::encode_to_slice(digest, &mut hex_digits);
-    Fingerprint(hex_digits)
+    Fingerprint::from_sha256(digest.into())
+}
+
+/// The lesson's label contract as an [`Operation`]: `POST /labels` with exactly
+/// `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to `request_id`, every
+/// refusal `{"error":"…"}` byte for byte. The worked example of a strict operation.
+///
+/// It is the layer's operation unless another is chosen ([`IdempotencyLayer::new`]): path
+/// `/labels`, body limit 4096 bytes, no scope required (the contract's keys are global). The
+/// inner service gets the [`LabelOperation`] in the request extensions.
+///
+/// [`IdempotencyLayer::new`]: crate::IdempotencyLayer::new
+///
+/// ```
+/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+///
+/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), LabelContract);
+/// # drop(layer);
+/// ```
+///
+/// Its replies, in the order the checks run:
+///
+#[doc = include_str!("../reply/label.md")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LabelContract;
+
+impl Operation for LabelContract {
+    type Value = LabelOperation;
+
+    fn head(&self, parts: &Parts) -> Head {
+        if parts.method != Method::POST {
+            Head::Reject(Rejection::MethodNotAllowed)
+        } else if !media::is_json(&parts.headers) {
+            Head::Reject(Rejection::UnsupportedMediaType)
+        } else {
+            Head::Guard
+        }
+    }
+
+    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<LabelOperation>, Rejection> {
+        let operation = LabelOperation::from_json(body).map_err(|_| Rejection::invalid(""))?;
+        if !key_matches(&parts.headers, &operation.request_id) {
+            return Err(Rejection::InvalidKey);
+        }
+        Ok(Parsed {
+            key: operation.request_id.clone(),
+            fingerprint: operation.fingerprint(),
+            value: operation,
+        })
+    }
+
+    fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
+        let (status, body): (StatusCode, &'static [u8]) = match rejection {
+            Rejection::NotFound => (StatusCode::NOT_FOUND, br#"{"error":"not_found"}"#),
+            Rejection::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                br#"{"error":"method_not_allowed"}"#,
+            ),
+            Rejection::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                br#"{"error":"unsupported_media_type"}"#,
+            ),
+            Rejection::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                br#"{"error":"payload_too_large"}"#,
+            ),
+            Rejection::InvalidRequest(_) | Rejection::InvalidKey => {
+                (StatusCode::BAD_REQUEST, br#"{"error":"invalid_request"}"#)
+            }
+            Rejection::ScopeRequired => (StatusCode::FORBIDDEN, br#"{"error":"scope_required"}"#),
+            Rejection::Conflict => (StatusCode::CONFLICT, br#"{"error":"idempotency_conflict"}"#),
+            Rejection::Pending => (StatusCode::CONFLICT, br#"{"error":"request_pending"}"#),
+            Rejection::NotAdmitted(refusal) => (refusal.status(), br#"{"error":"not_admitted"}"#),
+            Rejection::StoreUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                br#"{"error":"store_unavailable"}"#,
+            ),
+            Rejection::CreateFailed => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                br#"{"error":"create_failed"}"#,
+            ),
+            Rejection::ResponseTooLarge => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                br#"{"error":"response_too_large"}"#,
+            ),
+        };
+        let mut response = Response::new(Bytes::from_static(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        match rejection {
+            Rejection::MethodNotAllowed => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+            }
+            _ => {}
+        }
+        response
+    }
+
+    fn default_path(&self) -> Option<&'static str> {
+        Some("/labels")
+    }
+
+    fn default_body_limit(&self) -> usize {
+        4096
+    }
+
+    fn requires_scope(&self) -> bool {
+        false
+    }
+}
+
+/// Contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`.
+fn key_matches(headers: &HeaderMap, request_id: &str) -> bool {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    matches!((values.next(), values.next()), (Some(key), None) if key.as_bytes() == request_id.as_bytes())
 }

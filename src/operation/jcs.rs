@@ -1,0 +1,623 @@
+//! Canonical JSON (RFC 8785, JCS): a strict parser into a small tree, JSON pointers (RFC 6901)
+//! to select or drop members, and the canonical serialisation the fingerprint hashes.
+//!
+//! Canonical form: no insignificant whitespace; object members sorted by the UTF-16 code
+//! units of their names; strings with only the escapes ECMAScript's `JSON.stringify` writes;
+//! numbers as ECMAScript writes a double (`1.0` and `1` are both `1`, `1e21` is `1e+21`).
+//! Duplicate member names, lone surrogates, numbers out of the double range and nesting deeper
+//! than [`MAX_DEPTH`] are refused.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+/// The deepest nesting of arrays and objects accepted.
+pub(crate) const MAX_DEPTH: usize = 128;
+
+/// A parsed JSON value, objects sorted canonically.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Node {
+    Null,
+    Bool(bool),
+    Number(f64),
+    String(String),
+    Array(Vec<Node>),
+    /// Members sorted by the UTF-16 code units of their names, no name twice.
+    Object(Vec<(String, Node)>),
+}
+
+/// Why a body is not JSON that has a canonical form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Invalid {
+    Syntax,
+    Duplicate,
+    Surrogate,
+    Number,
+    Depth,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Syntax => "the body is not one JSON value",
+            Self::Duplicate => "an object has a member name twice",
+            Self::Surrogate => "a string has a lone surrogate escape",
+            Self::Number => "a number is out of the range of a double",
+            Self::Depth => "arrays and objects are nested too deep",
+        })
+    }
+}
+
+/// Parses exactly one JSON value, surrounded by nothing but whitespace.
+pub(crate) fn parse(input: &[u8]) -> Result<Node, Invalid> {
+    std::str::from_utf8(input).map_err(|_| Invalid::Syntax)?;
+    let mut parser = Parser { input, at: 0 };
+    let node = parser.value(0)?;
+    parser.whitespace();
+    if parser.at == input.len() {
+        Ok(node)
+    } else {
+        Err(Invalid::Syntax)
+    }
+}
+
+struct Parser<'a> {
+    input: &'a [u8],
+    at: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.at).copied()
+    }
+
+    fn next(&mut self) -> Result<u8, Invalid> {
+        let byte = self.peek().ok_or(Invalid::Syntax)?;
+        self.at += 1;
+        Ok(byte)
+    }
+
+    fn whitespace(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], node: Node) -> Result<Node, Invalid> {
+        if self.input[self.at..].starts_with(word) {
+            self.at += word.len();
+            Ok(node)
+        } else {
+            Err(Invalid::Syntax)
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Node, Invalid> {
+        self.whitespace();
+        match self.peek().ok_or(Invalid::Syntax)? {
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            b'"' => self.string().map(Node::String),
+            b't' => self.literal(b"true", Node::Bool(true)),
+            b'f' => self.literal(b"false", Node::Bool(false)),
+            b'n' => self.literal(b"null", Node::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => Err(Invalid::Syntax),
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Node, Invalid> {
+        if depth > MAX_DEPTH {
+            return Err(Invalid::Depth);
+        }
+        self.at += 1; // [
+        let mut items = Vec::new();
+        self.whitespace();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Ok(Node::Array(items));
+        }
+        loop {
+            items.push(self.value(depth)?);
+            self.whitespace();
+            match self.next()? {
+                b',' => {}
+                b']' => return Ok(Node::Array(items)),
+                _ => return Err(Invalid::Syntax),
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Node, Invalid> {
+        if depth > MAX_DEPTH {
+            return Err(Invalid::Depth);
+        }
+        self.at += 1; // {
+        let mut members = Vec::new();
+        self.whitespace();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Ok(Node::Object(members));
+        }
+        loop {
+            self.whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(Invalid::Syntax);
+            }
+            let name = self.string()?;
+            self.whitespace();
+            if self.next()? != b':' {
+                return Err(Invalid::Syntax);
+            }
+            members.push((name, self.value(depth)?));
+            self.whitespace();
+            match self.next()? {
+                b',' => {}
+                b'}' => break,
+                _ => return Err(Invalid::Syntax),
+            }
+        }
+        members.sort_by(|a, b| utf16_order(&a.0, &b.0));
+        if members.windows(2).any(|pair| pair[0].0 == pair[1].0) {
+            return Err(Invalid::Duplicate);
+        }
+        Ok(Node::Object(members))
+    }
+
+    fn string(&mut self) -> Result<String, Invalid> {
+        self.at += 1; // "
+        let mut out = Vec::new();
+        loop {
+            let start = self.at;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.at += 1;
+            }
+            out.extend_from_slice(&self.input[start..self.at]);
+            match self.next()? {
+                b'"' => break,
+                b'\\' => {
+                    let escaped = match self.next()? {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => self.unicode_escape()?,
+                        _ => return Err(Invalid::Syntax),
+                    };
+                    let mut buffer = [0; 4];
+                    out.extend_from_slice(escaped.encode_utf8(&mut buffer).as_bytes());
+                }
+                _ => return Err(Invalid::Syntax), // a control character
+            }
+        }
+        // The input is valid UTF-8 and escapes add whole characters.
+        String::from_utf8(out).map_err(|_| Invalid::Syntax)
+    }
+
+    /// The character of `\uXXXX` (the `\u` read), with its low surrogate if it is a high one.
+    fn unicode_escape(&mut self) -> Result<char, Invalid> {
+        let first = self.hex4()?;
+        let code = match first {
+            0xD800..=0xDBFF => {
+                if self.next()? != b'\\' || self.next()? != b'u' {
+                    return Err(Invalid::Surrogate);
+                }
+                let second = self.hex4()?;
+                if !(0xDC00..=0xDFFF).contains(&second) {
+                    return Err(Invalid::Surrogate);
+                }
+                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+            }
+            0xDC00..=0xDFFF => return Err(Invalid::Surrogate),
+            _ => first,
+        };
+        char::from_u32(code).ok_or(Invalid::Surrogate)
+    }
+
+    fn hex4(&mut self) -> Result<u32, Invalid> {
+        let digits = self
+            .input
+            .get(self.at..self.at + 4)
+            .ok_or(Invalid::Syntax)?;
+        let text = std::str::from_utf8(digits).map_err(|_| Invalid::Syntax)?;
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Invalid::Syntax);
+        }
+        self.at += 4;
+        u32::from_str_radix(text, 16).map_err(|_| Invalid::Syntax)
+    }
+
+    fn number(&mut self) -> Result<Node, Invalid> {
+        let start = self.at;
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.digits(),
+            _ => return Err(Invalid::Syntax),
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            self.required_digits()?;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            self.required_digits()?;
+        }
+        // The grammar above admits only ASCII.
+        let text = std::str::from_utf8(&self.input[start..self.at]).map_err(|_| Invalid::Syntax)?;
+        let value: f64 = text.parse().map_err(|_| Invalid::Syntax)?;
+        if value.is_finite() {
+            Ok(Node::Number(value))
+        } else {
+            Err(Invalid::Number)
+        }
+    }
+
+    fn digits(&mut self) {
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.at += 1;
+        }
+    }
+
+    fn required_digits(&mut self) -> Result<(), Invalid> {
+        if !matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(Invalid::Syntax);
+        }
+        self.digits();
+        Ok(())
+    }
+}
+
+/// Orders member names by their UTF-16 code units, as RFC 8785 §3.2.3 asks.
+fn utf16_order(a: &str, b: &str) -> Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+impl Node {
+    /// Appends the canonical form of this value to `out`.
+    pub(crate) fn write_canonical(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Null => out.extend_from_slice(b"null"),
+            Self::Bool(true) => out.extend_from_slice(b"true"),
+            Self::Bool(false) => out.extend_from_slice(b"false"),
+            Self::Number(value) => write_number(*value, out),
+            Self::String(text) => write_string(text, out),
+            Self::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write_canonical(out);
+                }
+                out.push(b']');
+            }
+            Self::Object(members) => {
+                out.push(b'{');
+                for (i, (name, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_string(name, out);
+                    out.push(b':');
+                    value.write_canonical(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+
+    /// The value `pointer` names, if there is one.
+    pub(crate) fn get(&self, pointer: &Pointer) -> Option<&Node> {
+        pointer
+            .tokens
+            .iter()
+            .try_fold(self, |node, token| node.child(token))
+    }
+
+    fn child(&self, token: &str) -> Option<&Node> {
+        match self {
+            Self::Object(members) => members.iter().find(|(name, _)| name == token).map(|m| &m.1),
+            Self::Array(items) => items.get(array_index(token)?),
+            _ => None,
+        }
+    }
+
+    /// Removes the value `pointer` names, if there is one; the whole document cannot be.
+    pub(crate) fn remove(&mut self, pointer: &Pointer) {
+        let Some((last, parents)) = pointer.tokens.split_last() else {
+            return;
+        };
+        let mut node = self;
+        for token in parents {
+            let next = match node {
+                Self::Object(members) => members
+                    .iter_mut()
+                    .find(|(name, _)| name == token)
+                    .map(|m| &mut m.1),
+                Self::Array(items) => array_index(token).and_then(|i| items.get_mut(i)),
+                _ => None,
+            };
+            match next {
+                Some(next) => node = next,
+                None => return,
+            }
+        }
+        match node {
+            Self::Object(members) => members.retain(|(name, _)| name != last),
+            Self::Array(items) => {
+                if let Some(i) = array_index(last).filter(|&i| i < items.len()) {
+                    items.remove(i);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// An RFC 6901 array index: `0` or digits without a leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+/// A JSON string as `JSON.stringify` writes it.
+fn write_string(text: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    for byte in text.bytes() {
+        match byte {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x09 => out.extend_from_slice(b"\\t"),
+            0x0A => out.extend_from_slice(b"\\n"),
+            0x0C => out.extend_from_slice(b"\\f"),
+            0x0D => out.extend_from_slice(b"\\r"),
+            0x00..=0x1F => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(byte >> 4)]);
+                out.push(HEX[usize::from(byte & 0xF)]);
+            }
+            _ => out.push(byte),
+        }
+    }
+    out.push(b'"');
+}
+
+/// A finite double as ECMAScript's `Number.prototype.toString` writes it (RFC 8785 §3.2.2.3).
+pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
+    if value == 0.0 {
+        out.push(b'0'); // and -0 too
+        return;
+    }
+    if value < 0.0 {
+        out.push(b'-');
+    }
+    // Rust writes the shortest digits that read back as the same double, as ECMAScript does.
+    let scientific = format!("{:e}", value.abs());
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let k = digits.len() as i64;
+    let n = exponent.parse::<i64>().unwrap_or(0) + 1;
+    if k <= n && n <= 21 {
+        out.extend_from_slice(&digits);
+        out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        let (int, frac) = digits.split_at(n as usize);
+        out.extend_from_slice(int);
+        out.push(b'.');
+        out.extend_from_slice(frac);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', (-n) as usize));
+        out.extend_from_slice(&digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'e');
+        out.push(if n > 0 { b'+' } else { b'-' });
+        out.extend_from_slice((n - 1).abs().to_string().as_bytes());
+    }
+}
+
+/// An RFC 6901 JSON pointer: `""` is the whole document, `/a/b` the member `b` of the member
+/// `a`, `~1` stands for `/` and `~0` for `~` in a name, a number for an array index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pointer {
+    text: String,
+    tokens: Vec<String>,
+}
+
+impl Pointer {
+    /// Parses a pointer; `None` if it is neither empty nor starts with `/`, or has a `~` not
+    /// followed by `0` or `1`.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        if text.is_empty() {
+            return Some(Self {
+                text: String::new(),
+                tokens: Vec::new(),
+            });
+        }
+        let rest = text.strip_prefix('/')?;
+        let tokens = rest
+            .split('/')
+            .map(|token| {
+                let mut out = String::with_capacity(token.len());
+                let mut chars = token.chars();
+                while let Some(c) = chars.next() {
+                    if c != '~' {
+                        out.push(c);
+                        continue;
+                    }
+                    match chars.next() {
+                        Some('0') => out.push('~'),
+                        Some('1') => out.push('/'),
+                        _ => return None,
+                    }
+                }
+                Some(out)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            text: text.to_owned(),
+            tokens,
+        })
+    }
+
+    /// The pointer as written.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// The canonical form of a JSON text.
+pub(crate) fn canonicalize(input: &[u8]) -> Result<Vec<u8>, Invalid> {
+    let node = parse(input)?;
+    let mut out = Vec::with_capacity(input.len());
+    node.write_canonical(&mut out);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canonical(input: &str) -> String {
+        String::from_utf8(canonicalize(input.as_bytes()).unwrap()).unwrap()
+    }
+
+    fn number(bits: u64) -> String {
+        let mut out = Vec::new();
+        write_number(f64::from_bits(bits), &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    /// RFC 8785 Appendix B: IEEE 754 doubles and their canonical text.
+    #[test]
+    fn numbers_as_ecmascript_writes_them() {
+        for (bits, text) in [
+            (0x0000_0000_0000_0000, "0"),
+            (0x8000_0000_0000_0000, "0"),
+            (0x0000_0000_0000_0001, "5e-324"),
+            (0x8000_0000_0000_0001, "-5e-324"),
+            (0x7fef_ffff_ffff_ffff, "1.7976931348623157e+308"),
+            (0xffef_ffff_ffff_ffff, "-1.7976931348623157e+308"),
+            (0x4340_0000_0000_0000, "9007199254740992"),
+            (0xc340_0000_0000_0000, "-9007199254740992"),
+            (0x4430_0000_0000_0000, "295147905179352830000"),
+            (0x44b5_2d02_c7e1_4af5, "9.999999999999997e+22"),
+            (0x44b5_2d02_c7e1_4af6, "1e+23"),
+            (0x44b5_2d02_c7e1_4af7, "1.0000000000000001e+23"),
+            (0x444b_1ae4_d6e2_ef4e, "999999999999999700000"),
+            (0x444b_1ae4_d6e2_ef4f, "999999999999999900000"),
+            (0x444b_1ae4_d6e2_ef50, "1e+21"),
+            (0x3eb0_c6f7_a0b5_ed8c, "9.999999999999997e-7"),
+            (0x3eb0_c6f7_a0b5_ed8d, "0.000001"),
+            (0x41b3_de43_5555_5553, "333333333.3333332"),
+            (0x41b3_de43_5555_5554, "333333333.33333325"),
+            (0x41b3_de43_5555_5555, "333333333.3333333"),
+            (0x41b3_de43_5555_5556, "333333333.3333334"),
+            (0x41b3_de43_5555_5557, "333333333.33333343"),
+            (0xbecb_f647_612f_3696, "-0.0000033333333333333333"),
+        ] {
+            assert_eq!(number(bits), text, "{bits:#018x}");
+        }
+    }
+
+    #[test]
+    fn rfc_8785_example() {
+        let input = r#"{
+            "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+            "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+            "literals": [null, true, false]
+        }"#;
+        assert_eq!(
+            canonical(input),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+    }
+
+    #[test]
+    fn members_sort_by_utf16_code_units() {
+        // RFC 8785 §3.2.3: "\r" < "1" < "\u0080" < "ö" < "€" < "😀" < "\ufb33".
+        let input = r#"{"\ufb33":1,"😀":2,"€":3,"ö":4,"\u0080":5,"1":6,"\r":7}"#;
+        assert_eq!(
+            canonical(input),
+            "{\"\\r\":7,\"1\":6,\"\u{80}\":5,\"ö\":4,\"€\":3,\"😀\":2,\"\u{fb33}\":1}"
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        for (input, why) in [
+            (r#"{"a":1,"a":2}"#, Invalid::Duplicate),
+            (r#"{"a":1,"\u0061":2}"#, Invalid::Duplicate),
+            (r#""\ud800""#, Invalid::Surrogate),
+            (r#""\udc00""#, Invalid::Surrogate),
+            (r#""\ud800\u0041""#, Invalid::Surrogate),
+            ("1e400", Invalid::Number),
+            ("", Invalid::Syntax),
+            ("{} {}", Invalid::Syntax),
+            ("01", Invalid::Syntax),
+            ("1.", Invalid::Syntax),
+            ("-", Invalid::Syntax),
+            ("+1", Invalid::Syntax),
+            ("[1,]", Invalid::Syntax),
+            (r#"{"a":1,}"#, Invalid::Syntax),
+            ("\"a\u{1}\"", Invalid::Syntax),
+            (r#""\x""#, Invalid::Syntax),
+            ("nul", Invalid::Syntax),
+            ("NaN", Invalid::Syntax),
+            ("'a'", Invalid::Syntax),
+        ] {
+            assert_eq!(parse(input.as_bytes()), Err(why), "{input}");
+        }
+        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        assert_eq!(parse(deep.as_bytes()), Err(Invalid::Depth));
+        let deepest = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(parse(deepest.as_bytes()).is_ok());
+        assert_eq!(parse(b"\"\xff\""), Err(Invalid::Syntax));
+    }
+
+    #[test]
+    fn pointers() {
+        let doc = parse(br#"{"a":{"b/c":[10,{"~d":true}]},"e":null}"#).unwrap();
+        let at = |p: &str| doc.get(&Pointer::parse(p).unwrap()).cloned();
+        assert_eq!(at(""), Some(doc.clone()));
+        assert_eq!(at("/a/b~1c/0"), Some(Node::Number(10.0)));
+        assert_eq!(at("/a/b~1c/1/~0d"), Some(Node::Bool(true)));
+        assert_eq!(at("/a/b~1c/01"), None);
+        assert_eq!(at("/a/b~1c/2"), None);
+        assert_eq!(at("/e"), Some(Node::Null));
+        assert_eq!(at("/e/x"), None);
+        for bad in ["a", "/~", "/~2"] {
+            assert_eq!(Pointer::parse(bad), None, "{bad}");
+        }
+        let mut edited = doc.clone();
+        edited.remove(&Pointer::parse("/a/b~1c/0").unwrap());
+        edited.remove(&Pointer::parse("/e").unwrap());
+        edited.remove(&Pointer::parse("/missing/x").unwrap());
+        edited.remove(&Pointer::parse("").unwrap());
+        let mut out = Vec::new();
+        edited.write_canonical(&mut out);
+        assert_eq!(out, br#"{"a":{"b/c":[{"~d":true}]}}"#);
+    }
+}

@@ -1,0 +1,154 @@
+//! The `Idempotency-Key` header as draft-ietf-httpapi-idempotency-key-header defines it.
+
+use std::fmt;
+
+use http::{HeaderMap, HeaderValue};
+
+use super::IDEMPOTENCY_KEY;
+
+/// The longest key accepted, in characters.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A client's idempotency key, read from one `Idempotency-Key` header: 1 to 255 visible ASCII
+/// characters, sent bare (`abc`) or as a Structured Field string (`"abc"`, with `\"` and `\\`
+/// escapes). Both forms name the same key.
+///
+/// [`JsonOperation`](crate::JsonOperation) and [`RawOperation`](crate::RawOperation) put it
+/// into the request extensions for the inner service.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue};
+/// use tower_idempotency::IdempotencyKey;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("idempotency-key", HeaderValue::from_static(r#""8e03978e-40d5""#));
+/// let quoted = IdempotencyKey::from_headers(&headers).unwrap();
+/// headers.insert("idempotency-key", HeaderValue::from_static("8e03978e-40d5"));
+/// let bare = IdempotencyKey::from_headers(&headers).unwrap();
+/// assert_eq!(quoted, bare);
+/// assert_eq!(bare.as_str(), "8e03978e-40d5");
+///
+/// headers.insert("idempotency-key", HeaderValue::from_static(r#""a b""#));
+/// assert!(IdempotencyKey::from_headers(&headers).is_none(), "a space is not visible ASCII");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key of the one `Idempotency-Key` header in `headers`; `None` if there is none, more
+    /// than one, or its value is not a valid key.
+    pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
+        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => Self::parse(value),
+            _ => None,
+        }
+    }
+
+    /// The key of one header value, bare or quoted; `None` if it is not a valid key.
+    pub fn parse(value: &HeaderValue) -> Option<Self> {
+        let bytes = value.as_bytes();
+        let key = match bytes.strip_prefix(b"\"") {
+            Some(quoted) => unquote(quoted)?,
+            None => bytes.to_vec(),
+        };
+        let valid =
+            !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|b| b.is_ascii_graphic());
+        // Visible ASCII is valid UTF-8.
+        valid
+            .then(|| String::from_utf8(key).ok())
+            .flatten()
+            .map(Self)
+    }
+
+    /// The key as the client meant it (unquoted).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The content of an sf-string after its opening quote: printable ASCII, `\"` and `\\` the
+/// only escapes, the closing quote last.
+fn unquote(quoted: &[u8]) -> Option<Vec<u8>> {
+    let mut key = Vec::with_capacity(quoted.len());
+    let mut bytes = quoted.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&escaped @ (b'"' | b'\\')) => key.push(escaped),
+                _ => return None,
+            },
+            b'"' => return bytes.next().is_none().then_some(key),
+            b' '..=b'~' => key.push(b),
+            _ => return None,
+        }
+    }
+    None // no closing quote
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(value: &[u8]) -> Option<String> {
+        IdempotencyKey::parse(&HeaderValue::from_bytes(value).ok()?)
+            .map(IdempotencyKey::into_string)
+    }
+
+    #[test]
+    fn bare_and_quoted_forms() {
+        assert_eq!(key(b"abc").as_deref(), Some("abc"));
+        assert_eq!(key(b"\"abc\"").as_deref(), Some("abc"));
+        assert_eq!(key(br#""a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
+        assert_eq!(key(br#"a"b"#).as_deref(), Some(r#"a"b"#));
+        for bad in [
+            &b""[..],
+            b"\"\"",
+            b"\"abc",
+            b"\"abc\"x",
+            b"\"a\\x\"",
+            b"\"a\\",
+            b"a b",
+            b"\"a b\"",
+            b"\"\xc3\xa9\"",
+            b"\xc3\xa9",
+            b"a\tb",
+        ] {
+            assert_eq!(key(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn length_bounds() {
+        let longest = "k".repeat(MAX_KEY_LEN);
+        assert_eq!(key(longest.as_bytes()), Some(longest.clone()));
+        assert_eq!(
+            key(format!("\"{longest}\"").as_bytes()),
+            Some(longest.clone())
+        );
+        assert_eq!(key(format!("{longest}k").as_bytes()), None);
+        assert_eq!(key(format!("\"{longest}k\"").as_bytes()), None);
+        assert_eq!(key(b"k").as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn exactly_one_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(IdempotencyKey::from_headers(&headers), None);
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
+        assert!(IdempotencyKey::from_headers(&headers).is_some());
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
+        assert_eq!(IdempotencyKey::from_headers(&headers), None);
+    }
+}

@@ -1,0 +1,249 @@
+//! What a create request means: the [`Operation`] trait and its implementations.
+//!
+//! The layer is generic over an [`Operation`]: the part that reads a request and answers, from
+//! its head and its (limited) body, whether it is guarded at all, whether it is valid, its
+//! idempotency key, its fingerprint, and the value handed to the inner service in the request
+//! extensions. Everything else (the body limit, the claim, admission, the create, the complete
+//! and the replay) is the layer's, shared by every operation.
+//!
+//! | operation | for | key | fingerprint | refusals |
+//! |---|---|---|---|---|
+//! | [`JsonOperation`] | any JSON create endpoint, typed or not | the `Idempotency-Key` header (IETF draft) | method, path and query, body in canonical JSON (RFC 8785) | `application/problem+json` |
+//! | [`RawOperation`] | form or binary bodies, any content type | the `Idempotency-Key` header | method, path and query, content type, exact body bytes | `application/problem+json` |
+//! | [`LabelContract`] | the lesson's `POST /labels`, every byte fixed | `request_id`, equal to the header | `request_id` and `parcel_id` | `{"error":"…"}` |
+//!
+//! Write your own by implementing [`Operation`]:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::request::Parts;
+//! use http::{Method, Response};
+//! use tower_idempotency::operation::{Head, Operation, Parsed};
+//! use tower_idempotency::{Fingerprint, Rejection};
+//!
+//! /// Orders keyed by an `Order-Id` header, fingerprinted by their exact body.
+//! #[derive(Clone)]
+//! struct Orders;
+//!
+//! impl Operation for Orders {
+//!     type Value = ();
+//!
+//!     fn head(&self, parts: &Parts) -> Head {
+//!         if parts.method != Method::POST {
+//!             Head::PassThrough
+//!         } else if parts.headers.contains_key("order-id") {
+//!             Head::Guard
+//!         } else {
+//!             Head::Reject(Rejection::InvalidKey)
+//!         }
+//!     }
+//!
+//!     fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<()>, Rejection> {
+//!         let key = parts.headers["order-id"].to_str().map_err(|_| Rejection::InvalidKey)?;
+//!         Ok(Parsed {
+//!             key: key.to_owned(),
+//!             fingerprint: Fingerprint::digest([parts.uri.path().as_bytes(), body]),
+//!             value: (),
+//!         })
+//!     }
+//! }
+//! # let _ = tower_idempotency::IdempotencyLayer::with_operation(
+//! #     tower_idempotency::MemoryStore::new(), Orders).global_keys();
+//! ```
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, header};
+use sha2::{Digest, Sha256};
+
+use crate::reply::Rejection;
+
+pub(crate) mod jcs;
+mod json;
+mod key;
+mod label;
+pub(crate) mod media;
+mod raw;
+
+pub use self::json::{DEFAULT_JSON_BODY_LIMIT, JsonOperation};
+pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
+pub use self::label::{InvalidOperation, LabelContract, LabelOperation, fingerprint};
+pub use self::raw::RawOperation;
+
+/// The canonical form (RFC 8785, JCS) of a JSON text, as [`JsonOperation`] fingerprints it:
+/// members sorted by their UTF-16 code units, no insignificant whitespace, the shortest
+/// escapes, numbers as ECMAScript writes them.
+///
+/// # Errors
+///
+/// [`Rejection::InvalidRequest`] with the reason: not one JSON value, a member name twice, a
+/// lone surrogate, a number out of the range of a double, nesting deeper than 128.
+///
+/// ```
+/// use tower_idempotency::operation::canonical_json;
+///
+/// let canonical = canonical_json(br#"{ "b": [1.0, "\u00e9"], "a": 1e21 }"#).unwrap();
+/// assert_eq!(canonical, r#"{"a":1e+21,"b":[1,"é"]}"#.as_bytes());
+/// assert!(canonical_json(br#"{"a":1,"a":2}"#).is_err());
+/// ```
+pub fn canonical_json(input: &[u8]) -> Result<Vec<u8>, Rejection> {
+    jcs::canonicalize(input).map_err(|why| Rejection::invalid(why.to_string()))
+}
+
+/// The name of the header that carries the idempotency key: `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY: header::HeaderName = header::HeaderName::from_static("idempotency-key");
+
+/// The default request body limit of an operation that does not set its own, in bytes.
+pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
+
+/// A kind of create request: how the layer tells whether a request is guarded, valid, which key
+/// it claims and which fingerprint it carries.
+///
+/// The layer calls [`head`](Operation::head) before it reads the body, then
+/// [`parse`](Operation::parse) on the whole body (at most the body limit), and writes every
+/// refusal with [`reply`](Operation::reply). Nothing an operation refuses reaches the store,
+/// admission or the inner service.
+///
+/// See the [module docs](self) for the built-in operations and an example of your own.
+pub trait Operation: Clone + Send + Sync + 'static {
+    /// What the inner service receives in the request extensions, and what
+    /// [`Admission`](crate::Admission) sees: the parsed operation.
+    type Value: Clone + Send + Sync + 'static;
+
+    /// Decides from the request head alone, before the body is read: guard the request, pass
+    /// it to the inner service untouched (a method that is not a create), or refuse it.
+    fn head(&self, parts: &Parts) -> Head;
+
+    /// Validates a guarded request whose whole body is `body`, and yields its key, its
+    /// fingerprint and its value.
+    ///
+    /// # Errors
+    ///
+    /// The [`Rejection`] the client gets (an invalid body, an invalid key).
+    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<Self::Value>, Rejection>;
+
+    /// The response for a refusal or failure of the layer. The default writes RFC 9457
+    /// `application/problem+json`, as [`JsonOperation`] does.
+    fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
+        crate::reply::problem::reply(rejection)
+    }
+
+    /// The path the layer guards when none is configured: `None` guards every path (the layer
+    /// then sits on a route, e.g. with axum's `route_layer`).
+    fn default_path(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The request body limit when none is configured, in bytes.
+    fn default_body_limit(&self) -> usize {
+        DEFAULT_BODY_LIMIT
+    }
+
+    /// Whether keys must be scoped (by tenant, by client) unless the layer opts into global
+    /// keys with [`IdempotencyLayer::global_keys`](crate::IdempotencyLayer::global_keys).
+    /// Defaults to `true`: client-chosen keys in one shared space let one client see another's
+    /// stored response.
+    fn requires_scope(&self) -> bool {
+        true
+    }
+}
+
+/// What [`Operation::head`] decided.
+#[derive(Debug)]
+pub enum Head {
+    /// A create the layer guards: read the body, then [`Operation::parse`].
+    Guard,
+    /// Not a guarded request (a `GET` beside the create, say): the inner service gets it
+    /// untouched.
+    PassThrough,
+    /// Refused before the body is read.
+    Reject(Rejection),
+}
+
+/// A valid operation, as [`Operation::parse`] yields it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed<T> {
+    /// The idempotency key as the client sent it. The layer claims it within the scope, the
+    /// method and the path ([`store_key`](crate::store_key)).
+    pub key: String,
+    /// What two attempts must share to be the same operation.
+    pub fingerprint: Fingerprint,
+    /// Handed to admission and then to the inner service in the request extensions.
+    pub value: T,
+}
+
+/// The SHA-256 fingerprint of an operation, as 64 lowercase hexadecimal characters.
+///
+/// Held inline: computing, comparing and storing it allocates nothing.
+///
+/// ```
+/// use tower_idempotency::Fingerprint;
+///
+/// let fp = Fingerprint::digest([&b"POST /payments"[..], b"{}"]);
+/// assert_eq!(fp.as_str().len(), 64);
+/// assert_eq!(fp.to_string(), fp.as_str());
+/// assert_ne!(fp, Fingerprint::digest([&b"POST /payments{}"[..]]));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 64]);
+
+impl Fingerprint {
+    /// The fingerprint of a SHA-256 digest.
+    pub fn from_sha256(digest: [u8; 32]) -> Self {
+        let mut hex_digits = [0u8; 64];
+        // The buffer is exactly twice the digest length, so encoding cannot fail.
+        let _ = hex::encode_to_slice(digest, &mut hex_digits);
+        Self(hex_digits)
+    }
+
+    /// SHA-256 over `parts`, each prefixed with its length so that no two lists of parts share
+    /// a digest.
+    pub fn digest<P: AsRef<[u8]>>(parts: impl IntoIterator<Item = P>) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            let part = part.as_ref();
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        Self::from_sha256(hasher.finalize().into())
+    }
+
+    /// The fingerprint as 64 lowercase hexadecimal characters.
+    pub fn as_str(&self) -> &str {
+        // Only ever filled with ASCII hex digits, by `from_sha256` or `parse`, so this never
+        // falls back to the empty string.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// Parses a fingerprint from its 64-character lowercase hexadecimal form, as a store reads
+    /// it back.
+    ///
+    /// ```
+    /// use tower_idempotency::{fingerprint, Fingerprint};
+    ///
+    /// let fp = fingerprint("a", "b");
+    /// assert_eq!(Fingerprint::parse(fp.as_str()), Some(fp));
+    /// assert_eq!(Fingerprint::parse("not hex"), None);
+    /// ```
+    pub fn parse(text: &str) -> Option<Self> {
+        let bytes: [u8; 64] = text.as_bytes().try_into().ok()?;
+        bytes
+            .iter()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            .then_some(Self(bytes))
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.as_str())
+    }
+}

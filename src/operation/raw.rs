@@ -1,0 +1,99 @@
+//! [`RawOperation`]: a create endpoint whose body is any bytes (a form, a file).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, Method};
+
+use super::json::target;
+use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
+use crate::reply::Rejection;
+
+/// A create endpoint whose body is any bytes: a form, an upload. The key is the
+/// `Idempotency-Key` header as for [`JsonOperation`](crate::JsonOperation); the fingerprint is
+/// SHA-256 over the method, the path with its query, the `Content-Type` value and the exact
+/// body bytes. Refusals are problem details, as for `JsonOperation`.
+///
+/// Every content type is read unless [`media_types`](Self::media_types) names the ones
+/// accepted. The inner service gets the [`IdempotencyKey`] in the request extensions.
+///
+/// ```
+/// use http::Method;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, RawOperation};
+///
+/// let operation = RawOperation::new()
+///     .methods([Method::POST, Method::PUT])
+///     .media_types(["application/x-www-form-urlencoded"]);
+/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+/// # drop(layer);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RawOperation {
+    methods: Arc<[Method]>,
+    media_types: Option<Arc<[String]>>,
+}
+
+impl RawOperation {
+    /// `POST` with any body.
+    pub fn new() -> Self {
+        Self {
+            methods: Arc::new([Method::POST]),
+            media_types: None,
+        }
+    }
+
+    /// The methods guarded; others pass through. Default `POST`.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The media types accepted (compared case-insensitively, parameters allowed); any other
+    /// `Content-Type`, or none, is a `415`.
+    pub fn media_types<'a>(mut self, media_types: impl IntoIterator<Item = &'a str>) -> Self {
+        self.media_types = Some(media_types.into_iter().map(str::to_owned).collect());
+        self
+    }
+}
+
+impl Default for RawOperation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Operation for RawOperation {
+    type Value = IdempotencyKey;
+
+    fn head(&self, parts: &Parts) -> Head {
+        if !self.methods.contains(&parts.method) {
+            return Head::PassThrough;
+        }
+        if let Some(accepted) = &self.media_types {
+            let media = media::media_type(&parts.headers);
+            if !media.is_some_and(|media| accepted.iter().any(|a| a.eq_ignore_ascii_case(media))) {
+                return Head::Reject(Rejection::UnsupportedMediaType);
+            }
+        }
+        if IdempotencyKey::from_headers(&parts.headers).is_none() {
+            return Head::Reject(Rejection::InvalidKey);
+        }
+        Head::Guard
+    }
+
+    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<IdempotencyKey>, Rejection> {
+        let key = IdempotencyKey::from_headers(&parts.headers).ok_or(Rejection::InvalidKey)?;
+        let [method, path] = target(parts);
+        let content_type = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        Ok(Parsed {
+            key: key.as_str().to_owned(),
+            fingerprint: Fingerprint::digest([method, path, content_type, body]),
+            value: key,
+        })
+    }
+}

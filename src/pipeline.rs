@@ -1,0 +1,309 @@
+//! The steps of a guarded request, in order, one function each:
+//!
+//! 1. [`head`]: the path, the operation's head checks, a declared length over the limit;
+//! 2. the body, read up to the limit by the response future ([`Collector`]), then [`read`];
+//! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
+//! 4. [`Claimed::run`]: [`claim`](Claimed::claim) → [`admit`](Admitted::admit) (a refusal
+//!    releases) → [`create`](Admitted::create) → [`complete`](Created::complete) → the reply.
+//!
+//! Nothing refused before step 4 touches the store, admission or the inner service.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use tower::Service;
+
+use crate::admission::{Admission, Admit};
+use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
+use crate::headers;
+use crate::layer::{OtherPaths, Settings, StoredResponses};
+use crate::operation::{self, Fingerprint, Operation, Parsed};
+use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
+use crate::scope::store_key;
+use crate::store::{Claim, Reservation, Store, StoredResponse};
+
+/// What step 1 decided.
+pub(crate) enum Start {
+    /// Not guarded: the inner service gets the request untouched.
+    PassThrough,
+    /// Refused before the body is read.
+    Refuse(Rejection),
+    /// Guarded: read the body.
+    Read,
+}
+
+/// Step 1: the path, the operation's checks of the head, and a declared length over the limit.
+pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Start {
+    if let Some(path) = &settings.path
+        && parts.uri.path() != path
+    {
+        return match settings.other_paths {
+            OtherPaths::PassThrough => Start::PassThrough,
+            OtherPaths::NotFound => Start::Refuse(Rejection::NotFound),
+        };
+    }
+    match settings.operation.head(parts) {
+        operation::Head::PassThrough => Start::PassThrough,
+        operation::Head::Reject(rejection) => Start::Refuse(rejection),
+        operation::Head::Guard if body::declares_over(&parts.headers, settings.body_limit) => {
+            Start::Refuse(Rejection::PayloadTooLarge)
+        }
+        operation::Head::Guard => Start::Read,
+    }
+}
+
+/// Step 2, once the body stream ended: the whole body, or why it is refused.
+pub(crate) fn read(collector: Collector, read: Result<(), ReadError>) -> Result<Bytes, Rejection> {
+    match read {
+        Ok(()) => Ok(collector.finish()),
+        Err(ReadError::TooLarge) => Err(Rejection::PayloadTooLarge),
+        Err(ReadError::Broken) => Err(Rejection::invalid("the body could not be read")),
+    }
+}
+
+/// Everything a guarded request needs after its head passed, moved into its future.
+pub(crate) struct Guard<S, St, A, O> {
+    pub(crate) inner: S,
+    pub(crate) store: St,
+    pub(crate) admission: A,
+    pub(crate) settings: Arc<Settings<O>>,
+}
+
+impl<S, St, A, O: Operation> Guard<S, St, A, O> {
+    /// Step 3, on the complete body: the operation, its scope and its store key. Nothing is
+    /// claimed until the body is complete and valid, so a slow or stalled body holds no
+    /// reservation.
+    pub(crate) fn operation(
+        self,
+        parts: Parts,
+        body: Bytes,
+    ) -> Result<Claimed<S, St, A, O>, Rejection> {
+        let Parsed {
+            key,
+            fingerprint,
+            value,
+        } = self.settings.operation.parse(&parts, &body)?;
+        let scope = match &self.settings.scope {
+            Some(scope) => Some((scope.0)(&parts).ok_or(Rejection::ScopeRequired)?),
+            None => None,
+        };
+        let key = store_key(scope.as_deref(), &parts.method, parts.uri.path(), &key);
+        Ok(Claimed {
+            guard: self,
+            key,
+            fingerprint,
+            value,
+            parts,
+            body,
+        })
+    }
+}
+
+/// A valid request about to be claimed.
+pub(crate) struct Claimed<S, St, A, O: Operation> {
+    guard: Guard<S, St, A, O>,
+    key: String,
+    fingerprint: Fingerprint,
+    value: O::Value,
+    parts: Parts,
+    body: Bytes,
+}
+
+impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
+    /// Records the fingerprint, and the key if configured, on the request's span.
+    pub(crate) fn trace(&self, span: &tracing::Span) {
+        span.record("fingerprint", self.fingerprint.as_str());
+        if self.guard.settings.trace_keys {
+            span.record("key", self.key.as_str());
+        }
+    }
+
+    /// Steps 4 to 8, contract §4 and §5: claim, admit, create, complete, and only then reply.
+    pub(crate) async fn run<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
+    where
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+        St: Store,
+        A: Admission<O::Value>,
+        ResBody: Body<Data = Bytes>,
+    {
+        let Self {
+            guard:
+                Guard {
+                    inner,
+                    store,
+                    admission,
+                    settings,
+                },
+            key,
+            fingerprint,
+            value,
+            parts,
+            body,
+        } = self;
+        let operation = &settings.operation;
+        let reservation = match claim(&store, &key, &fingerprint, &settings).await {
+            Ok(reservation) => reservation,
+            Err(response) => return response,
+        };
+        let permit = match admit(&admission, &value).await {
+            Ok(permit) => permit,
+            Err(rejection) => {
+                release(&store, &key, &reservation).await;
+                return rejection.into_response(operation);
+            }
+        };
+        let response = create(inner, parts, body, value).await;
+        let response = match keep(response, settings.stored) {
+            Keep::Store(response) => response,
+            Keep::Release(reply) => {
+                release(&store, &key, &reservation).await;
+                return reply.unwrap_or_else(|| Rejection::CreateFailed.into_response(operation));
+            }
+            Keep::Pending(rejection) => return rejection.into_response(operation),
+        };
+        let stored = match collect(response, &settings).await {
+            Ok(stored) => stored,
+            Err(rejection) => return rejection.into_response(operation),
+        };
+        let outcome = complete(&store, &key, &reservation, &stored).await;
+        drop(permit);
+        reply::stored(stored, outcome)
+    }
+}
+
+/// Step 4, contract §4: the claim decides; only a new claim goes on, with its reservation.
+async fn claim<St: Store, O: Operation, B>(
+    store: &St,
+    key: &str,
+    fingerprint: &Fingerprint,
+    settings: &Settings<O>,
+) -> Result<Reservation, Response<ResponseBody<B>>> {
+    let rejection = match store.claim(key, fingerprint).await {
+        Ok(Claim::New(reservation)) => return Ok(reservation),
+        Ok(Claim::Replay(stored)) => {
+            let mut response = reply::stored(stored, Outcome::Replay);
+            if settings.mark_replays {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            return Err(response);
+        }
+        Ok(Claim::Pending) => Rejection::Pending,
+        Ok(Claim::Conflict) => Rejection::Conflict,
+        Err(error) => {
+            tracing::warn!(%error, "claim failed; nothing created");
+            Rejection::StoreUnavailable
+        }
+    };
+    Err(rejection.into_response(&settings.operation))
+}
+
+/// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal.
+async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit, Rejection> {
+    match admission.admit(value).await {
+        Admit::Proceed(permit) => Ok(permit),
+        Admit::Refuse(refusal) => Err(Rejection::NotAdmitted(refusal)),
+    }
+}
+
+/// Deletes a reservation: after a confirmed admission refusal, or an unstored response.
+/// A failure leaves the key pending, which is safe.
+async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
+    if let Err(error) = store.release(key, reservation).await {
+        tracing::warn!(%error, "release failed; the key stays pending");
+    }
+}
+
+/// Step 6, contract §5.3: the create. The inner service gets the body bytes and the
+/// operation's value in the extensions.
+async fn create<S, ReqBody, ResBody, T>(
+    mut inner: S,
+    parts: Parts,
+    body: Bytes,
+    value: T,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    T: Clone + Send + Sync + 'static,
+{
+    let mut request = Request::from_parts(parts, RequestBody::full(body));
+    request.extensions_mut().insert(value);
+    inner.call(request).await
+}
+
+/// What to do with the create's answer.
+enum Keep<R, B> {
+    /// Store it.
+    Store(R),
+    /// Release the key and reply with this (or `create_failed`): nothing took effect.
+    Release(Option<Response<ResponseBody<B>>>),
+    /// Keep the key pending and reply with this: the create may have taken effect.
+    Pending(Rejection),
+}
+
+/// Step 7a: which answers are stored ([`StoredResponses`]).
+fn keep<ResBody, E>(
+    response: Result<Response<ResBody>, E>,
+    stored: StoredResponses,
+) -> Keep<Response<ResBody>, ResBody> {
+    match (response, stored) {
+        (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
+            let mut response = response.map(ResponseBody::inner);
+            response.extensions_mut().insert(Outcome::Unstored);
+            Keep::Release(Some(response))
+        }
+        (Ok(response), _) => Keep::Store(response),
+        (Err(_), StoredResponses::Successful) => {
+            tracing::error!("create failed; the key is released");
+            Keep::Release(None)
+        }
+        (Err(_), StoredResponses::Every) => {
+            tracing::error!("create failed; the key stays pending");
+            Keep::Pending(Rejection::CreateFailed)
+        }
+    }
+}
+
+/// Step 7b: the created response read whole (up to the cap) into what the store keeps.
+async fn collect<ResBody, O>(
+    response: Response<ResBody>,
+    settings: &Settings<O>,
+) -> Result<StoredResponse, Rejection>
+where
+    ResBody: Body<Data = Bytes>,
+{
+    let (mut parts, body) = response.into_parts();
+    let body = match body::read_limited(body, settings.response_limit).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge) => {
+            tracing::error!("created response over the cap; the key stays pending");
+            return Err(Rejection::ResponseTooLarge);
+        }
+        Err(ReadError::Broken) => {
+            tracing::error!("created response body failed; the key stays pending");
+            return Err(Rejection::CreateFailed);
+        }
+    };
+    headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
+    Ok(StoredResponse::new(parts.status, parts.headers, body))
+}
+
+/// Step 8, contract §5.4: the complete, before the reply is written.
+async fn complete<St: Store>(
+    store: &St,
+    key: &str,
+    reservation: &Reservation,
+    stored: &StoredResponse,
+) -> Outcome {
+    match store.complete(key, reservation, stored).await {
+        Ok(()) => Outcome::Created,
+        Err(error) => {
+            tracing::error!(%error, "complete failed after the create; the key stays pending");
+            Outcome::CompleteFailed
+        }
+    }
+}

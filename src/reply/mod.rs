@@ -1,0 +1,270 @@
+//! What the layer answers itself: the [`Rejection`]s each operation writes in its own format,
+//! the [`Outcome`] it reports, and stored responses turned into replies.
+
+use std::borrow::Cow;
+
+use http::{Response, StatusCode};
+
+use crate::admission::Refusal;
+use crate::body::ResponseBody;
+use crate::operation::Operation;
+
+pub mod problem;
+
+/// What the layer did with a request, attached to every response it returns as a response
+/// extension, so an outer layer (metrics, logs) can count it.
+///
+/// ```
+/// use tower_idempotency::Outcome;
+///
+/// assert_eq!(Outcome::Replay.as_str(), "replay");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// A new operation was created and completed; the reply is its stored response.
+    Created,
+    /// A new operation was created, but storing its response failed: the key stays pending.
+    CompleteFailed,
+    /// The stored response of a completed operation was replayed.
+    Replay,
+    /// The operation is pending: `409 request_pending`.
+    Pending,
+    /// The key belongs to another operation: `409 idempotency_conflict`.
+    Conflict,
+    /// Admission refused with this status (429 or 503); the key was released.
+    NotAdmitted(StatusCode),
+    /// The request failed validation with this status (404, 405, 415, 413, 400, or 403 for a
+    /// missing scope).
+    Rejected(StatusCode),
+    /// The store failed to claim: `503 store_unavailable`, nothing created.
+    StoreUnavailable,
+    /// The inner service failed or its response was over the cap: 500, the key stays pending
+    /// (or is released, with [`StoredResponses::Successful`](crate::StoredResponses)).
+    CreateFailed,
+    /// With [`StoredResponses::Successful`](crate::StoredResponses), the create answered
+    /// something other than `2xx`: the key was released and the response passed on unstored.
+    Unstored,
+}
+
+impl Outcome {
+    /// A short lowercase name, for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::CompleteFailed => "complete_failed",
+            Self::Replay => "replay",
+            Self::Pending => "pending",
+            Self::Conflict => "conflict",
+            Self::NotAdmitted(_) => "not_admitted",
+            Self::Rejected(_) => "rejected",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::CreateFailed => "create_failed",
+            Self::Unstored => "unstored",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAdmitted(status) | Self::Rejected(status) => {
+                write!(f, "{} {}", self.as_str(), status.as_u16())
+            }
+            _ => f.write_str(self.as_str()),
+        }
+    }
+}
+
+/// The replay marker header, sent on replays only when
+/// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
+/// `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
+
+/// A refusal or failure the layer answers itself, in the words of the contract. Each
+/// [`Operation`](crate::Operation) writes it in its own format ([`Operation::reply`]): the
+/// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
+///
+/// [`Operation::reply`]: crate::Operation::reply
+///
+/// ```
+/// use tower_idempotency::{JsonOperation, LabelContract, Operation, Rejection};
+///
+/// let label = LabelContract.reply(&Rejection::Conflict);
+/// assert_eq!((label.status().as_u16(), &label.body()[..]), (409, &br#"{"error":"idempotency_conflict"}"#[..]));
+/// let problem = JsonOperation::new().reply(&Rejection::Conflict);
+/// assert_eq!(problem.status(), 422);
+/// assert_eq!(problem.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The request is not on the guarded path.
+    NotFound,
+    /// The method is not the create's.
+    MethodNotAllowed,
+    /// The body's `Content-Type` is not one the operation reads.
+    UnsupportedMediaType,
+    /// The body is over the limit.
+    PayloadTooLarge,
+    /// The `Idempotency-Key` header is missing, repeated or invalid.
+    InvalidKey,
+    /// The body is not a valid operation; the detail says why.
+    InvalidRequest(Cow<'static, str>),
+    /// A scope is configured and the request has none.
+    ScopeRequired,
+    /// The key belongs to another operation (another fingerprint).
+    Conflict,
+    /// The operation's first attempt has not completed.
+    Pending,
+    /// Admission refused; the key was released.
+    NotAdmitted(Refusal),
+    /// The store failed to claim; nothing was created.
+    StoreUnavailable,
+    /// The create failed.
+    CreateFailed,
+    /// The created response was over the cap.
+    ResponseTooLarge,
+}
+
+impl Rejection {
+    /// An invalid request with a detail for the client.
+    ///
+    /// ```
+    /// use tower_idempotency::Rejection;
+    /// assert_eq!(Rejection::invalid("amount must be positive"), Rejection::InvalidRequest("amount must be positive".into()));
+    /// ```
+    pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::InvalidRequest(detail.into())
+    }
+
+    /// What the layer reports for this rejection.
+    pub fn outcome(&self, status: StatusCode) -> Outcome {
+        match self {
+            Self::Conflict => Outcome::Conflict,
+            Self::Pending => Outcome::Pending,
+            Self::NotAdmitted(refusal) => Outcome::NotAdmitted(refusal.status()),
+            Self::StoreUnavailable => Outcome::StoreUnavailable,
+            Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
+            _ => Outcome::Rejected(status),
+        }
+    }
+
+    /// One of each rejection, in the order the checks run, for tables and tests.
+    #[cfg(test)]
+    pub(crate) fn every() -> [Self; 14] {
+        [
+            Self::NotFound,
+            Self::MethodNotAllowed,
+            Self::UnsupportedMediaType,
+            Self::PayloadTooLarge,
+            Self::InvalidKey,
+            Self::invalid("what is wrong"),
+            Self::ScopeRequired,
+            Self::Conflict,
+            Self::Pending,
+            Self::NotAdmitted(Refusal::TooManyRequests),
+            Self::NotAdmitted(Refusal::ServiceUnavailable),
+            Self::StoreUnavailable,
+            Self::CreateFailed,
+            Self::ResponseTooLarge,
+        ]
+    }
+
+    /// The rejection as the response `operation` writes, with its outcome attached.
+    pub(crate) fn into_response<O: Operation, B>(self, operation: &O) -> Response<ResponseBody<B>> {
+        let response = operation.reply(&self);
+        let outcome = self.outcome(response.status());
+        let mut response = response.map(ResponseBody::full);
+        response.extensions_mut().insert(outcome);
+        response
+    }
+}
+
+/// The table of `operation`'s replies in Markdown, as the docs show it: the body whole, or
+/// for a problem its `type` fragment and title.
+#[cfg(test)]
+pub(crate) fn table(operation: &impl Operation) -> String {
+    use std::fmt::Write;
+    let problems = operation.reply(&Rejection::Conflict).headers()[http::header::CONTENT_TYPE]
+        == problem::PROBLEM_JSON;
+    let mut table = if problems {
+        String::from(
+            "| case | status | `type` (after `#`) | `title` | headers |\n|---|---|---|---|---|\n",
+        )
+    } else {
+        String::from("| case | status | body | headers |\n|---|---|---|---|\n")
+    };
+    for rejection in Rejection::every() {
+        let response = operation.reply(&rejection);
+        let case = match &rejection {
+            Rejection::InvalidRequest(_) => "InvalidRequest(detail)".to_owned(),
+            other => format!("{other:?}"),
+        };
+        let headers: Vec<String> = response
+            .headers()
+            .iter()
+            .map(|(name, value)| format!("`{}: {}`", name, value.to_str().unwrap_or("?")))
+            .collect();
+        let body = if problems {
+            let problem: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            let kind = problem["type"].as_str().unwrap();
+            format!(
+                "`{}` | {}",
+                &kind[kind.find('#').unwrap() + 1..],
+                problem["title"].as_str().unwrap()
+            )
+        } else {
+            format!("`{}`", String::from_utf8_lossy(response.body()))
+        };
+        // Writing into a String cannot fail.
+        let _ = writeln!(
+            table,
+            "| {case} | {} | {body} | {} |",
+            response.status().as_u16(),
+            headers.join(" "),
+        );
+    }
+    table
+}
+
+/// A stored response as a reply, value for value.
+pub(crate) fn stored<B>(
+    stored: crate::StoredResponse,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
+    let (status, headers, body) = stored.into_parts();
+    let mut response = Response::new(ResponseBody::full(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response.extensions_mut().insert(outcome);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::{JsonOperation, LabelContract};
+
+    /// The tables in the docs are the code's own replies, rendered. `UPDATE_REPLY_TABLES=1`
+    /// writes them anew after a change of a reply.
+    #[test]
+    fn documented_tables_are_the_replies() {
+        for (name, file, rendered) in [
+            ("label.md", include_str!("label.md"), table(&LabelContract)),
+            (
+                "problem.md",
+                include_str!("problem.md"),
+                table(&JsonOperation::new()),
+            ),
+        ] {
+            if std::env::var_os("UPDATE_REPLY_TABLES").is_some() {
+                let path = format!("{}/src/reply/{name}", env!("CARGO_MANIFEST_DIR"));
+                std::fs::write(path, &rendered).unwrap();
+            } else {
+                assert_eq!(file, rendered, "{name}: run with UPDATE_REPLY_TABLES=1");
+            }
+        }
+    }
+}
