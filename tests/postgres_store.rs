@@ -38,6 +38,16 @@ async fn make_store(retention: Option<Duration>) -> PostgresStore {
 
 store_conformance!(make_store, retention = Duration::from_millis(300));
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
+    payments::generic_mode_creates_once(make_store(None).await, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
+    payments::generic_mode_survives_a_disconnect(make_store(None).await).await;
+}
+
 /// A store that reaches the database through `proxy`.
 async fn store_through(proxy: &Proxy) -> PostgresStore {
     let original: tokio_postgres::Config = database_url().parse().unwrap();

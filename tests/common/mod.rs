@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod lesson;
+pub mod payments;
 pub mod servers;
 
 use std::collections::VecDeque;

@@ -1,0 +1,775 @@
+//! The generic operations: `JsonOperation` (draft-ietf-httpapi-idempotency-key-header, RFC 8785
+//! fingerprints, RFC 9457 replies) and `RawOperation`, at the level of the contract tests.
+
+mod common;
+
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::payments::*;
+use common::*;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::{Service as _, ServiceBuilder, ServiceExt};
+use tower_idempotency::admission::Refusal;
+use tower_idempotency::{
+    IdempotencyKey, IdempotencyLayer, JsonOperation, MemoryStore, Outcome, RawOperation,
+    RequestBody, StoredResponses,
+};
+
+const BODY: &str = r#"{"amount":1250,"currency":"EUR"}"#;
+const CREATED: &str = r#"{"payment_id":"pay_1","amount":1250,"currency":"EUR"}"#;
+
+type Layer = IdempotencyLayer<RecordingStore, ScriptedAdmission, JsonOperation<NewPayment>>;
+type Service = tower_idempotency::Idempotency<
+    Inner,
+    RecordingStore,
+    ScriptedAdmission,
+    JsonOperation<NewPayment>,
+>;
+
+/// The typed payment operation over a recording store and a scripted admission: the service,
+/// the journal, the store, the admission and the create count.
+fn rig(
+    configure: impl FnOnce(Layer) -> Layer,
+) -> (
+    Service,
+    Journal,
+    RecordingStore,
+    ScriptedAdmission,
+    Arc<AtomicUsize>,
+) {
+    let journal = Journal::new();
+    let store = RecordingStore::new(MemoryStore::new(), journal.clone());
+    let admission = ScriptedAdmission::new(journal.clone());
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = configure(
+        IdempotencyLayer::with_operation(store.clone(), payment_operation())
+            .admission(admission.clone())
+            .global_keys(),
+    );
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    (service, journal, store, admission, creates)
+}
+
+fn post(key: Option<&str>, body: &str) -> Request<Chunks> {
+    json_request("POST", "/payments", key, body)
+}
+
+#[tokio::test]
+async fn a_new_payment_is_created_then_replayed_byte_for_byte() {
+    let (service, journal, ..) = rig(|l| l);
+    let created = send(&service, post(Some("pay-1"), BODY)).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.body, CREATED);
+    assert_eq!(created.values("location"), ["/payments/pay_1"]);
+    assert_eq!(created.outcome, Some(Outcome::Created));
+    assert_eq!(journal.take(), ["claim", "admit", "complete"]);
+    let replay = send(&service, post(Some("pay-1"), BODY)).await;
+    assert_eq!(
+        (replay.status, &replay.body),
+        (created.status, &created.body)
+    );
+    assert_eq!(replay.headers, created.headers);
+    assert_eq!(replay.outcome, Some(Outcome::Replay));
+    assert_eq!(journal.take(), ["claim"]);
+}
+
+#[tokio::test]
+async fn every_refusal_before_the_claim_is_its_problem_and_touches_nothing() {
+    let (service, journal, _, _, creates) = rig(|l| l.body_limit(64));
+    let long_key = "k".repeat(256);
+    let cases: Vec<(Request<Chunks>, u16, &str, Option<&str>)> = vec![
+        (
+            request("POST", "/payments", Some("k"), None, BODY),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            request("POST", "/payments", Some("k"), Some("text/plain"), BODY),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (post(None, BODY), 400, "invalid_idempotency_key", None),
+        (post(Some(""), BODY), 400, "invalid_idempotency_key", None),
+        (
+            post(Some("\"\""), BODY),
+            400,
+            "invalid_idempotency_key",
+            None,
+        ),
+        (
+            post(Some(&long_key), BODY),
+            400,
+            "invalid_idempotency_key",
+            None,
+        ),
+        (
+            post(Some("a b"), BODY),
+            400,
+            "invalid_idempotency_key",
+            None,
+        ),
+        (
+            post(Some("\"unterminated"), BODY),
+            400,
+            "invalid_idempotency_key",
+            None,
+        ),
+        (
+            post(
+                Some("k"),
+                &format!(
+                    r#"{{"amount":1,"currency":"EUR","reference":"{}"}}"#,
+                    "x".repeat(64)
+                ),
+            ),
+            413,
+            "payload_too_large",
+            None,
+        ),
+        (
+            post(Some("k"), r#"{"amount":1,"#),
+            400,
+            "invalid_request",
+            Some("the body is not one JSON value"),
+        ),
+        (
+            post(Some("k"), r#"{"amount":1,"amount":2,"currency":"EUR"}"#),
+            400,
+            "invalid_request",
+            Some("an object has a member name twice"),
+        ),
+        (
+            post(Some("k"), r#"{"amount":"1","currency":"EUR"}"#),
+            400,
+            "invalid_request",
+            None,
+        ),
+        (
+            post(Some("k"), r#"{"currency":"EUR"}"#),
+            400,
+            "invalid_request",
+            Some("missing field `amount` at line 1 column 18"),
+        ),
+        (
+            post(Some("k"), r#"{"amount":0,"currency":"EUR"}"#),
+            400,
+            "invalid_request",
+            Some("amount must be at least 1"),
+        ),
+        (
+            post(Some("k"), r#"{"amount":1,"currency":"eur"}"#),
+            400,
+            "invalid_request",
+            Some("currency must be three uppercase letters"),
+        ),
+    ];
+    for (request, status, case, detail) in cases {
+        let reply = send(&service, request).await;
+        reply.problem(status, case, detail);
+        assert_eq!(reply.outcome, Some(Outcome::Rejected(reply.status)));
+    }
+    let mut two_keys = post(Some("a"), BODY);
+    two_keys
+        .headers_mut()
+        .append("idempotency-key", "a".parse().unwrap());
+    send(&service, two_keys)
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+    let mut declared = post(Some("k"), BODY);
+    declared
+        .headers_mut()
+        .insert("content-length", "65".parse().unwrap());
+    send(&service, declared)
+        .await
+        .problem(413, "payload_too_large", None);
+    assert_eq!(
+        journal.take(),
+        Vec::<&str>::new(),
+        "nothing reached the store"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn conflict_pending_admission_and_store_failures_are_problems() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let journal = Journal::new();
+    let store = RecordingStore::new(MemoryStore::new(), journal.clone());
+    let admission = ScriptedAdmission::new(journal.clone());
+    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation())
+        .admission(admission.clone())
+        .global_keys();
+    let held = {
+        let gate = Arc::clone(&gate);
+        Inner::new(tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.notified().await;
+                Ok::<_, CreateError>(created_response())
+            }
+        }))
+    };
+    let service = tower::Layer::layer(&layer, held);
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, post(Some("p"), BODY)).await }
+    });
+    wait_for(|| store.inner().is_pending("POST /payments p")).await;
+    send(&service, post(Some("p"), BODY)).await.problem(
+        409,
+        "request_pending",
+        Some("The first request with this key has not completed; retry later."),
+    );
+    send(
+        &service,
+        post(Some("p"), r#"{"amount":1,"currency":"EUR"}"#),
+    )
+    .await
+    .problem(
+        422,
+        "idempotency_conflict",
+        Some("The key was used for a different request payload."),
+    );
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().status, 201);
+
+    for (refusal, status) in [
+        (Refusal::TooManyRequests, 429),
+        (Refusal::ServiceUnavailable, 503),
+    ] {
+        admission.refuse(Some(refusal));
+        journal.take();
+        let reply = send(&service, post(Some("q"), BODY)).await;
+        reply
+            .problem(status, "not_admitted", None)
+            .header("retry-after", &["2"]);
+        assert_eq!(
+            reply.outcome,
+            Some(Outcome::NotAdmitted(StatusCode::from_u16(status).unwrap()))
+        );
+        assert_eq!(journal.take(), ["claim", "admit", "release"]);
+    }
+    admission.refuse(None);
+    store.fail("claim");
+    let reply = send(&service, post(Some("q"), BODY)).await;
+    reply
+        .problem(503, "store_unavailable", None)
+        .header("retry-after", &["2"]);
+    assert_eq!(reply.outcome, Some(Outcome::StoreUnavailable));
+}
+
+#[tokio::test]
+async fn a_failed_or_oversized_create_is_a_500_problem_and_the_key_stays_taken() {
+    let failing = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
+        Err::<Response<Full<Bytes>>, _>(CreateError("down"))
+    }));
+    let layer =
+        IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys();
+    let service = tower::Layer::layer(&layer, failing);
+    send(&service, post(Some("f"), BODY))
+        .await
+        .problem(500, "create_failed", None);
+    send(&service, post(Some("f"), BODY))
+        .await
+        .problem(409, "request_pending", None);
+
+    let big = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
+        Ok::<_, CreateError>(Response::new(Full::new(Bytes::from(vec![b'x'; 100]))))
+    }));
+    let layer = layer.response_limit(99);
+    let service = tower::Layer::layer(&layer, big);
+    send(&service, post(Some("big"), BODY))
+        .await
+        .problem(500, "response_too_large", None);
+    send(&service, post(Some("big"), BODY))
+        .await
+        .problem(409, "request_pending", None);
+}
+
+/// Re-serialisations of one payload are one operation; any change of a value is another.
+#[tokio::test]
+async fn the_fingerprint_is_the_canonical_json_of_the_body() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer =
+        IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new()).global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let first = r#"{"a":1,"b":{"x":[1,2,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#;
+    let same = [
+        // Member order, at every depth.
+        r#"{"f":1e21,"e":0.5,"d":true,"c":"A/B","b":{"y":null,"x":[1,2,{"k":"é"}]},"a":1}"#,
+        // Whitespace.
+        " {\n\t\"a\" : 1 , \"b\" : { \"x\" : [ 1 , 2 , { \"k\" : \"é\" } ] , \"y\" : null } ,\r\n \"c\":\"A/B\",\"d\":true,\"e\":0.5,\"f\":1e21 } ",
+        // Escapes of the same characters.
+        r#"{"\u0061":1,"b":{"x":[1,2,{"k":"\u00e9"}],"y":null},"c":"\u0041\/B","d":true,"e":0.5,"f":1e21}"#,
+        // Numbers spelled otherwise (RFC 8785: as the same double).
+        r#"{"a":1.0,"b":{"x":[1e0,20E-1,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":5e-1,"f":1000000000000000000000}"#,
+    ];
+    let key = "canonical";
+    let created = send(&service, json_request("POST", "/any", Some(key), first)).await;
+    assert_eq!(created.status, 201);
+    for body in same {
+        let reply = send(&service, json_request("POST", "/any", Some(key), body)).await;
+        assert_eq!(reply.outcome, Some(Outcome::Replay), "{body}");
+        assert_eq!(reply.body, created.body);
+    }
+    let different = [
+        // A value.
+        r#"{"a":2,"b":{"x":[1,2,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#,
+        // Array order.
+        r#"{"a":1,"b":{"x":[2,1,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#,
+        // A type: the string "1" is not the number 1.
+        r#"{"a":"1","b":{"x":[1,2,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#,
+        // A member more.
+        r#"{"a":1,"b":{"x":[1,2,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21,"g":null}"#,
+        // Another non-ASCII character (e with a combining accent is not é).
+        r#"{"a":1,"b":{"x":[1,2,{"k":"e\u0301"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#,
+    ];
+    for body in different {
+        send(&service, json_request("POST", "/any", Some(key), body))
+            .await
+            .problem(422, "idempotency_conflict", None);
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn quoted_and_bare_keys_name_one_operation_within_the_length_bounds() {
+    let (service, _, _, _, creates) = rig(|l| l);
+    assert_eq!(
+        send(&service, post(Some("abc"), BODY)).await.outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, post(Some("\"abc\""), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    let longest = "k".repeat(255);
+    assert_eq!(send(&service, post(Some(&longest), BODY)).await.status, 201);
+    let quoted = format!("\"{longest}\"");
+    assert_eq!(
+        send(&service, post(Some(&quoted), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, post(Some(&format!("{longest}k")), BODY))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+    assert_eq!(
+        send(&service, post(Some(r#""a\"b""#), BODY)).await.status,
+        201
+    );
+    assert_eq!(
+        send(&service, post(Some(r#"a"b"#), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn the_key_space_holds_the_method_and_the_concrete_path_and_the_fingerprint_the_query() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let operation = JsonOperation::new().methods([Method::POST, Method::PATCH]);
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let refund = r#"{"amount":5}"#;
+    let a = send(
+        &service,
+        json_request("POST", "/payments/a/refunds", Some("r1"), refund),
+    )
+    .await;
+    let b = send(
+        &service,
+        json_request("POST", "/payments/b/refunds", Some("r1"), refund),
+    )
+    .await;
+    assert_eq!(
+        (a.outcome, b.outcome),
+        (Some(Outcome::Created), Some(Outcome::Created))
+    );
+    assert_ne!(a.body, b.body);
+    let patch = send(
+        &service,
+        json_request("PATCH", "/payments/a/refunds", Some("r1"), refund),
+    )
+    .await;
+    assert_eq!(
+        patch.outcome,
+        Some(Outcome::Created),
+        "another method, another operation"
+    );
+    send(
+        &service,
+        json_request("POST", "/payments/a/refunds?dry_run=1", Some("r1"), refund),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+    // A method not guarded passes through untouched, key or not.
+    let get = send(
+        &service,
+        request("GET", "/payments/a/refunds", None, None, ""),
+    )
+    .await;
+    assert_eq!((get.status.as_u16(), get.outcome), (201, None));
+    assert_eq!(creates.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn a_path_restricts_the_layer_and_other_paths_get_a_404_problem_or_pass() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation())
+        .global_keys()
+        .path("/payments");
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    send(&service, json_request("POST", "/other", Some("k"), BODY))
+        .await
+        .problem(404, "not_found", None);
+    let service = tower::Layer::layer(
+        &layer.other_paths(tower_idempotency::OtherPaths::PassThrough),
+        payment_create(Arc::clone(&creates), Duration::ZERO),
+    );
+    let passed = send(&service, json_request("POST", "/other", None, "not json")).await;
+    assert_eq!((passed.status.as_u16(), passed.outcome), (201, None));
+}
+
+#[tokio::test]
+async fn key_member_and_fingerprint_selections() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let operation = JsonOperation::new()
+        .key_member("/request_id")
+        .fingerprint_except(["/sent_at", "/meta/trace"]);
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let send_at = |at: &'static str, key: &'static str| {
+        json_request(
+            "POST",
+            "/orders",
+            Some(key),
+            Box::leak(
+                format!(
+                    r#"{{"request_id":"o-1","sku":"A","sent_at":"{at}","meta":{{"trace":"{at}"}}}}"#
+                )
+                .into_boxed_str(),
+            ),
+        )
+    };
+    assert_eq!(
+        send(&service, send_at("10:00", "o-1")).await.outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, send_at("10:05", "o-1")).await.outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, send_at("10:00", "o-2")).await.problem(
+        400,
+        "invalid_request",
+        Some("the member /request_id must be a string equal to the Idempotency-Key"),
+    );
+
+    let operation = JsonOperation::new().fingerprint_only(["/amount", "/currency"]);
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let body = |note: &str, amount: u32| {
+        format!(r#"{{"amount":{amount},"currency":"EUR","note":"{note}"}}"#)
+    };
+    assert_eq!(
+        send(
+            &service,
+            json_request("POST", "/p", Some("k"), &body("a", 1))
+        )
+        .await
+        .outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(
+            &service,
+            json_request("POST", "/p", Some("k"), &body("b", 1))
+        )
+        .await
+        .outcome,
+        Some(Outcome::Replay)
+    );
+    send(
+        &service,
+        json_request("POST", "/p", Some("k"), &body("a", 2)),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+    send(
+        &service,
+        json_request("POST", "/p", Some("k"), r#"{"currency":"EUR"}"#),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+}
+
+#[tokio::test]
+async fn storing_only_successful_responses_releases_the_key_after_any_other() {
+    let statuses = Arc::new(std::sync::Mutex::new(vec![
+        Ok(StatusCode::CREATED),
+        Err(()),
+        Ok(StatusCode::UNPROCESSABLE_ENTITY),
+    ]));
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = {
+        let creates = Arc::clone(&creates);
+        Inner::new(tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+            creates.fetch_add(1, Ordering::SeqCst);
+            let status = statuses.lock().unwrap().pop().unwrap();
+            async move {
+                let status = status.map_err(|()| CreateError("down"))?;
+                Ok(Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::from(status.as_str().to_owned())))
+                    .unwrap())
+            }
+        }))
+    };
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation())
+        .global_keys()
+        .store_responses(StoredResponses::Successful);
+    let service = tower::Layer::layer(&layer, create);
+    let rejected = send(&service, post(Some("s"), BODY)).await;
+    assert_eq!(
+        (rejected.status.as_u16(), &rejected.body[..]),
+        (422, &b"422"[..])
+    );
+    assert_eq!(rejected.outcome, Some(Outcome::Unstored));
+    assert!(store.is_empty(), "released");
+    send(&service, post(Some("s"), BODY))
+        .await
+        .problem(500, "create_failed", None);
+    assert!(store.is_empty(), "released after an error too");
+    let created = send(&service, post(Some("s"), BODY)).await;
+    assert_eq!(created.outcome, Some(Outcome::Created));
+    assert_eq!(
+        send(&service, post(Some("s"), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+#[should_panic(expected = "IdempotencyLayer::scope")]
+fn client_chosen_keys_need_a_scope_or_an_explicit_global_key_space() {
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new());
+    let _ = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }),
+    );
+}
+
+#[tokio::test]
+async fn a_scope_gives_each_tenant_its_key_space_and_a_missing_one_is_a_403_problem() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation()).scope(
+        |parts: &http::request::Parts| {
+            parts
+                .headers
+                .get("x-tenant")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        },
+    );
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let as_tenant = |tenant: &str| {
+        let mut request = post(Some("same"), BODY);
+        request
+            .headers_mut()
+            .insert("x-tenant", tenant.parse().unwrap());
+        request
+    };
+    let acme = send(&service, as_tenant("acme")).await;
+    let globex = send(&service, as_tenant("globex")).await;
+    assert_eq!(
+        (acme.outcome, globex.outcome),
+        (Some(Outcome::Created), Some(Outcome::Created))
+    );
+    assert!(
+        store
+            .completed(&tower_idempotency::store_key(
+                Some("acme"),
+                &Method::POST,
+                "/payments",
+                "same"
+            ))
+            .is_some()
+    );
+    send(&service, post(Some("same"), BODY))
+        .await
+        .problem(403, "scope_required", None);
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_identical_generic_requests_create_once() {
+    generic_mode_creates_once(MemoryStore::new(), 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_create_gets_it_completed() {
+    generic_mode_survives_a_disconnect(MemoryStore::new()).await;
+}
+
+/// `poll_ready` is the inner service's: a concurrency limit inside pushes back on the caller
+/// until the create in flight is done.
+#[tokio::test]
+async fn readiness_is_the_inner_services() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let create = {
+        let gate = Arc::clone(&gate);
+        tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+            let gate = Arc::clone(&gate);
+            async move {
+                let _pass = gate.acquire().await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+            }
+        })
+    };
+    let mut service = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys(),
+        )
+        .concurrency_limit(1)
+        .service(create);
+    let first = service.ready().await.unwrap().call(post(Some("one"), BODY));
+    let first = tokio::spawn(first);
+    tokio::task::yield_now().await;
+    let readiness = poll_fn(|cx| Poll::Ready(service.poll_ready(cx).is_ready())).await;
+    assert!(!readiness, "the inner limit is taken: not ready");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    tokio::time::timeout(Duration::from_secs(1), service.ready())
+        .await
+        .expect("ready once the create is done")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_typed_axum_handler_gets_the_value_and_the_body() {
+    use axum::routing::post as axum_post;
+    use axum::{Extension, Json, Router};
+    async fn create(
+        Extension(parsed): Extension<NewPayment>,
+        Json(body): Json<NewPayment>,
+    ) -> (StatusCode, String) {
+        assert_eq!(parsed, body, "parsed once by the layer, the body unchanged");
+        (
+            StatusCode::CREATED,
+            format!("{}{}", body.amount, body.currency),
+        )
+    }
+    let app: Router = Router::new()
+        .route("/payments", axum_post(create).get(|| async { "list" }))
+        .route_layer(
+            IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys(),
+        );
+    let request = Request::post("/payments")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "ax-1")
+        .body(axum::body::Body::from(BODY))
+        .unwrap();
+    let reply = Reply::read(app.clone().oneshot(request).await.unwrap()).await;
+    assert_eq!(
+        (reply.status.as_u16(), &reply.body[..]),
+        (201, &b"1250EUR"[..])
+    );
+    let list = Reply::read(
+        app.oneshot(
+            Request::get("/payments")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (list.status.as_u16(), &list.body[..], list.outcome),
+        (200, &b"list"[..], None)
+    );
+}
+
+#[tokio::test]
+async fn a_raw_operation_fingerprints_the_exact_bytes_and_content_type() {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let create = {
+        let keys = Arc::clone(&keys);
+        Inner::new(tower::service_fn(
+            move |request: Request<RequestBody<Chunks>>| {
+                keys.lock()
+                    .unwrap()
+                    .push(request.extensions().get::<IdempotencyKey>().cloned());
+                async {
+                    Ok::<_, CreateError>(
+                        Response::builder()
+                            .status(201)
+                            .body(Full::new(Bytes::from_static(b"ok")))
+                            .unwrap(),
+                    )
+                }
+            },
+        ))
+    };
+    let operation =
+        RawOperation::new().media_types(["application/x-www-form-urlencoded", "text/plain"]);
+    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let service = tower::Layer::layer(&layer, create);
+    let form = |key: &str, content_type: &str, body: &'static str| {
+        request("POST", "/upload", Some(key), Some(content_type), body)
+    };
+    assert_eq!(
+        send(
+            &service,
+            form("\"f\"", "application/x-www-form-urlencoded", "a=1&b=2")
+        )
+        .await
+        .outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(
+            &service,
+            form("f", "application/x-www-form-urlencoded", "a=1&b=2")
+        )
+        .await
+        .outcome,
+        Some(Outcome::Replay)
+    );
+    send(
+        &service,
+        form("f", "application/x-www-form-urlencoded", "b=2&a=1"),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+    send(&service, form("f", "text/plain", "a=1&b=2"))
+        .await
+        .problem(422, "idempotency_conflict", None);
+    send(&service, form("f", "application/json", "a=1&b=2"))
+        .await
+        .problem(415, "unsupported_media_type", None);
+    send(
+        &service,
+        request("POST", "/upload", None, Some("text/plain"), "x"),
+    )
+    .await
+    .problem(400, "invalid_idempotency_key", None);
+    assert_eq!(
+        keys.lock().unwrap().as_slice(),
+        [Some(IdempotencyKey::parse(&"f".parse().unwrap()).unwrap())]
+    );
+}
