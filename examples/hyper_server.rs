@@ -2,7 +2,7 @@
 //! answers the contract's replies itself and calls the create for `POST /labels` only.
 //!
 //! ```text
-//! cargo run --example hyper_server -- [HOST:PORT]    # default 127.0.0.1:3001
+//! cargo run --example hyper_server -- [HOST:PORT]    # default 127.0.0.1:3002
 //! ```
 
 use std::convert::Infallible;
@@ -48,7 +48,7 @@ async fn create(
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:3001".to_owned());
+        .unwrap_or_else(|| "127.0.0.1:3002".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let service = IdempotencyLayer::new(MemoryStore::new()).layer(tower::service_fn(create));
     println!("hyper label server on http://{addr}");

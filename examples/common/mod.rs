@@ -1,0 +1,191 @@
+//! What the example servers share: the command line, the store named by `--store`, one log
+//! line per request, ids unique across processes, and serving.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use tower_idempotency::{IDEMPOTENCY_KEY, MemoryStore, Outcome, Store};
+
+/// The flags every example server takes; `extra` gets the others, with their value.
+pub struct Options {
+    pub addr: SocketAddr,
+    pub create_delay: Duration,
+    pub store: String,
+}
+
+impl Options {
+    /// Parses the command line; `extra(flag, value)` takes the server's own flags and says
+    /// whether it knew the flag.
+    pub fn parse(
+        mut args: impl Iterator<Item = String>,
+        addr: SocketAddr,
+        usage: &str,
+        mut extra: impl FnMut(&str, &str) -> Result<bool, String>,
+    ) -> Result<Self, String> {
+        let mut options = Self {
+            addr,
+            create_delay: Duration::ZERO,
+            store: "memory".to_owned(),
+        };
+        while let Some(flag) = args.next() {
+            if flag == "--help" || flag == "-h" {
+                return Err(usage.to_owned());
+            }
+            let value = args
+                .next()
+                .ok_or_else(|| format!("{flag} needs a value\n{usage}"))?;
+            let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}\n{usage}");
+            match flag.as_str() {
+                "--addr" => options.addr = value.parse().map_err(|e| bad(&e))?,
+                "--create-delay-ms" => {
+                    options.create_delay =
+                        Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
+                }
+                "--store" => options.store = value,
+                _ => {
+                    if !extra(&flag, &value).map_err(|e| bad(&e))? {
+                        return Err(format!("unknown flag {flag}\n{usage}"));
+                    }
+                }
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// Builds a server's app over whichever store `--store` names.
+pub trait App {
+    fn build<St: Store>(&self, store: St) -> Router;
+}
+
+/// The app on the store `url` names: `memory`, `redis://…` or `postgres://…` (the shared
+/// stores need the crate's `redis` and `postgres` features).
+pub async fn open_store(url: &str, app: &impl App) -> Result<Router, String> {
+    if url == "memory" {
+        return Ok(app.build(MemoryStore::new()));
+    }
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        {
+            let store = tower_idempotency::store::RedisStore::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(app.build(store));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err("build with --features redis".to_owned());
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            let store = tower_idempotency::store::PostgresStore::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            return Ok(app.build(store));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err("build with --features postgres".to_owned());
+    }
+    Err("unsupported store: memory, redis://… or postgres://…".to_owned())
+}
+
+/// One log line per request, with the outcome the layer reports.
+pub async fn log(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let key = request
+        .headers()
+        .get(&IDEMPOTENCY_KEY)
+        .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
+    let response = next.run(request).await;
+    let outcome = response
+        .extensions()
+        .get::<Outcome>()
+        .map_or_else(|| "-".to_owned(), ToString::to_string);
+    tracing::info!(
+        "{method} {path} key={} status={} outcome={outcome} {:?}",
+        key.as_deref().unwrap_or("-"),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// Ids unique across processes and restarts: a kind, this process's start time and id, then
+/// a counter.
+pub struct Ids {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Ids {
+    pub fn new(kind: &str) -> Self {
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            prefix: format!("{kind}-{started:x}{:x}", std::process::id()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next(&self) -> String {
+        format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// Serves `router` on `addr`, logging one line per request.
+pub async fn serve(name: &str, options: &Options, router: Result<Router, String>) {
+    let router = router.unwrap_or_else(|message| {
+        eprintln!("--store {}: {message}", options.store);
+        std::process::exit(2);
+    });
+    let router = router.layer(axum::middleware::from_fn(log));
+    let listener = match tokio::net::TcpListener::bind(options.addr).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("cannot listen on {}: {error}", options.addr);
+            std::process::exit(1);
+        }
+    };
+    tracing::info!(
+        "{name} on http://{} (store: {})",
+        options.addr,
+        options.store
+    );
+    if let Err(error) = axum::serve(listener, router).await {
+        eprintln!("server failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// Sets up logging: `info` unless `RUST_LOG` says otherwise.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
+}
+
+/// The parsed command line, or exit 2 with the message.
+pub fn options_or_exit(options: Result<Options, String>) -> Options {
+    options.unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    })
+}
