@@ -76,17 +76,21 @@ fn path_request(path: &str, i: usize) -> Request<Full<Bytes>> {
             request
         }
         "refuse_400" => request("k", "application/json", "{\"request_id\":1}"),
+        "json_new" => common::payment(&format!("k{i}")),
+        "json_replay" => common::payment("pay-1"),
         _ => valid("label-req-7"),
     }
 }
 
-const PATHS: [&str; 6] = [
+const PATHS: [&str; 8] = [
     "bare",
     "new",
     "replay",
     "refuse_415",
     "refuse_413",
     "refuse_400",
+    "json_new",
+    "json_replay",
 ];
 
 fn main() {
@@ -94,6 +98,7 @@ fn main() {
         .build()
         .unwrap();
     let service = Idempotency::new(Create, MemoryStore::new());
+    let json = common::json_service(MemoryStore::new());
     let bare = tower::service_fn(|request: Request<Full<Bytes>>| {
         let mut create = Create;
         let future = create.call(request.map(RequestBody::inner));
@@ -107,10 +112,13 @@ fn main() {
         // Under callgrind: n requests of one path, the requests built beforehand.
         let n: usize = n.parse().expect("a count");
         count(&runtime, &service, valid("label-req-7"));
+        count(&runtime, &json, common::payment("pay-1"));
         let requests: Vec<_> = (0..n).map(|i| path_request(path, i)).collect();
         for request in requests {
             if path == "bare" {
                 count(&runtime, &bare, request);
+            } else if path.starts_with("json") {
+                count(&runtime, &json, request);
             } else {
                 count(&runtime, &service, request);
             }
@@ -123,11 +131,14 @@ fn main() {
         count(&runtime, &bare, valid("warm"));
     }
     count(&runtime, &service, valid("label-req-7"));
+    count(&runtime, &json, common::payment("pay-1"));
     println!("allocations per request (memory store, current-thread runtime)");
     for path in PATHS {
         let request = path_request(path, usize::MAX);
         let allocations = if path == "bare" {
             count(&runtime, &bare, request)
+        } else if path.starts_with("json") {
+            count(&runtime, &json, request)
         } else {
             count(&runtime, &service, request)
         };

@@ -105,6 +105,40 @@ fn layer_paths(c: &mut Criterion) {
             );
         });
     }
+
+    // The generic JSON operation: a typed, validated body, fingerprinted in canonical JSON.
+    let json = common::json_service(MemoryStore::with_retention(Duration::from_secs(1)));
+    group.bench_function("json_new", |b| {
+        b.to_async(&runtime).iter_batched(
+            || common::payment(&format!("k{}", next.fetch_add(1, Ordering::Relaxed))),
+            |request| async { black_box(drive(&json, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+    runtime.block_on(drive(&json, common::payment("pay-1")));
+    group.bench_function("json_replay", |b| {
+        b.to_async(&runtime).iter_batched(
+            || common::payment("pay-1"),
+            |request| async { black_box(drive(&json, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
+/// What the canonical form (RFC 8785) costs next to parsing the same body with serde_json.
+fn canonical_json(c: &mut Criterion) {
+    let mut group = c.benchmark_group("canonical_json");
+    let body = common::PAYMENT.as_bytes();
+    group.bench_function("serde_json_value", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap()));
+    });
+    group.bench_function("serde_json_typed", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<common::NewPayment>(black_box(body)).unwrap()));
+    });
+    group.bench_function("canonical", |b| {
+        b.iter(|| black_box(tower_idempotency::operation::canonical_json(black_box(body)).unwrap()));
+    });
     group.finish();
 }
 
@@ -166,6 +200,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = layer_paths, memory_contention
+    targets = layer_paths, canonical_json, memory_contention
 }
 criterion_main!(benches);

@@ -48,3 +48,44 @@ pub fn valid(key: &str) -> Request<Full<Bytes>> {
     let body = format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#);
     request(key, "application/json", body)
 }
+
+/// The typed body of the generic JSON rows.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct NewPayment {
+    pub amount: u64,
+    pub currency: String,
+    #[serde(default)]
+    pub reference: Option<String>,
+}
+
+/// The body of the generic JSON rows: a payment with a reference.
+pub const PAYMENT: &str = r#"{"amount":1250,"currency":"EUR","reference":"order 7 of customer 42"}"#;
+
+/// `POST /payments` with a key and the payment body.
+pub fn payment(key: &str) -> Request<Full<Bytes>> {
+    Request::post("/payments")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(PAYMENT.as_bytes())))
+        .expect("a valid request")
+}
+
+/// The generic JSON layer with a typed, validated body over `store`, around [`Create`].
+pub fn json_service<St: tower_idempotency::Store>(
+    store: St,
+) -> tower_idempotency::Idempotency<
+    Create,
+    St,
+    tower_idempotency::admission::AlwaysAdmit,
+    tower_idempotency::JsonOperation<NewPayment>,
+> {
+    let operation = tower_idempotency::JsonOperation::<NewPayment>::typed().validate(|p| {
+        if p.amount >= 1 {
+            Ok(())
+        } else {
+            Err("amount must be at least 1".into())
+        }
+    });
+    let layer = tower_idempotency::IdempotencyLayer::with_operation(store, operation).global_keys();
+    tower::Layer::layer(&layer, Create)
+}
