@@ -134,10 +134,14 @@ fn canonical_json(c: &mut Criterion) {
         b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap()));
     });
     group.bench_function("serde_json_typed", |b| {
-        b.iter(|| black_box(serde_json::from_slice::<common::NewPayment>(black_box(body)).unwrap()));
+        b.iter(|| {
+            black_box(serde_json::from_slice::<common::NewPayment>(black_box(body)).unwrap())
+        });
     });
     group.bench_function("canonical", |b| {
-        b.iter(|| black_box(tower_idempotency::operation::canonical_json(black_box(body)).unwrap()));
+        b.iter(|| {
+            black_box(tower_idempotency::operation::canonical_json(black_box(body)).unwrap())
+        });
     });
     group.finish();
 }

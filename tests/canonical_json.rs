@@ -38,7 +38,10 @@ fn text() -> impl Strategy<Value = String> {
         "[a-z]{0,6}",
         ".{0,6}",
         prop::collection::vec(
-            prop::sample::select(vec!['"', '\\', '/', '\u{0}', '\u{8}', '\u{1f}', '\u{7f}', 'é', '€', '😀', '\u{fb33}', '\u{2028}']),
+            prop::sample::select(vec![
+                '"', '\\', '/', '\u{0}', '\u{8}', '\u{1f}', '\u{7f}', 'é', '€', '😀', '\u{fb33}',
+                '\u{2028}'
+            ]),
             0..5
         )
         .prop_map(|chars| chars.into_iter().collect()),
@@ -216,9 +219,12 @@ fn as_doubles(value: serde_json::Value) -> serde_json::Value {
             .and_then(serde_json::Number::from_f64)
             .map_or(Value::Null, Value::Number),
         Value::Array(items) => Value::Array(items.into_iter().map(as_doubles).collect()),
-        Value::Object(members) => {
-            Value::Object(members.into_iter().map(|(k, v)| (k, as_doubles(v))).collect())
-        }
+        Value::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .map(|(k, v)| (k, as_doubles(v)))
+                .collect(),
+        ),
         other => other,
     }
 }

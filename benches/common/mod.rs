@@ -59,7 +59,8 @@ pub struct NewPayment {
 }
 
 /// The body of the generic JSON rows: a payment with a reference.
-pub const PAYMENT: &str = r#"{"amount":1250,"currency":"EUR","reference":"order 7 of customer 42"}"#;
+pub const PAYMENT: &str =
+    r#"{"amount":1250,"currency":"EUR","reference":"order 7 of customer 42"}"#;
 
 /// `POST /payments` with a key and the payment body.
 pub fn payment(key: &str) -> Request<Full<Bytes>> {

@@ -11,7 +11,8 @@ use http::request::Parts;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
 use super::jcs::{self, Node, Pointer};
-use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
+use super::key::key_in;
+use super::{Fingerprint, Head, Operation, Parsed, media};
 use crate::reply::Rejection;
 
 /// The default request body limit of the generic operations ([`JsonOperation`],
@@ -278,15 +279,15 @@ where
             Head::PassThrough
         } else if !media::is_json_family(&parts.headers) {
             Head::Reject(Rejection::UnsupportedMediaType)
-        } else if IdempotencyKey::from_headers(&parts.headers).is_none() {
+        } else if key_in(&parts.headers).is_none() {
             Head::Reject(Rejection::InvalidKey)
         } else {
             Head::Guard
         }
     }
 
-    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<T>, Rejection> {
-        let key = IdempotencyKey::from_headers(&parts.headers).ok_or(Rejection::InvalidKey)?;
+    fn parse<'a>(&self, parts: &'a Parts, body: &Bytes) -> Result<Parsed<'a, T>, Rejection> {
+        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         let mut document = jcs::parse(body).map_err(|why| Rejection::invalid(why.to_string()))?;
         let value: T =
             serde_json::from_slice(body).map_err(|error| Rejection::invalid(error.to_string()))?;
@@ -294,7 +295,7 @@ where
             validate(&value).map_err(Rejection::InvalidRequest)?;
         }
         if let Some(pointer) = &self.config.key_member
-            && !matches!(document.get(pointer), Some(Node::String(member)) if member == key.as_str())
+            && !matches!(document.get(pointer), Some(Node::String(member)) if *member == *key)
         {
             return Err(Rejection::invalid(format!(
                 "the member {} must be a string equal to the Idempotency-Key",
@@ -303,7 +304,7 @@ where
         }
         let fingerprint = self.fingerprint(parts, &mut document);
         Ok(Parsed {
-            key: key.into_string(),
+            key,
             fingerprint,
             value,
         })

@@ -1,5 +1,6 @@
 //! The `Idempotency-Key` header as draft-ietf-httpapi-idempotency-key-header defines it.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::{HeaderMap, HeaderValue};
@@ -32,33 +33,18 @@ pub const MAX_KEY_LEN: usize = 255;
 /// assert!(IdempotencyKey::from_headers(&headers).is_none(), "a space is not visible ASCII");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
+pub struct IdempotencyKey(pub(crate) String);
 
 impl IdempotencyKey {
     /// The key of the one `Idempotency-Key` header in `headers`; `None` if there is none, more
     /// than one, or its value is not a valid key.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-        match (values.next(), values.next()) {
-            (Some(value), None) => Self::parse(value),
-            _ => None,
-        }
+        key_in(headers).map(|key| Self(key.into_owned()))
     }
 
     /// The key of one header value, bare or quoted; `None` if it is not a valid key.
     pub fn parse(value: &HeaderValue) -> Option<Self> {
-        let bytes = value.as_bytes();
-        let key = match bytes.strip_prefix(b"\"") {
-            Some(quoted) => unquote(quoted)?,
-            None => bytes.to_vec(),
-        };
-        let valid =
-            !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|b| b.is_ascii_graphic());
-        // Visible ASCII is valid UTF-8.
-        valid
-            .then(|| String::from_utf8(key).ok())
-            .flatten()
-            .map(Self)
+        key_of(value).map(|key| Self(key.into_owned()))
     }
 
     /// The key as the client meant it (unquoted).
@@ -75,6 +61,34 @@ impl IdempotencyKey {
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The key of the one `Idempotency-Key` header in `headers`, borrowed unless it was quoted.
+pub(crate) fn key_in(headers: &HeaderMap) -> Option<Cow<'_, str>> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => key_of(value),
+        _ => None,
+    }
+}
+
+/// The key of one header value, borrowed unless it was quoted.
+fn key_of(value: &HeaderValue) -> Option<Cow<'_, str>> {
+    let bytes = value.as_bytes();
+    let key: Cow<'_, [u8]> = match bytes.strip_prefix(b"\"") {
+        Some(quoted) => Cow::Owned(unquote(quoted)?),
+        None => Cow::Borrowed(bytes),
+    };
+    let valid =
+        !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|b| b.is_ascii_graphic());
+    if !valid {
+        return None;
+    }
+    // Visible ASCII is valid UTF-8.
+    match key {
+        Cow::Borrowed(bytes) => std::str::from_utf8(bytes).ok().map(Cow::Borrowed),
+        Cow::Owned(bytes) => String::from_utf8(bytes).ok().map(Cow::Owned),
     }
 }
 

@@ -22,6 +22,7 @@
 //! );
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -258,13 +259,16 @@ impl Operation for LabelContract {
         }
     }
 
-    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<LabelOperation>, Rejection> {
+    fn parse<'a>(
+        &self,
+        parts: &'a Parts,
+        body: &Bytes,
+    ) -> Result<Parsed<'a, LabelOperation>, Rejection> {
         let operation = LabelOperation::from_json(body).map_err(|_| Rejection::invalid(""))?;
-        if !key_matches(&parts.headers, &operation.request_id) {
-            return Err(Rejection::InvalidKey);
-        }
+        let key =
+            matching_key(&parts.headers, &operation.request_id).ok_or(Rejection::InvalidKey)?;
         Ok(Parsed {
-            key: operation.request_id.clone(),
+            key: Cow::Borrowed(key),
             fingerprint: operation.fingerprint(),
             value: operation,
         })
@@ -337,8 +341,12 @@ impl Operation for LabelContract {
     }
 }
 
-/// Contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`.
-fn key_matches(headers: &HeaderMap, request_id: &str) -> bool {
+/// Contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`; the key,
+/// borrowed from the header.
+fn matching_key<'a>(headers: &'a HeaderMap, request_id: &str) -> Option<&'a str> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    matches!((values.next(), values.next()), (Some(key), None) if key.as_bytes() == request_id.as_bytes())
+    match (values.next(), values.next()) {
+        (Some(key), None) if key.as_bytes() == request_id.as_bytes() => key.to_str().ok(),
+        _ => None,
+    }
 }

@@ -38,10 +38,10 @@
 //!         }
 //!     }
 //!
-//!     fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<()>, Rejection> {
+//!     fn parse<'a>(&self, parts: &'a Parts, body: &Bytes) -> Result<Parsed<'a, ()>, Rejection> {
 //!         let key = parts.headers["order-id"].to_str().map_err(|_| Rejection::InvalidKey)?;
 //!         Ok(Parsed {
-//!             key: key.to_owned(),
+//!             key: key.into(),
 //!             fingerprint: Fingerprint::digest([parts.uri.path().as_bytes(), body]),
 //!             value: (),
 //!         })
@@ -51,6 +51,7 @@
 //! #     tower_idempotency::MemoryStore::new(), Orders).global_keys();
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -122,7 +123,11 @@ pub trait Operation: Clone + Send + Sync + 'static {
     /// # Errors
     ///
     /// The [`Rejection`] the client gets (an invalid body, an invalid key).
-    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<Self::Value>, Rejection>;
+    fn parse<'a>(
+        &self,
+        parts: &'a Parts,
+        body: &Bytes,
+    ) -> Result<Parsed<'a, Self::Value>, Rejection>;
 
     /// The response for a refusal or failure of the layer. The default writes RFC 9457
     /// `application/problem+json`, as [`JsonOperation`] does.
@@ -164,10 +169,11 @@ pub enum Head {
 
 /// A valid operation, as [`Operation::parse`] yields it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Parsed<T> {
-    /// The idempotency key as the client sent it. The layer claims it within the scope, the
-    /// method and the path ([`store_key`](crate::store_key)).
-    pub key: String,
+pub struct Parsed<'a, T> {
+    /// The idempotency key as the client meant it, borrowed from the request head where it
+    /// can be. The layer claims it within the scope, the method and the path
+    /// ([`store_key`](crate::store_key)).
+    pub key: Cow<'a, str>,
     /// What two attempts must share to be the same operation.
     pub fingerprint: Fingerprint,
     /// Handed to admission and then to the inner service in the request extensions.

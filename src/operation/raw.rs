@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 
 use super::json::target;
+use super::key::key_in;
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
 use crate::reply::Rejection;
 
@@ -77,23 +78,27 @@ impl Operation for RawOperation {
                 return Head::Reject(Rejection::UnsupportedMediaType);
             }
         }
-        if IdempotencyKey::from_headers(&parts.headers).is_none() {
+        if key_in(&parts.headers).is_none() {
             return Head::Reject(Rejection::InvalidKey);
         }
         Head::Guard
     }
 
-    fn parse(&self, parts: &Parts, body: &Bytes) -> Result<Parsed<IdempotencyKey>, Rejection> {
-        let key = IdempotencyKey::from_headers(&parts.headers).ok_or(Rejection::InvalidKey)?;
+    fn parse<'a>(
+        &self,
+        parts: &'a Parts,
+        body: &Bytes,
+    ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
+        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         let [method, path] = target(parts);
         let content_type = parts
             .headers
             .get(CONTENT_TYPE)
             .map_or(&b""[..], HeaderValue::as_bytes);
         Ok(Parsed {
-            key: key.as_str().to_owned(),
             fingerprint: Fingerprint::digest([method, path, content_type, body]),
-            value: key,
+            value: IdempotencyKey(key.clone().into_owned()),
+            key,
         })
     }
 }

@@ -266,7 +266,10 @@ mod tests {
                 assert_eq!(file, rendered, "{name}: run with UPDATE_REPLY_TABLES=1");
             }
             let readme = include_str!("../../README.md");
-            assert!(readme.contains(&rendered), "README.md shows {name} as it is");
+            assert!(
+                readme.contains(&rendered),
+                "README.md shows {name} as it is"
+            );
         }
     }
 }
