@@ -25,7 +25,7 @@ use tracing::{Instrument, Span};
 use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::operation::Operation;
-use crate::pipeline::{self, Guard};
+use crate::pipeline::Guard;
 use crate::reply::Outcome;
 use crate::store::{BoxError, Store};
 
@@ -213,10 +213,7 @@ where
                         guard,
                         collector,
                     } = *reading.take().expect(POLLED_AFTER_COMPLETION);
-                    let settings = std::sync::Arc::clone(&guard.settings);
-                    let claimed = pipeline::read(collector, read)
-                        .and_then(|body| guard.operation(parts, body));
-                    match claimed {
+                    match guard.read(parts, collector, read) {
                         Ok(claimed) => {
                             claimed.trace(span);
                             let run = claimed.run().instrument(span.clone());
@@ -224,8 +221,8 @@ where
                                 future: Some(Box::pin(run)),
                             }
                         }
-                        Err(rejection) => State::Ready {
-                            response: Some(rejection.into_response(&settings.operation)),
+                        Err(response) => State::Ready {
+                            response: Some(response),
                         },
                     }
                 }

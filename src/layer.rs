@@ -34,9 +34,12 @@ pub enum StoredResponses {
     /// default, and the only safe choice when a failed create may still have had an effect.
     #[default]
     Every,
-    /// Only `2xx` responses. After any other response (or an error of the inner service) the
-    /// key is released, so a retry creates anew, and the response goes to the client as it
-    /// is, unstored. For services whose failures provably leave no effect.
+    /// Only `2xx` responses. After any other response the key is released, so a retry creates
+    /// anew, and the response goes to the client as it is, unstored. For services whose
+    /// non-`2xx` answers provably leave no effect: nothing between the layer and the create
+    /// may answer for it (a timeout inside that answers `408` or `503` after the create ran
+    /// would let a retry create again). An error of the inner service is no answer: the key
+    /// stays taken, as with [`Every`](Self::Every).
     Successful,
 }
 

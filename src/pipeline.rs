@@ -1,7 +1,8 @@
 //! The steps of a guarded request, in order, one function each:
 //!
 //! 1. [`head`]: the path, the operation's head checks, a declared length over the limit;
-//! 2. the body, read up to the limit by the response future ([`Collector`]), then [`read`];
+//! 2. the body, read up to the limit by the response future ([`Collector`]), then
+//!    [`Guard::read`];
 //! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
 //! 4. [`Claimed::run`]: [`claim`](Claimed::claim) → [`admit`](Admitted::admit) (a refusal
 //!    releases) → [`create`](Admitted::create) → [`complete`](Created::complete) → the reply.
@@ -56,7 +57,7 @@ pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Start
 }
 
 /// Step 2, once the body stream ended: the whole body, or why it is refused.
-pub(crate) fn read(collector: Collector, read: Result<(), ReadError>) -> Result<Bytes, Rejection> {
+fn read(collector: Collector, read: Result<(), ReadError>) -> Result<Bytes, Rejection> {
     match read {
         Ok(()) => Ok(collector.finish()),
         Err(ReadError::TooLarge) => Err(Rejection::PayloadTooLarge),
@@ -73,32 +74,50 @@ pub(crate) struct Guard<S, St, A, O> {
 }
 
 impl<S, St, A, O: Operation> Guard<S, St, A, O> {
-    /// Step 3, on the complete body: the operation, its scope and its store key. Nothing is
-    /// claimed until the body is complete and valid, so a slow or stalled body holds no
-    /// reservation.
-    pub(crate) fn operation(
+    /// Steps 2 and 3, once the body stream ended: the body, then the operation, its scope and
+    /// its store key; a refusal is the operation's response. Nothing is claimed until the body
+    /// is complete and valid, so a slow or stalled body holds no reservation.
+    pub(crate) fn read<B>(
         self,
         parts: Parts,
-        body: Bytes,
-    ) -> Result<Claimed<S, St, A, O>, Rejection> {
+        collector: Collector,
+        result: Result<(), ReadError>,
+    ) -> Result<Claimed<S, St, A, O>, Response<ResponseBody<B>>> {
+        let operation = read(collector, result).and_then(|body| {
+            let (key, fingerprint, value) = self.operation(&parts, &body)?;
+            Ok((key, fingerprint, value, body))
+        });
+        match operation {
+            Ok((key, fingerprint, value, body)) => Ok(Claimed {
+                guard: self,
+                key,
+                fingerprint,
+                value,
+                parts,
+                body,
+            }),
+            Err(rejection) => Err(rejection.into_response(&self.settings.operation)),
+        }
+    }
+
+    /// Step 3: the operation's key (within the scope, the method and the path), fingerprint
+    /// and value.
+    fn operation(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<(String, Fingerprint, O::Value), Rejection> {
         let Parsed {
             key,
             fingerprint,
             value,
-        } = self.settings.operation.parse(&parts, &body)?;
+        } = self.settings.operation.parse(parts, body)?;
         let scope = match &self.settings.scope {
-            Some(scope) => Some((scope.0)(&parts).ok_or(Rejection::ScopeRequired)?),
+            Some(scope) => Some((scope.0)(parts).ok_or(Rejection::ScopeRequired)?),
             None => None,
         };
         let key = store_key(scope.as_deref(), &parts.method, parts.uri.path(), &key);
-        Ok(Claimed {
-            guard: self,
-            key,
-            fingerprint,
-            value,
-            parts,
-            body,
-        })
+        Ok((key, fingerprint, value))
     }
 }
 
@@ -158,9 +177,9 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         let response = create(inner, parts, body, value).await;
         let response = match keep(response, settings.stored) {
             Keep::Store(response) => response,
-            Keep::Release(reply) => {
+            Keep::Release(response) => {
                 release(&store, &key, &reservation).await;
-                return reply.unwrap_or_else(|| Rejection::CreateFailed.into_response(operation));
+                return response;
             }
             Keep::Pending(rejection) => return rejection.into_response(operation),
         };
@@ -239,8 +258,9 @@ where
 enum Keep<R, B> {
     /// Store it.
     Store(R),
-    /// Release the key and reply with this (or `create_failed`): nothing took effect.
-    Release(Option<Response<ResponseBody<B>>>),
+    /// Release the key and reply with this, unstored: the create answered that nothing took
+    /// effect.
+    Release(Response<ResponseBody<B>>),
     /// Keep the key pending and reply with this: the create may have taken effect.
     Pending(Rejection),
 }
@@ -254,14 +274,12 @@ fn keep<ResBody, E>(
         (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
             let mut response = response.map(ResponseBody::inner);
             response.extensions_mut().insert(Outcome::Unstored);
-            Keep::Release(Some(response))
+            Keep::Release(response)
         }
         (Ok(response), _) => Keep::Store(response),
-        (Err(_), StoredResponses::Successful) => {
-            tracing::error!("create failed; the key is released");
-            Keep::Release(None)
-        }
-        (Err(_), StoredResponses::Every) => {
+        // An error is no answer: whether the create took effect is unknown, whatever the
+        // policy, so the key stays taken.
+        (Err(_), _) => {
             tracing::error!("create failed; the key stays pending");
             Keep::Pending(Rejection::CreateFailed)
         }

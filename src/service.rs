@@ -152,7 +152,7 @@ where
         let span = tracing::debug_span!(
             "idempotency",
             method = %parts.method,
-            path = %parts.uri.path(),
+            path = settings.path.as_deref().unwrap_or_else(|| parts.uri.path()),
             fingerprint = tracing::field::Empty,
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,

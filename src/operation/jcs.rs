@@ -5,7 +5,8 @@
 //! units of their names; strings with only the escapes ECMAScript's `JSON.stringify` writes;
 //! numbers as ECMAScript writes a double (`1.0` and `1` are both `1`, `1e21` is `1e+21`).
 //! Duplicate member names, lone surrogates, numbers out of the double range and nesting deeper
-//! than [`MAX_DEPTH`] are refused.
+//! than [`MAX_DEPTH`] are refused. One departure from RFC 8785: an integer literal of 16 to 21
+//! digits keeps its exact digits ([`Node::Integer`]).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -23,6 +24,14 @@ pub(crate) enum Node {
     Array(Vec<Node>),
     /// Members sorted by the UTF-16 code units of their names, no name twice.
     Object(Vec<(String, Node)>),
+    /// An integer literal of 16 to 21 digits, kept exactly. Past 2^53 two such integers can
+    /// share a double, and so RFC 8785's canonical form, while a body typed with `u64` reads
+    /// two amounts; their own digits keep them apart. Up to 21 digits ECMAScript writes a
+    /// double as plain digits too, so an integer a double holds exactly is written the same.
+    Integer(Box<str>),
+    /// An array item dropped from the fingerprint: kept in place so that later pointers still
+    /// name the items they named in the document, and skipped when written.
+    Removed,
 }
 
 /// Why a body is not JSON that has a canonical form.
@@ -243,6 +252,7 @@ impl Parser<'_> {
             b'1'..=b'9' => self.digits(),
             _ => return Err(Invalid::Syntax),
         }
+        let is_integer = !matches!(self.peek(), Some(b'.' | b'e' | b'E'));
         if self.peek() == Some(b'.') {
             self.at += 1;
             self.required_digits()?;
@@ -256,6 +266,10 @@ impl Parser<'_> {
         }
         // The grammar above admits only ASCII.
         let text = std::str::from_utf8(&self.input[start..self.at]).map_err(|_| Invalid::Syntax)?;
+        let digits = text.trim_start_matches('-').len();
+        if is_integer && (16..=21).contains(&digits) {
+            return Ok(Node::Integer(text.into()));
+        }
         let value: f64 = text.parse().map_err(|_| Invalid::Syntax)?;
         if value.is_finite() {
             Ok(Node::Number(value))
@@ -292,10 +306,12 @@ impl Node {
             Self::Bool(true) => out.extend_from_slice(b"true"),
             Self::Bool(false) => out.extend_from_slice(b"false"),
             Self::Number(value) => write_number(*value, out),
+            Self::Integer(text) => out.extend_from_slice(text.as_bytes()),
             Self::String(text) => write_string(text, out),
             Self::Array(items) => {
                 out.push(b'[');
-                for (i, item) in items.iter().enumerate() {
+                let kept = items.iter().filter(|item| !matches!(item, Self::Removed));
+                for (i, item) in kept.enumerate() {
                     if i > 0 {
                         out.push(b',');
                     }
@@ -303,6 +319,7 @@ impl Node {
                 }
                 out.push(b']');
             }
+            Self::Removed => {}
             Self::Object(members) => {
                 out.push(b'{');
                 for (i, (name, value)) in members.iter().enumerate() {
@@ -329,7 +346,9 @@ impl Node {
     fn child(&self, token: &str) -> Option<&Node> {
         match self {
             Self::Object(members) => members.iter().find(|(name, _)| name == token).map(|m| &m.1),
-            Self::Array(items) => items.get(array_index(token)?),
+            Self::Array(items) => items
+                .get(array_index(token)?)
+                .filter(|item| !matches!(item, Self::Removed)),
             _ => None,
         }
     }
@@ -357,8 +376,8 @@ impl Node {
         match node {
             Self::Object(members) => members.retain(|(name, _)| name != last),
             Self::Array(items) => {
-                if let Some(i) = array_index(last).filter(|&i| i < items.len()) {
-                    items.remove(i);
+                if let Some(item) = array_index(last).and_then(|i| items.get_mut(i)) {
+                    *item = Self::Removed;
                 }
             }
             _ => {}
@@ -598,6 +617,46 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_any_spelling_and_long_integers_exactly() {
+        for (text, canonical) in [
+            ("9007199254740992", "9007199254740992"),
+            ("-0.0", "0"),
+            ("0e10", "0"),
+            ("0.5e1", "5"),
+            ("333333333.33333329", "333333333.3333333"),
+            ("0.10000000000000001", "0.1"),
+            ("1.00000000000000000001", "1"),
+            ("1e-400", "0"),
+            ("100000000000000000000", "100000000000000000000"),
+            ("-9007199254740992", "-9007199254740992"),
+            ("9007199254740993", "9007199254740993"),
+            ("18446744073709551615", "18446744073709551615"),
+            ("18446744073709551615.0", "18446744073709552000"),
+            ("123456789012345678901234567890", "1.2345678901234568e+29"),
+            ("1.50", "1.5"),
+            ("100E-2", "1"),
+            ("0.1", "0.1"),
+            ("5e-324", "5e-324"),
+            ("1e21", "1e+21"),
+            ("1.2345678901234567890e29", "1.2345678901234568e+29"),
+        ] {
+            let result = canonicalize(text.as_bytes());
+            assert_eq!(result.as_deref(), Ok(canonical.as_bytes()), "{text}");
+        }
+    }
+
+    #[test]
+    fn removing_array_items_keeps_the_indices_of_the_document() {
+        let mut doc = parse(br#"{"items":["t","a","X"]}"#).unwrap();
+        for pointer in ["/items/0", "/items/1"] {
+            doc.remove(&Pointer::parse(pointer).unwrap());
+        }
+        let mut out = Vec::new();
+        doc.write_canonical(&mut out);
+        assert_eq!(out, br#"{"items":["X"]}"#);
+    }
+
+    #[test]
     fn pointers() {
         let doc = parse(br#"{"a":{"b/c":[10,{"~d":true}]},"e":null}"#).unwrap();
         let at = |p: &str| doc.get(&Pointer::parse(p).unwrap()).cloned();
@@ -613,6 +672,7 @@ mod tests {
         }
         let mut edited = doc.clone();
         edited.remove(&Pointer::parse("/a/b~1c/0").unwrap());
+        assert_eq!(edited.get(&Pointer::parse("/a/b~1c/0").unwrap()), None);
         edited.remove(&Pointer::parse("/e").unwrap());
         edited.remove(&Pointer::parse("/missing/x").unwrap());
         edited.remove(&Pointer::parse("").unwrap());

@@ -32,9 +32,11 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync
 ///   With a type ([`JsonOperation::typed`]) it must deserialize into it and pass the
 ///   [`validate`](Self::validate) hook; the inner service gets the value in the request
 ///   extensions (and the unchanged body, so axum's `Json<T>` works too).
-/// - **The fingerprint**: SHA-256 over the method, the path with its query, and the body in
-///   canonical JSON (RFC 8785): member order, whitespace, escapes and number spelling (`1.0`
-///   and `1`) do not change it. [`fingerprint_only`](Self::fingerprint_only) and
+/// - **The fingerprint**: SHA-256 over the method, the path with its query, the media type,
+///   and the body in canonical JSON (RFC 8785): member order, whitespace, escapes and number
+///   spelling (`1.0` and `1`) do not change it. Numbers are doubles, as RFC 8785 reads them;
+///   an integer literal a double cannot hold exactly (past 2^53) is refused, since a typed
+///   body would read it otherwise — send such values as strings. [`fingerprint_only`](Self::fingerprint_only) and
 ///   [`fingerprint_except`](Self::fingerprint_except) narrow it with JSON pointers.
 /// - **Refusals** are RFC 9457 `application/problem+json`:
 ///
@@ -314,6 +316,10 @@ where
 impl<T> JsonOperation<T> {
     fn fingerprint(&self, parts: &Parts, document: &mut Node) -> Fingerprint {
         let [method, path] = target(parts);
+        // `application/merge-patch+json` and `application/json` bodies mean different things.
+        let media_type = media::media_type(&parts.headers)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         let mut canonical = Vec::new();
         match &self.config.fingerprint {
             Selection::Whole => document.write_canonical(&mut canonical),
@@ -340,6 +346,6 @@ impl<T> JsonOperation<T> {
                 }
             }
         }
-        Fingerprint::digest([method, path, &canonical])
+        Fingerprint::digest([method, path, media_type.as_bytes(), &canonical])
     }
 }

@@ -14,8 +14,8 @@ pub const MAX_KEY_LEN: usize = 255;
 /// characters, sent bare (`abc`) or as a Structured Field string (`"abc"`, with `\"` and `\\`
 /// escapes). Both forms name the same key.
 ///
-/// [`JsonOperation`](crate::JsonOperation) and [`RawOperation`](crate::RawOperation) put it
-/// into the request extensions for the inner service.
+/// [`RawOperation`](crate::RawOperation) puts it into the request extensions for the inner
+/// service.
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue};

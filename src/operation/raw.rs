@@ -14,7 +14,7 @@ use crate::reply::Rejection;
 
 /// A create endpoint whose body is any bytes: a form, an upload. The key is the
 /// `Idempotency-Key` header as for [`JsonOperation`](crate::JsonOperation); the fingerprint is
-/// SHA-256 over the method, the path with its query, the `Content-Type` value and the exact
+/// SHA-256 over the method, the path with its query, the `Content-Type` values and the exact
 /// body bytes. Refusals are problem details, as for `JsonOperation`.
 ///
 /// Every content type is read unless [`media_types`](Self::media_types) names the ones
@@ -91,12 +91,15 @@ impl Operation for RawOperation {
     ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
         let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         let [method, path] = target(parts);
-        let content_type = parts
-            .headers
-            .get(CONTENT_TYPE)
-            .map_or(&b""[..], HeaderValue::as_bytes);
+        // Every `Content-Type` value, after a count: none and an empty one differ.
+        let content_types = parts.headers.get_all(CONTENT_TYPE);
+        let count = (content_types.iter().count() as u64).to_be_bytes();
+        let fields = [&method[..], path, &count[..]]
+            .into_iter()
+            .chain(content_types.iter().map(HeaderValue::as_bytes))
+            .chain([&body[..]]);
         Ok(Parsed {
-            fingerprint: Fingerprint::digest([method, path, content_type, body]),
+            fingerprint: Fingerprint::digest(fields),
             value: IdempotencyKey(key.clone().into_owned()),
             key,
         })

@@ -182,7 +182,7 @@ pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
                 "create_failed",
                 "Create failed",
                 500,
-                "The create failed; whether it took effect is unknown, so the key stays taken."
+                "The create failed; whether it took effect is unknown."
             ),
         ),
         Rejection::ResponseTooLarge => fixed(
