@@ -77,6 +77,9 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
     /// Steps 2 and 3, once the body stream ended: the body, then the operation, its scope and
     /// its store key; a refusal is the operation's response. Nothing is claimed until the body
     /// is complete and valid, so a slow or stalled body holds no reservation.
+    // Either variant moves once, into the future's next state: boxing the response would cost
+    // an allocation per refusal.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn read<B>(
         self,
         parts: Parts,

@@ -94,7 +94,7 @@ impl Operation for RawOperation {
         // Every `Content-Type` value, after a count: none and an empty one differ.
         let content_types = parts.headers.get_all(CONTENT_TYPE);
         let count = (content_types.iter().count() as u64).to_be_bytes();
-        let fields = [&method[..], path, &count[..]]
+        let fields = [method, path, &count[..]]
             .into_iter()
             .chain(content_types.iter().map(HeaderValue::as_bytes))
             .chain([&body[..]]);
