@@ -201,8 +201,8 @@
 //! *At most one create per key*, for as long as the reservation or record is held. Not
 //! exactly-once: a crash between the create and the complete leaves the key pending, and a
 //! pending retry never gets the right to create. A create that fails (an error, a response over
-//! the cap) also leaves the key pending, unless [`StoredResponses::Successful`] says failures
-//! leave no effect; otherwise only a confirmed admission refusal releases it.
+//! the cap) also leaves the key pending. Only a confirmed admission refusal releases it, and,
+//! where [`StoredResponses::Successful`] says non-`2xx` answers leave no effect, such an answer.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]

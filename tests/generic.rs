@@ -298,10 +298,7 @@ async fn a_failed_or_oversized_create_is_a_500_problem_and_the_key_stays_taken()
 /// Re-serialisations of one payload are one operation; any change of a value is another.
 #[tokio::test]
 async fn the_fingerprint_is_the_canonical_json_of_the_body() {
-    let creates = Arc::new(AtomicUsize::new(0));
-    let layer =
-        IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new()).global_keys();
-    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let (service, creates) = guarded(JsonOperation::new());
     let first = r#"{"a":1,"b":{"x":[1,2,{"k":"é"}],"y":null},"c":"A/B","d":true,"e":0.5,"f":1e21}"#;
     let same = [
         // Member order, at every depth.
@@ -375,10 +372,8 @@ async fn quoted_and_bare_keys_name_one_operation_within_the_length_bounds() {
 
 #[tokio::test]
 async fn the_key_space_holds_the_method_and_the_concrete_path_and_the_fingerprint_the_query() {
-    let creates = Arc::new(AtomicUsize::new(0));
     let operation = JsonOperation::new().methods([Method::POST, Method::PATCH]);
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
-    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let (service, creates) = guarded(operation);
     let refund = r#"{"amount":5}"#;
     let a = send(
         &service,
@@ -441,12 +436,10 @@ async fn a_path_restricts_the_layer_and_other_paths_get_a_404_problem_or_pass() 
 
 #[tokio::test]
 async fn key_member_and_fingerprint_selections() {
-    let creates = Arc::new(AtomicUsize::new(0));
     let operation = JsonOperation::new()
         .key_member("/request_id")
         .fingerprint_except(["/sent_at", "/meta/trace"]);
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
-    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let (service, creates) = guarded(operation);
     let send_at = |at: &'static str, key: &'static str| {
         json_request(
             "POST",
@@ -481,21 +474,19 @@ async fn key_member_and_fingerprint_selections() {
         format!(r#"{{"amount":{amount},"currency":"EUR","note":"{note}"}}"#)
     };
     assert_eq!(
-        send(
+        outcome(
             &service,
             json_request("POST", "/p", Some("k"), &body("a", 1))
         )
-        .await
-        .outcome,
+        .await,
         Some(Outcome::Created)
     );
     assert_eq!(
-        send(
+        outcome(
             &service,
             json_request("POST", "/p", Some("k"), &body("b", 1))
         )
-        .await
-        .outcome,
+        .await,
         Some(Outcome::Replay)
     );
     send(
@@ -740,21 +731,19 @@ async fn a_raw_operation_fingerprints_the_exact_bytes_and_content_type() {
         request("POST", "/upload", Some(key), Some(content_type), body)
     };
     assert_eq!(
-        send(
+        outcome(
             &service,
             form("\"f\"", "application/x-www-form-urlencoded", "a=1&b=2")
         )
-        .await
-        .outcome,
+        .await,
         Some(Outcome::Created)
     );
     assert_eq!(
-        send(
+        outcome(
             &service,
             form("f", "application/x-www-form-urlencoded", "a=1&b=2")
         )
-        .await
-        .outcome,
+        .await,
         Some(Outcome::Replay)
     );
     send(
@@ -794,10 +783,8 @@ async fn integers_past_two_to_the_53_keep_their_digits_and_the_media_type_is_fin
         .await
         .problem(422, "idempotency_conflict", None);
 
-    let creates = Arc::new(AtomicUsize::new(0));
     let operation = JsonOperation::new().methods([Method::PATCH]);
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
-    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let (service, _) = guarded(operation);
     let patch = |content_type: &str| {
         request(
             "PATCH",

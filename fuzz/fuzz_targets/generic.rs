@@ -23,23 +23,9 @@ const PROBLEMS: [(u16, &str); 6] = [
     (405, "method_not_allowed"),
 ];
 
-/// Splits the input into method, path, content type, key and body at `\n`s.
-fn request(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {
-    let mut parts = data.splitn(5, |b| *b == b'\n');
-    let method = http::Method::from_bytes(parts.next()?).ok()?;
-    let path = std::str::from_utf8(parts.next()?).ok()?;
-    let content_type = parts.next()?;
-    let key = parts.next()?;
-    let body = Bytes::copy_from_slice(parts.next().unwrap_or_default());
-    let mut builder = http::Request::builder().method(method).uri(path);
-    if let Ok(value) = http::HeaderValue::from_bytes(content_type) {
-        builder = builder.header("content-type", value);
-    }
-    if let Ok(value) = http::HeaderValue::from_bytes(key) {
-        builder = builder.header("idempotency-key", value);
-    }
-    builder.body(Full::new(body)).ok()
-}
+#[path = "request.rs"]
+mod request;
+use request::request;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(body) = data.rsplit(|b| *b == b'\n').next()
@@ -48,14 +34,23 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(canonical_json(&canonical).ok(), Some(canonical));
     }
     let Some(request) = request(data) else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let store = MemoryStore::new();
         let creates = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&creates);
         let create = tower::service_fn(move |_: http::Request<RequestBody<Full<Bytes>>>| {
             counter.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, Infallible>(http::Response::builder().status(201).body(Full::new(Bytes::new())).unwrap()) }
+            async {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
         });
         let layer = IdempotencyLayer::with_operation(store.clone(), JsonOperation::new())
             .global_keys()

@@ -221,3 +221,17 @@ pub async fn generic_mode_survives_a_disconnect<St: Store>(store: St) {
     }
     assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
+
+/// `operation` on a fresh memory store (global keys) around a counting create.
+pub fn guarded<O: tower_idempotency::Operation>(
+    operation: O,
+) -> (
+    PaymentService<tower_idempotency::MemoryStore, O>,
+    Arc<AtomicUsize>,
+) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::with_operation(tower_idempotency::MemoryStore::new(), operation)
+        .global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    (service, creates)
+}
