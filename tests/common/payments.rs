@@ -235,3 +235,15 @@ pub fn guarded<O: tower_idempotency::Operation>(
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
     (service, creates)
 }
+
+/// What the layer did with one request.
+pub async fn outcome<S>(service: &S, request: Request<Chunks>) -> Option<Outcome>
+where
+    S: tower::Service<
+            Request<Chunks>,
+            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+        > + Clone,
+    S::Error: std::fmt::Debug,
+{
+    send(service, request).await.outcome
+}
