@@ -26,7 +26,7 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync
 /// - **Guarded methods**: `POST` by default ([`methods`](Self::methods) adds `PATCH`, say);
 ///   other methods pass through untouched, so a `GET` on the same route is not guarded.
 /// - **The key**: one `Idempotency-Key` header, 1 to 255 visible ASCII characters, bare or as a
-///   Structured Field string ([`IdempotencyKey`]); checked before the body is read.
+///   Structured Field string ([`IdempotencyKey`](crate::IdempotencyKey)); checked before the body is read.
 /// - **The body**: `Content-Type: application/json` or `application/…+json`, at most the body
 ///   limit (16 KiB unless the layer sets another), one JSON value with no member name twice.
 ///   With a type ([`JsonOperation::typed`]) it must deserialize into it and pass the
