@@ -157,6 +157,14 @@ mod tests {
     }
 
     #[test]
+    fn the_key_reads_back_as_sent() {
+        let key = IdempotencyKey::parse(&HeaderValue::from_static(r#""a\"b""#)).unwrap();
+        assert_eq!(key.as_str(), r#"a"b"#);
+        assert_eq!(key.to_string(), r#"a"b"#);
+        assert_eq!(key.into_string(), r#"a"b"#);
+    }
+
+    #[test]
     fn exactly_one_header() {
         let mut headers = HeaderMap::new();
         assert_eq!(IdempotencyKey::from_headers(&headers), None);
