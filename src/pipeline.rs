@@ -9,12 +9,17 @@
 //!
 //! Nothing refused before step 4 touches the store, admission or the inner service.
 
+use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
+use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::admission::{Admission, Admit};
@@ -173,7 +178,10 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         let permit = match admit(&admission, &value).await {
             Ok(permit) => permit,
             Err(rejection) => {
-                release(&store, &key, &reservation).await;
+                // Only a confirmed refusal releases the key (contract §5.2).
+                if let Rejection::NotAdmitted(_) = rejection {
+                    release(&store, &key, &reservation).await;
+                }
                 return rejection.into_response(operation);
             }
         };
@@ -224,11 +232,16 @@ async fn claim<St: Store, O: Operation, B>(
     Err(rejection.into_response(&settings.operation))
 }
 
-/// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal.
+/// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is
+/// caught: no refusal was confirmed, so the key stays pending and the client gets a 500.
 async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit, Rejection> {
-    match admission.admit(value).await {
-        Admit::Proceed(permit) => Ok(permit),
-        Admit::Refuse(refusal) => Err(Rejection::NotAdmitted(refusal)),
+    match CatchUnwind::new(|| admission.admit(value)).await {
+        Some(Admit::Proceed(permit)) => Ok(permit),
+        Some(Admit::Refuse(refusal)) => Err(Rejection::NotAdmitted(refusal)),
+        None => {
+            tracing::error!("admission panicked; the key stays pending");
+            Err(Rejection::CreateFailed)
+        }
     }
 }
 
@@ -241,20 +254,57 @@ async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
 }
 
 /// Step 6, contract §5.3: the create. The inner service gets the body bytes and the
-/// operation's value in the extensions.
+/// operation's value in the extensions. A panic in its `call` or its future is caught once
+/// and is a failed create (`None`): the create may have run.
 async fn create<S, ReqBody, ResBody, T>(
     mut inner: S,
     parts: Parts,
     body: Bytes,
     value: T,
-) -> Result<Response<ResBody>, S::Error>
+) -> Option<Result<Response<ResBody>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     T: Clone + Send + Sync + 'static,
 {
     let mut request = Request::from_parts(parts, RequestBody::full(body));
     request.extensions_mut().insert(value);
-    inner.call(request).await
+    CatchUnwind::new(move || inner.call(request)).await
+}
+
+pin_project! {
+    /// A future that catches a panic of the function that makes it and of every poll, once:
+    /// it ends with `None` and never polls the panicked future again.
+    struct CatchUnwind<F> {
+        #[pin]
+        future: Option<F>,
+    }
+}
+
+impl<F: Future> CatchUnwind<F> {
+    fn new(make: impl FnOnce() -> F) -> Self {
+        Self {
+            future: panic::catch_unwind(AssertUnwindSafe(make)).ok(),
+        }
+    }
+}
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(future) = this.future.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        match panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Some(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => {
+                this.future.set(None);
+                Poll::Ready(None)
+            }
+        }
+    }
 }
 
 /// What to do with the create's answer.
@@ -270,9 +320,13 @@ enum Keep<R, B> {
 
 /// Step 7a: which answers are stored ([`StoredResponses`]).
 fn keep<ResBody, E>(
-    response: Result<Response<ResBody>, E>,
+    response: Option<Result<Response<ResBody>, E>>,
     stored: StoredResponses,
 ) -> Keep<Response<ResBody>, ResBody> {
+    let Some(response) = response else {
+        tracing::error!("create panicked; the key stays pending");
+        return Keep::Pending(Rejection::CreateFailed);
+    };
     match (response, stored) {
         (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
             let mut response = response.map(ResponseBody::inner);
