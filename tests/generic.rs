@@ -819,3 +819,20 @@ async fn a_raw_body_without_a_content_type_is_not_one_with_an_empty_one() {
         .await
         .problem(422, "idempotency_conflict", None);
 }
+
+/// The generic operations' default body limit is 16 KiB, checked on the bytes read.
+#[tokio::test]
+async fn the_default_body_limit_of_the_generic_operations_is_16_kib() {
+    let (service, _) = guarded(JsonOperation::new());
+    let padded = |len: usize| {
+        let filler = "x".repeat(len - r#"{"p":""}"#.len());
+        format!(r#"{{"p":"{filler}"}}"#)
+    };
+    assert_eq!(tower_idempotency::DEFAULT_BODY_LIMIT, 16 * 1024);
+    let fits = json_request("POST", "/any", Some("fits"), &padded(16 * 1024));
+    assert_eq!(send(&service, fits).await.status, 201);
+    let over = json_request("POST", "/any", Some("over"), &padded(16 * 1024 + 1));
+    send(&service, over)
+        .await
+        .problem(413, "payload_too_large", None);
+}
