@@ -68,12 +68,17 @@ pub(crate) async fn within<T>(
         .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout)))
 }
 
-/// A retention window in whole milliseconds, at least one, as remote stores keep it.
+/// The longest retention a remote store keeps: a hundred years. A longer one (up to
+/// `Duration::MAX`) is clamped to it, since backends cannot add more to the current time.
+pub const MAX_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// A retention window in whole milliseconds, at least one and at most [`MAX_RETENTION`], as
+/// remote stores keep it.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
-    u64::try_from(retention.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1)
+    let millis = retention.min(MAX_RETENTION).as_millis();
+    u64::try_from(millis).unwrap_or(u64::MAX).max(1)
 }
 
 /// A boxed error from a store backend.

@@ -1,10 +1,12 @@
 //! The PostgreSQL store: shared by every replica and durable.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use sha2::{Digest, Sha256};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
@@ -194,7 +196,8 @@ impl PostgresStore {
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
     /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
-    /// deletes them. Default: never. Pending records never expire.
+    /// deletes them. Default: never. Pending records never expire. Any duration is accepted;
+    /// past [`MAX_RETENTION`](super::MAX_RETENTION) (a hundred years) it is clamped.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention_ms = i64::try_from(retention_millis(retention)).unwrap_or(i64::MAX);
         self
@@ -295,8 +298,24 @@ fn guarded(rows: u64) -> Result<(), StoreError> {
     }
 }
 
+/// The longest key kept as it is, in bytes. A btree index row holds about 2,700 bytes, so a
+/// longer key is kept as `sha256:` and its digest: any key a request can carry works.
+const MAX_KEY_BYTES: usize = 512;
+
+/// The key as the table holds it: itself, or the digest of a long one. A digest form never
+/// equals a key the layer makes (those start with a method or a scope's length).
+fn table_key(key: &str) -> Cow<'_, str> {
+    if key.len() <= MAX_KEY_BYTES {
+        Cow::Borrowed(key)
+    } else {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        Cow::Owned(format!("sha256:{}", hex::encode(digest)))
+    }
+}
+
 impl Store for PostgresStore {
     async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        let key = &*table_key(key);
         let reservation = Reservation::generate();
         let token = reservation.as_u128().to_be_bytes();
         let params: [&(dyn ToSql + Sync); 3] = [&key, &fingerprint.as_str(), &&token[..]];
@@ -350,6 +369,7 @@ impl Store for PostgresStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
         let rows = self
@@ -362,6 +382,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
             .execute(&self.sql.release, &[&key, &&token[..]])

@@ -134,7 +134,8 @@ impl RedisStore {
     }
 
     /// Lets completed records expire `retention` after they were completed. Default: never.
-    /// Pending records never expire.
+    /// Pending records never expire. Any duration is accepted; past
+    /// [`MAX_RETENTION`](super::MAX_RETENTION) (a hundred years) it is clamped.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention_ms = retention_millis(retention);
         self

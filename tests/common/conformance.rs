@@ -58,6 +58,52 @@ pub async fn all_four_claim_outcomes(store: impl Store) {
     assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
 }
 
+/// Keys of any length a request can carry (a 3,000-character `request_id` fits the label
+/// contract's body limit) work like short ones, and two long keys that differ only at the end
+/// are two records.
+pub async fn keys_of_any_length_work(store: impl Store) {
+    // Hex of a pseudo-random sequence: a backend cannot compress it below an index's limit.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let noise: String = (0..375)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            format!("{:08x}", state >> 32)
+        })
+        .collect();
+    let long = format!("{}{noise}", unique_key("long"));
+    let other = format!("{long}2");
+    let reservation = new(&store, &long, &fp("a")).await;
+    assert_eq!(claim(&store, &long, &fp("a")).await, Claim::Pending);
+    let stranger = new(&store, &other, &fp("b")).await;
+    store.release(&other, &stranger).await.unwrap();
+    store
+        .complete(&long, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(&store, &long, &fp("a")).await,
+        Claim::Replay(awkward_response())
+    );
+    assert_eq!(claim(&store, &long, &fp("b")).await, Claim::Conflict);
+    new(&store, &other, &fp("b")).await;
+}
+
+/// Any retention is accepted, the longest included: completing and replaying work.
+pub async fn any_retention_is_accepted(store: impl Store) {
+    let key = unique_key("forever");
+    let reservation = new(&store, &key, &fp("a")).await;
+    store
+        .complete(&key, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(&store, &key, &fp("a")).await,
+        Claim::Replay(awkward_response())
+    );
+}
+
 pub async fn conflict_is_decided_before_the_status_and_changes_nothing(store: impl Store) {
     let key = unique_key("conflict");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -252,6 +298,16 @@ macro_rules! store_conformance {
             async fn conflict_is_decided_before_the_status_and_changes_nothing() {
                 suite::conflict_is_decided_before_the_status_and_changes_nothing($make(None).await)
                     .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn keys_of_any_length_work() {
+                suite::keys_of_any_length_work($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn any_retention_is_accepted() {
+                suite::any_retention_is_accepted($make(Some(std::time::Duration::MAX)).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
