@@ -198,3 +198,47 @@ async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() 
     let cutter = Arc::clone(&proxy);
     crash_between_create_and_complete(store, move || cutter.cut(), || proxy.restore()).await;
 }
+
+/// The configured timeout is the one that counts, above the connection's own one second too,
+/// and a call that runs out of it reports `Timeout`. The test's own server is paused, so other
+/// tests are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
+    let server = RedisServer::start();
+    let pause = |millis: u64| {
+        let status = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &server.port.to_string(),
+                "CLIENT",
+                "PAUSE",
+                &millis.to_string(),
+                "WRITE",
+            ])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli on PATH");
+        assert!(status.success());
+    };
+    let patient = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(4));
+    let fp = fingerprint("timeout", "p");
+    pause(1_500);
+    let started = std::time::Instant::now();
+    let claim = patient.claim("patient", &fp).await;
+    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_000),
+        "it waited for the pause"
+    );
+
+    let hasty = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    pause(1_000);
+    let error = hasty.claim("hasty", &fp).await.unwrap_err();
+    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Timeout);
+}

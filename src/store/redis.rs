@@ -100,7 +100,9 @@ impl RedisStore {
         let client = redis::Client::open(url).map_err(unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
-            .set_response_timeout(Some(DEFAULT_TIMEOUT))
+            // No response timeout of its own: every call runs within the store's configured
+            // timeout instead, which may be longer than the default, and reports `Timeout`.
+            .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let connect = async {
@@ -141,7 +143,8 @@ impl RedisStore {
         self
     }
 
-    /// Sets how long one store call may take. Default one second.
+    /// Sets how long one store call may take, any duration; a call past it fails with
+    /// [`StoreErrorKind::Timeout`]. Default one second.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
