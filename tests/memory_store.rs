@@ -38,3 +38,51 @@ async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {
     assert!(store.is_pending("open"));
     assert_eq!(MemoryStore::new().purge_expired(), 0);
 }
+
+/// A bounded store refuses a new key when full (the layer answers 503 and creates nothing),
+/// and makes room again as records are released or expire; replays of what it holds go on.
+#[tokio::test]
+async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
+    use common::*;
+    let store = MemoryStore::with_retention(Duration::from_millis(50)).max_records(2);
+    let creates = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = counting_service(
+        store.clone(),
+        std::sync::Arc::clone(&creates),
+        Duration::ZERO,
+    );
+    send_to(&service, operation("one", "p"))
+        .await
+        .exact(201, CREATED_BODY);
+    send_to(&service, operation("two", "p"))
+        .await
+        .exact(201, CREATED_BODY);
+    send_to(&service, operation("three", "p"))
+        .await
+        .exact(503, r#"{"error":"store_unavailable"}"#)
+        .header("retry-after", &["2"]);
+    assert_eq!(creates.load(std::sync::atomic::Ordering::SeqCst), 2);
+    send_to(&service, operation("one", "p"))
+        .await
+        .exact(201, CREATED_BODY); // a replay needs no room
+    assert_eq!(store.len(), 2);
+
+    // A release gives its room back.
+    let fp = fingerprint("x", "p");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.purge_expired(), 2, "both completed records expired");
+    let tower_idempotency::Claim::New(reservation) = store.claim("a", &fp).await.unwrap() else {
+        panic!()
+    };
+    store.claim("b", &fp).await.unwrap();
+    let full = store.claim("c", &fp).await.unwrap_err();
+    assert_eq!(
+        full.kind(),
+        tower_idempotency::StoreErrorKind::CapacityExceeded
+    );
+    store.release("a", &reservation).await.unwrap();
+    assert!(matches!(
+        store.claim("c", &fp).await,
+        Ok(tower_idempotency::Claim::New(_))
+    ));
+}

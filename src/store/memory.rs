@@ -1,6 +1,7 @@
 //! The in-memory store: one process, lost on restart.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,10 @@ pub struct MemoryStore {
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
     retention: Option<Duration>,
+    /// The most records held at once, if bounded.
+    max_records: Option<usize>,
+    /// Records held, pending and completed (kept only when bounded).
+    records: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -79,7 +84,59 @@ impl MemoryStore {
     fn build(retention: Option<Duration>) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
         Self {
-            shared: Arc::new(Shared { shards, retention }),
+            shared: Arc::new(Shared {
+                shards,
+                retention,
+                max_records: None,
+                records: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Holds at most `max` records, pending and completed: when full, a claim of a new key
+    /// fails with [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`,
+    /// `store_unavailable`, and creates nothing) until releases or the retention make room.
+    /// Unbounded by default. Set it on a new store, before it is shared.
+    ///
+    /// ```
+    /// use tower_idempotency::{fingerprint, MemoryStore, Store, StoreErrorKind};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::new().max_records(1);
+    /// store.claim("a", &fingerprint("a", "p")).await.unwrap();
+    /// let full = store.claim("b", &fingerprint("b", "p")).await.unwrap_err();
+    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
+    /// # }
+    /// ```
+    pub fn max_records(self, max: usize) -> Self {
+        let shared = Shared {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            retention: self.shared.retention,
+            max_records: Some(max),
+            records: AtomicUsize::new(0),
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Takes room for one more record, if the store is bounded and has it.
+    fn take_room(&self) -> Result<(), StoreError> {
+        let Some(max) = self.shared.max_records else {
+            return Ok(());
+        };
+        let held = self.shared.records.fetch_add(1, Ordering::AcqRel);
+        if held < max {
+            Ok(())
+        } else {
+            self.shared.records.fetch_sub(1, Ordering::AcqRel);
+            Err(StoreError::new(StoreErrorKind::CapacityExceeded))
+        }
+    }
+
+    /// Gives back the room of `n` records dropped.
+    fn give_room(&self, n: usize) {
+        if self.shared.max_records.is_some() && n > 0 {
+            self.shared.records.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
@@ -137,11 +194,14 @@ impl MemoryStore {
             return 0;
         };
         let now = Instant::now();
-        self.shared
+        let dropped = self
+            .shared
             .shards
             .iter()
             .map(|shard| lock(shard).purge(now, retention))
-            .sum()
+            .sum();
+        self.give_room(dropped);
+        dropped
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
@@ -165,6 +225,7 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("retention", &self.shared.retention)
+            .field("max_records", &self.shared.max_records)
             .finish_non_exhaustive()
     }
 }
@@ -223,8 +284,10 @@ impl Store for MemoryStore {
                 .last_purge
                 .is_none_or(|at| now.duration_since(at) >= retention)
         {
-            shard.purge(now, retention);
+            let dropped = shard.purge(now, retention);
+            self.give_room(dropped);
         }
+        self.take_room()?;
         let reservation = Reservation::generate();
         shard.records.insert(
             key.into(),
@@ -260,6 +323,7 @@ impl Store for MemoryStore {
         match shard.records.get(key) {
             Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
                 shard.records.remove(key);
+                self.give_room(1);
                 Ok(())
             }
             _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),

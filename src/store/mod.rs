@@ -290,6 +290,9 @@ pub enum StoreErrorKind {
     Corrupt,
     /// The store's configuration is invalid (a malformed URL or table name, say).
     InvalidConfig,
+    /// The store holds as many records as it may
+    /// ([`MemoryStore::max_records`](crate::MemoryStore::max_records)); nothing was claimed.
+    CapacityExceeded,
 }
 
 /// The one error type of every [`Store`].
@@ -338,6 +341,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::ReservationLost => "reservation lost",
             StoreErrorKind::Corrupt => "corrupt store record",
             StoreErrorKind::InvalidConfig => "invalid store configuration",
+            StoreErrorKind::CapacityExceeded => "store full",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),
