@@ -14,6 +14,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -29,7 +30,7 @@ use crate::layer::{OtherPaths, Settings, StoredResponses};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::store_key;
-use crate::store::{Claim, Reservation, Store, StoredResponse};
+use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// What step 1 decided.
 pub(crate) enum Start {
@@ -205,13 +206,16 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
 }
 
 /// Step 4, contract §4: the claim decides; only a new claim goes on, with its reservation.
+/// The reservation is chosen here, before the claim: if the claim's answer is lost, the claim
+/// may still take effect, and releasing the reservation settles it.
 async fn claim<St: Store, O: Operation, B>(
     store: &St,
     key: &str,
     fingerprint: &Fingerprint,
     settings: &Settings<O>,
 ) -> Result<Reservation, Response<ResponseBody<B>>> {
-    let rejection = match store.claim(key, fingerprint).await {
+    let reservation = Reservation::generate();
+    let rejection = match store.claim_with(key, fingerprint, reservation).await {
         Ok(Claim::New(reservation)) => return Ok(reservation),
         Ok(Claim::Replay(stored)) => {
             let mut response = reply::stored(stored, Outcome::Replay);
@@ -226,10 +230,76 @@ async fn claim<St: Store, O: Operation, B>(
         Ok(Claim::Conflict) => Rejection::Conflict,
         Err(error) => {
             tracing::warn!(%error, "claim failed; nothing created");
+            if is_unknown(&error) {
+                settle(
+                    store.clone(),
+                    key.to_owned(),
+                    reservation,
+                    Settle::Claim(*fingerprint),
+                );
+            }
             Rejection::StoreUnavailable
         }
     };
     Err(rejection.into_response(&settings.operation))
+}
+
+/// Whether a failed store call may still have taken effect: its answer was lost.
+fn is_unknown(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::Timeout | StoreErrorKind::Unavailable
+    )
+}
+
+/// When a call whose outcome is unknown is settled: soon after, then every second for about
+/// half a minute, so a store that recovers within that settles every key it was asked about
+/// within a second of recovering.
+fn settle_delays() -> impl Iterator<Item = Duration> {
+    [50, 100, 200, 400]
+        .into_iter()
+        .chain(std::iter::repeat_n(1_000, 30))
+        .map(Duration::from_millis)
+}
+
+/// What a settling task does with a reservation whose call's answer was lost.
+enum Settle {
+    /// A claim: undo it, after it.
+    Claim(Fingerprint),
+    /// A release: release again.
+    Release,
+    /// A complete: complete again.
+    Complete(StoredResponse),
+}
+
+/// Settles, in a task of its own, a call on `reservation` whose answer was lost, so that no
+/// reservation nobody holds is left behind. A lost claim is undone by the store
+/// ([`Store::settle_claim`]: after the lost claim, whatever it did). A lost release or
+/// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
+/// fails is tried again.
+fn settle<St: Store>(store: St, key: String, reservation: Reservation, what: Settle) {
+    let settling = async move {
+        for delay in settle_delays() {
+            tokio::time::sleep(delay).await;
+            let result = match &what {
+                Settle::Claim(fingerprint) => {
+                    store.settle_claim(&key, fingerprint, reservation).await
+                }
+                Settle::Release => store.release(&key, &reservation).await,
+                Settle::Complete(response) => store.complete(&key, &reservation, response).await,
+            };
+            match result {
+                Ok(()) => return,
+                Err(error) if error.kind() == StoreErrorKind::ReservationLost => return,
+                Err(error) => tracing::debug!(%error, "settling a lost store answer; trying again"),
+            }
+        }
+        tracing::error!("a lost store answer could not be settled; the key may stay pending");
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(settling)),
+        Err(_) => tracing::error!("no Tokio runtime to settle a lost store answer"),
+    }
 }
 
 /// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is
@@ -245,11 +315,15 @@ async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit
     }
 }
 
-/// Deletes a reservation: after a confirmed admission refusal, or an unstored response.
-/// A failure leaves the key pending, which is safe.
+/// Deletes a reservation: after a confirmed admission refusal, or an unstored response. If
+/// its answer is lost, it is settled later; any other failure leaves the key pending, which
+/// is safe.
 async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
     if let Err(error) = store.release(key, reservation).await {
-        tracing::warn!(%error, "release failed; the key stays pending");
+        tracing::warn!(%error, "release failed; settling it");
+        if is_unknown(&error) {
+            settle(store.clone(), key.to_owned(), *reservation, Settle::Release);
+        }
     }
 }
 
@@ -367,7 +441,8 @@ where
     Ok(StoredResponse::new(parts.status, parts.headers, body))
 }
 
-/// Step 8, contract §5.4: the complete, before the reply is written.
+/// Step 8, contract §5.4: the complete, before the reply is written. If its answer is lost,
+/// it is repeated later with the same reservation, so the key ends completed, not pending.
 async fn complete<St: Store>(
     store: &St,
     key: &str,
@@ -377,7 +452,15 @@ async fn complete<St: Store>(
     match store.complete(key, reservation, stored).await {
         Ok(()) => Outcome::Created,
         Err(error) => {
-            tracing::error!(%error, "complete failed after the create; the key stays pending");
+            tracing::error!(%error, "complete failed after the create");
+            if is_unknown(&error) {
+                settle(
+                    store.clone(),
+                    key.to_owned(),
+                    *reservation,
+                    Settle::Complete(stored.clone()),
+                );
+            }
             Outcome::CompleteFailed
         }
     }

@@ -143,9 +143,14 @@ impl<St> RecordingStore<St> {
 }
 
 impl<St: Store> Store for RecordingStore<St> {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
         self.call("claim")?;
-        self.inner.claim(key, fingerprint).await
+        self.inner.claim_with(key, fingerprint, reservation).await
     }
 
     async fn complete(

@@ -222,3 +222,40 @@ async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() 
     let cutter = Arc::clone(&proxy);
     crash_between_create_and_complete(store, move || cutter.cut(), || proxy.restore()).await;
 }
+
+/// A claim that waits on a table lock past its timeout must not commit later with a token
+/// nobody holds: the key would be pending for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
+    let table = "tower_idempotency_lock_test";
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(table)
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    store.migrate().await.unwrap();
+    let (locker, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let locked = Arc::new(tokio::sync::Notify::new());
+    let stall = {
+        let held = Arc::clone(&locked);
+        async move {
+            tokio::spawn(async move {
+                locker
+                    .batch_execute(&format!(
+                        "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+                    ))
+                    .await
+                    .unwrap();
+                held.notify_one();
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                locker.batch_execute("COMMIT").await.unwrap();
+            });
+            locked.notified().await;
+        }
+    };
+    lost_claim_answers_strand_no_key(store, stall).await;
+}

@@ -242,3 +242,24 @@ async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
     let error = hasty.claim("hasty", &fp).await.unwrap_err();
     assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Timeout);
 }
+
+/// A claim queued behind `CLIENT PAUSE … WRITE` runs after its caller timed out, with a token
+/// nobody holds; the layer settles it, so no key is stranded pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    let port = server.port.to_string();
+    lost_claim_answers_strand_no_key(store, async move {
+        let status = std::process::Command::new("redis-cli")
+            .args(["-p", &port, "CLIENT", "PAUSE", "1500", "WRITE"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli on PATH");
+        assert!(status.success());
+    })
+    .await;
+}

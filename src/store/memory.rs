@@ -253,7 +253,12 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Store for MemoryStore {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
         let retention = self.shared.retention;
         let now = retention.map(|_| Instant::now());
         let mut shard = lock(self.shard(key));
@@ -267,12 +272,12 @@ impl Store for MemoryStore {
                     Claim::Conflict
                 } else {
                     match &record.state {
+                        State::Pending(held) if *held == reservation => Claim::New(reservation),
                         State::Pending(_) => Claim::Pending,
                         State::Completed { response, .. } => Claim::Replay((**response).clone()),
                     }
                 });
             }
-            let reservation = Reservation::generate();
             *record = Record {
                 fingerprint: *fingerprint,
                 state: State::Pending(reservation),
@@ -288,7 +293,6 @@ impl Store for MemoryStore {
             self.give_room(dropped);
         }
         self.take_room()?;
-        let reservation = Reservation::generate();
         shard.records.insert(
             key.into(),
             Record {

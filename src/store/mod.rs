@@ -100,19 +100,40 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// | record | fingerprint | result |
     /// |---|---|---|
-    /// | none | — | [`Claim::New`], a pending reservation is created |
+    /// | none | — | [`Claim::New`], a pending reservation `reservation` is created |
+    /// | pending under `reservation` | equal | [`Claim::New`] again |
     /// | pending or completed | differs | [`Claim::Conflict`], nothing changes |
     /// | pending | equal | [`Claim::Pending`] |
     /// | completed | equal | [`Claim::Replay`] with the stored response |
     ///
+    /// The reservation is the caller's: a claim that finds `key` pending under the same
+    /// `reservation` (and fingerprint) answers [`Claim::New`] again, so a claim whose answer
+    /// was lost can be repeated, or released with the token, without stranding the key.
+    ///
     /// # Errors
     ///
-    /// A [`StoreError`] when the backend cannot answer; the layer then creates nothing.
+    /// A [`StoreError`] when the backend cannot answer; the layer then creates nothing, and
+    /// when the outcome is unknown ([`StoreErrorKind::Timeout`],
+    /// [`StoreErrorKind::Unavailable`]) it releases `reservation` afterwards.
+    fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// [`claim_with`](Store::claim_with) a new reservation.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim_with`](Store::claim_with).
     fn claim(
         &self,
         key: &str,
         fingerprint: &Fingerprint,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        self.claim_with(key, fingerprint, Reservation::generate())
+    }
 
     /// Stores `response` as the completed result of the reservation `reservation` of `key`.
     ///
@@ -129,6 +150,31 @@ pub trait Store: Clone + Send + Sync + 'static {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Undoes a [`claim_with`](Store::claim_with) of `reservation` whose answer was lost: the
+    /// claim may have taken effect, or may still, so this must act after it, whatever it did.
+    /// Afterwards `key` is not pending under `reservation`. The default releases
+    /// `reservation`, which is right for a store whose calls from one handle reach the backend
+    /// in order (memory, Redis on its one connection); a store whose calls may overtake each
+    /// other (a pool of connections) waits for the lost claim first.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the backend cannot answer; the layer tries again later.
+    fn settle_claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = fingerprint;
+        async move {
+            match self.release(key, &reservation).await {
+                Err(error) if error.kind() != StoreErrorKind::ReservationLost => Err(error),
+                _ => Ok(()),
+            }
+        }
+    }
 
     /// Deletes the pending reservation `reservation` of `key`, after a confirmed admission
     /// refusal, so that a later request with the key is new again.

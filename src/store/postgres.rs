@@ -67,6 +67,7 @@ struct Sql {
     table: String,
     claim: String,
     take_over: String,
+    wait_for_claim: String,
     complete: String,
     release: String,
     purge: String,
@@ -98,6 +99,12 @@ impl Sql {
                  WHERE key = $1 AND token = $2"
             ),
             release: format!("DELETE FROM {quoted} WHERE key = $1 AND token = $2"),
+            // In one transaction with the release: never visible, it only waits for a claim
+            // of the key still in flight (its insert holds the key's index entry).
+            wait_for_claim: format!(
+                "INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO NOTHING"
+            ),
             purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
@@ -314,9 +321,13 @@ fn table_key(key: &str) -> Cow<'_, str> {
 }
 
 impl Store for PostgresStore {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
-        let reservation = Reservation::generate();
         let token = reservation.as_u128().to_be_bytes();
         let params: [&(dyn ToSql + Sync); 3] = [&key, &fingerprint.as_str(), &&token[..]];
         // Almost always one pass. Another pass only when a concurrent claim committed the key
@@ -341,7 +352,9 @@ impl Store for PostgresStore {
             let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
             let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
             let expired: bool = row.try_get(3).map_err(corrupt)?;
-            if stored_token == Some(&token[..]) {
+            // Inserted by this statement, or pending under this token already (a repeated
+            // claim): the reservation is the caller's.
+            if stored_token == Some(&token[..]) && stored_fingerprint == fingerprint.as_str() {
                 return Ok(Claim::New(reservation));
             }
             if expired {
@@ -379,6 +392,37 @@ impl Store for PostgresStore {
             )
             .await?;
         guarded(rows)
+    }
+
+    /// A lost claim may still be in flight on another pooled connection, so a plain release
+    /// could run first and find nothing. In one transaction this inserts the key (which waits
+    /// for any insert of it in flight, then does nothing if one committed) and deletes it under
+    /// the reservation: the lost claim's row, or this one's, never visible to anyone.
+    async fn settle_claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        let key = &*table_key(key);
+        let token = reservation.as_u128().to_be_bytes();
+        within(self.timeout, async {
+            let mut client = self.client().await?;
+            let transaction = client.transaction().await.map_err(unavailable)?;
+            transaction
+                .execute(
+                    &self.sql.wait_for_claim,
+                    &[&key, &fingerprint.as_str(), &&token[..]],
+                )
+                .await
+                .map_err(unavailable)?;
+            transaction
+                .execute(&self.sql.release, &[&key, &&token[..]])
+                .await
+                .map_err(unavailable)?;
+            transaction.commit().await.map_err(unavailable)
+        })
+        .await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {

@@ -23,6 +23,7 @@ if not record[1] then
   return {0}
 end
 if record[1] ~= ARGV[1] then return {1} end
+if record[2] == ARGV[2] then return {0} end
 if record[3] then return {3, record[3]} end
 return {2}
 ";
@@ -203,8 +204,12 @@ fn acted(value: Value) -> Result<(), StoreError> {
 }
 
 impl Store for RedisStore {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-        let reservation = Reservation::generate();
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
         let mut invocation = self.scripts.claim.key(self.record_key(key));
         invocation
             .arg(fingerprint.as_str())

@@ -90,6 +90,71 @@ pub async fn keys_of_any_length_work(store: impl Store) {
     new(&store, &other, &fp("b")).await;
 }
 
+/// A claim with the caller's token is idempotent: the same token gets `New` again while the
+/// key is pending under it, and it can release what a lost claim reserved; another token gets
+/// `Pending`, another fingerprint `Conflict`.
+pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
+    let key = unique_key("token");
+    let token = Reservation::generate();
+    for _ in 0..2 {
+        assert_eq!(
+            store.claim_with(&key, &fp("a"), token).await.unwrap(),
+            Claim::New(token)
+        );
+    }
+    let other = Reservation::generate();
+    assert_eq!(
+        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        Claim::Pending
+    );
+    assert_eq!(
+        store.claim_with(&key, &fp("b"), token).await.unwrap(),
+        Claim::Conflict
+    );
+    store.release(&key, &token).await.unwrap();
+    assert_eq!(
+        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        Claim::New(other)
+    );
+    store
+        .complete(&key, &other, &awkward_response())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        Claim::Replay(awkward_response()),
+        "a completed record replays, whoever asks"
+    );
+}
+
+/// Settling a lost claim leaves the key free if the claim took effect, free if it did not,
+/// and someone else's record as it was.
+pub async fn settling_a_lost_claim_frees_only_its_own_reservation(store: impl Store) {
+    let key = unique_key("settle");
+    let token = Reservation::generate();
+    new_with(&store, &key, token).await;
+    store.settle_claim(&key, &fp("a"), token).await.unwrap();
+    let free = Reservation::generate();
+    new_with(&store, &key, free).await;
+    store.settle_claim(&key, &fp("a"), token).await.unwrap();
+    assert_eq!(
+        claim(&store, &key, &fp("a")).await,
+        Claim::Pending,
+        "another reservation is left alone"
+    );
+    store.release(&key, &free).await.unwrap();
+    let never = unique_key("settle-never");
+    store.settle_claim(&never, &fp("a"), token).await.unwrap();
+    new(&store, &never, &fp("a")).await;
+}
+
+async fn new_with(store: &impl Store, key: &str, token: Reservation) {
+    assert_eq!(
+        store.claim_with(key, &fp("a"), token).await.unwrap(),
+        Claim::New(token)
+    );
+}
+
 /// Any retention is accepted, the longest included: completing and replaying work.
 pub async fn any_retention_is_accepted(store: impl Store) {
     let key = unique_key("forever");
@@ -297,6 +362,17 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn conflict_is_decided_before_the_status_and_changes_nothing() {
                 suite::conflict_is_decided_before_the_status_and_changes_nothing($make(None).await)
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_claim_with_the_same_token_is_new_again() {
+                suite::a_claim_with_the_same_token_is_new_again($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn settling_a_lost_claim_frees_only_its_own_reservation() {
+                suite::settling_a_lost_claim_frees_only_its_own_reservation($make(None).await)
                     .await;
             }
 

@@ -410,8 +410,13 @@ pub struct GatedStore<St = MemoryStore> {
 }
 
 impl<St: Store> Store for GatedStore<St> {
-    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-        let claim = self.inner.claim(key, fingerprint).await;
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.inner.claim_with(key, fingerprint, reservation).await;
         self.claim_gate.pass().await;
         claim
     }
@@ -546,4 +551,68 @@ pub fn refusal(status: u16) -> tower_idempotency::admission::Refusal {
         429 => tower_idempotency::admission::Refusal::TooManyRequests,
         _ => tower_idempotency::admission::Refusal::ServiceUnavailable,
     }
+}
+
+/// Claims whose answers are lost: `stall` (once it is in effect) holds the store for about 1.5 s (a paused Redis,
+/// a locked table), longer than its timeout. Twenty requests meanwhile get `503
+/// store_unavailable`; once the store answers again, each client's retry (it was told
+/// `Retry-After: 2`) gets a 201 within a few seconds, and each key is created exactly once.
+pub async fn lost_claim_answers_strand_no_key<St: Store>(
+    store: St,
+    stall: impl std::future::Future<Output = ()>,
+) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), std::time::Duration::ZERO);
+    let keys: Vec<String> = (0..20)
+        .map(|i| conformance::unique_key(&format!("lost-{i}")))
+        .collect();
+    // Warm: scripts loaded, statements prepared, as on a server that has been running.
+    let warm: Vec<_> = (0..keys.len())
+        .map(|i| {
+            let service = service.clone();
+            let request = operation(&conformance::unique_key(&format!("warm-{i}")), "p");
+            tokio::spawn(async move { send_to(&service, request).await })
+        })
+        .collect();
+    for task in warm {
+        task.await.unwrap().exact(201, CREATED_BODY);
+    }
+    creates.store(0, Ordering::SeqCst);
+    stall.await;
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (service, request) = (service.clone(), operation(key, "parcel-42"));
+            tokio::spawn(async move { send_to(&service, request).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await
+            .unwrap()
+            .exact(503, r#"{"error":"store_unavailable"}"#)
+            .header("retry-after", &["2"]);
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 0);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // Retry-After: 2
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    for key in &keys {
+        loop {
+            let reply = send_to(&service, operation(key, "parcel-42")).await;
+            if reply.status == 201 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key} stranded: {} {:?}",
+                reply.status,
+                reply.body
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        keys.len(),
+        "one create per key"
+    );
 }
