@@ -657,6 +657,48 @@ mod tests {
     }
 
     #[test]
+    fn escapes_empty_containers_spaces_and_surrogate_pairs() {
+        for (input, output) in [
+            (
+                r#""\b\f\n\r\t\u0001 \u001F""#,
+                r#""\b\f\n\r\t\u0001 \u001f""#,
+            ),
+            (r#""\ud83d\ude00 \uD83D\uDE00""#, "\"😀 😀\""),
+            (r#""\uffff\u0800""#, "\"\u{ffff}\u{800}\""),
+            ("{}", "{}"),
+            ("[]", "[]"),
+            (r#"{ "a" : { } , "b" : [ ] }"#, r#"{"a":{},"b":[]}"#),
+            (r#"["a b", " "]"#, r#"["a b"," "]"#),
+        ] {
+            assert_eq!(canonical(input), output, "{input}");
+        }
+    }
+
+    #[test]
+    fn objects_nest_as_deep_as_arrays() {
+        let deep = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
+        assert_eq!(parse(deep.as_bytes()), Err(Invalid::Depth));
+        let deepest = "{\"a\":".repeat(MAX_DEPTH) + "1" + &"}".repeat(MAX_DEPTH);
+        assert!(parse(deepest.as_bytes()).is_ok());
+        let mixed = "[{\"a\":".repeat(MAX_DEPTH / 2) + "1" + &"}]".repeat(MAX_DEPTH / 2);
+        assert!(parse(mixed.as_bytes()).is_ok());
+        let over = "[{\"a\":".repeat(MAX_DEPTH / 2 + 1) + "1" + &"}]".repeat(MAX_DEPTH / 2 + 1);
+        assert_eq!(parse(over.as_bytes()), Err(Invalid::Depth));
+    }
+
+    #[test]
+    fn pointers_through_arrays_and_past_index_nine() {
+        let mut doc = parse(br#"{"items":[0,1,2,3,4,5,6,7,8,9,{"ts":1,"sku":"a"}]}"#).unwrap();
+        let at = |doc: &Node, p: &str| doc.get(&Pointer::parse(p).unwrap()).cloned();
+        assert_eq!(at(&doc, "/items/10/sku"), Some(Node::String("a".into())));
+        assert_eq!(at(&doc, "/items/9"), Some(Node::Number(9.0)));
+        doc.remove(&Pointer::parse("/items/10/ts").unwrap());
+        let mut out = Vec::new();
+        doc.write_canonical(&mut out);
+        assert_eq!(out, br#"{"items":[0,1,2,3,4,5,6,7,8,9,{"sku":"a"}]}"#);
+    }
+
+    #[test]
     fn pointers() {
         let doc = parse(br#"{"a":{"b/c":[10,{"~d":true}]},"e":null}"#).unwrap();
         let at = |p: &str| doc.get(&Pointer::parse(p).unwrap()).cloned();
