@@ -263,3 +263,32 @@ async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
     })
     .await;
 }
+
+/// A server that may evict records (completed ones carry a TTL) is refused at connect, unless
+/// explicitly allowed: an evicted record lets a retry create again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
+    for policy in ["volatile-lru", "allkeys-lru"] {
+        let server =
+            RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
+        let error = RedisStore::connect(&server.url()).await.unwrap_err();
+        assert_eq!(
+            error.kind(),
+            tower_idempotency::StoreErrorKind::InvalidConfig
+        );
+        assert!(error.to_string().contains(policy), "{error}");
+        let allowed = RedisStore::connect_allowing_eviction(&server.url())
+            .await
+            .unwrap();
+        assert_eq!(
+            allowed.eviction_policy().await.unwrap().as_deref(),
+            Some(policy)
+        );
+    }
+    let safe = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::connect(&safe.url()).await.unwrap();
+    assert!(matches!(
+        store.claim("k", &fingerprint("k", "p")).await,
+        Ok(Claim::New(_))
+    ));
+}

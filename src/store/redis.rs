@@ -93,11 +93,70 @@ impl RedisStore {
 
     /// Connects to `url` (`redis://host:port/db`) with the default timeout.
     ///
+    /// At connect it reads the server's `maxmemory-policy`: any policy but `noeviction` may
+    /// evict records (completed ones carry a TTL, which `volatile-*` policies evict first)
+    /// and let a retry create again, so it is refused; see
+    /// [`connect_allowing_eviction`](Self::connect_allowing_eviction). A server that does not
+    /// answer `CONFIG GET` (a managed service that renamed it) is accepted with a warning.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the URL is invalid or the server cannot be reached within the
+    /// timeout; [`StoreErrorKind::InvalidConfig`] if the server may evict records.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::connect_allowing_eviction(url).await?;
+        match store.eviction_policy().await? {
+            Some(policy) if policy != "noeviction" => Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                format!(
+                    "maxmemory-policy {policy} may evict idempotency records and let a retry \
+                     create again: set noeviction, or connect_allowing_eviction"
+                ),
+            )),
+            Some(_) => Ok(store),
+            None => {
+                tracing::warn!("cannot read the Redis maxmemory-policy; records may be evicted");
+                Ok(store)
+            }
+        }
+    }
+
+    /// The server's `maxmemory-policy`, or `None` if it does not say.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the server cannot be reached within the timeout.
+    pub async fn eviction_policy(&self) -> Result<Option<String>, StoreError> {
+        let mut connection = self.connection.clone();
+        let call = async {
+            let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut connection)
+                .await;
+            match reply {
+                Ok(pair) => Ok(pair.into_iter().nth(1)),
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+                {
+                    Ok(None)
+                }
+                Err(error) => Err(unavailable(error)),
+            }
+        };
+        within(self.timeout, call).await
+    }
+
+    /// Connects like [`connect`](Self::connect) without checking the eviction policy: for a
+    /// server you know keeps the store's records (a dedicated instance, say), or whose policy
+    /// you accept.
+    ///
     /// # Errors
     ///
     /// A [`StoreError`] if the URL is invalid or the server cannot be reached within the
     /// timeout.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    pub async fn connect_allowing_eviction(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))

@@ -46,14 +46,21 @@ pub struct RedisServer {
     pub port: u16,
     dir: TempDir,
     child: Option<Child>,
+    args: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with more configuration: `["--maxmemory-policy", "volatile-lru"]`, say.
+    pub fn start_with(args: &[&str]) -> Self {
         let mut server = Self {
             port: free_port(),
             dir: TempDir::new("redis"),
             child: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         server.start_again();
         server
@@ -78,6 +85,7 @@ impl RedisServer {
             ])
             .arg("--dir")
             .arg(&self.dir.0)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
