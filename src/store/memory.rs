@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use super::{
+    Claim, Operator, RecordInfo, RecordState, Reservation, Store, StoreError, StoreErrorKind,
+    StoredResponse,
+};
 use crate::operation::Fingerprint;
 
 /// Number of independently locked shards; a power of two.
@@ -59,7 +62,8 @@ struct Record {
 }
 
 enum State {
-    Pending(Reservation),
+    /// Reserved under this token, since then.
+    Pending(Reservation, Instant),
     Completed {
         /// Boxed: it is large, and the table moves its entries whenever it grows.
         response: Box<StoredResponse>,
@@ -168,7 +172,7 @@ impl MemoryStore {
         matches!(
             lock(self.shard(key)).records.get(key),
             Some(Record {
-                state: State::Pending(_),
+                state: State::Pending(..),
                 ..
             })
         )
@@ -272,15 +276,15 @@ impl Store for MemoryStore {
                     Claim::Conflict
                 } else {
                     match &record.state {
-                        State::Pending(held) if *held == reservation => Claim::New(reservation),
-                        State::Pending(_) => Claim::Pending,
+                        State::Pending(held, _) if *held == reservation => Claim::New(reservation),
+                        State::Pending(..) => Claim::Pending,
                         State::Completed { response, .. } => Claim::Replay((**response).clone()),
                     }
                 });
             }
             *record = Record {
                 fingerprint: *fingerprint,
-                state: State::Pending(reservation),
+                state: State::Pending(reservation, Instant::now()),
             };
             return Ok(Claim::New(reservation));
         }
@@ -297,7 +301,7 @@ impl Store for MemoryStore {
             key.into(),
             Record {
                 fingerprint: *fingerprint,
-                state: State::Pending(reservation),
+                state: State::Pending(reservation, Instant::now()),
             },
         );
         Ok(Claim::New(reservation))
@@ -311,7 +315,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut shard = lock(self.shard(key));
         match shard.records.get_mut(key) {
-            Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
+            Some(record) if matches!(record.state, State::Pending(r, _) if r == *reservation) => {
                 record.state = State::Completed {
                     response: Box::new(response.clone()),
                     at: self.shared.retention.map(|_| Instant::now()),
@@ -325,12 +329,73 @@ impl Store for MemoryStore {
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let mut shard = lock(self.shard(key));
         match shard.records.get(key) {
-            Some(record) if matches!(record.state, State::Pending(r) if r == *reservation) => {
+            Some(record) if matches!(record.state, State::Pending(r, _) if r == *reservation) => {
                 shard.records.remove(key);
                 self.give_room(1);
                 Ok(())
             }
             _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
         }
+    }
+}
+
+impl Operator for MemoryStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let now = Instant::now();
+        Ok(lock(self.shard(key)).records.get(key).map(|record| {
+            let (state, since, status) = match &record.state {
+                State::Pending(_, since) => (RecordState::Pending, Some(*since), None),
+                State::Completed { response, at } => {
+                    (RecordState::Completed, *at, Some(response.status()))
+                }
+            };
+            RecordInfo {
+                state,
+                age: since.map(|since| now.saturating_duration_since(since)),
+                fingerprint: record.fingerprint,
+                status,
+            }
+        }))
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let now = Instant::now();
+        let mut keys = Vec::new();
+        for shard in self.shared.shards.iter() {
+            let shard = lock(shard);
+            keys.extend(
+                shard
+                    .records
+                    .iter()
+                    .filter_map(|(key, record)| match record.state {
+                        State::Pending(_, since) if now.saturating_duration_since(since) >= age => {
+                            Some(key.to_string())
+                        }
+                        _ => None,
+                    }),
+            );
+        }
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        let mut shard = lock(self.shard(key));
+        match shard.records.get_mut(key) {
+            Some(record) if matches!(record.state, State::Pending(..)) => {
+                record.state = State::Completed {
+                    response: Box::new(response.clone()),
+                    at: self.shared.retention.map(|_| Instant::now()),
+                };
+                Ok(())
+            }
+            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
+        }
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let removed = lock(self.shard(key)).records.remove(key).is_some();
+        self.give_room(usize::from(removed));
+        Ok(removed)
     }
 }

@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 
 use super::codec;
 use super::{
-    Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
-    retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -68,6 +68,10 @@ struct Sql {
     claim: String,
     take_over: String,
     wait_for_claim: String,
+    inspect: String,
+    pending: String,
+    resolve: String,
+    forget: String,
     complete: String,
     release: String,
     purge: String,
@@ -90,11 +94,11 @@ impl Sql {
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             ),
             take_over: format!(
-                "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL \
-                 WHERE key = $1 AND expires_at <= now()"
+                "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
+                 changed_at = now() WHERE key = $1 AND expires_at <= now()"
             ),
             complete: format!(
-                "UPDATE {quoted} SET response = $3, token = NULL, expires_at = CASE \
+                "UPDATE {quoted} SET response = $3, token = NULL, changed_at = now(), expires_at = CASE \
                  WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token = $2"
             ),
@@ -114,9 +118,27 @@ impl Sql {
                  token bytea, \
                  response bytea, \
                  expires_at timestamptz);\
+                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS \
+                 changed_at timestamptz NOT NULL DEFAULT now();\
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
                  WHERE expires_at IS NOT NULL;"
             ),
+            inspect: format!(
+                "SELECT fingerprint, token IS NOT NULL, response, \
+                 (extract(epoch FROM now() - changed_at) * 1000)::bigint \
+                 FROM {quoted} WHERE key = $1"
+            ),
+            pending: format!(
+                "SELECT key FROM {quoted} WHERE token IS NOT NULL \
+                 AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
+            ),
+            resolve: format!(
+                "UPDATE {quoted} SET response = $2, token = NULL, changed_at = now(), \
+                 expires_at = CASE WHEN $3::bigint > 0 \
+                 THEN now() + $3::bigint * interval '1 millisecond' END \
+                 WHERE key = $1 AND token IS NOT NULL"
+            ),
+            forget: format!("DELETE FROM {quoted} WHERE key = $1"),
         }
     }
 }
@@ -432,5 +454,79 @@ impl Store for PostgresStore {
             .execute(&self.sql.release, &[&key, &&token[..]])
             .await?;
         guarded(rows)
+    }
+}
+
+impl Operator for PostgresStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let key = &*table_key(key);
+        let row = within(self.timeout, async {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(&self.sql.inspect)
+                .await
+                .map_err(unavailable)?;
+            client
+                .query_opt(&statement, &[&key])
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
+        let fingerprint: &str = row.try_get(0).map_err(corrupt)?;
+        let pending: bool = row.try_get(1).map_err(corrupt)?;
+        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+        let age: i64 = row.try_get(3).map_err(corrupt)?;
+        let status = match response {
+            Some(response) => Some(codec::decode(Bytes::from(response))?.status()),
+            None => None,
+        };
+        Ok(Some(RecordInfo {
+            state: if pending {
+                RecordState::Pending
+            } else {
+                RecordState::Completed
+            },
+            age: u64::try_from(age).ok().map(Duration::from_millis),
+            fingerprint: Fingerprint::parse(fingerprint)
+                .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?,
+            status,
+        }))
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        let rows = within(self.timeout.saturating_mul(10), async {
+            let client = self.client().await?;
+            client
+                .query(&self.sql.pending, &[&millis])
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        rows.iter()
+            .map(|row| {
+                row.try_get::<_, String>(0)
+                    .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
+            })
+            .collect()
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        let key = &*table_key(key);
+        let encoded = codec::encode(response);
+        let rows = self
+            .execute(
+                &self.sql.resolve,
+                &[&key, &&encoded[..], &self.retention_ms],
+            )
+            .await?;
+        guarded(rows)
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let key = &*table_key(key);
+        Ok(self.execute(&self.sql.forget, &[&key]).await? > 0)
     }
 }

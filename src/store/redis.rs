@@ -9,8 +9,8 @@ use redis::{Script, Value};
 
 use super::codec;
 use super::{
-    Claim, DEFAULT_TIMEOUT, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
-    retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -19,7 +19,8 @@ use crate::operation::Fingerprint;
 const CLAIM: &str = r"
 local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp')
 if not record[1] then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2])
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
   return {0}
 end
 if record[1] ~= ARGV[1] then return {1} end
@@ -31,7 +32,8 @@ return {2}
 /// Complete: only while pending under this reservation.
 const COMPLETE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'resp', ARGV[2])
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'resp', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
 redis.call('HDEL', KEYS[1], 'token')
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
@@ -41,6 +43,35 @@ return 1
 const RELEASE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// Inspect: the fingerprint, whether pending, the stored status, and the age in ms (-1 if
+/// unknown), or nothing.
+const INSPECT: &str = r"
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'at')
+if not record[1] then return {} end
+local status = 0
+if record[3] and string.len(record[3]) >= 3 then
+  status = string.byte(record[3], 2) * 256 + string.byte(record[3], 3)
+end
+local pending = 0
+if record[2] then pending = 1 end
+local age = -1
+if record[4] then
+  local now = redis.call('TIME')
+  age = now[1] * 1000 + math.floor(now[2] / 1000) - tonumber(record[4])
+end
+return {record[1], pending, status, age}
+";
+
+/// Resolve: complete a pending record, whoever reserved it.
+const RESOLVE: &str = r"
+if not redis.call('HGET', KEYS[1], 'token') then return 0 end
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'resp', ARGV[1], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
+redis.call('HDEL', KEYS[1], 'token')
+if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 ";
 
@@ -85,6 +116,8 @@ struct Scripts {
     claim: Script,
     complete: Script,
     release: Script,
+    inspect: Script,
+    resolve: Script,
 }
 
 impl RedisStore {
@@ -182,6 +215,8 @@ impl RedisStore {
                 claim: Script::new(CLAIM),
                 complete: Script::new(COMPLETE),
                 release: Script::new(RELEASE),
+                inspect: Script::new(INSPECT),
+                resolve: Script::new(RESOLVE),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             retention_ms: 0,
@@ -307,4 +342,122 @@ impl Store for RedisStore {
         invocation.arg(&token(reservation)[..]);
         acted(self.run(invocation).await?)
     }
+}
+
+impl Operator for RedisStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let invocation = self.scripts.inspect.key(self.record_key(key));
+        let Value::Array(answer) = self.run(invocation).await? else {
+            return Err(StoreError::new(StoreErrorKind::Corrupt));
+        };
+        let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
+        match answer.as_slice() {
+            [] => Ok(None),
+            [
+                Value::BulkString(fingerprint),
+                Value::Int(pending),
+                Value::Int(status),
+                Value::Int(age),
+            ] => {
+                let fingerprint = std::str::from_utf8(fingerprint)
+                    .ok()
+                    .and_then(Fingerprint::parse)
+                    .ok_or_else(corrupt)?;
+                let status = http::StatusCode::from_u16(u16::try_from(*status).unwrap_or(0)).ok();
+                Ok(Some(RecordInfo {
+                    state: if *pending == 1 {
+                        RecordState::Pending
+                    } else {
+                        RecordState::Completed
+                    },
+                    age: u64::try_from(*age).ok().map(Duration::from_millis),
+                    fingerprint,
+                    status: if *pending == 1 { None } else { status },
+                }))
+            }
+            _ => Err(corrupt()),
+        }
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let mut connection = self.connection.clone();
+        let pattern = format!("{}*", glob_escape(&self.prefix));
+        let min_age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+        let call = async {
+            let (seconds, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            let now = seconds * 1000 + micros / 1000;
+            let mut keys = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(unavailable)?;
+                let mut pipe = redis::pipe();
+                for key in &batch {
+                    pipe.cmd("HMGET").arg(key).arg("token").arg("at");
+                }
+                let fields: Vec<(Option<Vec<u8>>, Option<u64>)> = pipe
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(unavailable)?;
+                for (key, (token, at)) in batch.into_iter().zip(fields) {
+                    let old_enough = at.is_none_or(|at| now.saturating_sub(at) >= min_age);
+                    if token.is_some() && old_enough {
+                        keys.push(key[self.prefix.len()..].to_owned());
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+            keys.sort_unstable();
+            Ok(keys)
+        };
+        // Listing reads every record: allow it ten times a call's time.
+        within(self.timeout.saturating_mul(10), call).await
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.resolve.key(self.record_key(key));
+        invocation
+            .arg(&codec::encode(response)[..])
+            .arg(self.retention_ms);
+        acted(self.run(invocation).await?)
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let mut connection = self.connection.clone();
+        let record = self.record_key(key);
+        let call = async {
+            let deleted: u64 = redis::cmd("DEL")
+                .arg(record)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            Ok(deleted > 0)
+        };
+        within(self.timeout, call).await
+    }
+}
+
+/// `text` with the glob characters of Redis's `MATCH` escaped.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }

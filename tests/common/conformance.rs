@@ -155,6 +155,63 @@ async fn new_with(store: &impl Store, key: &str, token: Reservation) {
     );
 }
 
+/// An operator sees a stuck key pending with its age and fingerprint, lists it among the
+/// pending keys old enough, resolves it into a replay, and forgets a key to free it.
+pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(
+    store: impl tower_idempotency::store::Operator,
+) {
+    use tower_idempotency::store::RecordState;
+    let stuck = unique_key("stuck");
+    let done = unique_key("done");
+    new(&store, &stuck, &fp("a")).await;
+    let reservation = new(&store, &done, &fp("b")).await;
+    store
+        .complete(&done, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+
+    let info = store.inspect(&stuck).await.unwrap().unwrap();
+    assert_eq!(info.state, RecordState::Pending);
+    assert_eq!(info.fingerprint, fp("a"));
+    assert_eq!(info.status, None);
+    let age = info.age.expect("a pending record's age");
+    assert!(
+        age >= Duration::from_millis(20) && age < Duration::from_secs(60),
+        "{age:?}"
+    );
+    let info = store.inspect(&done).await.unwrap().unwrap();
+    assert_eq!(
+        (info.state, info.status),
+        (RecordState::Completed, Some(StatusCode::CREATED))
+    );
+    assert_eq!(store.inspect(&unique_key("none")).await.unwrap(), None);
+
+    let pending = store.pending_older_than(Duration::ZERO).await.unwrap();
+    assert!(pending.contains(&stuck), "{pending:?}");
+    assert!(!pending.contains(&done));
+    let young = store
+        .pending_older_than(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(!young.contains(&stuck));
+
+    let resolved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "resolved".into());
+    store.resolve(&stuck, &resolved).await.unwrap();
+    assert_eq!(
+        claim(&store, &stuck, &fp("a")).await,
+        Claim::Replay(resolved.clone())
+    );
+    assert_eq!(
+        store.resolve(&stuck, &resolved).await.unwrap_err().kind(),
+        StoreErrorKind::ReservationLost,
+        "only a pending key is resolved"
+    );
+    assert!(store.forget(&stuck).await.unwrap());
+    assert!(!store.forget(&stuck).await.unwrap());
+    new(&store, &stuck, &fp("c")).await;
+}
+
 /// Any retention is accepted, the longest included: completing and replaying work.
 pub async fn any_retention_is_accepted(store: impl Store) {
     let key = unique_key("forever");
@@ -374,6 +431,11 @@ macro_rules! store_conformance {
             async fn settling_a_lost_claim_frees_only_its_own_reservation() {
                 suite::settling_a_lost_claim_frees_only_its_own_reservation($make(None).await)
                     .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_operator_sees_resolves_and_forgets_stuck_keys() {
+                suite::an_operator_sees_resolves_and_forgets_stuck_keys($make(None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
