@@ -1,0 +1,244 @@
+//! An operator's command line for keys a crash left pending: look one up, list the old ones,
+//! resolve one into a replay, forget one.
+//!
+//! ```text
+//! cargo run --example idempotency_keys --features redis,postgres -- --store URL \
+//!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] COMMAND
+//!
+//!   show KEY                       state, age, fingerprint (and status) of the key's record
+//!   pending --older-than DURATION  the keys pending at least that long, one a line (0s, 30s, 5m, 2h)
+//!   forget KEY                     delete the record: the next request with the key creates
+//!   resolve KEY --status 201 --body-file F [--header 'Name: value']...
+//!                                  complete the pending key: retries get this as a replay
+//! ```
+//!
+//! Keys are the ones clients send; the store key is derived as the layer derives it, for
+//! `POST /labels` without a scope unless `--method`, `--path` or `--scope` say otherwise.
+//! Output is plain text a script can read. Exit codes: 0 done, 1 no such record (or, for
+//! `resolve`, none pending), 2 a bad command line, 3 the store failed.
+
+#![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tower_idempotency::store::Operator;
+use tower_idempotency::{StoreError, StoreErrorKind, StoredResponse, store_key};
+
+const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
+[--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION | forget KEY | \
+resolve KEY --status CODE --body-file FILE [--header 'Name: value']...)";
+
+/// What to do.
+enum Command {
+    Show(String),
+    Pending(Duration),
+    Forget(String),
+    Resolve(String, StoredResponse),
+}
+
+/// The command line, parsed.
+struct Options {
+    store: String,
+    table: Option<String>,
+    method: Method,
+    path: String,
+    scope: Option<String>,
+    command: Command,
+}
+
+/// `0s`, `500ms`, `30s`, `5m`, `2h`, `1d`.
+fn duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text}: a duration needs a unit (ms, s, m, h, d)"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text}: not a duration"))?;
+    let millis = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text}: the unit is one of ms, s, m, h, d")),
+    };
+    Ok(Duration::from_millis(number.saturating_mul(millis)))
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+    let (mut store, mut table, mut method, mut path, mut scope) =
+        (None, None, Method::POST, "/labels".to_owned(), None);
+    let mut words = Vec::new();
+    let (mut older_than, mut status, mut body_file) = (None, None, None);
+    let mut headers = HeaderMap::new();
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--store" => store = Some(value()?),
+            "--table" => table = Some(value()?),
+            "--method" => method = value()?.parse().map_err(|e| format!("--method: {e}"))?,
+            "--path" => path = value()?,
+            "--scope" => scope = Some(value()?),
+            "--older-than" => older_than = Some(duration(&value()?)?),
+            "--status" => {
+                let code: u16 = value()?.parse().map_err(|e| format!("--status: {e}"))?;
+                status = Some(StatusCode::from_u16(code).map_err(|e| format!("--status: {e}"))?);
+            }
+            "--body-file" => body_file = Some(value()?),
+            "--header" => {
+                let line = value()?;
+                let (name, text) = line
+                    .split_once(':')
+                    .ok_or_else(|| format!("--header {line}: write 'Name: value'"))?;
+                let name = HeaderName::try_from(name.trim()).map_err(|e| format!("{name}: {e}"))?;
+                let text =
+                    HeaderValue::try_from(text.trim()).map_err(|e| format!("{text}: {e}"))?;
+                headers.append(name, text);
+            }
+            "--help" | "-h" => return Err(String::new()),
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
+            _ => words.push(arg),
+        }
+    }
+    let command = match words.as_slice() {
+        [show, key] if show == "show" => Command::Show(key.clone()),
+        [forget, key] if forget == "forget" => Command::Forget(key.clone()),
+        [pending] if pending == "pending" => {
+            Command::Pending(older_than.ok_or("pending needs --older-than DURATION")?)
+        }
+        [resolve, key] if resolve == "resolve" => {
+            let status = status.ok_or("resolve needs --status CODE")?;
+            let file = body_file.ok_or("resolve needs --body-file FILE")?;
+            let body = std::fs::read(&file).map_err(|e| format!("{file}: {e}"))?;
+            Command::Resolve(
+                key.clone(),
+                StoredResponse::new(status, headers, Bytes::from(body)),
+            )
+        }
+        _ => return Err("one command: show, pending, forget or resolve".to_owned()),
+    };
+    Ok(Options {
+        store: store.ok_or("--store URL is required")?,
+        table,
+        method,
+        path,
+        scope,
+        command,
+    })
+}
+
+/// Runs the command on `store`; the exit code.
+async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> {
+    let key_of = |key: &str| {
+        store_key(
+            options.scope.as_deref(),
+            &options.method,
+            &options.path,
+            key,
+        )
+    };
+    match &options.command {
+        Command::Show(key) => match store.inspect(&key_of(key)).await? {
+            Some(record) => {
+                println!("state {}", record.state.as_str());
+                match record.age {
+                    Some(age) => println!("age {:.3}s", age.as_secs_f64()),
+                    None => println!("age unknown"),
+                }
+                println!("fingerprint {}", record.fingerprint);
+                if let Some(status) = record.status {
+                    println!("status {}", status.as_u16());
+                }
+                Ok(0)
+            }
+            None => {
+                eprintln!("no record for {key}");
+                Ok(1)
+            }
+        },
+        Command::Pending(age) => {
+            // Only this endpoint's keys, as clients sent them.
+            let prefix = key_of("");
+            for key in store.pending_older_than(*age).await? {
+                if let Some(client_key) = key.strip_prefix(&prefix) {
+                    println!("{client_key}");
+                }
+            }
+            Ok(0)
+        }
+        Command::Forget(key) => {
+            if store.forget(&key_of(key)).await? {
+                println!("forgotten {key}");
+                Ok(0)
+            } else {
+                eprintln!("no record for {key}");
+                Ok(1)
+            }
+        }
+        Command::Resolve(key, response) => match store.resolve(&key_of(key), response).await {
+            Ok(()) => {
+                println!("resolved {key}");
+                Ok(0)
+            }
+            Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
+                eprintln!("{key} is not pending");
+                Ok(1)
+            }
+            Err(error) => Err(error),
+        },
+    }
+}
+
+/// Opens the store `--store` names and runs the command on it.
+async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
+    let url = options.store.as_str();
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        {
+            // An operator looks at whatever is there, whatever the eviction policy.
+            let store =
+                tower_idempotency::store::RedisStore::connect_allowing_eviction(url).await?;
+            return run(store, options).await;
+        }
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            let mut store = tower_idempotency::store::PostgresStore::connect(url).await?;
+            if let Some(table) = &options.table {
+                store = store.table(table)?;
+            }
+            return run(store, options).await;
+        }
+    }
+    let _ = options.table.as_deref();
+    Err(StoreError::with_source(
+        StoreErrorKind::InvalidConfig,
+        format!("{url}: a redis:// or postgres:// URL, with the crate's feature of that name"),
+    ))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("{message}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match open_and_run(&options).await {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            eprintln!("store: {error}");
+            ExitCode::from(3)
+        }
+    }
+}
