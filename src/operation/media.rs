@@ -105,6 +105,8 @@ mod tests {
             "application/json;charset=\"utf-8\"",
             " application/json ; charset=utf-8 ; q=1",
             "application/json;",
+            r#"application/json; x="a\"b;c""#,
+            r#"application/json; x="\\"; charset=utf-8"#,
         ] {
             assert!(is_json(&content_type(ok)), "{ok}");
         }
@@ -118,6 +120,8 @@ mod tests {
             "application/json; charset=\"utf-8",
             "application/json; charset=utf 8",
             "application/json, text/plain",
+            r#"application/json; x="a\"b"#,
+            r#"application/json; x="a"b"#,
         ] {
             assert!(!is_json(&content_type(bad)), "{bad}");
         }
