@@ -836,3 +836,27 @@ async fn the_default_body_limit_of_the_generic_operations_is_16_kib() {
         .await
         .problem(413, "payload_too_large", None);
 }
+
+#[tokio::test]
+async fn a_raw_operation_guards_only_its_methods() {
+    let (service, creates) = guarded(RawOperation::new().methods([Method::PUT]));
+    let put = send(
+        &service,
+        request("PUT", "/files/1", Some("f"), Some("text/plain"), "x"),
+    )
+    .await;
+    assert_eq!(put.outcome, Some(Outcome::Created));
+    let again = send(
+        &service,
+        request("PUT", "/files/1", Some("f"), Some("text/plain"), "x"),
+    )
+    .await;
+    assert_eq!(again.outcome, Some(Outcome::Replay));
+    let post = send(&service, request("POST", "/files/1", None, None, "x")).await;
+    assert_eq!(
+        (post.status.as_u16(), post.outcome),
+        (201, None),
+        "passed through"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
+}
