@@ -13,6 +13,7 @@ use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -252,6 +253,33 @@ fn is_unknown(error: &StoreError) -> bool {
     )
 }
 
+/// The most settling tasks at once, in this process.
+const MAX_SETTLING: usize = 10_000;
+
+/// The settling tasks running now.
+static SETTLING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_SETTLING`] places of a settling task, given back when dropped.
+struct SettleSlot;
+
+impl SettleSlot {
+    fn take() -> Option<Self> {
+        let taken = SETTLING.fetch_add(1, AtomicOrdering::AcqRel);
+        if taken < MAX_SETTLING {
+            Some(Self)
+        } else {
+            SETTLING.fetch_sub(1, AtomicOrdering::AcqRel);
+            None
+        }
+    }
+}
+
+impl Drop for SettleSlot {
+    fn drop(&mut self) {
+        SETTLING.fetch_sub(1, AtomicOrdering::AcqRel);
+    }
+}
+
 /// When a call whose outcome is unknown is settled: soon after, then every second for about
 /// half a minute, so a store that recovers within that settles every key it was asked about
 /// within a second of recovering.
@@ -278,7 +306,14 @@ enum Settle {
 /// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
 /// fails is tried again.
 fn settle<St: Store>(store: St, key: String, reservation: Reservation, what: Settle) {
+    // A bound on the tasks at once, so that a long outage under load cannot pile them up
+    // (each holds a key and maybe a response, and calls the store about once a second).
+    let Some(slot) = SettleSlot::take() else {
+        tracing::error!("too many lost store answers being settled; this key may stay pending");
+        return;
+    };
     let settling = async move {
+        let _slot = slot;
         for delay in settle_delays() {
             tokio::time::sleep(delay).await;
             let result = match &what {

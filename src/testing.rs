@@ -167,6 +167,16 @@ impl<St: Store> Store for RecordingStore<St> {
         self.call("release")?;
         self.inner.release(key, reservation).await
     }
+
+    async fn settle_claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        self.call("settle")?;
+        self.inner.settle_claim(key, fingerprint, reservation).await
+    }
 }
 
 /// An admission that records each call as `admit` and answers what the test last set:

@@ -86,3 +86,29 @@ async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
         Ok(tower_idempotency::Claim::New(_))
     ));
 }
+
+/// Found in review: a full store whose room is held by expired records in other shards makes
+/// room for a new key instead of refusing it.
+#[tokio::test]
+async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
+    let store = MemoryStore::with_retention(Duration::from_millis(30)).max_records(1);
+    let fp = fingerprint("x", "p");
+    let tower_idempotency::Claim::New(reservation) = store.claim("a", &fp).await.unwrap() else {
+        panic!()
+    };
+    store
+        .complete("a", &reservation, &common::conformance::awkward_response())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    // "b" falls in another shard than "a"; the expired "a" makes room all the same.
+    assert!(matches!(
+        store.claim("b", &fp).await,
+        Ok(tower_idempotency::Claim::New(_))
+    ));
+    let full = store.claim("z", &fp).await.unwrap_err();
+    assert_eq!(
+        full.kind(),
+        tower_idempotency::StoreErrorKind::CapacityExceeded
+    );
+}

@@ -123,6 +123,57 @@ impl MemoryStore {
         }
     }
 
+    /// The claim, decided and reserved under one shard lock.
+    fn claim_now(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<Claim, StoreError> {
+        let retention = self.shared.retention;
+        let now = retention.map(|_| Instant::now());
+        let mut shard = lock(self.shard(key));
+        if let Some(record) = shard.records.get_mut(key) {
+            let expired = match (now, retention) {
+                (Some(now), Some(retention)) => record.is_expired(now, retention),
+                _ => false,
+            };
+            if !expired {
+                return Ok(if record.fingerprint != *fingerprint {
+                    Claim::Conflict
+                } else {
+                    match &record.state {
+                        State::Pending(held, _) if *held == reservation => Claim::New(reservation),
+                        State::Pending(..) => Claim::Pending,
+                        State::Completed { response, .. } => Claim::Replay((**response).clone()),
+                    }
+                });
+            }
+            *record = Record {
+                fingerprint: *fingerprint,
+                state: State::Pending(reservation, Instant::now()),
+            };
+            return Ok(Claim::New(reservation));
+        }
+        if let (Some(now), Some(retention)) = (now, retention)
+            && shard
+                .last_purge
+                .is_none_or(|at| now.duration_since(at) >= retention)
+        {
+            let dropped = shard.purge(now, retention);
+            self.give_room(dropped);
+        }
+        self.take_room()?;
+        shard.records.insert(
+            key.into(),
+            Record {
+                fingerprint: *fingerprint,
+                state: State::Pending(reservation, Instant::now()),
+            },
+        );
+        Ok(Claim::New(reservation))
+    }
+
     /// Takes room for one more record, if the store is bounded and has it.
     fn take_room(&self) -> Result<(), StoreError> {
         let Some(max) = self.shared.max_records else {
@@ -263,48 +314,16 @@ impl Store for MemoryStore {
         fingerprint: &Fingerprint,
         reservation: Reservation,
     ) -> Result<Claim, StoreError> {
-        let retention = self.shared.retention;
-        let now = retention.map(|_| Instant::now());
-        let mut shard = lock(self.shard(key));
-        if let Some(record) = shard.records.get_mut(key) {
-            let expired = match (now, retention) {
-                (Some(now), Some(retention)) => record.is_expired(now, retention),
-                _ => false,
-            };
-            if !expired {
-                return Ok(if record.fingerprint != *fingerprint {
-                    Claim::Conflict
-                } else {
-                    match &record.state {
-                        State::Pending(held, _) if *held == reservation => Claim::New(reservation),
-                        State::Pending(..) => Claim::Pending,
-                        State::Completed { response, .. } => Claim::Replay((**response).clone()),
-                    }
-                });
+        match self.claim_now(key, fingerprint, reservation) {
+            // Expired records in other shards may hold the room: purge them all, once.
+            Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
+                if self.purge_expired() == 0 {
+                    return Err(full);
+                }
+                self.claim_now(key, fingerprint, reservation)
             }
-            *record = Record {
-                fingerprint: *fingerprint,
-                state: State::Pending(reservation, Instant::now()),
-            };
-            return Ok(Claim::New(reservation));
+            claimed => claimed,
         }
-        if let (Some(now), Some(retention)) = (now, retention)
-            && shard
-                .last_purge
-                .is_none_or(|at| now.duration_since(at) >= retention)
-        {
-            let dropped = shard.purge(now, retention);
-            self.give_room(dropped);
-        }
-        self.take_room()?;
-        shard.records.insert(
-            key.into(),
-            Record {
-                fingerprint: *fingerprint,
-                state: State::Pending(reservation, Instant::now()),
-            },
-        );
-        Ok(Claim::New(reservation))
     }
 
     async fn complete(

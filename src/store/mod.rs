@@ -157,7 +157,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Afterwards `key` is not pending under `reservation`. The default releases
     /// `reservation`, which is right for a store whose calls from one handle reach the backend
     /// in order (memory, Redis on its one connection); a store whose calls may overtake each
-    /// other (a pool of connections) waits for the lost claim first.
+    /// other (a pool of connections) waits for the lost claim first. A store that wraps
+    /// another must forward it.
     ///
     /// # Errors
     ///

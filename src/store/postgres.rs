@@ -118,8 +118,11 @@ impl Sql {
                  token bytea, \
                  response bytea, \
                  expires_at timestamptz);\
-                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS \
-                 changed_at timestamptz NOT NULL DEFAULT now();\
+                 DO $migrate$ BEGIN \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'changed_at') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN changed_at timestamptz NOT NULL DEFAULT now(); \
+                 END IF; END $migrate$;\
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
                  WHERE expires_at IS NOT NULL;"
             ),
@@ -496,7 +499,7 @@ impl Operator for PostgresStore {
     }
 
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
         let rows = within(self.timeout.saturating_mul(10), async {
             let client = self.client().await?;
             client

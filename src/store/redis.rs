@@ -154,29 +154,39 @@ impl RedisStore {
         }
     }
 
-    /// The server's `maxmemory-policy`, or `None` if it does not say.
+    /// The server's `maxmemory-policy` (`noeviction` when it has no memory limit, so evicts
+    /// nothing), or `None` if it does not say.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] if the server cannot be reached within the timeout.
     pub async fn eviction_policy(&self) -> Result<Option<String>, StoreError> {
-        let mut connection = self.connection.clone();
+        let connection = self.connection.clone();
         let call = async {
-            let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("maxmemory-policy")
-                .query_async(&mut connection)
-                .await;
-            match reply {
-                Ok(pair) => Ok(pair.into_iter().nth(1)),
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-                {
-                    Ok(None)
+            // Any server error (CONFIG renamed, an ACL without it) means it does not say.
+            let read = |name: &'static str| {
+                let mut connection = connection.clone();
+                async move {
+                    let reply: redis::RedisResult<Value> = redis::cmd("CONFIG")
+                        .arg("GET")
+                        .arg(name)
+                        .query_async(&mut connection)
+                        .await;
+                    match reply {
+                        Ok(value) => Ok(config_value(value)),
+                        Err(error) if error.is_io_error() || error.is_timeout() => {
+                            Err(unavailable(error))
+                        }
+                        Err(_) => Ok(None),
+                    }
                 }
-                Err(error) => Err(unavailable(error)),
+            };
+            let policy = read("maxmemory-policy").await?;
+            // Without a memory limit nothing is ever evicted, whatever the policy.
+            if read("maxmemory").await?.as_deref() == Some("0") {
+                return Ok(Some("noeviction".to_owned()));
             }
+            Ok(policy)
         };
         within(self.timeout, call).await
     }
@@ -447,6 +457,20 @@ impl Operator for RedisStore {
             Ok(deleted > 0)
         };
         within(self.timeout, call).await
+    }
+}
+
+/// The value of a `CONFIG GET` reply: an array `[name, value]` (RESP2) or a map (RESP3).
+fn config_value(reply: Value) -> Option<String> {
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    match reply {
+        Value::Array(items) => items.get(1).and_then(text),
+        Value::Map(pairs) => pairs.first().and_then(|(_, value)| text(value)),
+        _ => None,
     }
 }
 
