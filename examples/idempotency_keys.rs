@@ -14,6 +14,8 @@
 //!
 //! Keys are the ones clients send; the store key is derived as the layer derives it, for
 //! `POST /labels` without a scope unless `--method`, `--path` or `--scope` say otherwise.
+//! `pending` prints this endpoint's keys, and the `sha256:` digests PostgreSQL keeps for keys
+//! over 512 bytes (whose endpoint it cannot tell).
 //! Output is plain text a script can read. Exit codes: 0 done, 1 no such record (or, for
 //! `resolve`, none pending), 2 a bad command line, 3 the store failed.
 
@@ -166,6 +168,9 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
             for key in store.pending_older_than(*age).await? {
                 if let Some(client_key) = key.strip_prefix(&prefix) {
                     println!("{client_key}");
+                } else if key.starts_with("sha256:") {
+                    // A key too long for the index, kept as its digest: any endpoint's.
+                    println!("{key}");
                 }
             }
             Ok(0)
