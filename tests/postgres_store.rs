@@ -259,3 +259,27 @@ async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
     };
     lost_claim_answers_strand_no_key(store, stall).await;
 }
+
+/// Every pooled connection gets the store's timeout as its `statement_timeout`, so a statement
+/// whose caller gave up is cancelled by the server instead of committing later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_carry_the_store_timeout_as_statement_timeout() {
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(250));
+    let client = store.pool().get().await.unwrap();
+    let row = client
+        .query_one("SHOW statement_timeout", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "250ms");
+    let slow = client
+        .batch_execute("SELECT pg_sleep(1)")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        slow.code(),
+        Some(&tower_idempotency::tokio_postgres::error::SqlState::QUERY_CANCELED)
+    );
+}

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,6 +60,9 @@ pub struct PostgresStore {
     sql: Arc<Sql>,
     retention_ms: i64,
     timeout: Duration,
+    /// The `statement_timeout` new pooled connections get, in ms, when the store built the
+    /// pool: the store's timeout, so that no statement outlives its caller for long.
+    statement_timeout: Option<Arc<AtomicU64>>,
 }
 
 /// The statements, built once for the table name.
@@ -167,7 +171,8 @@ impl PostgresStore {
             .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
         let store = Self::from_config(config)?;
         let client = store.client().await?;
-        drop(client);
+        // Not kept: connections made after the timeout is set get its statement_timeout.
+        drop(deadpool_postgres::Object::take(client));
         Ok(store)
     }
 
@@ -188,14 +193,28 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let statement_timeout = Arc::new(AtomicU64::new(millis(DEFAULT_TIMEOUT)));
+        let for_new_connections = Arc::clone(&statement_timeout);
         let pool = Pool::builder(manager)
+            .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
+                let millis = for_new_connections.load(Ordering::Relaxed);
+                Box::pin(async move {
+                    client
+                        .batch_execute(&format!("SET statement_timeout = {millis}"))
+                        .await
+                        .map_err(deadpool_postgres::HookError::Backend)
+                })
+            }))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(DEFAULT_TIMEOUT))
             .create_timeout(Some(DEFAULT_TIMEOUT))
             .recycle_timeout(Some(DEFAULT_TIMEOUT))
             .build()
             .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
-        Ok(Self::from_pool(pool))
+        Ok(Self {
+            statement_timeout: Some(statement_timeout),
+            ..Self::from_pool(pool)
+        })
     }
 
     /// A store on a pool you built yourself.
@@ -205,6 +224,7 @@ impl PostgresStore {
             sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
             retention_ms: 0,
             timeout: DEFAULT_TIMEOUT,
+            statement_timeout: None,
         }
     }
 
@@ -236,9 +256,16 @@ impl PostgresStore {
     }
 
     /// Sets how long one store call may take, waiting for a connection included. Default one
-    /// second.
+    /// second. On a pool the store built ([`connect`](Self::connect),
+    /// [`from_config`](Self::from_config)) it is also every connection's `statement_timeout`,
+    /// so a statement whose caller gave up cannot commit much later; set it before the store
+    /// is used. On a pool of your own ([`from_pool`](Self::from_pool)) set `statement_timeout`
+    /// yourself.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        if let Some(statement_timeout) = &self.statement_timeout {
+            statement_timeout.store(millis(timeout).max(1), Ordering::Relaxed);
+        }
         self
     }
 
@@ -316,6 +343,11 @@ impl std::fmt::Debug for PostgresStore {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// A duration in whole milliseconds, as PostgreSQL settings take it.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn unavailable(error: tokio_postgres::Error) -> StoreError {
@@ -431,6 +463,9 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
+        // The lost claim may have waited for a connection and then run for up to the
+        // statement_timeout: by one timeout from now it has committed or been cancelled.
+        tokio::time::sleep(self.timeout).await;
         within(self.timeout, async {
             let mut client = self.client().await?;
             let transaction = client.transaction().await.map_err(unavailable)?;
