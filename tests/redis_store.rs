@@ -292,3 +292,58 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
         Ok(Claim::New(_))
     ));
 }
+
+/// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
+/// replicas than asked for, the call fails (an unknown outcome the layer settles).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_the_replicas_asked_for() {
+    let primary = RedisServer::start();
+    let port = primary.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let cli = |port: &str, args: &[&str]| {
+        let output = std::process::Command::new("redis-cli")
+            .args(["-p", port])
+            .args(args)
+            .output()
+            .expect("redis-cli on PATH");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let replica_port = replica.port.to_string();
+    while !cli(&replica_port, &["INFO", "replication"]).contains("master_link_status:up") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let one = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_secs(2));
+    let fp = fingerprint("replicated", "p");
+    let Claim::New(reservation) = one.claim("replicated", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    // Acknowledged means the replica has it already.
+    let on_replica = cli(
+        &replica.port.to_string(),
+        &["HEXISTS", "idempotency:replicated", "token"],
+    );
+    assert_eq!(on_replica.trim(), "1");
+    one.complete(
+        "replicated",
+        &reservation,
+        &common::conformance::awkward_response(),
+    )
+    .await
+    .unwrap();
+
+    let two = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(2, Duration::from_millis(200));
+    let error = two.claim("short", &fp).await.unwrap_err();
+    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
+    assert!(error.to_string().contains("1 of 2 replicas"), "{error}");
+}

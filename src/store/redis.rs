@@ -110,6 +110,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     retention_ms: u64,
     timeout: Duration,
+    /// Replicas to wait for after each write, and for how long (ms).
+    wait_for_replicas: Option<(u32, u64)>,
 }
 
 struct Scripts {
@@ -231,6 +233,7 @@ impl RedisStore {
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             retention_ms: 0,
             timeout: DEFAULT_TIMEOUT,
+            wait_for_replicas: None,
         }
     }
 
@@ -255,6 +258,16 @@ impl RedisStore {
         self
     }
 
+    /// After every write (a new claim, a complete, a release), waits with `WAIT` until
+    /// `replicas` replicas have it, at most `wait`; fewer is a failed call (`Unavailable`),
+    /// which the layer treats as an unknown outcome and settles. One round trip more per write;
+    /// for replicated deployments where a failover must not lose a claim the client already
+    /// saw (with `min-replicas-to-write` on the primary).
+    pub fn wait_for_replicas(mut self, replicas: u32, wait: Duration) -> Self {
+        self.wait_for_replicas = Some((replicas, millis(wait).max(1)));
+        self
+    }
+
     /// The underlying connection manager.
     pub fn connection(&self) -> &ConnectionManager {
         &self.connection
@@ -265,6 +278,36 @@ impl RedisStore {
         record.push_str(&self.prefix);
         record.push_str(key);
         record
+    }
+
+    /// After a write, waits until the configured number of replicas have it (`WAIT`), if a
+    /// number is configured.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let Some((replicas, wait_ms)) = self.wait_for_replicas else {
+            return Ok(());
+        };
+        let mut connection = self.connection.clone();
+        let call = async {
+            let acknowledged: u64 = redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(wait_ms)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            if acknowledged >= u64::from(replicas) {
+                Ok(())
+            } else {
+                Err(StoreError::with_source(
+                    StoreErrorKind::Unavailable,
+                    format!("written to {acknowledged} of {replicas} replicas"),
+                ))
+            }
+        };
+        within(
+            self.timeout.saturating_add(Duration::from_millis(wait_ms)),
+            call,
+        )
+        .await
     }
 
     /// Runs one script invocation within the timeout.
@@ -288,6 +331,11 @@ impl std::fmt::Debug for RedisStore {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// A duration in whole milliseconds.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn unavailable(error: redis::RedisError) -> StoreError {
@@ -323,7 +371,10 @@ impl Store for RedisStore {
         };
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
-            (Some(Value::Int(0)), None) => Ok(Claim::New(reservation)),
+            (Some(Value::Int(0)), None) => {
+                self.replicated().await?;
+                Ok(Claim::New(reservation))
+            }
             (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
             (Some(Value::Int(2)), None) => Ok(Claim::Pending),
             (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
@@ -344,13 +395,15 @@ impl Store for RedisStore {
             .arg(&token(reservation)[..])
             .arg(&codec::encode(response)[..])
             .arg(self.retention_ms);
-        acted(self.run(invocation).await?)
+        acted(self.run(invocation).await?)?;
+        self.replicated().await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let mut invocation = self.scripts.release.key(self.record_key(key));
         invocation.arg(&token(reservation)[..]);
-        acted(self.run(invocation).await?)
+        acted(self.run(invocation).await?)?;
+        self.replicated().await
     }
 }
 
@@ -442,7 +495,8 @@ impl Operator for RedisStore {
         invocation
             .arg(&codec::encode(response)[..])
             .arg(self.retention_ms);
-        acted(self.run(invocation).await?)
+        acted(self.run(invocation).await?)?;
+        self.replicated().await
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
