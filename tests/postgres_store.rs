@@ -283,3 +283,20 @@ async fn pooled_connections_carry_the_store_timeout_as_statement_timeout() {
         Some(&tower_idempotency::tokio_postgres::error::SqlState::QUERY_CANCELED)
     );
 }
+
+/// A claim that reached the database and committed, whose answer was lost (dropped by the
+/// proxy, then the connection cut): settled, so the retry creates once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answer_lost_after_the_send_strands_no_key() {
+    let proxy = Proxy::start(database_addr().await, false).await;
+    let store = store_through(&proxy)
+        .await
+        .timeout(Duration::from_millis(300));
+    answers_lost_after_the_send_strand_no_key(
+        store,
+        || proxy.mute(),
+        || proxy.cut(),
+        || proxy.restore(),
+    )
+    .await;
+}

@@ -347,3 +347,23 @@ async fn writes_wait_for_the_replicas_asked_for() {
     assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
     assert!(error.to_string().contains("1 of 2 replicas"), "{error}");
 }
+
+/// A claim that reached Redis and took effect, whose answer was lost (dropped by a proxy,
+/// then the connection cut): settled, so the retry creates once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answer_lost_after_the_send_strands_no_key() {
+    let server = RedisServer::start();
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
+    let proxy = common::servers::Proxy::start(upstream, false).await;
+    let store = RedisStore::connect(&format!("redis://{}", proxy.addr))
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    answers_lost_after_the_send_strand_no_key(
+        store,
+        || proxy.mute(),
+        || proxy.cut(),
+        || proxy.restore(),
+    )
+    .await;
+}

@@ -616,3 +616,47 @@ pub async fn lost_claim_answers_strand_no_key<St: Store>(
         "one create per key"
     );
 }
+
+/// Answers lost after the send: the claim reaches the store and takes effect, its answer is
+/// dropped (`mute`), the connection is then cut and restored. The client got `503`; after
+/// `Retry-After` its retry gets a 201, and the key is created exactly once.
+pub async fn answers_lost_after_the_send_strand_no_key<St: Store>(
+    store: St,
+    mute: impl FnOnce(),
+    cut: impl FnOnce(),
+    restore: impl FnOnce(),
+) {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store, Arc::clone(&creates), std::time::Duration::ZERO);
+    send_to(&service, operation(&conformance::unique_key("warm"), "p"))
+        .await
+        .exact(201, CREATED_BODY);
+    let key = conformance::unique_key("muted");
+    mute();
+    send_to(&service, operation(&key, "parcel-42"))
+        .await
+        .exact(503, r#"{"error":"store_unavailable"}"#);
+    cut();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    restore();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // Retry-After: 2
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    loop {
+        let reply = send_to(&service, operation(&key, "parcel-42")).await;
+        if reply.status == 201 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stranded: {} {:?}",
+            reply.status,
+            reply.body
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        2,
+        "the warm-up and one create"
+    );
+}

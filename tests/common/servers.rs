@@ -125,6 +125,9 @@ impl Drop for RedisServer {
 pub struct Proxy {
     pub addr: SocketAddr,
     up: watch::Sender<bool>,
+    /// While set, the backend's answers are dropped: requests arrive and take effect, and
+    /// their answers are lost.
+    muted: Arc<AtomicBool>,
     pub round_trips: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
@@ -136,8 +139,13 @@ impl Proxy {
         let (up, _) = watch::channel(true);
         let round_trips = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (up_rx, counter, stopped) =
-            (up.subscribe(), Arc::clone(&round_trips), Arc::clone(&stop));
+        let muted = Arc::new(AtomicBool::new(false));
+        let (up_rx, counter, stopped, mute) = (
+            up.subscribe(),
+            Arc::clone(&round_trips),
+            Arc::clone(&stop),
+            Arc::clone(&muted),
+        );
         tokio::spawn(async move {
             while !stopped.load(Ordering::SeqCst) {
                 let Ok((client, _)) = listener.accept().await else {
@@ -149,12 +157,13 @@ impl Proxy {
                     continue;
                 }
                 let counter = Arc::clone(&counter);
+                let mute = Arc::clone(&mute);
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
-                        () = pipe(client, server, count_pg.then_some(counter)) => {}
+                        () = pipe(client, server, count_pg.then_some(counter), mute) => {}
                         _ = up.wait_for(|up| !*up) => {} // cut: drop both ends
                     }
                 });
@@ -163,9 +172,15 @@ impl Proxy {
         Self {
             addr,
             up,
+            muted,
             round_trips,
             stop,
         }
+    }
+
+    /// Drops the backend's answers from now on, until `cut()` and `restore()`.
+    pub fn mute(&self) {
+        self.muted.store(true, Ordering::SeqCst);
     }
 
     pub fn cut(&self) {
@@ -173,6 +188,7 @@ impl Proxy {
     }
 
     pub fn restore(&self) {
+        self.muted.store(false, Ordering::SeqCst);
         self.up.send_replace(true);
     }
 }
@@ -185,7 +201,12 @@ impl Drop for Proxy {
 }
 
 /// Copies both ways until either side closes, counting PostgreSQL round trips client-side.
-async fn pipe(client: TcpStream, server: TcpStream, counter: Option<Arc<AtomicUsize>>) {
+async fn pipe(
+    client: TcpStream,
+    server: TcpStream,
+    counter: Option<Arc<AtomicUsize>>,
+    muted: Arc<AtomicBool>,
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let upstream = async move {
@@ -205,7 +226,19 @@ async fn pipe(client: TcpStream, server: TcpStream, counter: Option<Arc<AtomicUs
         }
     };
     let downstream = async move {
-        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let n = match server_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if muted.load(Ordering::SeqCst) {
+                continue; // the answer is lost
+            }
+            if client_write.write_all(&buffer[..n]).await.is_err() {
+                break;
+            }
+        }
     };
     tokio::select! {
         () = upstream => {}
