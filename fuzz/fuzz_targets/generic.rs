@@ -3,16 +3,13 @@
 //! the canonical form of any body that has one is a fixed point.
 #![no_main]
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 use tower_idempotency::operation::canonical_json;
-use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, RequestBody};
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 const PROBLEMS: [(u16, &str); 6] = [
     (415, "unsupported_media_type"),
@@ -25,7 +22,7 @@ const PROBLEMS: [(u16, &str); 6] = [
 
 #[path = "request.rs"]
 mod request;
-use request::request;
+use request::{counting_create, request};
 
 fuzz_target!(|data: &[u8]| {
     if let Some(body) = data.rsplit(|b| *b == b'\n').next()
@@ -39,19 +36,7 @@ fuzz_target!(|data: &[u8]| {
         .unwrap();
     runtime.block_on(async {
         let store = MemoryStore::new();
-        let creates = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&creates);
-        let create = tower::service_fn(move |_: http::Request<RequestBody<Full<Bytes>>>| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            async {
-                Ok::<_, Infallible>(
-                    http::Response::builder()
-                        .status(201)
-                        .body(Full::new(Bytes::new()))
-                        .unwrap(),
-                )
-            }
-        });
+        let (creates, create) = counting_create(b"");
         let layer = IdempotencyLayer::with_operation(store.clone(), JsonOperation::new())
             .global_keys()
             .body_limit(4096);

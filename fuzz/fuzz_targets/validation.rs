@@ -2,15 +2,12 @@
 //! refused request must never reach the store or the create.
 #![no_main]
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, RequestBody};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 const REPLIES: [(u16, &str); 6] = [
     (404, r#"{"error":"not_found"}"#),
@@ -23,7 +20,7 @@ const REPLIES: [(u16, &str); 6] = [
 
 #[path = "request.rs"]
 mod request;
-use request::request;
+use request::{counting_create, request};
 
 fuzz_target!(|data: &[u8]| {
     let Some(request) = request(data) else { return };
@@ -32,19 +29,7 @@ fuzz_target!(|data: &[u8]| {
         .unwrap();
     runtime.block_on(async {
         let store = MemoryStore::new();
-        let creates = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&creates);
-        let create = tower::service_fn(move |_: http::Request<RequestBody<Full<Bytes>>>| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            async {
-                Ok::<_, Infallible>(
-                    http::Response::builder()
-                        .status(201)
-                        .body(Full::new(Bytes::from_static(b"created")))
-                        .unwrap(),
-                )
-            }
-        });
+        let (creates, create) = counting_create(b"created");
         let service = tower::Layer::layer(&IdempotencyLayer::new(store.clone()), create);
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();
