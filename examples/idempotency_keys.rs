@@ -5,8 +5,12 @@
 //! cargo run --example idempotency_keys --features redis,postgres -- --store URL \
 //!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] COMMAND
 //!
-//!   show KEY                       state, age, fingerprint (and status) of the key's record
-//!   pending --older-than DURATION  the keys pending at least that long, one a line (0s, 30s, 5m, 2h)
+//!   show KEY                       state, age, fingerprint (and status, or for a pending key
+//!                                  whether its lease is in-progress or abandoned)
+//!   pending --older-than DURATION [--abandoned]
+//!                                  the keys pending at least that long, one a line (0s, 30s,
+//!                                  5m, 2h); with --abandoned only those whose server stopped
+//!                                  renewing their lease (it most likely died mid-create)
 //!   forget KEY                     delete the record: the next request with the key creates
 //!   resolve KEY --status 201 --body-file F [--header 'Name: value']...
 //!                                  complete the pending key: retries get this as a replay
@@ -26,17 +30,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use tower_idempotency::store::Operator;
+use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::{StoreError, StoreErrorKind, StoredResponse, store_key};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION | forget KEY | \
+[--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \
 resolve KEY --status CODE --body-file FILE [--header 'Name: value']...)";
 
 /// What to do.
 enum Command {
     Show(String),
-    Pending(Duration),
+    /// Pending at least that long; only the abandoned ones if set.
+    Pending(Duration, bool),
     Forget(String),
     Resolve(String, StoredResponse),
 }
@@ -77,6 +82,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
     let mut words = Vec::new();
     let (mut older_than, mut status, mut body_file) = (None, None, None);
     let mut headers = HeaderMap::new();
+    let mut abandoned = false;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
@@ -101,6 +107,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
                     HeaderValue::try_from(text.trim()).map_err(|e| format!("{text}: {e}"))?;
                 headers.append(name, text);
             }
+            "--abandoned" => abandoned = true,
             "--help" | "-h" => return Err(String::new()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => words.push(arg),
@@ -110,7 +117,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         [show, key] if show == "show" => Command::Show(key.clone()),
         [forget, key] if forget == "forget" => Command::Forget(key.clone()),
         [pending] if pending == "pending" => {
-            Command::Pending(older_than.ok_or("pending needs --older-than DURATION")?)
+            let older_than = older_than.ok_or("pending needs --older-than DURATION")?;
+            Command::Pending(older_than, abandoned)
         }
         [resolve, key] if resolve == "resolve" => {
             let status = status.ok_or("resolve needs --status CODE")?;
@@ -155,6 +163,14 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
                 if let Some(status) = record.status {
                     println!("status {}", status.as_u16());
                 }
+                if record.state == RecordState::Pending {
+                    let lease = if record.abandoned {
+                        "abandoned"
+                    } else {
+                        "in-progress"
+                    };
+                    println!("lease {lease}");
+                }
                 Ok(0)
             }
             None => {
@@ -162,10 +178,16 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
                 Ok(1)
             }
         },
-        Command::Pending(age) => {
+        Command::Pending(age, only_abandoned) => {
             // Only this endpoint's keys, as clients sent them.
             let prefix = key_of("");
             for key in store.pending_older_than(*age).await? {
+                if *only_abandoned {
+                    let record = store.inspect(&key).await?;
+                    if !record.is_some_and(|record| record.abandoned) {
+                        continue;
+                    }
+                }
                 if let Some(client_key) = key.strip_prefix(&prefix) {
                     println!("{client_key}");
                 } else if key.starts_with("sha256:") {

@@ -3,14 +3,17 @@
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--admit-rate N] [--max-in-flight N] [--store memory|redis://…|postgres://…]
+//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N]
+//!     [--store memory|redis://…|postgres://…]
 //! ```
 //!
 //! The shared stores need their features:
 //! `cargo run --example label_server --features redis -- --store redis://127.0.0.1:6379`.
 //!
 //! `--admit-rate N` admits at most N creates per second (else 429), `--max-in-flight N` at
-//! most N creates at once (else 503). One log line per request with its outcome.
+//! most N creates at once (else 503). `--lease-ms N` sets the lease a running create renews
+//! (default 30 s), after which a key whose server died shows as abandoned. One log line per
+//! request with its outcome.
 
 mod common;
 
@@ -29,7 +32,7 @@ use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit
 use tower_idempotency::{IdempotencyLayer, LabelOperation, Store};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--admit-rate N] [--max-in-flight N] [--store memory|redis://…|postgres://…]";
+[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--store memory|redis://…|postgres://…]";
 
 /// Both optional policies in one: the in-flight limit first (503), then the rate (429).
 #[derive(Clone)]
@@ -108,6 +111,7 @@ struct LabelApp {
     create_delay: Duration,
     admit_rate: Option<u32>,
     max_in_flight: Option<usize>,
+    lease: Option<Duration>,
 }
 
 impl App for LabelApp {
@@ -123,9 +127,11 @@ impl App for LabelApp {
             in_flight: self.max_in_flight.map(ConcurrencyLimit::new),
             rate: self.admit_rate.map(RateLimit::per_second),
         };
-        let guarded = IdempotencyLayer::new(store)
-            .admission(policies)
-            .layer(create);
+        let mut layer = IdempotencyLayer::new(store).admission(policies);
+        if let Some(lease) = self.lease {
+            layer = layer.lease(lease);
+        }
+        let guarded = layer.layer(create);
         Router::new().fallback_service(guarded)
     }
 }
@@ -133,7 +139,7 @@ impl App for LabelApp {
 #[tokio::main]
 async fn main() {
     common::init_tracing();
-    let (mut admit_rate, mut max_in_flight) = (None, None);
+    let (mut admit_rate, mut max_in_flight, mut lease) = (None, None, None);
     let options = common::options_or_exit(common::Options::parse(
         std::env::args().skip(1),
         SocketAddr::from(([127, 0, 0, 1], 3000)),
@@ -144,6 +150,11 @@ async fn main() {
                 "--max-in-flight" => {
                     max_in_flight = Some(value.parse().map_err(|e| format!("{e}"))?)
                 }
+                "--lease-ms" => {
+                    lease = Some(Duration::from_millis(
+                        value.parse().map_err(|e| format!("{e}"))?,
+                    ))
+                }
                 _ => return Ok(false),
             }
             Ok(true)
@@ -153,6 +164,7 @@ async fn main() {
         create_delay: options.create_delay,
         admit_rate,
         max_in_flight,
+        lease,
     };
     let router = common::open_store(&options.store, &app).await;
     common::serve("label server", &options, router).await;

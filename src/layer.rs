@@ -1,6 +1,7 @@
 //! [`IdempotencyLayer`]: the configuration, and the [`Layer`] that builds the service.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 use http::request::Parts;
@@ -10,7 +11,7 @@ use crate::admission::AlwaysAdmit;
 use crate::operation::{LabelContract, Operation};
 use crate::scope::Scope;
 use crate::service::Idempotency;
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// The default cap on a created response the layer buffers and stores, in bytes.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
@@ -67,6 +68,7 @@ pub(crate) struct Config {
     mark_replays: bool,
     trace_keys: bool,
     stored: StoredResponses,
+    lease: Lease,
 }
 
 impl Default for Config {
@@ -82,6 +84,7 @@ impl Default for Config {
             mark_replays: false,
             trace_keys: false,
             stored: StoredResponses::Every,
+            lease: Lease::default(),
         }
     }
 }
@@ -99,6 +102,7 @@ pub(crate) struct Settings<O> {
     pub(crate) mark_replays: bool,
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
+    pub(crate) lease: Lease,
 }
 
 impl<O: Operation> Settings<O> {
@@ -131,6 +135,7 @@ impl<O: Operation> Settings<O> {
             mark_replays: config.mark_replays,
             trace_keys: config.trace_keys,
             stored: config.stored,
+            lease: config.lease,
             operation,
         }
     }
@@ -415,6 +420,51 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// ```
     pub fn trace_keys(mut self, trace: bool) -> Self {
         self.config.trace_keys = trace;
+        self
+    }
+
+    /// The lease of each reservation: while the create runs, the layer renews it every
+    /// third of `lease` ([`Store::renew`]), so a pending key whose lease lapsed was abandoned
+    /// (its process died mid-create) and one that did not is in progress; the
+    /// `idempotency_keys` example and [`Operator::inspect`](crate::store::Operator::inspect)
+    /// show which. Default [`Lease::DEFAULT`] (thirty seconds); at least [`Lease::MIN`]. A
+    /// create that finishes within a third of the lease costs no renewal.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_secs(10));
+    /// # drop(layer);
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        let take_over = self.config.lease.takes_over();
+        self.config.lease = Lease::new(lease);
+        if take_over {
+            self.config.lease = self.config.lease.take_over_abandoned();
+        }
+        self
+    }
+
+    /// Lets a request take over a key whose first attempt was abandoned (no renewal within
+    /// the [lease](Self::lease): its process died, or the create panicked): it creates anew.
+    /// Off by default: an abandoned create may have taken effect, so by default its key stays
+    /// pending (at most once) until an operator resolves it. Turn it on only for operations
+    /// that are safe to run twice (at least once); a conflicting request is still a conflict,
+    /// and the abandoned owner can no longer complete (every write is fenced by its
+    /// reservation).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .lease(Duration::from_secs(10))
+    ///     .take_over_abandoned();
+    /// # drop(layer);
+    /// ```
+    pub fn take_over_abandoned(mut self) -> Self {
+        self.config.lease = self.config.lease.take_over_abandoned();
         self
     }
 

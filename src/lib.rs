@@ -246,5 +246,5 @@ pub use redis;
 pub use {deadpool_postgres, tokio_postgres};
 
 pub use crate::store::{
-    Claim, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    Claim, Lease, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };

@@ -187,7 +187,15 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 return rejection.into_response(operation);
             }
         };
-        let response = create(inner, parts, body, value).await;
+        let lease = settings.lease.duration();
+        let response = renewing(
+            create(inner, parts, body, value),
+            &store,
+            &key,
+            &reservation,
+            lease,
+        )
+        .await;
         let response = match keep(response, settings.stored) {
             Keep::Store(response) => response,
             Keep::Release(response) => {
@@ -196,7 +204,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             }
             Keep::Pending(rejection) => return rejection.into_response(operation),
         };
-        let stored = match collect(response, &settings).await {
+        let collected = collect(response, &settings);
+        let stored = match renewing(collected, &store, &key, &reservation, lease).await {
             Ok(stored) => stored,
             Err(rejection) => return rejection.into_response(operation),
         };
@@ -216,7 +225,8 @@ async fn claim<St: Store, O: Operation, B>(
     settings: &Settings<O>,
 ) -> Result<Reservation, Response<ResponseBody<B>>> {
     let reservation = Reservation::generate();
-    let rejection = match store.claim_with(key, fingerprint, reservation).await {
+    let claim = store.claim_with(key, fingerprint, reservation, settings.lease);
+    let rejection = match claim.await {
         Ok(Claim::New(reservation)) => return Ok(reservation),
         Ok(Claim::Replay(stored)) => {
             let mut response = reply::stored(stored, Outcome::Replay);
@@ -378,6 +388,74 @@ where
     let mut request = Request::from_parts(parts, RequestBody::full(body));
     request.extensions_mut().insert(value);
     CatchUnwind::new(move || inner.call(request)).await
+}
+
+/// Runs `work` while renewing the lease of `reservation` every third of `lease`, so the
+/// key shows as in progress, not abandoned, however long `work` takes. The renewal starts
+/// only once `work` waits: work that finishes at its first poll costs no timer.
+async fn renewing<F: Future, St: Store>(
+    work: F,
+    store: &St,
+    key: &str,
+    reservation: &Reservation,
+    lease: Duration,
+) -> F::Output {
+    let renew = async {
+        let every = lease / 3;
+        loop {
+            // Without Tokio's timer (another runtime, or timers off) there is no heartbeat:
+            // the lease then lapses while the create runs, which only matters to a layer
+            // that takes over abandoned keys.
+            let Ok(sleep) = panic::catch_unwind(|| tokio::time::sleep(every)) else {
+                tracing::error!("no Tokio timer: the lease of this create is not renewed");
+                return;
+            };
+            sleep.await;
+            match store.renew(key, reservation, lease).await {
+                Ok(()) => {}
+                Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
+                    tracing::error!(
+                        "the reservation was taken over or resolved while its create ran; \
+                         this create's response will not be stored"
+                    );
+                    return;
+                }
+                Err(error) => tracing::warn!(%error, "renewing the lease failed; trying again"),
+            }
+        }
+    };
+    WhileRenewing {
+        work,
+        renew,
+        renewing: true,
+    }
+    .await
+}
+
+pin_project! {
+    /// Polls `work` to its end, and `renew` beside it while `work` waits, until `renew` ends.
+    struct WhileRenewing<F, R> {
+        #[pin]
+        work: F,
+        #[pin]
+        renew: R,
+        renewing: bool,
+    }
+}
+
+impl<F: Future, R: Future<Output = ()>> Future for WhileRenewing<F, R> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.work.poll(cx) {
+            return Poll::Ready(output);
+        }
+        if *this.renewing && this.renew.poll(cx).is_ready() {
+            *this.renewing = false;
+        }
+        Poll::Pending
+    }
 }
 
 pin_project! {

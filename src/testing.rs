@@ -43,11 +43,12 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::admission::{Admission, Admit, Refusal};
 use crate::operation::Fingerprint;
 use crate::store::{
-    Claim, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    Claim, Lease, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };
 
 /// A shared, ordered record of calls: `claim`, `admit`, `release`, `create`, `complete`, and
@@ -110,7 +111,7 @@ impl<St> RecordingStore<St> {
         }
     }
 
-    /// Makes every later `call` (`"claim"`, `"complete"` or `"release"`) fail.
+    /// Makes every later `call` (`"claim"`, `"renew"`, `"complete"` or `"release"`) fail.
     pub fn fail(&self, call: &'static str) {
         self.failing
             .lock()
@@ -148,9 +149,12 @@ impl<St: Store> Store for RecordingStore<St> {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
         self.call("claim")?;
-        self.inner.claim_with(key, fingerprint, reservation).await
+        self.inner
+            .claim_with(key, fingerprint, reservation, lease)
+            .await
     }
 
     async fn complete(
@@ -161,6 +165,16 @@ impl<St: Store> Store for RecordingStore<St> {
     ) -> Result<(), StoreError> {
         self.call("complete")?;
         self.inner.complete(key, reservation, response).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.call("renew")?;
+        self.inner.renew(key, reservation, lease).await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {

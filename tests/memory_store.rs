@@ -112,3 +112,64 @@ async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
         tower_idempotency::StoreErrorKind::CapacityExceeded
     );
 }
+
+/// Expiry is amortised: each claim drops the expired records at the front of its shard's
+/// queue, so records expire without `purge_expired` and without a scan of the shard.
+#[tokio::test]
+async fn claims_drop_expired_records_as_they_go() {
+    let store = MemoryStore::with_retention(Duration::from_millis(30));
+    let fp = fingerprint("x", "p");
+    let response = common::conformance::awkward_response();
+    for i in 0..64 {
+        let key = format!("old-{i}");
+        let tower_idempotency::Claim::New(reservation) = store.claim(&key, &fp).await.unwrap()
+        else {
+            panic!()
+        };
+        store.complete(&key, &reservation, &response).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    for i in 0..640 {
+        store.claim(&format!("new-{i}"), &fp).await.unwrap();
+    }
+    assert_eq!(
+        store.len(),
+        640,
+        "every expired record was dropped by a claim"
+    );
+    assert_eq!(store.purge_expired(), 0);
+}
+
+/// A key completed, forgotten and completed again is dropped when its second completion
+/// expires, not its first.
+#[tokio::test]
+async fn a_record_completed_again_expires_from_its_last_completion() {
+    use tower_idempotency::store::Operator;
+    let store = MemoryStore::with_retention(Duration::from_millis(150));
+    let fp = fingerprint("x", "p");
+    let response = common::conformance::awkward_response();
+    let complete = |store: MemoryStore| {
+        let response = response.clone();
+        async move {
+            let tower_idempotency::Claim::New(reservation) = store.claim("k", &fp).await.unwrap()
+            else {
+                panic!()
+            };
+            store.complete("k", &reservation, &response).await.unwrap();
+        }
+    };
+    complete(store.clone()).await;
+    assert!(store.forget("k").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    complete(store.clone()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        store.purge_expired(),
+        0,
+        "the first completion's entry is stale"
+    );
+    assert!(store.completed("k").is_some());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.purge_expired(), 1);
+    assert!(store.completed("k").is_none());
+}

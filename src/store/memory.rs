@@ -1,18 +1,23 @@
 //! The in-memory store: one process, lost on restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, Operator, RecordInfo, RecordState, Reservation, Store, StoreError, StoreErrorKind,
-    StoredResponse,
+    Claim, Lease, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse,
 };
 use crate::operation::Fingerprint;
 
 /// Number of independently locked shards; a power of two.
 const SHARDS: usize = 64;
+
+/// Entries of its shard's expiry queue a claim looks at, at most. Every completed record
+/// enters a queue once and leaves it once, and each completion follows a claim in its shard,
+/// so a few a claim keep up; the work under the lock stays small and bounded.
+const SWEEP_PER_CLAIM: usize = 4;
 
 /// The embedded default store: a sharded map in this process.
 ///
@@ -25,7 +30,9 @@ const SHARDS: usize = 64;
 ///
 /// Pending records never expire. With [`MemoryStore::with_retention`], *completed* records
 /// older than the window are dropped, so a long-running process does not grow without bound;
-/// a retry after that is a new operation.
+/// a retry after that is a new operation. Expiry is amortised: each shard keeps its completed
+/// records in completion order, and every claim drops the few oldest that expired, so no
+/// claim ever scans a shard.
 ///
 /// ```
 /// use std::time::Duration;
@@ -52,8 +59,11 @@ struct Shared {
 
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Box<str>, Record>,
-    last_purge: Option<Instant>,
+    records: HashMap<Arc<str>, Record>,
+    /// With a retention window: the completed records of this shard in the order they were
+    /// completed, with when. An entry whose record was completed again, taken over or
+    /// forgotten since is stale, and skipped.
+    expiry: VecDeque<(Instant, Arc<str>)>,
 }
 
 struct Record {
@@ -62,8 +72,14 @@ struct Record {
 }
 
 enum State {
-    /// Reserved under this token, since then.
-    Pending(Reservation, Instant),
+    /// Reserved under this token.
+    Pending {
+        reservation: Reservation,
+        /// When it was claimed.
+        since: Instant,
+        /// When its lease lapses unless renewed; `None` past what the clock can hold.
+        until: Option<Instant>,
+    },
     Completed {
         /// Boxed: it is large, and the table moves its entries whenever it grows.
         response: Box<StoredResponse>,
@@ -129,49 +145,81 @@ impl MemoryStore {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let retention = self.shared.retention;
-        let now = retention.map(|_| Instant::now());
+        let now = Instant::now();
+        let pending = Record {
+            fingerprint: *fingerprint,
+            state: State::pending(reservation, now, lease.duration()),
+        };
         let mut shard = lock(self.shard(key));
-        if let Some(record) = shard.records.get_mut(key) {
-            let expired = match (now, retention) {
-                (Some(now), Some(retention)) => record.is_expired(now, retention),
-                _ => false,
-            };
-            if !expired {
-                return Ok(if record.fingerprint != *fingerprint {
-                    Claim::Conflict
-                } else {
-                    match &record.state {
-                        State::Pending(held, _) if *held == reservation => Claim::New(reservation),
-                        State::Pending(..) => Claim::Pending,
-                        State::Completed { response, .. } => Claim::Replay((**response).clone()),
-                    }
-                });
-            }
-            *record = Record {
-                fingerprint: *fingerprint,
-                state: State::Pending(reservation, Instant::now()),
-            };
-            return Ok(Claim::New(reservation));
-        }
-        if let (Some(now), Some(retention)) = (now, retention)
-            && shard
-                .last_purge
-                .is_none_or(|at| now.duration_since(at) >= retention)
-        {
-            let dropped = shard.purge(now, retention);
+        if let Some(retention) = self.shared.retention {
+            let dropped = shard.sweep(now, retention, SWEEP_PER_CLAIM);
             self.give_room(dropped);
         }
+        if let Some(record) = shard.records.get_mut(key) {
+            let expired = self
+                .shared
+                .retention
+                .is_some_and(|retention| record.is_expired(now, retention));
+            if !expired {
+                if record.fingerprint != *fingerprint {
+                    return Ok(Claim::Conflict);
+                }
+                return Ok(match &record.state {
+                    State::Pending {
+                        reservation: held, ..
+                    } if *held == reservation => Claim::New(reservation),
+                    State::Pending { until, .. } if lease.takes_over() && lapsed(*until, now) => {
+                        *record = pending;
+                        Claim::New(reservation)
+                    }
+                    State::Pending { .. } => Claim::Pending,
+                    State::Completed { response, .. } => Claim::Replay((**response).clone()),
+                });
+            }
+            *record = pending;
+            return Ok(Claim::New(reservation));
+        }
         self.take_room()?;
-        shard.records.insert(
-            key.into(),
-            Record {
-                fingerprint: *fingerprint,
-                state: State::Pending(reservation, Instant::now()),
-            },
-        );
+        shard.records.insert(key.into(), pending);
         Ok(Claim::New(reservation))
+    }
+
+    /// Completes the pending `key`: under `reservation`, or under any reservation if `None`
+    /// (an operator's resolve).
+    fn complete_now(
+        &self,
+        key: &str,
+        reservation: Option<&Reservation>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let mut shard = lock(self.shard(key));
+        let Some((key, record)) = shard.records.get_key_value(key) else {
+            return Err(StoreError::new(StoreErrorKind::ReservationLost));
+        };
+        let owned = match &record.state {
+            State::Pending {
+                reservation: held, ..
+            } => reservation.is_none_or(|r| r == held),
+            State::Completed { .. } => false,
+        };
+        if !owned {
+            return Err(StoreError::new(StoreErrorKind::ReservationLost));
+        }
+        let key = Arc::clone(key);
+        // Read under the lock, so that each shard's expiry queue is in order.
+        let at = self.shared.retention.map(|_| Instant::now());
+        if let Some(record) = shard.records.get_mut(&*key) {
+            record.state = State::Completed {
+                response: Box::new(response.clone()),
+                at,
+            };
+        }
+        if let Some(at) = at {
+            shard.expiry.push_back((at, key));
+        }
+        Ok(())
     }
 
     /// Takes room for one more record, if the store is bounded and has it.
@@ -223,7 +271,7 @@ impl MemoryStore {
         matches!(
             lock(self.shard(key)).records.get(key),
             Some(Record {
-                state: State::Pending(..),
+                state: State::Pending { .. },
                 ..
             })
         )
@@ -243,7 +291,9 @@ impl MemoryStore {
     /// Drops every completed record older than the retention window now, and returns how many
     /// were dropped. Without a retention window it drops nothing.
     ///
-    /// Claims purge their own shard about once per window, so calling this is optional.
+    /// Claims drop the expired records of their own shard as they go, so calling this is
+    /// optional: it frees the memory of shards no claim touches. It walks only the expired
+    /// records, never a whole shard.
     pub fn purge_expired(&self) -> usize {
         let Some(retention) = self.shared.retention else {
             return 0;
@@ -253,7 +303,7 @@ impl MemoryStore {
             .shared
             .shards
             .iter()
-            .map(|shard| lock(shard).purge(now, retention))
+            .map(|shard| lock(shard).sweep(now, retention, usize::MAX))
             .sum();
         self.give_room(dropped);
         dropped
@@ -286,18 +336,52 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl Shard {
-    fn purge(&mut self, now: Instant, retention: Duration) -> usize {
-        let before = self.records.len();
-        self.records
-            .retain(|_, record| !record.is_expired(now, retention));
-        self.last_purge = Some(now);
-        before - self.records.len()
+    /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
+    /// at most, and returns how many records it dropped.
+    fn sweep(&mut self, now: Instant, retention: Duration, limit: usize) -> usize {
+        let mut dropped = 0;
+        for _ in 0..limit {
+            match self.expiry.front() {
+                Some((at, _)) if now.saturating_duration_since(*at) >= retention => {}
+                _ => break,
+            }
+            let Some((at, key)) = self.expiry.pop_front() else {
+                break;
+            };
+            // The record, unless completed again, taken over or forgotten since.
+            let current = matches!(
+                self.records.get(&*key),
+                Some(Record { state: State::Completed { at: Some(completed), .. }, .. })
+                    if *completed == at
+            );
+            if current {
+                self.records.remove(&*key);
+                dropped += 1;
+            }
+        }
+        dropped
     }
+}
+
+impl State {
+    /// A new reservation and its lease, from `now`.
+    fn pending(reservation: Reservation, now: Instant, lease: Duration) -> Self {
+        Self::Pending {
+            reservation,
+            since: now,
+            until: now.checked_add(lease),
+        }
+    }
+}
+
+/// Whether a lease that runs `until` has lapsed by `now`.
+fn lapsed(until: Option<Instant>, now: Instant) -> bool {
+    until.is_some_and(|until| now >= until)
 }
 
 impl Record {
     fn is_expired(&self, now: Instant, retention: Duration) -> bool {
-        matches!(self.state, State::Completed { at: Some(at), .. } if now.duration_since(at) >= retention)
+        matches!(self.state, State::Completed { at: Some(at), .. } if now.saturating_duration_since(at) >= retention)
     }
 }
 
@@ -313,16 +397,38 @@ impl Store for MemoryStore {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
-        match self.claim_now(key, fingerprint, reservation) {
-            // Expired records in other shards may hold the room: purge them all, once.
+        match self.claim_now(key, fingerprint, reservation, lease) {
+            // Expired records in other shards may hold the room: drop them all, once.
             Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
                 if self.purge_expired() == 0 {
                     return Err(full);
                 }
-                self.claim_now(key, fingerprint, reservation)
+                self.claim_now(key, fingerprint, reservation, lease)
             }
             claimed => claimed,
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut shard = lock(self.shard(key));
+        match shard.records.get_mut(key).map(|record| &mut record.state) {
+            Some(State::Pending {
+                reservation: held,
+                until,
+                ..
+            }) if held == reservation => {
+                *until = now.checked_add(lease);
+                Ok(())
+            }
+            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
         }
     }
 
@@ -332,23 +438,18 @@ impl Store for MemoryStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let mut shard = lock(self.shard(key));
-        match shard.records.get_mut(key) {
-            Some(record) if matches!(record.state, State::Pending(r, _) if r == *reservation) => {
-                record.state = State::Completed {
-                    response: Box::new(response.clone()),
-                    at: self.shared.retention.map(|_| Instant::now()),
-                };
-                Ok(())
-            }
-            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
-        }
+        self.complete_now(key, Some(reservation), response)
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let mut shard = lock(self.shard(key));
         match shard.records.get(key) {
-            Some(record) if matches!(record.state, State::Pending(r, _) if r == *reservation) => {
+            Some(Record {
+                state: State::Pending {
+                    reservation: held, ..
+                },
+                ..
+            }) if held == reservation => {
                 shard.records.remove(key);
                 self.give_room(1);
                 Ok(())
@@ -362,10 +463,15 @@ impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = Instant::now();
         Ok(lock(self.shard(key)).records.get(key).map(|record| {
-            let (state, since, status) = match &record.state {
-                State::Pending(_, since) => (RecordState::Pending, Some(*since), None),
+            let (state, since, status, abandoned) = match &record.state {
+                State::Pending { since, until, .. } => (
+                    RecordState::Pending,
+                    Some(*since),
+                    None,
+                    lapsed(*until, now),
+                ),
                 State::Completed { response, at } => {
-                    (RecordState::Completed, *at, Some(response.status()))
+                    (RecordState::Completed, *at, Some(response.status()), false)
                 }
             };
             RecordInfo {
@@ -373,6 +479,7 @@ impl Operator for MemoryStore {
                 age: since.map(|since| now.saturating_duration_since(since)),
                 fingerprint: record.fingerprint,
                 status,
+                abandoned,
             }
         }))
     }
@@ -387,7 +494,9 @@ impl Operator for MemoryStore {
                     .records
                     .iter()
                     .filter_map(|(key, record)| match record.state {
-                        State::Pending(_, since) if now.saturating_duration_since(since) >= age => {
+                        State::Pending { since, .. }
+                            if now.saturating_duration_since(since) >= age =>
+                        {
                             Some(key.to_string())
                         }
                         _ => None,
@@ -399,17 +508,7 @@ impl Operator for MemoryStore {
     }
 
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        let mut shard = lock(self.shard(key));
-        match shard.records.get_mut(key) {
-            Some(record) if matches!(record.state, State::Pending(..)) => {
-                record.state = State::Completed {
-                    response: Box::new(response.clone()),
-                    at: self.shared.retention.map(|_| Instant::now()),
-                };
-                Ok(())
-            }
-            _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
-        }
+        self.complete_now(key, None, response)
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {

@@ -104,12 +104,18 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// | none | — | [`Claim::New`], a pending reservation `reservation` is created |
     /// | pending under `reservation` | equal | [`Claim::New`] again |
     /// | pending or completed | differs | [`Claim::Conflict`], nothing changes |
+    /// | pending, lease lapsed, `lease` [takes over](Lease::take_over_abandoned) | equal | [`Claim::New`], the record is reserved anew under `reservation` |
     /// | pending | equal | [`Claim::Pending`] |
     /// | completed | equal | [`Claim::Replay`] with the stored response |
     ///
     /// The reservation is the caller's: a claim that finds `key` pending under the same
     /// `reservation` (and fingerprint) answers [`Claim::New`] again, so a claim whose answer
     /// was lost can be repeated, or released with the token, without stranding the key.
+    ///
+    /// A new reservation carries `lease`: it counts as in progress until the lease's duration
+    /// has passed since the claim or the last [`renew`](Store::renew), and as *abandoned*
+    /// after. Only a claim whose own `lease` takes over abandoned records may reserve one
+    /// anew; every other claim answers [`Claim::Pending`] however old it is.
     ///
     /// # Errors
     ///
@@ -121,9 +127,10 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// [`claim_with`](Store::claim_with) a new reservation.
+    /// [`claim_with`](Store::claim_with) a new reservation and the default [`Lease`].
     ///
     /// # Errors
     ///
@@ -133,8 +140,23 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &str,
         fingerprint: &Fingerprint,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        self.claim_with(key, fingerprint, Reservation::generate())
+        self.claim_with(key, fingerprint, Reservation::generate(), Lease::default())
     }
+
+    /// Renews the lease of the pending reservation `reservation` of `key` for another
+    /// `lease` from now: its owner is alive and still creating. The layer calls it every
+    /// third of the lease while the create runs.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::ReservationLost`] if `key` is not pending under `reservation` (it
+    /// was taken over, resolved or forgotten); otherwise a backend failure.
+    fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Stores `response` as the completed result of the reservation `reservation` of `key`.
     ///
@@ -294,6 +316,72 @@ pub struct RecordInfo {
     pub fingerprint: Fingerprint,
     /// The stored status of a completed record.
     pub status: Option<StatusCode>,
+    /// Pending, and its owner's lease lapsed: nobody renewed it within the lease, so its
+    /// owner most likely died. A pending record that is not abandoned is in progress.
+    pub abandoned: bool,
+}
+
+/// The lease a new reservation carries, and whether a claim may take over an abandoned one.
+///
+/// A pending reservation counts as *in progress* while its owner renews it
+/// ([`Store::renew`]); once a whole lease passes without a renewal, as *abandoned*: its owner
+/// most likely died mid-create. By default an abandoned key stays pending (at most once: the
+/// create may have run). [`take_over_abandoned`](Lease::take_over_abandoned) lets a claim
+/// reserve it anew, for operations that are safe to run again (at least once).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::Lease;
+///
+/// let lease = Lease::new(Duration::from_secs(10)).take_over_abandoned();
+/// assert_eq!(lease.duration(), Duration::from_secs(10));
+/// assert!(lease.takes_over());
+/// assert!(!Lease::default().takes_over());
+/// assert_eq!(Lease::new(Duration::ZERO).duration(), Lease::MIN);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    duration: Duration,
+    take_over: bool,
+}
+
+impl Lease {
+    /// The default lease: thirty seconds.
+    pub const DEFAULT: Duration = Duration::from_secs(30);
+
+    /// The shortest lease; a shorter one is raised to it.
+    pub const MIN: Duration = Duration::from_millis(30);
+
+    /// A lease of `duration` (at least [`Lease::MIN`]; past [`MAX_RETENTION`] remote stores
+    /// clamp it) that never takes over.
+    pub fn new(duration: Duration) -> Self {
+        Self {
+            duration: duration.max(Self::MIN),
+            take_over: false,
+        }
+    }
+
+    /// Lets the claim take over a pending record whose lease lapsed (at least once).
+    pub fn take_over_abandoned(mut self) -> Self {
+        self.take_over = true;
+        self
+    }
+
+    /// How long a reservation counts as in progress without a renewal.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// Whether the claim takes over an abandoned record.
+    pub fn takes_over(&self) -> bool {
+        self.take_over
+    }
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT)
+    }
 }
 
 /// The outcome of [`Store::claim`].

@@ -13,8 +13,8 @@ use tokio_postgres::types::ToSql;
 
 use super::codec;
 use super::{
-    Claim, DEFAULT_TIMEOUT, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse, retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
+    StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -25,9 +25,10 @@ use crate::operation::Fingerprint;
 ///
 /// - the claim is one statement, an `INSERT … ON CONFLICT (key) DO NOTHING` that atomically
 ///   creates the pending reservation, joined with a read of the record as it stands when the key
-///   is taken. A replay, a pending or a conflicting claim writes nothing. (Two rare cases take a
-///   second statement: a claim that raced another for the same key and committed in between,
-///   and the take-over of a completed record past its retention.)
+///   is taken. A replay, a pending or a conflicting claim writes nothing. (Three rare cases take
+///   a second statement: a claim that raced another for the same key and committed in between,
+///   the take-over of a completed record past its retention, and the take-over of an abandoned
+///   reservation, when the claim's [`Lease`] asks for it.)
 /// - complete is an `UPDATE` and release a `DELETE`, both guarded by this request's
 ///   reservation token.
 ///
@@ -71,6 +72,8 @@ struct Sql {
     table: String,
     claim: String,
     take_over: String,
+    take_over_abandoned: String,
+    renew: String,
     wait_for_claim: String,
     inspect: String,
     pending: String,
@@ -85,24 +88,37 @@ struct Sql {
 impl Sql {
     fn new(table: &str) -> Self {
         let quoted = format!("\"{table}\"");
+        // A new lease of $4 milliseconds.
+        let lease = "now() + $4::bigint * interval '1 millisecond'";
         Self {
             table: table.to_owned(),
             claim: format!(
                 "WITH inserted AS (\
-                 INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
+                 INSERT INTO {quoted} (key, fingerprint, token, lease_until) \
+                 VALUES ($1, $2, $3, {lease}) \
                  ON CONFLICT (key) DO NOTHING \
-                 RETURNING token, fingerprint, response, false AS expired) \
-                 SELECT token, fingerprint, response, expired FROM inserted \
+                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
+                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
                  UNION ALL \
-                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false) \
+                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
+                 COALESCE(lease_until <= now(), false) \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             ),
             take_over: format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
-                 changed_at = now() WHERE key = $1 AND expires_at <= now()"
+                 changed_at = now(), lease_until = {lease} WHERE key = $1 AND expires_at <= now()"
+            ),
+            take_over_abandoned: format!(
+                "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease} \
+                 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL AND lease_until <= now()"
+            ),
+            renew: format!(
+                "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE key = $1 AND token = $2"
             ),
             complete: format!(
-                "UPDATE {quoted} SET response = $3, token = NULL, changed_at = now(), expires_at = CASE \
+                "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
+                 changed_at = now(), expires_at = CASE \
                  WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token = $2"
             ),
@@ -126,13 +142,18 @@ impl Sql {
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
                  WHERE attrelid = '{quoted}'::regclass AND attname = 'changed_at') THEN \
                  ALTER TABLE {quoted} ADD COLUMN changed_at timestamptz NOT NULL DEFAULT now(); \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'lease_until') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN lease_until timestamptz; \
                  END IF; END $migrate$;\
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
                  WHERE expires_at IS NOT NULL;"
             ),
             inspect: format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
-                 (extract(epoch FROM now() - changed_at) * 1000)::bigint \
+                 (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
+                 token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
                  FROM {quoted} WHERE key = $1"
             ),
             pending: format!(
@@ -140,7 +161,7 @@ impl Sql {
                  AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
             ),
             resolve: format!(
-                "UPDATE {quoted} SET response = $2, token = NULL, changed_at = now(), \
+                "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
                  expires_at = CASE WHEN $3::bigint > 0 \
                  THEN now() + $3::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token IS NOT NULL"
@@ -350,6 +371,11 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A lease in whole milliseconds, as the statements take it.
+fn lease_millis(lease: Duration) -> i64 {
+    i64::try_from(retention_millis(lease)).unwrap_or(i64::MAX)
+}
+
 fn unavailable(error: tokio_postgres::Error) -> StoreError {
     StoreError::with_source(StoreErrorKind::Unavailable, error)
 }
@@ -383,13 +409,17 @@ impl Store for PostgresStore {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
-        let params: [&(dyn ToSql + Sync); 3] = [&key, &fingerprint.as_str(), &&token[..]];
+        let lease_ms = lease_millis(lease.duration());
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&key, &fingerprint.as_str(), &&token[..], &lease_ms];
         // Almost always one pass. Another pass only when a concurrent claim committed the key
         // between this statement's snapshot and its insert (the statement then sees no row),
-        // or when the record found had expired and another claim took it over first.
+        // or when the record found had expired or was abandoned and another claim took it
+        // over first.
         for _ in 0..CLAIM_ATTEMPTS {
             let row = within(self.timeout, async {
                 let client = self.client().await?;
@@ -409,14 +439,27 @@ impl Store for PostgresStore {
             let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
             let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
             let expired: bool = row.try_get(3).map_err(corrupt)?;
+            let lapsed: bool = row.try_get(4).map_err(corrupt)?;
             // Inserted by this statement, or pending under this token already (a repeated
             // claim): the reservation is the caller's.
             if stored_token == Some(&token[..]) && stored_fingerprint == fingerprint.as_str() {
                 return Ok(Claim::New(reservation));
             }
-            if expired {
-                // A completed record past its retention is absent: take it over, once.
-                if self.execute(&self.sql.take_over, &params).await? == 1 {
+            // A completed record past its retention is absent, and a pending one whose lease
+            // lapsed may be taken over if the caller asks: take it over, once.
+            let take_over = if expired {
+                Some(&self.sql.take_over)
+            } else if lapsed
+                && lease.takes_over()
+                && response.is_none()
+                && stored_fingerprint == fingerprint.as_str()
+            {
+                Some(&self.sql.take_over_abandoned)
+            } else {
+                None
+            };
+            if let Some(sql) = take_over {
+                if self.execute(sql, &params).await? == 1 {
                     return Ok(Claim::New(reservation));
                 }
                 continue;
@@ -431,6 +474,20 @@ impl Store for PostgresStore {
             };
         }
         Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = &*table_key(key);
+        let token = reservation.as_u128().to_be_bytes();
+        let rows = self
+            .execute(&self.sql.renew, &[&key, &&token[..], &lease_millis(lease)])
+            .await?;
+        guarded(rows)
     }
 
     async fn complete(
@@ -516,6 +573,7 @@ impl Operator for PostgresStore {
         let pending: bool = row.try_get(1).map_err(corrupt)?;
         let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
         let age: i64 = row.try_get(3).map_err(corrupt)?;
+        let abandoned: bool = row.try_get(4).map_err(corrupt)?;
         let status = match response {
             Some(response) => Some(codec::decode(Bytes::from(response))?.status()),
             None => None,
@@ -530,6 +588,7 @@ impl Operator for PostgresStore {
             fingerprint: Fingerprint::parse(fingerprint)
                 .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?,
             status,
+            abandoned,
         }))
     }
 

@@ -9,24 +9,35 @@ use redis::{Script, Value};
 
 use super::codec;
 use super::{
-    Claim, DEFAULT_TIMEOUT, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse, retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
+    StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
-/// Claim: creates the pending reservation, or reports conflict (fingerprint first), pending
-/// or replay with the stored response, all in one atomic step.
+/// Claim: creates the pending reservation with its lease, or reports conflict (fingerprint
+/// first), pending or replay with the stored response, all in one atomic step; takes over a
+/// pending record whose lease lapsed when asked to.
 const CLAIM: &str = r"
-local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp')
-if not record[1] then
-  local now = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
-  return {0}
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until')
+if record[1] then
+  if record[1] ~= ARGV[1] then return {1} end
+  if record[2] == ARGV[2] then return {0} end
+  if record[3] then return {3, record[3]} end
+  if ARGV[4] ~= '1' or not record[4] then return {2} end
 end
-if record[1] ~= ARGV[1] then return {1} end
-if record[2] == ARGV[2] then return {0} end
-if record[3] then return {3, record[3]} end
-return {2}
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+if record[1] and now < tonumber(record[4]) then return {2} end
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now, 'until', now + tonumber(ARGV[3]))
+return {0}
+";
+
+/// Renew: a new lease, only while pending under this reservation.
+const RENEW: &str = r"
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'until', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[2]))
+return 1
 ";
 
 /// Complete: only while pending under this reservation.
@@ -34,7 +45,7 @@ const COMPLETE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
-redis.call('HDEL', KEYS[1], 'token')
+redis.call('HDEL', KEYS[1], 'token', 'until')
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 ";
@@ -46,11 +57,13 @@ redis.call('DEL', KEYS[1])
 return 1
 ";
 
-/// Inspect: the fingerprint, whether pending, the stored status, and the age in ms (-1 if
-/// unknown), or nothing.
+/// Inspect: the fingerprint, whether pending, the stored status, the age in ms (-1 if
+/// unknown) and whether its lease lapsed, or nothing.
 const INSPECT: &str = r"
-local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'at')
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'at', 'until')
 if not record[1] then return {} end
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
 local status = 0
 if record[3] and string.len(record[3]) >= 3 then
   status = string.byte(record[3], 2) * 256 + string.byte(record[3], 3)
@@ -58,11 +71,10 @@ end
 local pending = 0
 if record[2] then pending = 1 end
 local age = -1
-if record[4] then
-  local now = redis.call('TIME')
-  age = now[1] * 1000 + math.floor(now[2] / 1000) - tonumber(record[4])
-end
-return {record[1], pending, status, age}
+if record[4] then age = now - tonumber(record[4]) end
+local abandoned = 0
+if record[2] and record[5] and now >= tonumber(record[5]) then abandoned = 1 end
+return {record[1], pending, status, age, abandoned}
 ";
 
 /// Resolve: complete a pending record, whoever reserved it.
@@ -70,7 +82,7 @@ const RESOLVE: &str = r"
 if not redis.call('HGET', KEYS[1], 'token') then return 0 end
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[1], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
-redis.call('HDEL', KEYS[1], 'token')
+redis.call('HDEL', KEYS[1], 'token', 'until')
 if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 ";
@@ -116,6 +128,7 @@ pub struct RedisStore {
 
 struct Scripts {
     claim: Script,
+    renew: Script,
     complete: Script,
     release: Script,
     inspect: Script,
@@ -225,6 +238,7 @@ impl RedisStore {
             connection,
             scripts: Arc::new(Scripts {
                 claim: Script::new(CLAIM),
+                renew: Script::new(RENEW),
                 complete: Script::new(COMPLETE),
                 release: Script::new(RELEASE),
                 inspect: Script::new(INSPECT),
@@ -361,11 +375,14 @@ impl Store for RedisStore {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
         let mut invocation = self.scripts.claim.key(self.record_key(key));
         invocation
             .arg(fingerprint.as_str())
-            .arg(&token(&reservation)[..]);
+            .arg(&token(&reservation)[..])
+            .arg(retention_millis(lease.duration()))
+            .arg(u8::from(lease.takes_over()));
         let Value::Array(answer) = self.run(invocation).await? else {
             return Err(StoreError::new(StoreErrorKind::Corrupt));
         };
@@ -382,6 +399,20 @@ impl Store for RedisStore {
             }
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.renew.key(self.record_key(key));
+        invocation
+            .arg(&token(reservation)[..])
+            .arg(retention_millis(lease));
+        acted(self.run(invocation).await?)?;
+        self.replicated().await
     }
 
     async fn complete(
@@ -421,6 +452,7 @@ impl Operator for RedisStore {
                 Value::Int(pending),
                 Value::Int(status),
                 Value::Int(age),
+                Value::Int(abandoned),
             ] => {
                 let fingerprint = std::str::from_utf8(fingerprint)
                     .ok()
@@ -436,6 +468,7 @@ impl Operator for RedisStore {
                     age: u64::try_from(*age).ok().map(Duration::from_millis),
                     fingerprint,
                     status: if *pending == 1 { None } else { status },
+                    abandoned: *abandoned == 1,
                 }))
             }
             _ => Err(corrupt()),

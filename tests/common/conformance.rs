@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tower_idempotency::{
-    Claim, Fingerprint, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
+    Claim, Fingerprint, Lease, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
 };
 
 /// A key no other test (or earlier run) uses.
@@ -98,22 +98,34 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
     let token = Reservation::generate();
     for _ in 0..2 {
         assert_eq!(
-            store.claim_with(&key, &fp("a"), token).await.unwrap(),
+            store
+                .claim_with(&key, &fp("a"), token, Lease::default())
+                .await
+                .unwrap(),
             Claim::New(token)
         );
     }
     let other = Reservation::generate();
     assert_eq!(
-        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        store
+            .claim_with(&key, &fp("a"), other, Lease::default())
+            .await
+            .unwrap(),
         Claim::Pending
     );
     assert_eq!(
-        store.claim_with(&key, &fp("b"), token).await.unwrap(),
+        store
+            .claim_with(&key, &fp("b"), token, Lease::default())
+            .await
+            .unwrap(),
         Claim::Conflict
     );
     store.release(&key, &token).await.unwrap();
     assert_eq!(
-        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        store
+            .claim_with(&key, &fp("a"), other, Lease::default())
+            .await
+            .unwrap(),
         Claim::New(other)
     );
     store
@@ -121,7 +133,10 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
         .await
         .unwrap();
     assert_eq!(
-        store.claim_with(&key, &fp("a"), other).await.unwrap(),
+        store
+            .claim_with(&key, &fp("a"), other, Lease::default())
+            .await
+            .unwrap(),
         Claim::Replay(awkward_response()),
         "a completed record replays, whoever asks"
     );
@@ -150,7 +165,10 @@ pub async fn settling_a_lost_claim_frees_only_its_own_reservation(store: impl St
 
 async fn new_with(store: &impl Store, key: &str, token: Reservation) {
     assert_eq!(
-        store.claim_with(key, &fp("a"), token).await.unwrap(),
+        store
+            .claim_with(key, &fp("a"), token, Lease::default())
+            .await
+            .unwrap(),
         Claim::New(token)
     );
 }
@@ -210,6 +228,131 @@ pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(
     assert!(store.forget(&stuck).await.unwrap());
     assert!(!store.forget(&stuck).await.unwrap());
     new(&store, &stuck, &fp("c")).await;
+}
+
+/// A reservation's lease lapses unless renewed; then the key is abandoned, and only a claim
+/// that takes over abandoned keys reserves it anew (same fingerprint only). The owner whose
+/// lease lapsed is fenced out of every write; a completed record is never taken over.
+pub async fn an_abandoned_key_is_taken_over_only_when_asked(
+    store: impl tower_idempotency::store::Operator,
+) {
+    let key = unique_key("abandoned");
+    let lease = Lease::new(Duration::from_millis(800));
+    let take_over = Lease::default().take_over_abandoned();
+    let owner = Reservation::generate();
+    let claim_with = |token, parcel, lease| {
+        let (store, key) = (&store, &key);
+        async move {
+            store
+                .claim_with(key, &fp(parcel), token, lease)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(claim_with(owner, "a", lease).await, Claim::New(owner));
+    assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
+    let early = Reservation::generate();
+    assert_eq!(
+        claim_with(early, "a", take_over).await,
+        Claim::Pending,
+        "a live lease is not taken over"
+    );
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(store.inspect(&key).await.unwrap().unwrap().abandoned);
+    let next = Reservation::generate();
+    assert_eq!(
+        claim_with(next, "a", Lease::default()).await,
+        Claim::Pending,
+        "at most once by default"
+    );
+    assert_eq!(claim_with(next, "b", take_over).await, Claim::Conflict);
+    assert_eq!(claim_with(next, "a", take_over).await, Claim::New(next));
+    assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
+
+    let lost = |error: tower_idempotency::StoreError| error.kind();
+    let response = awkward_response();
+    assert_eq!(
+        store
+            .renew(&key, &owner, Lease::DEFAULT)
+            .await
+            .map_err(lost),
+        Err(StoreErrorKind::ReservationLost)
+    );
+    assert_eq!(
+        store.complete(&key, &owner, &response).await.map_err(lost),
+        Err(StoreErrorKind::ReservationLost)
+    );
+    assert_eq!(
+        store.release(&key, &owner).await.map_err(lost),
+        Err(StoreErrorKind::ReservationLost)
+    );
+    store.complete(&key, &next, &response).await.unwrap();
+    let late = Reservation::generate();
+    assert_eq!(
+        claim_with(late, "a", take_over).await,
+        Claim::Replay(response)
+    );
+}
+
+/// Renewing keeps a reservation in progress past its first lease; only its owner renews a
+/// pending key; once renewals stop, the lease lapses.
+pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::Operator) {
+    let key = unique_key("renew");
+    let lease = Duration::from_millis(900);
+    let owner = Reservation::generate();
+    assert_eq!(
+        store
+            .claim_with(&key, &fp("a"), owner, Lease::new(lease))
+            .await
+            .unwrap(),
+        Claim::New(owner)
+    );
+    let take_over = Lease::default().take_over_abandoned();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store.renew(&key, &owner, lease).await.unwrap();
+    }
+    assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
+    let other = Reservation::generate();
+    assert_eq!(
+        store
+            .claim_with(&key, &fp("a"), other, take_over)
+            .await
+            .unwrap(),
+        Claim::Pending,
+        "renewed past its first lease: still in progress"
+    );
+    let kind = |result: Result<(), tower_idempotency::StoreError>| result.map_err(|e| e.kind());
+    assert_eq!(
+        kind(store.renew(&key, &other, lease).await),
+        Err(StoreErrorKind::ReservationLost)
+    );
+    assert_eq!(
+        kind(store.renew(&unique_key("renew-none"), &owner, lease).await),
+        Err(StoreErrorKind::ReservationLost)
+    );
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(store.inspect(&key).await.unwrap().unwrap().abandoned);
+    assert_eq!(
+        store
+            .claim_with(&key, &fp("a"), other, take_over)
+            .await
+            .unwrap(),
+        Claim::New(other)
+    );
+    store
+        .complete(&key, &other, &awkward_response())
+        .await
+        .unwrap();
+    assert_eq!(
+        kind(store.renew(&key, &other, lease).await),
+        Err(StoreErrorKind::ReservationLost),
+        "a completed record has no lease"
+    );
+    let info = store.inspect(&key).await.unwrap().unwrap();
+    assert!(!info.abandoned, "a completed record is never abandoned");
 }
 
 /// Any retention is accepted, the longest included: completing and replaying work.
@@ -436,6 +579,16 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn an_operator_sees_resolves_and_forgets_stuck_keys() {
                 suite::an_operator_sees_resolves_and_forgets_stuck_keys($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_abandoned_key_is_taken_over_only_when_asked() {
+                suite::an_abandoned_key_is_taken_over_only_when_asked($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn renewing_keeps_a_lease_alive() {
+                suite::renewing_keeps_a_lease_alive($make(None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

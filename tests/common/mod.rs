@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -20,8 +21,8 @@ use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
 use tower_idempotency::{
-    Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, MemoryStore, RequestBody,
-    Reservation, Store, StoreError, StoredResponse,
+    Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, Lease, MemoryStore,
+    RequestBody, Reservation, Store, StoreError, StoredResponse,
 };
 
 pub use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
@@ -415,8 +416,12 @@ impl<St: Store> Store for GatedStore<St> {
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let claim = self.inner.claim_with(key, fingerprint, reservation).await;
+        let claim = self
+            .inner
+            .claim_with(key, fingerprint, reservation, lease)
+            .await;
         self.claim_gate.pass().await;
         claim
     }
@@ -429,6 +434,15 @@ impl<St: Store> Store for GatedStore<St> {
     ) -> Result<(), StoreError> {
         self.complete_gate.pass().await;
         self.inner.complete(key, reservation, response).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, reservation, lease).await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {

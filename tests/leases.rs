@@ -1,0 +1,181 @@
+//! Owner leases: a running create renews its reservation's lease, so its key shows as in
+//! progress however long it takes; a key whose owner stopped renewing (a panic, a dead
+//! process) is abandoned, stays pending by default, and is taken over only by a layer that
+//! allows it; the abandoned owner can no longer complete.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use http::Request;
+use tower::ServiceExt;
+use tower_idempotency::store::Operator;
+use tower_idempotency::{IdempotencyLayer, LabelOperation, Lease, RequestBody};
+
+/// A create that takes the number of milliseconds its `parcel_id` names (`"slow-400"`), and
+/// panics for `"boom"` the first time it runs.
+fn timed_create(journal: Journal, creates: Arc<AtomicUsize>) -> Inner {
+    Inner::new(tower::service_fn(
+        move |request: Request<RequestBody<Chunks>>| {
+            journal.record("create");
+            let first = creates.fetch_add(1, Ordering::SeqCst) == 0;
+            let parcel = request
+                .extensions()
+                .get::<LabelOperation>()
+                .map(|op| op.parcel_id.clone())
+                .unwrap_or_default();
+            async move {
+                assert!(!(first && parcel == "boom"), "the create panics");
+                let millis = parcel.strip_prefix("slow-").and_then(|ms| ms.parse().ok());
+                if let Some(millis) = millis {
+                    tokio::time::sleep(Duration::from_millis(millis)).await;
+                }
+                Ok::<_, CreateError>(created_response())
+            }
+        },
+    ))
+}
+
+fn rig(
+    configure: impl FnOnce(
+        IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+    ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+) -> Rig {
+    let journal = Journal::default();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = timed_create(journal.clone(), Arc::clone(&creates));
+    Rig::build(journal, creates, create, configure)
+}
+
+#[tokio::test]
+async fn a_long_create_renews_its_lease_and_stays_in_progress() {
+    let rig = rig(|layer| {
+        layer
+            .lease(Duration::from_millis(150))
+            .take_over_abandoned()
+    });
+    let first = {
+        let service = rig.service.clone();
+        tokio::spawn(async move {
+            Reply::read(
+                service
+                    .oneshot(operation("long", "slow-600"))
+                    .await
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let info = rig.memory.inspect(&key_of("long")).await.unwrap().unwrap();
+    assert!(!info.abandoned, "renewed: in progress");
+    rig.send(operation("long", "slow-600"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    first.await.unwrap().is_created();
+    assert_eq!(rig.creates(), 1, "never taken over while it runs");
+    let calls = rig.journal.take();
+    let renewals = calls.iter().filter(|call| **call == "renew").count();
+    assert!(
+        (6..=13).contains(&renewals),
+        "about every 50 ms for 600 ms: {calls:?}"
+    );
+    assert_eq!(calls.last(), Some(&"complete"));
+    assert_eq!(calls.iter().filter(|call| **call == "write").count(), 1);
+}
+
+#[tokio::test]
+async fn a_quick_create_costs_no_renewal() {
+    let rig = rig(|layer| layer.lease(Lease::MIN));
+    rig.send_expecting(
+        operation("quick", "p"),
+        &["claim", "admit", "create", "complete", "write"],
+    )
+    .await
+    .is_created();
+    rig.send_expecting(
+        operation("waits", "slow-5"),
+        &["claim", "admit", "create", "complete", "write"],
+    )
+    .await
+    .is_created();
+}
+
+#[tokio::test]
+async fn an_abandoned_key_stays_pending_by_default() {
+    let rig = rig(|layer| layer.lease(Duration::from_millis(60)));
+    rig.send(operation("died", "boom"))
+        .await
+        .exact(500, r#"{"error":"create_failed"}"#);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let info = rig.memory.inspect(&key_of("died")).await.unwrap().unwrap();
+    assert!(info.abandoned, "nobody renews it");
+    rig.send(operation("died", "boom"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert_eq!(rig.creates(), 1, "at most once");
+}
+
+#[tokio::test]
+async fn a_layer_that_allows_it_takes_over_an_abandoned_key_once() {
+    // Long enough for the panic's backtrace to be printed within it.
+    let rig = rig(|layer| {
+        layer
+            .lease(Duration::from_millis(400))
+            .take_over_abandoned()
+    });
+    rig.send(operation("died", "boom"))
+        .await
+        .exact(500, r#"{"error":"create_failed"}"#);
+    rig.send(operation("died", "boom"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    rig.send(operation("died", "other"))
+        .await
+        .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.send(operation("died", "other"))
+        .await
+        .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    rig.send(operation("died", "boom")).await.is_created();
+    assert_eq!(rig.creates(), 2, "at least once: created anew");
+    rig.send(operation("died", "boom")).await.is_created();
+    assert_eq!(rig.creates(), 2, "then replayed");
+    let info = rig.memory.inspect(&key_of("died")).await.unwrap().unwrap();
+    assert!(!info.abandoned);
+}
+
+/// An owner whose lease lapsed (its renewals failed) is fenced out: the take-over's create
+/// is the one stored, and the late owner's complete changes nothing.
+#[tokio::test]
+async fn an_owner_whose_lease_lapsed_cannot_complete_over_the_take_over() {
+    let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
+    rig.store.fail("renew");
+    let late = {
+        let service = rig.service.clone();
+        tokio::spawn(async move {
+            Reply::read(
+                service
+                    .oneshot(operation("late", "slow-300"))
+                    .await
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.store.recover();
+    let taken = rig.send(operation("late", "slow-300")).await;
+    taken.is_created();
+    let late = late.await.unwrap();
+    assert_eq!(rig.creates(), 2);
+    assert_eq!(
+        late.outcome,
+        Some(tower_idempotency::Outcome::CompleteFailed)
+    );
+    let stored = rig.memory.completed(&key_of("late")).expect("completed");
+    assert_eq!(stored.body(), &taken.body);
+}
