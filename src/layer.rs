@@ -428,7 +428,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// (its process died mid-create) and one that did not is in progress; the
     /// `idempotency_keys` example and [`Operator::inspect`](crate::store::Operator::inspect)
     /// show which. Default [`Lease::DEFAULT`] (thirty seconds); at least [`Lease::MIN`]. A
-    /// create that finishes within a third of the lease costs no renewal.
+    /// create that finishes within a third of the lease costs no renewal. Keep it at three
+    /// times the store's timeout or more: a renewal may take that long. The renewals need
+    /// Tokio's timer; without one the lease is not renewed (and a warning is logged).
     ///
     /// ```
     /// use std::time::Duration;
@@ -452,7 +454,8 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// pending (at most once) until an operator resolves it. Turn it on only for operations
     /// that are safe to run twice (at least once); a conflicting request is still a conflict,
     /// and the abandoned owner can no longer complete (every write is fenced by its
-    /// reservation).
+    /// reservation). A key is taken over only if the layer that claimed it allowed it too, so
+    /// a layer without this setting sharing the store keeps its keys at most once.
     ///
     /// ```
     /// use std::time::Duration;

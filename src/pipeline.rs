@@ -177,37 +177,38 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             Ok(reservation) => reservation,
             Err(response) => return response,
         };
-        let permit = match admit(&admission, &value).await {
-            Ok(permit) => permit,
-            Err(rejection) => {
+        // Admission, the create and its response read whole, under one lease renewed as they
+        // go; a release, when one is due, after the renewals stopped.
+        let work = async {
+            let permit = match admit(&admission, &value).await {
+                Ok(permit) => permit,
                 // Only a confirmed refusal releases the key (contract §5.2).
-                if let Rejection::NotAdmitted(_) = rejection {
-                    release(&store, &key, &reservation).await;
+                Err(rejection) => {
+                    let release = matches!(rejection, Rejection::NotAdmitted(_));
+                    return Err((rejection.into_response(operation), release));
                 }
-                return rejection.into_response(operation);
+            };
+            let response = match keep(create(inner, parts, body, value).await, settings.stored) {
+                Keep::Store(response) => response,
+                Keep::Release(response) => return Err((response, true)),
+                Keep::Pending(rejection) => {
+                    return Err((rejection.into_response(operation), false));
+                }
+            };
+            match collect(response, &settings).await {
+                Ok(stored) => Ok((stored, permit)),
+                Err(rejection) => Err((rejection.into_response(operation), false)),
             }
         };
         let lease = settings.lease.duration();
-        let response = renewing(
-            create(inner, parts, body, value),
-            &store,
-            &key,
-            &reservation,
-            lease,
-        )
-        .await;
-        let response = match keep(response, settings.stored) {
-            Keep::Store(response) => response,
-            Keep::Release(response) => {
-                release(&store, &key, &reservation).await;
+        let (stored, permit) = match renewing(work, &store, &key, &reservation, lease).await {
+            Ok(created) => created,
+            Err((response, release_key)) => {
+                if release_key {
+                    release(&store, &key, &reservation).await;
+                }
                 return response;
             }
-            Keep::Pending(rejection) => return rejection.into_response(operation),
-        };
-        let collected = collect(response, &settings);
-        let stored = match renewing(collected, &store, &key, &reservation, lease).await {
-            Ok(stored) => stored,
-            Err(rejection) => return rejection.into_response(operation),
         };
         let outcome = complete(&store, &key, &reservation, &stored).await;
         drop(permit);
@@ -390,9 +391,10 @@ where
     CatchUnwind::new(move || inner.call(request)).await
 }
 
-/// Runs `work` while renewing the lease of `reservation` every third of `lease`, so the
-/// key shows as in progress, not abandoned, however long `work` takes. The renewal starts
-/// only once `work` waits: work that finishes at its first poll costs no timer.
+/// Runs `work` while renewing the lease of `reservation` every third of `lease`, on fixed
+/// deadlines (a slow renewal does not push the later ones back), so the key shows as in
+/// progress, not abandoned, however long `work` takes. The renewals start only once `work`
+/// waits: work that finishes at its first poll costs no timer.
 async fn renewing<F: Future, St: Store>(
     work: F,
     store: &St,
@@ -402,15 +404,21 @@ async fn renewing<F: Future, St: Store>(
 ) -> F::Output {
     let renew = async {
         let every = lease / 3;
+        let mut next = tokio::time::Instant::now() + every;
+        // Without Tokio's timer (another executor, or a runtime without `enable_time`) there
+        // is no heartbeat: the lease then lapses while the create runs, which only matters to
+        // a layer that takes over abandoned keys.
+        let timer = tokio::runtime::Handle::try_current()
+            .ok()
+            .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(next)).ok());
+        let Some(timer) = timer else {
+            tracing::warn!("no Tokio timer: the lease of this create is not renewed");
+            return;
+        };
+        let mut timer = std::pin::pin!(timer);
         loop {
-            // Without Tokio's timer (another runtime, or timers off) there is no heartbeat:
-            // the lease then lapses while the create runs, which only matters to a layer
-            // that takes over abandoned keys.
-            let Ok(sleep) = panic::catch_unwind(|| tokio::time::sleep(every)) else {
-                tracing::error!("no Tokio timer: the lease of this create is not renewed");
-                return;
-            };
-            sleep.await;
+            timer.as_mut().await;
+            next += every;
             match store.renew(key, reservation, lease).await {
                 Ok(()) => {}
                 Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
@@ -420,8 +428,15 @@ async fn renewing<F: Future, St: Store>(
                     );
                     return;
                 }
-                Err(error) => tracing::warn!(%error, "renewing the lease failed; trying again"),
+                Err(error) => tracing::warn!(%error, "renewing the lease failed"),
             }
+            // Behind (a renewal took longer than a third of the lease): the next deadline
+            // still ahead.
+            let now = tokio::time::Instant::now();
+            while next <= now {
+                next += every;
+            }
+            timer.as_mut().reset(next);
         }
     };
     WhileRenewing {

@@ -179,3 +179,32 @@ async fn an_owner_whose_lease_lapsed_cannot_complete_over_the_take_over() {
     let stored = rig.memory.completed(&key_of("late")).expect("completed");
     assert_eq!(stored.body(), &taken.body);
 }
+
+/// Found in review: the lease is renewed from the claim on, through a slow admission too, so
+/// a retry meanwhile cannot take over a live owner.
+#[tokio::test]
+async fn a_slow_admission_is_covered_by_the_lease() {
+    use tower::Layer;
+    use tower_idempotency::MemoryStore;
+    use tower_idempotency::admission::{Admit, admit_fn};
+    let creates = Arc::new(AtomicUsize::new(0));
+    let slow = admit_fn(|_: &LabelOperation| async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        Admit::Proceed(())
+    });
+    let service = IdempotencyLayer::new(MemoryStore::new())
+        .lease(Duration::from_millis(150))
+        .take_over_abandoned()
+        .admission(slow)
+        .layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { Reply::read(service.oneshot(operation("admit", "p")).await.unwrap()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    Reply::read(service.oneshot(operation("admit", "p")).await.unwrap())
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    first.await.unwrap().is_created();
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}

@@ -79,6 +79,8 @@ enum State {
         since: Instant,
         /// When its lease lapses unless renewed; `None` past what the clock can hold.
         until: Option<Instant>,
+        /// Whether its owner lets a claim take it over once abandoned.
+        take_over: bool,
     },
     Completed {
         /// Boxed: it is large, and the table moves its entries whenever it grows.
@@ -150,7 +152,7 @@ impl MemoryStore {
         let now = Instant::now();
         let pending = Record {
             fingerprint: *fingerprint,
-            state: State::pending(reservation, now, lease.duration()),
+            state: State::pending(reservation, now, lease),
         };
         let mut shard = lock(self.shard(key));
         if let Some(retention) = self.shared.retention {
@@ -170,7 +172,9 @@ impl MemoryStore {
                     State::Pending {
                         reservation: held, ..
                     } if *held == reservation => Claim::New(reservation),
-                    State::Pending { until, .. } if lease.takes_over() && lapsed(*until, now) => {
+                    State::Pending {
+                        until, take_over, ..
+                    } if *take_over && lease.takes_over() && lapsed(*until, now) => {
                         *record = pending;
                         Claim::New(reservation)
                     }
@@ -365,11 +369,12 @@ impl Shard {
 
 impl State {
     /// A new reservation and its lease, from `now`.
-    fn pending(reservation: Reservation, now: Instant, lease: Duration) -> Self {
+    fn pending(reservation: Reservation, now: Instant, lease: Lease) -> Self {
         Self::Pending {
             reservation,
             since: now,
-            until: now.checked_add(lease),
+            until: now.checked_add(lease.duration()),
+            take_over: lease.takes_over(),
         }
     }
 }

@@ -104,7 +104,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// | none | — | [`Claim::New`], a pending reservation `reservation` is created |
     /// | pending under `reservation` | equal | [`Claim::New`] again |
     /// | pending or completed | differs | [`Claim::Conflict`], nothing changes |
-    /// | pending, lease lapsed, `lease` [takes over](Lease::take_over_abandoned) | equal | [`Claim::New`], the record is reserved anew under `reservation` |
+    /// | pending, lease lapsed, both leases [take over](Lease::take_over_abandoned) | equal | [`Claim::New`], the record is reserved anew under `reservation` |
     /// | pending | equal | [`Claim::Pending`] |
     /// | completed | equal | [`Claim::Replay`] with the stored response |
     ///
@@ -115,7 +115,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// A new reservation carries `lease`: it counts as in progress until the lease's duration
     /// has passed since the claim or the last [`renew`](Store::renew), and as *abandoned*
     /// after. Only a claim whose own `lease` takes over abandoned records may reserve one
-    /// anew; every other claim answers [`Claim::Pending`] however old it is.
+    /// anew, and only one whose owner's lease allowed it too (the record keeps that); every
+    /// other claim answers [`Claim::Pending`] however old it is.
     ///
     /// # Errors
     ///

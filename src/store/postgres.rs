@@ -94,23 +94,25 @@ impl Sql {
             table: table.to_owned(),
             claim: format!(
                 "WITH inserted AS (\
-                 INSERT INTO {quoted} (key, fingerprint, token, lease_until) \
-                 VALUES ($1, $2, $3, {lease}) \
+                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over) \
+                 VALUES ($1, $2, $3, {lease}, $5) \
                  ON CONFLICT (key) DO NOTHING \
                  RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
                  SELECT token, fingerprint, response, expired, lapsed FROM inserted \
                  UNION ALL \
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
-                 COALESCE(lease_until <= now(), false) \
+                 COALESCE(lease_until <= now() AND take_over, false) \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             ),
             take_over: format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
-                 changed_at = now(), lease_until = {lease} WHERE key = $1 AND expires_at <= now()"
+                 changed_at = now(), lease_until = {lease}, take_over = $5 \
+                 WHERE key = $1 AND expires_at <= now()"
             ),
             take_over_abandoned: format!(
-                "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease} \
-                 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL AND lease_until <= now()"
+                "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
+                 take_over = $5 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL \
+                 AND take_over AND lease_until <= now()"
             ),
             renew: format!(
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
@@ -146,6 +148,10 @@ impl Sql {
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
                  WHERE attrelid = '{quoted}'::regclass AND attname = 'lease_until') THEN \
                  ALTER TABLE {quoted} ADD COLUMN lease_until timestamptz; \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'take_over') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN take_over boolean NOT NULL DEFAULT false; \
                  END IF; END $migrate$;\
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
                  WHERE expires_at IS NOT NULL;"
@@ -414,8 +420,14 @@ impl Store for PostgresStore {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let lease_ms = lease_millis(lease.duration());
-        let params: [&(dyn ToSql + Sync); 4] =
-            [&key, &fingerprint.as_str(), &&token[..], &lease_ms];
+        let take_over = lease.takes_over();
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &key,
+            &fingerprint.as_str(),
+            &&token[..],
+            &lease_ms,
+            &take_over,
+        ];
         // Almost always one pass. Another pass only when a concurrent claim committed the key
         // between this statement's snapshot and its insert (the statement then sees no row),
         // or when the record found had expired or was abandoned and another claim took it
@@ -439,6 +451,7 @@ impl Store for PostgresStore {
             let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
             let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
             let expired: bool = row.try_get(3).map_err(corrupt)?;
+            // Pending, its lease lapsed, and its owner lets it be taken over.
             let lapsed: bool = row.try_get(4).map_err(corrupt)?;
             // Inserted by this statement, or pending under this token already (a repeated
             // claim): the reservation is the caller's.
@@ -447,10 +460,10 @@ impl Store for PostgresStore {
             }
             // A completed record past its retention is absent, and a pending one whose lease
             // lapsed may be taken over if the caller asks: take it over, once.
-            let take_over = if expired {
+            let take_over_sql = if expired {
                 Some(&self.sql.take_over)
             } else if lapsed
-                && lease.takes_over()
+                && take_over
                 && response.is_none()
                 && stored_fingerprint == fingerprint.as_str()
             {
@@ -458,7 +471,7 @@ impl Store for PostgresStore {
             } else {
                 None
             };
-            if let Some(sql) = take_over {
+            if let Some(sql) = take_over_sql {
                 if self.execute(sql, &params).await? == 1 {
                     return Ok(Claim::New(reservation));
                 }

@@ -18,17 +18,20 @@ use crate::operation::Fingerprint;
 /// first), pending or replay with the stored response, all in one atomic step; takes over a
 /// pending record whose lease lapsed when asked to.
 const CLAIM: &str = r"
-local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until')
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko')
 if record[1] then
   if record[1] ~= ARGV[1] then return {1} end
   if record[2] == ARGV[2] then return {0} end
   if record[3] then return {3, record[3]} end
-  if ARGV[4] ~= '1' or not record[4] then return {2} end
+  if ARGV[4] ~= '1' or record[5] ~= '1' then return {2} end
 end
 local time = redis.call('TIME')
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
-if record[1] and now < tonumber(record[4]) then return {2} end
-redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now, 'until', now + tonumber(ARGV[3]))
+if record[1] then
+  local deadline = tonumber(record[4])
+  if not deadline or now < deadline then return {2} end
+end
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now, 'until', now + tonumber(ARGV[3]), 'tko', ARGV[4])
 return {0}
 ";
 
@@ -45,7 +48,7 @@ const COMPLETE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
-redis.call('HDEL', KEYS[1], 'token', 'until')
+redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 ";
@@ -71,9 +74,11 @@ end
 local pending = 0
 if record[2] then pending = 1 end
 local age = -1
-if record[4] then age = now - tonumber(record[4]) end
+local at = tonumber(record[4])
+if at then age = now - at end
 local abandoned = 0
-if record[2] and record[5] and now >= tonumber(record[5]) then abandoned = 1 end
+local deadline = tonumber(record[5])
+if record[2] and deadline and now >= deadline then abandoned = 1 end
 return {record[1], pending, status, age, abandoned}
 ";
 
@@ -82,7 +87,7 @@ const RESOLVE: &str = r"
 if not redis.call('HGET', KEYS[1], 'token') then return 0 end
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[1], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
-redis.call('HDEL', KEYS[1], 'token', 'until')
+redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
 ";

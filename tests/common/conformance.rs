@@ -231,13 +231,15 @@ pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(
 }
 
 /// A reservation's lease lapses unless renewed; then the key is abandoned, and only a claim
-/// that takes over abandoned keys reserves it anew (same fingerprint only). The owner whose
-/// lease lapsed is fenced out of every write; a completed record is never taken over.
+/// that takes over abandoned keys reserves it anew (same fingerprint only), and only if its
+/// owner let it. The owner whose lease lapsed is fenced out of every write; a completed record
+/// is never taken over.
 pub async fn an_abandoned_key_is_taken_over_only_when_asked(
     store: impl tower_idempotency::store::Operator,
 ) {
     let key = unique_key("abandoned");
-    let lease = Lease::new(Duration::from_millis(800));
+    let at_most_once = unique_key("abandoned-at-most-once");
+    let lease = Lease::new(Duration::from_millis(800)).take_over_abandoned();
     let take_over = Lease::default().take_over_abandoned();
     let owner = Reservation::generate();
     let claim_with = |token, parcel, lease| {
@@ -249,6 +251,11 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
                 .unwrap()
         }
     };
+    let strict = Reservation::generate();
+    let strict_lease = Lease::new(Duration::from_millis(800));
+    let fp_a = fp("a");
+    let claimed = store.claim_with(&at_most_once, &fp_a, strict, strict_lease);
+    assert_eq!(claimed.await.unwrap(), Claim::New(strict));
     assert_eq!(claim_with(owner, "a", lease).await, Claim::New(owner));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
     let early = Reservation::generate();
@@ -267,6 +274,20 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
         "at most once by default"
     );
     assert_eq!(claim_with(next, "b", take_over).await, Claim::Conflict);
+    assert!(
+        store
+            .inspect(&at_most_once)
+            .await
+            .unwrap()
+            .unwrap()
+            .abandoned
+    );
+    let claimed = store.claim_with(&at_most_once, &fp_a, next, take_over);
+    assert_eq!(
+        claimed.await.unwrap(),
+        Claim::Pending,
+        "its owner claimed it at most once: never taken over"
+    );
     assert_eq!(claim_with(next, "a", take_over).await, Claim::New(next));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
 
@@ -303,7 +324,12 @@ pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::
     let owner = Reservation::generate();
     assert_eq!(
         store
-            .claim_with(&key, &fp("a"), owner, Lease::new(lease))
+            .claim_with(
+                &key,
+                &fp("a"),
+                owner,
+                Lease::new(lease).take_over_abandoned()
+            )
             .await
             .unwrap(),
         Claim::New(owner)
