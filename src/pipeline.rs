@@ -418,7 +418,6 @@ async fn renewing<F: Future, St: Store>(
         let mut timer = std::pin::pin!(timer);
         loop {
             timer.as_mut().await;
-            next += every;
             match store.renew(key, reservation, lease).await {
                 Ok(()) => {}
                 Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
@@ -430,8 +429,8 @@ async fn renewing<F: Future, St: Store>(
                 }
                 Err(error) => tracing::warn!(%error, "renewing the lease failed"),
             }
-            // Behind (a renewal took longer than a third of the lease): the next deadline
-            // still ahead.
+            // The next deadline ahead; past one a renewal took longer than a third of the
+            // lease, skipped.
             let now = tokio::time::Instant::now();
             while next <= now {
                 next += every;

@@ -148,10 +148,12 @@ async fn a_layer_that_allows_it_takes_over_an_abandoned_key_once() {
     assert!(!info.abandoned);
 }
 
-/// An owner whose lease lapsed (its renewals failed) is fenced out: the take-over's create
-/// is the one stored, and the late owner's complete changes nothing.
+/// An owner whose lease lapsed (its renewals failed) is fenced out: once another attempt
+/// took the key over, the late owner stops renewing at its first refused renewal, and its
+/// complete changes nothing.
 #[tokio::test]
-async fn an_owner_whose_lease_lapsed_cannot_complete_over_the_take_over() {
+async fn an_owner_whose_lease_lapsed_is_fenced_out() {
+    use tower_idempotency::{Claim, Reservation, Store, fingerprint};
     let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
     rig.store.fail("renew");
     let late = {
@@ -167,17 +169,67 @@ async fn an_owner_whose_lease_lapsed_cannot_complete_over_the_take_over() {
         })
     };
     tokio::time::sleep(Duration::from_millis(150)).await;
+    // Another replica takes the abandoned key over, straight in the shared store.
+    let next = Reservation::generate();
+    let take_over = Lease::default().take_over_abandoned();
+    let fp = fingerprint("late", "slow-300");
+    let key = key_of("late");
+    let claim = rig.memory.claim_with(&key, &fp, next, take_over);
+    assert_eq!(claim.await.unwrap(), Claim::New(next));
+    rig.journal.take();
     rig.store.recover();
-    let taken = rig.send(operation("late", "slow-300")).await;
-    taken.is_created();
     let late = late.await.unwrap();
-    assert_eq!(rig.creates(), 2);
     assert_eq!(
         late.outcome,
         Some(tower_idempotency::Outcome::CompleteFailed)
     );
-    let stored = rig.memory.completed(&key_of("late")).expect("completed");
-    assert_eq!(stored.body(), &taken.body);
+    let renewals = rig.journal.take().iter().filter(|c| **c == "renew").count();
+    assert_eq!(renewals, 1, "it stops at the first refused renewal");
+    assert!(
+        rig.memory.is_pending(&key_of("late")),
+        "the take-over's, untouched"
+    );
+    let stored = tower_idempotency::StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::HeaderMap::new(),
+        "taken over".into(),
+    );
+    rig.memory
+        .complete(&key_of("late"), &next, &stored)
+        .await
+        .unwrap();
+}
+
+/// A renewal that fails for a while does not stop the heartbeat: once the store answers
+/// again the lease is renewed, and the key is never taken over while its create runs.
+#[tokio::test]
+async fn renewals_go_on_after_a_failed_one() {
+    let rig = rig(|layer| {
+        layer
+            .lease(Duration::from_millis(150))
+            .take_over_abandoned()
+    });
+    rig.store.fail("renew");
+    let first = {
+        let service = rig.service.clone();
+        tokio::spawn(async move {
+            Reply::read(
+                service
+                    .oneshot(operation("flaky", "slow-700"))
+                    .await
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    rig.store.recover();
+    tokio::time::sleep(Duration::from_millis(420)).await;
+    rig.send(operation("flaky", "slow-700"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    first.await.unwrap().is_created();
+    assert_eq!(rig.creates(), 1);
 }
 
 /// Found in review: the lease is renewed from the claim on, through a slow admission too, so

@@ -173,3 +173,32 @@ async fn a_record_completed_again_expires_from_its_last_completion() {
     assert_eq!(store.purge_expired(), 1);
     assert!(store.completed("k").is_none());
 }
+
+/// A record further back in its shard's expiry queue than a claim looks is expired all the
+/// same: the claim treats it as absent.
+#[tokio::test]
+async fn an_expired_record_not_yet_dropped_is_absent_to_a_claim() {
+    let store = MemoryStore::with_retention(Duration::from_millis(30));
+    assert!(store.is_empty());
+    let fp = fingerprint("x", "p");
+    let response = common::conformance::awkward_response();
+    for i in 0..400 {
+        let key = format!("k{i}");
+        let tower_idempotency::Claim::New(reservation) = store.claim(&key, &fp).await.unwrap()
+        else {
+            panic!()
+        };
+        store.complete(&key, &reservation, &response).await.unwrap();
+        assert!(!store.is_pending(&key));
+    }
+    assert!(!store.is_empty());
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    // Newest first: most are behind older expired entries no claim has reached yet.
+    for i in (0..400).rev() {
+        let claim = store.claim(&format!("k{i}"), &fp).await.unwrap();
+        assert!(
+            matches!(claim, tower_idempotency::Claim::New(_)),
+            "k{i}: {claim:?}"
+        );
+    }
+}
