@@ -1,8 +1,9 @@
-//! Heap allocations per request on each path, counted by a global allocator; and, under
-//! callgrind, instructions per request.
+//! Heap allocations per request on each path, counted by a global allocator; the memory a
+//! completed key holds in the memory store; and, under callgrind, instructions per request.
 //!
-//! `cargo bench --bench allocations` prints allocations. `allocations <path> <n>` sends `n`
-//! requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
+//! `cargo bench --bench allocations` prints allocations, and the bytes per key of 100,000
+//! completed keys. `allocations memory <n>` measures `n` keys instead. `allocations <path> <n>`
+//! sends `n` requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
 //! `refuse_400`), for `benches/instructions.sh` to count under callgrind. Counts, not times:
 //! the same on every machine for the same binary.
 
@@ -23,23 +24,30 @@ struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
+/// Bytes allocated and not yet freed, as asked for (the allocator's own rounding excluded).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter has no effect
 // on the memory handed out.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: forwarded with the caller's pointer and layout.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: forwarded with the caller's pointer, layout and size.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -93,6 +101,57 @@ const PATHS: [&str; 8] = [
     "json_replay",
 ];
 
+/// The resident set of this process, in bytes (Linux), if it can be read.
+fn resident() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// The bytes each of `n` completed keys holds in a memory store, through the layer, beyond
+/// the stored response's own bytes (status, header names and values, body).
+fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
+    let store = MemoryStore::new();
+    let service = Idempotency::new(Create, store.clone());
+    let keys: Vec<String> = (0..n).map(|i| format!("label-req-{i:08}")).collect();
+    let sample = runtime.block_on(async {
+        let response = Create
+            .call(valid("sample").map(RequestBody::inner))
+            .await
+            .unwrap();
+        let own: usize = response
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        own + 2
+            + response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len()
+    });
+    let (live, rss) = (LIVE.load(Ordering::Relaxed), resident());
+    for key in &keys {
+        count(runtime, &service, valid(key));
+    }
+    let held = LIVE.load(Ordering::Relaxed) - live;
+    let rss = resident()
+        .zip(rss)
+        .map(|(after, before)| after.saturating_sub(before) / n);
+    assert_eq!(store.len(), n);
+    println!(
+        "{n:>9} keys: {} bytes a key allocated ({} beyond the response's own {sample}), \
+         {} bytes a key resident",
+        held / n,
+        (held / n).saturating_sub(sample),
+        rss.map_or("?".to_owned(), |rss| rss.to_string()),
+    );
+    drop(keys);
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -108,6 +167,12 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    if let [memory, n] = args.as_slice()
+        && memory == "memory"
+    {
+        memory_per_key(&runtime, n.parse().expect("a count"));
+        return;
+    }
     if let [path, n] = args.as_slice() {
         // Under callgrind: n requests of one path, the requests built beforehand.
         let n: usize = n.parse().expect("a count");
@@ -144,4 +209,6 @@ fn main() {
         };
         println!("{path:>12}: {allocations}");
     }
+    println!("memory per completed key (memory store, no retention)");
+    memory_per_key(&runtime, 100_000);
 }

@@ -216,6 +216,14 @@ impl Fingerprint {
         Self::from_sha256(hasher.finalize().into())
     }
 
+    /// The SHA-256 digest the fingerprint shows, as a store may keep it.
+    pub(crate) fn to_bytes(self) -> [u8; 32] {
+        let mut digest = [0; 32];
+        // Always 64 hexadecimal digits (`from_sha256`, `parse`), so decoding cannot fail.
+        let _ = hex::decode_to_slice(self.0, &mut digest);
+        digest
+    }
+
     /// The fingerprint as 64 lowercase hexadecimal characters.
     pub fn as_str(&self) -> &str {
         // Only ever filled with ASCII hex digits, by `from_sha256` or `parse`, so this never

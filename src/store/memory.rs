@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
+use super::codec;
 use super::{
     Claim, Lease, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse,
@@ -55,6 +58,35 @@ struct Shared {
     max_records: Option<usize>,
     /// Records held, pending and completed (kept only when bounded).
     records: AtomicUsize,
+    /// The moment every [`Tick`] counts from.
+    epoch: Instant,
+}
+
+/// A moment, as nanoseconds since the store's epoch: half the size of an `Instant`, and
+/// enough for 584 years.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(u64);
+
+impl Tick {
+    /// Later than any moment: a lease that never lapses, a time not kept.
+    const NEVER: Self = Self(u64::MAX);
+
+    /// `duration` after this moment, or [`Tick::NEVER`] past what a tick holds.
+    fn after(self, duration: Duration) -> Self {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Self(self.0.saturating_add(nanos))
+    }
+
+    /// The time from `earlier` to this moment, zero if `earlier` is later.
+    fn since(self, earlier: Self) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// A reservation token as two halves: a `u128` field would make every record 16-aligned.
+fn token(reservation: &Reservation) -> [u64; 2] {
+    let value = reservation.as_u128();
+    [(value >> 64) as u64, value as u64]
 }
 
 #[derive(Default)]
@@ -63,30 +95,33 @@ struct Shard {
     /// With a retention window: the completed records of this shard in the order they were
     /// completed, with when. An entry whose record was completed again, taken over or
     /// forgotten since is stale, and skipped.
-    expiry: VecDeque<(Instant, Arc<str>)>,
+    expiry: VecDeque<(Tick, Arc<str>)>,
 }
 
 struct Record {
-    fingerprint: Fingerprint,
+    /// The fingerprint's digest: half the size of its hexadecimal form.
+    fingerprint: [u8; 32],
     state: State,
 }
 
 enum State {
     /// Reserved under this token.
     Pending {
-        reservation: Reservation,
+        reservation: [u64; 2],
         /// When it was claimed.
-        since: Instant,
-        /// When its lease lapses unless renewed; `None` past what the clock can hold.
-        until: Option<Instant>,
+        since: Tick,
+        /// When its lease lapses unless renewed.
+        until: Tick,
         /// Whether its owner lets a claim take it over once abandoned.
         take_over: bool,
     },
     Completed {
-        /// Boxed: it is large, and the table moves its entries whenever it grows.
-        response: Box<StoredResponse>,
-        /// When it was completed; only kept with a retention window.
-        at: Option<Instant>,
+        /// The response in the stores' one encoding: a single buffer, a fraction of the size
+        /// of a header map.
+        response: Bytes,
+        /// When it was completed; only kept with a retention window, else
+        /// [`Tick::NEVER`].
+        at: Tick,
     },
 }
 
@@ -111,6 +146,7 @@ impl MemoryStore {
                 retention,
                 max_records: None,
                 records: AtomicUsize::new(0),
+                epoch: Instant::now(),
             }),
         }
     }
@@ -135,6 +171,7 @@ impl MemoryStore {
             retention: self.shared.retention,
             max_records: Some(max),
             records: AtomicUsize::new(0),
+            epoch: self.shared.epoch,
         };
         Self {
             shared: Arc::new(shared),
@@ -149,9 +186,9 @@ impl MemoryStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let pending = Record {
-            fingerprint: *fingerprint,
+            fingerprint: fingerprint.to_bytes(),
             state: State::pending(reservation, now, lease),
         };
         let mut shard = lock(self.shard(key));
@@ -165,21 +202,23 @@ impl MemoryStore {
                 .retention
                 .is_some_and(|retention| record.is_expired(now, retention));
             if !expired {
-                if record.fingerprint != *fingerprint {
+                if record.fingerprint != pending.fingerprint {
                     return Ok(Claim::Conflict);
                 }
                 return Ok(match &record.state {
                     State::Pending {
                         reservation: held, ..
-                    } if *held == reservation => Claim::New(reservation),
+                    } if *held == token(&reservation) => Claim::New(reservation),
                     State::Pending {
                         until, take_over, ..
-                    } if *take_over && lease.takes_over() && lapsed(*until, now) => {
+                    } if *take_over && lease.takes_over() && now >= *until => {
                         *record = pending;
                         Claim::New(reservation)
                     }
                     State::Pending { .. } => Claim::Pending,
-                    State::Completed { response, .. } => Claim::Replay((**response).clone()),
+                    State::Completed { response, .. } => {
+                        Claim::Replay(codec::decode(response.clone())?)
+                    }
                 });
             }
             *record = pending;
@@ -198,6 +237,9 @@ impl MemoryStore {
         reservation: Option<&Reservation>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        // Encoded before the lock: the copy of the body is not the shard's to wait for.
+        let response = codec::encode(response);
+        let reservation = reservation.map(token);
         let mut shard = lock(self.shard(key));
         let Some((key, record)) = shard.records.get_key_value(key) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
@@ -205,7 +247,7 @@ impl MemoryStore {
         let owned = match &record.state {
             State::Pending {
                 reservation: held, ..
-            } => reservation.is_none_or(|r| r == held),
+            } => reservation.is_none_or(|r| r == *held),
             State::Completed { .. } => false,
         };
         if !owned {
@@ -213,17 +255,22 @@ impl MemoryStore {
         }
         let key = Arc::clone(key);
         // Read under the lock, so that each shard's expiry queue is in order.
-        let at = self.shared.retention.map(|_| Instant::now());
+        let at = match self.shared.retention {
+            Some(_) => self.now(),
+            None => Tick::NEVER,
+        };
         if let Some(record) = shard.records.get_mut(&*key) {
-            record.state = State::Completed {
-                response: Box::new(response.clone()),
-                at,
-            };
+            record.state = State::Completed { response, at };
         }
-        if let Some(at) = at {
+        if self.shared.retention.is_some() {
             shard.expiry.push_back((at, key));
         }
         Ok(())
+    }
+
+    /// Now, as a tick of this store.
+    fn now(&self) -> Tick {
+        Tick(u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1))
     }
 
     /// Takes room for one more record, if the store is bounded and has it.
@@ -287,7 +334,7 @@ impl MemoryStore {
             Some(Record {
                 state: State::Completed { response, .. },
                 ..
-            }) => Some((**response).clone()),
+            }) => codec::decode(response.clone()).ok(),
             _ => None,
         }
     }
@@ -302,7 +349,7 @@ impl MemoryStore {
         let Some(retention) = self.shared.retention else {
             return 0;
         };
-        let now = Instant::now();
+        let now = self.now();
         let dropped = self
             .shared
             .shards
@@ -342,11 +389,11 @@ impl std::fmt::Debug for MemoryStore {
 impl Shard {
     /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
     /// at most, and returns how many records it dropped.
-    fn sweep(&mut self, now: Instant, retention: Duration, limit: usize) -> usize {
+    fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> usize {
         let mut dropped = 0;
         for _ in 0..limit {
             match self.expiry.front() {
-                Some((at, _)) if now.saturating_duration_since(*at) >= retention => {}
+                Some((at, _)) if now.since(*at) >= retention => {}
                 _ => break,
             }
             let Some((at, key)) = self.expiry.pop_front() else {
@@ -355,7 +402,7 @@ impl Shard {
             // The record, unless completed again, taken over or forgotten since.
             let current = matches!(
                 self.records.get(&*key),
-                Some(Record { state: State::Completed { at: Some(completed), .. }, .. })
+                Some(Record { state: State::Completed { at: completed, .. }, .. })
                     if *completed == at
             );
             if current {
@@ -369,24 +416,19 @@ impl Shard {
 
 impl State {
     /// A new reservation and its lease, from `now`.
-    fn pending(reservation: Reservation, now: Instant, lease: Lease) -> Self {
+    fn pending(reservation: Reservation, now: Tick, lease: Lease) -> Self {
         Self::Pending {
-            reservation,
+            reservation: token(&reservation),
             since: now,
-            until: now.checked_add(lease.duration()),
+            until: now.after(lease.duration()),
             take_over: lease.takes_over(),
         }
     }
 }
 
-/// Whether a lease that runs `until` has lapsed by `now`.
-fn lapsed(until: Option<Instant>, now: Instant) -> bool {
-    until.is_some_and(|until| now >= until)
-}
-
 impl Record {
-    fn is_expired(&self, now: Instant, retention: Duration) -> bool {
-        matches!(self.state, State::Completed { at: Some(at), .. } if now.saturating_duration_since(at) >= retention)
+    fn is_expired(&self, now: Tick, retention: Duration) -> bool {
+        matches!(self.state, State::Completed { at, .. } if at != Tick::NEVER && now.since(at) >= retention)
     }
 }
 
@@ -422,15 +464,15 @@ impl Store for MemoryStore {
         reservation: &Reservation,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut shard = lock(self.shard(key));
         match shard.records.get_mut(key).map(|record| &mut record.state) {
             Some(State::Pending {
                 reservation: held,
                 until,
                 ..
-            }) if held == reservation => {
-                *until = now.checked_add(lease);
+            }) if *held == token(reservation) => {
+                *until = now.after(lease);
                 Ok(())
             }
             _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),
@@ -454,7 +496,7 @@ impl Store for MemoryStore {
                     reservation: held, ..
                 },
                 ..
-            }) if held == reservation => {
+            }) if *held == token(reservation) => {
                 shard.records.remove(key);
                 self.give_room(1);
                 Ok(())
@@ -466,23 +508,21 @@ impl Store for MemoryStore {
 
 impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         Ok(lock(self.shard(key)).records.get(key).map(|record| {
             let (state, since, status, abandoned) = match &record.state {
-                State::Pending { since, until, .. } => (
-                    RecordState::Pending,
-                    Some(*since),
-                    None,
-                    lapsed(*until, now),
-                ),
+                State::Pending { since, until, .. } => {
+                    (RecordState::Pending, *since, None, now >= *until)
+                }
                 State::Completed { response, at } => {
-                    (RecordState::Completed, *at, Some(response.status()), false)
+                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
+                    (RecordState::Completed, *at, status, false)
                 }
             };
             RecordInfo {
                 state,
-                age: since.map(|since| now.saturating_duration_since(since)),
-                fingerprint: record.fingerprint,
+                age: (since != Tick::NEVER).then(|| now.since(since)),
+                fingerprint: Fingerprint::from_sha256(record.fingerprint),
                 status,
                 abandoned,
             }
@@ -490,7 +530,7 @@ impl Operator for MemoryStore {
     }
 
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut keys = Vec::new();
         for shard in self.shared.shards.iter() {
             let shard = lock(shard);
@@ -499,9 +539,7 @@ impl Operator for MemoryStore {
                     .records
                     .iter()
                     .filter_map(|(key, record)| match record.state {
-                        State::Pending { since, .. }
-                            if now.saturating_duration_since(since) >= age =>
-                        {
+                        State::Pending { since, .. } if now.since(since) >= age => {
                             Some(key.to_string())
                         }
                         _ => None,

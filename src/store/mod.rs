@@ -38,7 +38,6 @@ use http::{HeaderMap, StatusCode};
 
 use crate::operation::Fingerprint;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod codec;
 mod memory;
 #[cfg(feature = "postgres")]
