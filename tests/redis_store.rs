@@ -367,3 +367,33 @@ async fn a_claim_answer_lost_after_the_send_strands_no_key() {
     )
     .await;
 }
+
+/// Found in review: a record whose lease deadline is not a number (written by hand, or by
+/// something else) is pending to a taking-over claim, never a script error that would be
+/// retried for ever; inspect shows it in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_lease_deadline_is_pending_not_an_error() {
+    use tower_idempotency::store::Operator;
+    use tower_idempotency::{Lease, Reservation};
+    let store = make_store(None).await;
+    let key = common::conformance::unique_key("bad-deadline");
+    let fp = fingerprint("bad", "deadline");
+    let take_over = Lease::new(Duration::from_millis(50)).take_over_abandoned();
+    let owner = Reservation::generate();
+    let claimed = store.claim_with(&key, &fp, owner, take_over).await.unwrap();
+    assert_eq!(claimed, Claim::New(owner));
+    let mut connection = store.connection().clone();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("tower-idempotency-test:{key}"))
+        .arg("until")
+        .arg("soon")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let next = Reservation::generate();
+    let claimed = store.claim_with(&key, &fp, next, take_over).await.unwrap();
+    assert_eq!(claimed, Claim::Pending);
+    assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
+    store.release(&key, &owner).await.unwrap();
+}
