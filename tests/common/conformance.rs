@@ -142,6 +142,25 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
     );
 }
 
+/// Tokens are compared whole: two that share their low or their high 64 bits are two
+/// reservations.
+pub async fn tokens_are_compared_in_every_bit(store: impl Store) {
+    for (held, other) in [
+        (1u128 << 64 | 7, 2u128 << 64 | 7),
+        (5u128 << 64 | 1, 5u128 << 64 | 2),
+    ] {
+        let key = unique_key("token-bits");
+        let (held, other) = (Reservation::from_u128(held), Reservation::from_u128(other));
+        new_with(&store, &key, held).await;
+        let fp_a = fp("a");
+        let claimed = store.claim_with(&key, &fp_a, other, Lease::default());
+        assert_eq!(claimed.await.unwrap(), Claim::Pending);
+        let released = store.release(&key, &other).await.map_err(|e| e.kind());
+        assert_eq!(released, Err(StoreErrorKind::ReservationLost));
+        store.release(&key, &held).await.unwrap();
+    }
+}
+
 /// Settling a lost claim leaves the key free if the claim took effect, free if it did not,
 /// and someone else's record as it was.
 pub async fn settling_a_lost_claim_frees_only_its_own_reservation(store: impl Store) {
@@ -594,6 +613,11 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_claim_with_the_same_token_is_new_again() {
                 suite::a_claim_with_the_same_token_is_new_again($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tokens_are_compared_in_every_bit() {
+                suite::tokens_are_compared_in_every_bit($make(None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
