@@ -50,6 +50,24 @@ fn rig(
     Rig::build(journal, creates, create, configure)
 }
 
+/// Sends `request` in a task of its own; its reply, read whole.
+fn spawn_send<S>(service: &S, request: Request<Chunks>) -> tokio::task::JoinHandle<Reply>
+where
+    S: tower::Service<
+            Request<Chunks>,
+            Response = http::Response<
+                tower_idempotency::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+            >,
+        > + Clone
+        + Send
+        + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let service = service.clone();
+    tokio::spawn(async move { Reply::read(service.oneshot(request).await.unwrap()).await })
+}
+
 #[tokio::test]
 async fn a_long_create_renews_its_lease_and_stays_in_progress() {
     let rig = rig(|layer| {
@@ -57,18 +75,7 @@ async fn a_long_create_renews_its_lease_and_stays_in_progress() {
             .lease(Duration::from_millis(150))
             .take_over_abandoned()
     });
-    let first = {
-        let service = rig.service.clone();
-        tokio::spawn(async move {
-            Reply::read(
-                service
-                    .oneshot(operation("long", "slow-600"))
-                    .await
-                    .unwrap(),
-            )
-            .await
-        })
-    };
+    let first = spawn_send(&rig.service, operation("long", "slow-600"));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let info = rig.memory.inspect(&key_of("long")).await.unwrap().unwrap();
     assert!(!info.abandoned, "renewed: in progress");
@@ -156,18 +163,7 @@ async fn an_owner_whose_lease_lapsed_is_fenced_out() {
     use tower_idempotency::{Claim, Reservation, Store, fingerprint};
     let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
     rig.store.fail("renew");
-    let late = {
-        let service = rig.service.clone();
-        tokio::spawn(async move {
-            Reply::read(
-                service
-                    .oneshot(operation("late", "slow-300"))
-                    .await
-                    .unwrap(),
-            )
-            .await
-        })
-    };
+    let late = spawn_send(&rig.service, operation("late", "slow-300"));
     tokio::time::sleep(Duration::from_millis(150)).await;
     // Another replica takes the abandoned key over, straight in the shared store.
     let next = Reservation::generate();
@@ -210,18 +206,7 @@ async fn renewals_go_on_after_a_failed_one() {
             .take_over_abandoned()
     });
     rig.store.fail("renew");
-    let first = {
-        let service = rig.service.clone();
-        tokio::spawn(async move {
-            Reply::read(
-                service
-                    .oneshot(operation("flaky", "slow-700"))
-                    .await
-                    .unwrap(),
-            )
-            .await
-        })
-    };
+    let first = spawn_send(&rig.service, operation("flaky", "slow-700"));
     tokio::time::sleep(Duration::from_millis(80)).await;
     rig.store.recover();
     tokio::time::sleep(Duration::from_millis(420)).await;
@@ -249,10 +234,7 @@ async fn a_slow_admission_is_covered_by_the_lease() {
         .take_over_abandoned()
         .admission(slow)
         .layer(timed_create(Journal::default(), Arc::clone(&creates)));
-    let first = tokio::spawn({
-        let service = service.clone();
-        async move { Reply::read(service.oneshot(operation("admit", "p")).await.unwrap()).await }
-    });
+    let first = spawn_send(&service, operation("admit", "p"));
     tokio::time::sleep(Duration::from_millis(250)).await;
     Reply::read(service.oneshot(operation("admit", "p")).await.unwrap())
         .await

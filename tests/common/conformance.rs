@@ -43,6 +43,20 @@ async fn new(store: &impl Store, key: &str, fingerprint: &Fingerprint) -> Reserv
     }
 }
 
+/// A claim of `key` for the operation `parcel`, with the caller's token and lease.
+async fn claim_with(
+    store: &impl Store,
+    key: &str,
+    parcel: &str,
+    token: Reservation,
+    lease: Lease,
+) -> Claim {
+    store
+        .claim_with(key, &fp(parcel), token, lease)
+        .await
+        .unwrap()
+}
+
 async fn claim(store: &impl Store, key: &str, fingerprint: &Fingerprint) -> Claim {
     store.claim(key, fingerprint).await.unwrap()
 }
@@ -98,34 +112,22 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
     let token = Reservation::generate();
     for _ in 0..2 {
         assert_eq!(
-            store
-                .claim_with(&key, &fp("a"), token, Lease::default())
-                .await
-                .unwrap(),
+            claim_with(&store, &key, "a", token, Lease::default()).await,
             Claim::New(token)
         );
     }
     let other = Reservation::generate();
     assert_eq!(
-        store
-            .claim_with(&key, &fp("a"), other, Lease::default())
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", other, Lease::default()).await,
         Claim::Pending
     );
     assert_eq!(
-        store
-            .claim_with(&key, &fp("b"), token, Lease::default())
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "b", token, Lease::default()).await,
         Claim::Conflict
     );
     store.release(&key, &token).await.unwrap();
     assert_eq!(
-        store
-            .claim_with(&key, &fp("a"), other, Lease::default())
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", other, Lease::default()).await,
         Claim::New(other)
     );
     store
@@ -133,10 +135,7 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
         .await
         .unwrap();
     assert_eq!(
-        store
-            .claim_with(&key, &fp("a"), other, Lease::default())
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", other, Lease::default()).await,
         Claim::Replay(awkward_response()),
         "a completed record replays, whoever asks"
     );
@@ -152,9 +151,8 @@ pub async fn tokens_are_compared_in_every_bit(store: impl Store) {
         let key = unique_key("token-bits");
         let (held, other) = (Reservation::from_u128(held), Reservation::from_u128(other));
         new_with(&store, &key, held).await;
-        let fp_a = fp("a");
-        let claimed = store.claim_with(&key, &fp_a, other, Lease::default());
-        assert_eq!(claimed.await.unwrap(), Claim::Pending);
+        let claimed = claim_with(&store, &key, "a", other, Lease::default()).await;
+        assert_eq!(claimed, Claim::Pending);
         let released = store.release(&key, &other).await.map_err(|e| e.kind());
         assert_eq!(released, Err(StoreErrorKind::ReservationLost));
         store.release(&key, &held).await.unwrap();
@@ -184,10 +182,7 @@ pub async fn settling_a_lost_claim_frees_only_its_own_reservation(store: impl St
 
 async fn new_with(store: &impl Store, key: &str, token: Reservation) {
     assert_eq!(
-        store
-            .claim_with(key, &fp("a"), token, Lease::default())
-            .await
-            .unwrap(),
+        claim_with(store, key, "a", token, Lease::default()).await,
         Claim::New(token)
     );
 }
@@ -261,25 +256,16 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
     let lease = Lease::new(Duration::from_millis(800)).take_over_abandoned();
     let take_over = Lease::default().take_over_abandoned();
     let owner = Reservation::generate();
-    let claim_with = |token, parcel, lease| {
-        let (store, key) = (&store, &key);
-        async move {
-            store
-                .claim_with(key, &fp(parcel), token, lease)
-                .await
-                .unwrap()
-        }
-    };
+    let claim_key = |token, parcel, lease| claim_with(&store, &key, parcel, token, lease);
     let strict = Reservation::generate();
     let strict_lease = Lease::new(Duration::from_millis(800));
-    let fp_a = fp("a");
-    let claimed = store.claim_with(&at_most_once, &fp_a, strict, strict_lease);
-    assert_eq!(claimed.await.unwrap(), Claim::New(strict));
-    assert_eq!(claim_with(owner, "a", lease).await, Claim::New(owner));
+    let claimed = claim_with(&store, &at_most_once, "a", strict, strict_lease).await;
+    assert_eq!(claimed, Claim::New(strict));
+    assert_eq!(claim_key(owner, "a", lease).await, Claim::New(owner));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
     let early = Reservation::generate();
     assert_eq!(
-        claim_with(early, "a", take_over).await,
+        claim_key(early, "a", take_over).await,
         Claim::Pending,
         "a live lease is not taken over"
     );
@@ -288,11 +274,11 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
     assert!(store.inspect(&key).await.unwrap().unwrap().abandoned);
     let next = Reservation::generate();
     assert_eq!(
-        claim_with(next, "a", Lease::default()).await,
+        claim_key(next, "a", Lease::default()).await,
         Claim::Pending,
         "at most once by default"
     );
-    assert_eq!(claim_with(next, "b", take_over).await, Claim::Conflict);
+    assert_eq!(claim_key(next, "b", take_over).await, Claim::Conflict);
     assert!(
         store
             .inspect(&at_most_once)
@@ -301,13 +287,12 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
             .unwrap()
             .abandoned
     );
-    let claimed = store.claim_with(&at_most_once, &fp_a, next, take_over);
     assert_eq!(
-        claimed.await.unwrap(),
+        claim_with(&store, &at_most_once, "a", next, take_over).await,
         Claim::Pending,
         "its owner claimed it at most once: never taken over"
     );
-    assert_eq!(claim_with(next, "a", take_over).await, Claim::New(next));
+    assert_eq!(claim_key(next, "a", take_over).await, Claim::New(next));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
 
     let lost = |error: tower_idempotency::StoreError| error.kind();
@@ -330,7 +315,7 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
     store.complete(&key, &next, &response).await.unwrap();
     let late = Reservation::generate();
     assert_eq!(
-        claim_with(late, "a", take_over).await,
+        claim_key(late, "a", take_over).await,
         Claim::Replay(response)
     );
 }
@@ -341,16 +326,9 @@ pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::
     let key = unique_key("renew");
     let lease = Duration::from_millis(900);
     let owner = Reservation::generate();
+    let owner_lease = Lease::new(lease).take_over_abandoned();
     assert_eq!(
-        store
-            .claim_with(
-                &key,
-                &fp("a"),
-                owner,
-                Lease::new(lease).take_over_abandoned()
-            )
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", owner, owner_lease).await,
         Claim::New(owner)
     );
     let take_over = Lease::default().take_over_abandoned();
@@ -361,10 +339,7 @@ pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
     let other = Reservation::generate();
     assert_eq!(
-        store
-            .claim_with(&key, &fp("a"), other, take_over)
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", other, take_over).await,
         Claim::Pending,
         "renewed past its first lease: still in progress"
     );
@@ -381,10 +356,7 @@ pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(store.inspect(&key).await.unwrap().unwrap().abandoned);
     assert_eq!(
-        store
-            .claim_with(&key, &fp("a"), other, take_over)
-            .await
-            .unwrap(),
+        claim_with(&store, &key, "a", other, take_over).await,
         Claim::New(other)
     );
     store
