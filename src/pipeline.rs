@@ -376,33 +376,39 @@ async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
 /// Step 6, contract §5.3: the create. The inner service gets the body bytes and the
 /// operation's value in the extensions. A panic in its `call` or its future is caught once
 /// and is a failed create (`None`): the create may have run.
-async fn create<S, ReqBody, ResBody, T>(
+///
+/// A plain function returning the future, not an `async fn`, so that the request's parts are
+/// not kept in the future's state beside the call they went into.
+fn create<S, ReqBody, ResBody, T>(
     mut inner: S,
     parts: Parts,
     body: Bytes,
     value: T,
-) -> Option<Result<Response<ResBody>, S::Error>>
+) -> CatchUnwind<S::Future>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     T: Clone + Send + Sync + 'static,
 {
     let mut request = Request::from_parts(parts, RequestBody::full(body));
     request.extensions_mut().insert(value);
-    CatchUnwind::new(move || inner.call(request)).await
+    CatchUnwind::new(move || inner.call(request))
 }
 
 /// Runs `work` while renewing the lease of `reservation` every third of `lease`, on fixed
 /// deadlines (a slow renewal does not push the later ones back), so the key shows as in
 /// progress, not abandoned, however long `work` takes. The renewals start only once `work`
 /// waits: work that finishes at its first poll costs no timer.
-async fn renewing<F: Future, St: Store>(
+///
+/// A plain function, not an `async fn`: an `async fn` would keep `work` in its state twice
+/// (its argument and the combinator), and move it once more.
+fn renewing<'a, F: Future, St: Store>(
     work: F,
-    store: &St,
-    key: &str,
-    reservation: &Reservation,
+    store: &'a St,
+    key: &'a str,
+    reservation: &'a Reservation,
     lease: Duration,
-) -> F::Output {
-    let renew = async {
+) -> WhileRenewing<F, impl Future<Output = ()> + 'a> {
+    let renew = async move {
         let every = lease / 3;
         let mut next = tokio::time::Instant::now() + every;
         // Without Tokio's timer (another executor, or a runtime without `enable_time`) there
@@ -443,7 +449,6 @@ async fn renewing<F: Future, St: Store>(
         renew,
         renewing: true,
     }
-    .await
 }
 
 pin_project! {
