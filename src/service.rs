@@ -157,6 +157,14 @@ where
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        // No subscriber wants it: a span without metadata, whose enters, exits and records
+        // cost nothing (a disabled span still reports each to `log` when tracing's `log`
+        // feature is on, as axum's default features turn it on).
+        let span = if span.is_disabled() {
+            tracing::Span::none()
+        } else {
+            span
+        };
         if let Start::Refuse(rejection) = start {
             return ResponseFuture::ready(rejection.into_response(&settings.operation), span);
         }
