@@ -144,6 +144,9 @@ pub(crate) struct Claimed<S, St, A, O: Operation> {
 impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
     /// Records the fingerprint, and the key if configured, on the request's span.
     pub(crate) fn trace(&self, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
         span.record("fingerprint", self.fingerprint.as_str());
         if self.guard.settings.trace_keys {
             span.record("key", self.key.as_str());
