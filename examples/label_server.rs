@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N]
+//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N]
 //!     [--store memory|redis://…|postgres://…]
 //! ```
 //!
@@ -13,7 +13,9 @@
 //! `--admit-rate N` admits at most N creates per second (else 429), `--max-in-flight N` at
 //! most N creates at once (else 503). `--lease-ms N` sets the lease a running create renews
 //! (default 30 s), after which a key whose server died shows as abandoned. One log line per
-//! request with its outcome.
+//! request with its outcome. `--pending-wait-ms N` lets a retry wait up to N ms for a first
+//! attempt still running and replay its response; 0 (the default) is the contract's
+//! immediate `409 request_pending`.
 
 mod common;
 
@@ -32,7 +34,8 @@ use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit
 use tower_idempotency::{IdempotencyLayer, LabelOperation, Store};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--store memory|redis://…|postgres://…]";
+[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] \
+[--store memory|redis://…|postgres://…]";
 
 /// Both optional policies in one: the in-flight limit first (503), then the rate (429).
 #[derive(Clone)]
@@ -112,6 +115,7 @@ struct LabelApp {
     admit_rate: Option<u32>,
     max_in_flight: Option<usize>,
     lease: Option<Duration>,
+    pending_wait: Option<Duration>,
 }
 
 impl App for LabelApp {
@@ -131,7 +135,7 @@ impl App for LabelApp {
         if let Some(lease) = self.lease {
             layer = layer.lease(lease);
         }
-        let guarded = layer.layer(create);
+        let guarded = common::with_pending_wait(layer, self.pending_wait).layer(create);
         Router::new().fallback_service(guarded)
     }
 }
@@ -165,6 +169,7 @@ async fn main() {
         admit_rate,
         max_in_flight,
         lease,
+        pending_wait: options.pending_wait,
     };
     let router = common::open_store(&options.store, &app).await;
     common::serve("label server", &options, router).await;

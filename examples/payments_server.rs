@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example payments_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--store memory|redis://…|postgres://…]
+//!     [--pending-wait-ms N] [--store memory|redis://…|postgres://…]
 //! ```
 //!
 //! - `POST /payments` with `{"amount": <integer ≥ 1>, "currency": "<3 uppercase letters>"}`
@@ -14,7 +14,8 @@
 //!
 //! Each needs `Idempotency-Key` (bare or quoted). A retry with the same key and the same
 //! payload, in any member order or spacing, replays the first response byte for byte; another
-//! payload under the key is `422`; a retry while the first attempt runs is `409`; every refusal
+//! payload under the key is `422`; a retry while the first attempt runs is `409` (or, with
+//! `--pending-wait-ms N`, waits up to N ms for its response); every refusal
 //! is `application/problem+json`. Bodies are limited to 16 KiB (the generic default).
 
 mod common;
@@ -33,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use tower_idempotency::{IdempotencyLayer, JsonOperation, Store};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--store memory|redis://…|postgres://…]";
+[--pending-wait-ms N] [--store memory|redis://…|postgres://…]";
 
 /// The body of `POST /payments`.
 #[derive(Clone, Deserialize)]
@@ -130,6 +131,7 @@ fn at_least_one(amount: u64) -> Result<(), std::borrow::Cow<'static, str>> {
 
 struct PaymentsApp {
     create_delay: Duration,
+    pending_wait: Option<Duration>,
 }
 
 impl App for PaymentsApp {
@@ -152,10 +154,16 @@ impl App for PaymentsApp {
         // scopes keys by its authenticated client with `.scope(…)` instead.
         let payments_route = Router::new()
             .route("/payments", post(create_payment))
-            .route_layer(IdempotencyLayer::with_operation(store.clone(), payment).global_keys());
+            .route_layer(common::with_pending_wait(
+                IdempotencyLayer::with_operation(store.clone(), payment).global_keys(),
+                self.pending_wait,
+            ));
         let refunds_route = Router::new()
             .route("/payments/{payment_id}/refunds", post(create_refund))
-            .route_layer(IdempotencyLayer::with_operation(store, refund).global_keys());
+            .route_layer(common::with_pending_wait(
+                IdempotencyLayer::with_operation(store, refund).global_keys(),
+                self.pending_wait,
+            ));
         payments_route.merge(refunds_route).with_state(payments)
     }
 }
@@ -171,6 +179,7 @@ async fn main() {
     ));
     let app = PaymentsApp {
         create_delay: options.create_delay,
+        pending_wait: options.pending_wait,
     };
     let router = common::open_store(&options.store, &app).await;
     common::serve("payments server", &options, router).await;

@@ -1,6 +1,7 @@
 //! [`IdempotencyLayer`]: the configuration, and the [`Layer`] that builds the service.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::HeaderName;
@@ -12,6 +13,10 @@ use crate::operation::{LabelContract, Operation};
 use crate::scope::Scope;
 use crate::service::Idempotency;
 use crate::store::{Lease, Store};
+
+/// The default cap on requests of one layer waiting for a pending key at once
+/// ([`IdempotencyLayer::max_waiting`]).
+pub const DEFAULT_MAX_WAITING: usize = 1_000;
 
 /// The default cap on a created response the layer buffers and stores, in bytes.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
@@ -69,6 +74,8 @@ pub(crate) struct Config {
     trace_keys: bool,
     stored: StoredResponses,
     lease: Lease,
+    pending_wait: Option<Duration>,
+    max_waiting: usize,
 }
 
 impl Default for Config {
@@ -85,6 +92,8 @@ impl Default for Config {
             trace_keys: false,
             stored: StoredResponses::Every,
             lease: Lease::default(),
+            pending_wait: None,
+            max_waiting: DEFAULT_MAX_WAITING,
         }
     }
 }
@@ -103,6 +112,39 @@ pub(crate) struct Settings<O> {
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
     pub(crate) lease: Lease,
+    /// How long a request whose key is pending waits for the first attempt, if at all.
+    pub(crate) pending_wait: Option<Duration>,
+    /// The requests of this layer waiting now, at most [`Config::max_waiting`].
+    pub(crate) waiting: Waiting,
+}
+
+/// The requests of one layer waiting for a pending key, bounded.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    max: usize,
+    now: AtomicUsize,
+}
+
+impl Waiting {
+    /// A place among the waiting requests, if there is one.
+    pub(crate) fn enter(&self) -> Option<WaitingSlot<'_>> {
+        let taken = self.now.fetch_add(1, Ordering::AcqRel);
+        if taken < self.max {
+            Some(WaitingSlot(self))
+        } else {
+            self.now.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
+/// One place among a layer's waiting requests, given back when dropped.
+pub(crate) struct WaitingSlot<'a>(&'a Waiting);
+
+impl Drop for WaitingSlot<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<O: Operation> Settings<O> {
@@ -136,6 +178,11 @@ impl<O: Operation> Settings<O> {
             trace_keys: config.trace_keys,
             stored: config.stored,
             lease: config.lease,
+            pending_wait: config.pending_wait,
+            waiting: Waiting {
+                max: config.max_waiting,
+                now: AtomicUsize::new(0),
+            },
             operation,
         }
     }
@@ -468,6 +515,49 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// ```
     pub fn take_over_abandoned(mut self) -> Self {
         self.config.lease = self.config.lease.take_over_abandoned();
+        self
+    }
+
+    /// Lets a request whose key is pending (its first attempt still creating, same
+    /// operation) wait up to `wait` for that attempt to complete, and answer with its stored
+    /// response exactly as a replay would. A wait that runs out answers `409
+    /// request_pending` as without the setting; if the first attempt is released meanwhile
+    /// (admission refused it), a waiting request claims the key anew and at most one of them
+    /// creates. A conflicting request never waits. Off by default: the contract's immediate
+    /// `409`.
+    ///
+    /// Waiting is woken by the completion itself where the store notifies
+    /// ([`Store::changed`]: [`MemoryStore`](crate::MemoryStore) does), else the store is
+    /// looked at again every [`CHANGE_POLL_INTERVAL`](crate::store::CHANGE_POLL_INTERVAL).
+    /// At most [`max_waiting`](Self::max_waiting) requests of a layer wait at once; beyond,
+    /// the immediate `409`. A waiting request whose client goes away leaves nothing behind.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).pending_wait(Duration::from_secs(5));
+    /// # drop(layer);
+    /// ```
+    pub fn pending_wait(mut self, wait: Duration) -> Self {
+        self.config.pending_wait = Some(wait);
+        self
+    }
+
+    /// The most requests of this layer waiting for a pending key at once
+    /// ([`pending_wait`](Self::pending_wait)). Default [`DEFAULT_MAX_WAITING`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .pending_wait(Duration::from_secs(5))
+    ///     .max_waiting(100);
+    /// # drop(layer);
+    /// ```
+    pub fn max_waiting(mut self, max: usize) -> Self {
+        self.config.max_waiting = max;
         self
     }
 

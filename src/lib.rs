@@ -225,7 +225,9 @@ pub mod testing;
 pub use crate::admission::Admission;
 pub use crate::body::{RequestBody, ResponseBody};
 pub use crate::future::ResponseFuture;
-pub use crate::layer::{DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses};
+pub use crate::layer::{
+    DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses,
+};
 pub use crate::operation::{
     DEFAULT_BODY_LIMIT, Fingerprint, IDEMPOTENCY_KEY, IdempotencyKey, InvalidOperation,
     JsonOperation, LabelContract, LabelOperation, Operation, RawOperation, fingerprint,

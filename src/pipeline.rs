@@ -229,8 +229,13 @@ async fn claim<St: Store, O: Operation, B>(
     settings: &Settings<O>,
 ) -> Result<Reservation, Response<ResponseBody<B>>> {
     let reservation = Reservation::generate();
-    let claim = store.claim_with(key, fingerprint, reservation, settings.lease);
-    let rejection = match claim.await {
+    let mut answer = store
+        .claim_with(key, fingerprint, reservation, settings.lease)
+        .await;
+    if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.pending_wait) {
+        answer = wait_for_first(store, key, fingerprint, reservation, settings, wait).await;
+    }
+    let rejection = match answer {
         Ok(Claim::New(reservation)) => return Ok(reservation),
         Ok(Claim::Replay(stored)) => {
             let mut response = reply::stored(stored, Outcome::Replay);
@@ -257,6 +262,37 @@ async fn claim<St: Store, O: Operation, B>(
         }
     };
     Err(rejection.into_response(&settings.operation))
+}
+
+/// Waits up to `wait` for the first attempt at a pending key: looks again each time the
+/// store says the key may have changed, and answers what the first claim that is not pending
+/// answers (a replay, or the key anew if the first attempt was released), or pending when the
+/// wait runs out or too many requests wait already.
+async fn wait_for_first<St: Store, O>(
+    store: &St,
+    key: &str,
+    fingerprint: &Fingerprint,
+    reservation: Reservation,
+    settings: &Settings<O>,
+    wait: Duration,
+) -> Result<Claim, StoreError> {
+    let Some(_slot) = settings.waiting.enter() else {
+        return Ok(Claim::Pending);
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Registered before the look, so a change right after it is not missed.
+        let changed = store.changed(key);
+        let answer = store
+            .claim_with(key, fingerprint, reservation, settings.lease)
+            .await;
+        if !matches!(answer, Ok(Claim::Pending)) {
+            return answer;
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return Ok(Claim::Pending);
+        }
+    }
 }
 
 /// Whether a failed store call may still have taken effect: its answer was lost.

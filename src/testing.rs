@@ -167,6 +167,10 @@ impl<St: Store> Store for RecordingStore<St> {
         self.inner.complete(key, reservation, response).await
     }
 
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        self.inner.changed(key)
+    }
+
     async fn renew(
         &self,
         key: &str,

@@ -10,34 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use http::Request;
 use tower::ServiceExt;
 use tower_idempotency::store::Operator;
-use tower_idempotency::{IdempotencyLayer, LabelOperation, Lease, RequestBody};
-
-/// A create that takes the number of milliseconds its `parcel_id` names (`"slow-400"`), and
-/// panics for `"boom"` the first time it runs.
-fn timed_create(journal: Journal, creates: Arc<AtomicUsize>) -> Inner {
-    Inner::new(tower::service_fn(
-        move |request: Request<RequestBody<Chunks>>| {
-            journal.record("create");
-            let first = creates.fetch_add(1, Ordering::SeqCst) == 0;
-            let parcel = request
-                .extensions()
-                .get::<LabelOperation>()
-                .map(|op| op.parcel_id.clone())
-                .unwrap_or_default();
-            async move {
-                assert!(!(first && parcel == "boom"), "the create panics");
-                let millis = parcel.strip_prefix("slow-").and_then(|ms| ms.parse().ok());
-                if let Some(millis) = millis {
-                    tokio::time::sleep(Duration::from_millis(millis)).await;
-                }
-                Ok::<_, CreateError>(created_response())
-            }
-        },
-    ))
-}
+use tower_idempotency::{IdempotencyLayer, LabelOperation, Lease};
 
 fn rig(
     configure: impl FnOnce(
@@ -48,24 +23,6 @@ fn rig(
     let creates = Arc::new(AtomicUsize::new(0));
     let create = timed_create(journal.clone(), Arc::clone(&creates));
     Rig::build(journal, creates, create, configure)
-}
-
-/// Sends `request` in a task of its own; its reply, read whole.
-fn spawn_send<S>(service: &S, request: Request<Chunks>) -> tokio::task::JoinHandle<Reply>
-where
-    S: tower::Service<
-            Request<Chunks>,
-            Response = http::Response<
-                tower_idempotency::ResponseBody<http_body_util::Full<bytes::Bytes>>,
-            >,
-        > + Clone
-        + Send
-        + 'static,
-    S::Error: std::fmt::Debug,
-    S::Future: Send,
-{
-    let service = service.clone();
-    tokio::spawn(async move { Reply::read(service.oneshot(request).await.unwrap()).await })
 }
 
 #[tokio::test]

@@ -202,3 +202,17 @@ async fn an_expired_record_not_yet_dropped_is_absent_to_a_claim() {
         );
     }
 }
+
+/// `pending_wait` on the memory store: two layers over one store (two services of one
+/// process), woken by the completion itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_retries_get_the_first_attempts_bytes_on_every_layer() {
+    let store = MemoryStore::new();
+    common::waiting_retries_get_the_first_attempts_bytes(
+        store.clone(),
+        store.clone(),
+        Duration::from_millis(30),
+    )
+    .await;
+    assert_eq!(store.waited_keys(), 0);
+}

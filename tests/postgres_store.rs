@@ -100,6 +100,15 @@ async fn two_replicas_with_their_own_pools_create_once() {
     replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
 }
 
+/// `pending_wait` on this store (it does not notify: it is looked at again every 50 ms): the
+/// waiting retries, on this replica and on another with its own pools, answer with the first
+/// attempt's bytes within tens of milliseconds of its completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
+    let (a, b) = (make_store(None).await, make_store(None).await);
+    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(150)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_and_pending_records_survive_a_new_pool() {
     let key = unique_key("durable");

@@ -17,6 +17,9 @@ pub struct Options {
     pub addr: SocketAddr,
     pub create_delay: Duration,
     pub store: String,
+    /// `--pending-wait-ms N`: how long a retry waits for a first attempt still running; 0
+    /// (the default) answers `409` at once, as the contract says.
+    pub pending_wait: Option<Duration>,
 }
 
 impl Options {
@@ -32,6 +35,7 @@ impl Options {
             addr,
             create_delay: Duration::ZERO,
             store: "memory".to_owned(),
+            pending_wait: None,
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -48,6 +52,10 @@ impl Options {
                         Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
                 }
                 "--store" => options.store = value,
+                "--pending-wait-ms" => {
+                    let millis: u64 = value.parse().map_err(|e| bad(&e))?;
+                    options.pending_wait = (millis > 0).then(|| Duration::from_millis(millis));
+                }
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
                         return Err(format!("unknown flag {flag}\n{usage}"));
@@ -56,6 +64,17 @@ impl Options {
             }
         }
         Ok(options)
+    }
+}
+
+/// `layer` with the `--pending-wait-ms` setting, if one was given.
+pub fn with_pending_wait<St, A, O>(
+    layer: tower_idempotency::IdempotencyLayer<St, A, O>,
+    wait: Option<Duration>,
+) -> tower_idempotency::IdempotencyLayer<St, A, O> {
+    match wait {
+        Some(wait) => layer.pending_wait(wait),
+        None => layer,
     }
 }
 

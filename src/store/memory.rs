@@ -1,9 +1,15 @@
 //! The in-memory store: one process, lost on restart.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 
 use bytes::Bytes;
 
@@ -96,6 +102,9 @@ struct Shard {
     /// completed, with when. An entry whose record was completed again, taken over or
     /// forgotten since is stale, and skipped.
     expiry: VecDeque<(Tick, Arc<str>)>,
+    /// Requests waiting for a pending key of this shard to change, by key: woken and
+    /// removed when it does; removed by the last waiter that gives up.
+    waiters: HashMap<Box<str>, Arc<Notify>>,
 }
 
 struct Record {
@@ -262,6 +271,7 @@ impl MemoryStore {
         if let Some(record) = shard.records.get_mut(&*key) {
             record.state = State::Completed { response, at };
         }
+        shard.wake(&key);
         if self.shared.retention.is_some() {
             shard.expiry.push_back((at, key));
         }
@@ -300,6 +310,18 @@ impl MemoryStore {
             .shards
             .iter()
             .map(|s| lock(s).records.len())
+            .sum()
+    }
+
+    /// The keys requests are waiting on ([`IdempotencyLayer::pending_wait`]), for metrics
+    /// and tests: zero once every waiter got its answer or gave up.
+    ///
+    /// [`IdempotencyLayer::pending_wait`]: crate::IdempotencyLayer::pending_wait
+    pub fn waited_keys(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| lock(s).waiters.len())
             .sum()
     }
 
@@ -387,6 +409,13 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl Shard {
+    /// Wakes the requests waiting for `key`, if any.
+    fn wake(&mut self, key: &str) {
+        if let Some(waiters) = self.waiters.remove(key) {
+            waiters.notify_waiters();
+        }
+    }
+
     /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
     /// at most, and returns how many records it dropped.
     fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> usize {
@@ -432,6 +461,40 @@ impl Record {
     }
 }
 
+/// A request waiting for a key of a [`MemoryStore`] to change ([`Store::changed`]). The last
+/// waiter of a key that gives up removes the key's entry, so waiting leaves nothing behind.
+struct Waiting {
+    notified: Option<Pin<Box<OwnedNotified>>>,
+    store: MemoryStore,
+    key: Box<str>,
+    notify: Arc<Notify>,
+}
+
+impl Future for Waiting {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.notified.as_mut() {
+            Some(notified) => notified.as_mut().poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        drop(self.notified.take());
+        let mut shard = lock(self.store.shard(&self.key));
+        // Still this key's entry, and no other waiter holds it: the map's and this one's.
+        let last = shard.waiters.get(&self.key).is_some_and(|current| {
+            Arc::ptr_eq(current, &self.notify) && Arc::strong_count(&self.notify) == 2
+        });
+        if last {
+            shard.waiters.remove(&self.key);
+        }
+    }
+}
+
 /// Locks a shard. A panic elsewhere while holding it cannot leave a record half-written (every
 /// update is a single assignment), so a poisoned lock is still sound to use.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -455,6 +518,23 @@ impl Store for MemoryStore {
                 self.claim_now(key, fingerprint, reservation, lease)
             }
             claimed => claimed,
+        }
+    }
+
+    /// Ends on the change itself: a complete, release, resolve or forget of `key` wakes every
+    /// request waiting for it.
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        let notify = {
+            let mut shard = lock(self.shard(key));
+            Arc::clone(shard.waiters.entry(key.into()).or_default())
+        };
+        // Registered now: it sees a change made from here on, polled or not.
+        let notified = Arc::clone(&notify).notified_owned();
+        Waiting {
+            notified: Some(Box::pin(notified)),
+            store: self.clone(),
+            key: key.into(),
+            notify,
         }
     }
 
@@ -498,6 +578,7 @@ impl Store for MemoryStore {
                 ..
             }) if *held == token(reservation) => {
                 shard.records.remove(key);
+                shard.wake(key);
                 self.give_room(1);
                 Ok(())
             }
@@ -555,7 +636,10 @@ impl Operator for MemoryStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let removed = lock(self.shard(key)).records.remove(key).is_some();
+        let mut shard = lock(self.shard(key));
+        let removed = shard.records.remove(key).is_some();
+        shard.wake(key);
+        drop(shard);
         self.give_room(usize::from(removed));
         Ok(removed)
     }

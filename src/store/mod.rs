@@ -57,6 +57,10 @@ pub use postgres::PostgresStore;
 /// [`StoreErrorKind::Timeout`].
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often a store without notifications of its own is looked at again by a request
+/// waiting for a pending key ([`Store::changed`]).
+pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Runs one remote store call, failing with [`StoreErrorKind::Timeout`] past `timeout`.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) async fn within<T>(
@@ -198,6 +202,19 @@ pub trait Store: Clone + Send + Sync + 'static {
                 _ => Ok(()),
             }
         }
+    }
+
+    /// A future that ends when `key` may have changed: completed, released, resolved or
+    /// forgotten. It must see every such change made after this call returns, even one made
+    /// before it is first polled; it may also end without a change (a timeout of its own, a
+    /// poll interval), so the caller looks again. The layer waits on it, bounded by its own
+    /// deadline, when [`pending_wait`](crate::IdempotencyLayer::pending_wait) is set.
+    ///
+    /// The default ends after [`CHANGE_POLL_INTERVAL`], so a store without notifications is
+    /// polled; [`MemoryStore`] wakes its waiters on the change itself.
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        let _ = key;
+        tokio::time::sleep(CHANGE_POLL_INTERVAL)
     }
 
     /// Deletes the pending reservation `reservation` of `key`, after a confirmed admission

@@ -436,6 +436,10 @@ impl<St: Store> Store for GatedStore<St> {
         self.inner.complete(key, reservation, response).await
     }
 
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        self.inner.changed(key)
+    }
+
     async fn renew(
         &self,
         key: &str,
@@ -673,4 +677,80 @@ pub async fn answers_lost_after_the_send_strand_no_key<St: Store>(
         2,
         "the warm-up and one create"
     );
+}
+
+/// A create that takes the number of milliseconds its `parcel_id` names (`"slow-400"`), and
+/// panics for `"boom"` the first time it runs.
+pub fn timed_create(journal: Journal, creates: Arc<AtomicUsize>) -> Inner {
+    Inner::new(tower::service_fn(
+        move |request: Request<RequestBody<Chunks>>| {
+            journal.record("create");
+            let first = creates.fetch_add(1, Ordering::SeqCst) == 0;
+            let parcel = request
+                .extensions()
+                .get::<LabelOperation>()
+                .map(|op| op.parcel_id.clone())
+                .unwrap_or_default();
+            async move {
+                assert!(!(first && parcel == "boom"), "the create panics");
+                let millis = parcel.strip_prefix("slow-").and_then(|ms| ms.parse().ok());
+                if let Some(millis) = millis {
+                    tokio::time::sleep(Duration::from_millis(millis)).await;
+                }
+                Ok::<_, CreateError>(created_response())
+            }
+        },
+    ))
+}
+
+/// Sends `request` in a task of its own; its reply, read whole.
+pub fn spawn_send<S>(service: &S, request: Request<Chunks>) -> tokio::task::JoinHandle<Reply>
+where
+    S: tower::Service<
+            Request<Chunks>,
+            Response = http::Response<
+                tower_idempotency::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+            >,
+        > + Clone
+        + Send
+        + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let service = service.clone();
+    tokio::spawn(async move { Reply::read(service.oneshot(request).await.unwrap()).await })
+}
+
+/// `pending_wait` on any store: a retry waiting for a first attempt that takes 300 ms answers
+/// with the same bytes soon after it completes (within `within`: the store's poll interval and
+/// a round trip where it does not notify), and a waiter on a second layer instance (its own
+/// service, as another replica would have) is answered as well. One create.
+pub async fn waiting_retries_get_the_first_attempts_bytes<St: Store>(
+    replica_a: St,
+    replica_b: St,
+    within: std::time::Duration,
+) {
+    use tower::Layer;
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = |store: St| {
+        IdempotencyLayer::new(store)
+            .pending_wait(Duration::from_secs(5))
+            .layer(timed_create(Journal::default(), Arc::clone(&creates)))
+    };
+    let (a, b) = (layer(replica_a), layer(replica_b));
+    let key = format!("wait-{}", Reservation::generate());
+    let first = spawn_send(&a, operation(&key, "slow-300"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let same = spawn_send(&a, operation(&key, "slow-300"));
+    let other = spawn_send(&b, operation(&key, "slow-300"));
+    let first = first.await.unwrap();
+    let completed = std::time::Instant::now();
+    for waiter in [same, other] {
+        let reply = waiter.await.unwrap();
+        assert!(completed.elapsed() < within, "{:?}", completed.elapsed());
+        reply.is_created();
+        assert_eq!(reply.body, first.body);
+        assert_eq!(reply.outcome, Some(tower_idempotency::Outcome::Replay));
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
 }

@@ -1,0 +1,199 @@
+//! Waiting for the first attempt: with `pending_wait`, a request whose key is pending waits
+//! for the first attempt's completion and answers with its stored bytes, bounded in time and in
+//! count, woken by the completion itself on the memory store; without it, the immediate 409.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tower::{Layer, ServiceExt};
+use tower_idempotency::admission::{Admit, Refusal, admit_fn};
+use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, Outcome};
+
+fn rig(wait: Duration) -> Rig {
+    let journal = Journal::default();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = timed_create(journal.clone(), Arc::clone(&creates));
+    Rig::build(journal, creates, create, |layer| layer.pending_wait(wait))
+}
+
+#[tokio::test]
+async fn a_waiting_retry_answers_with_the_first_attempts_bytes_at_its_completion() {
+    let rig = rig(Duration::from_secs(5));
+    let first = spawn_send(&rig.service, operation("wait", "slow-300"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let retry = spawn_send(&rig.service, operation("wait", "slow-300"));
+    let first = first.await.unwrap();
+    let completed = Instant::now();
+    let retry = retry.await.unwrap();
+    let woken = completed.elapsed();
+    first.is_created();
+    retry.is_created();
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.outcome, Some(Outcome::Replay));
+    assert!(woken < Duration::from_millis(30), "woken {woken:?} after");
+    assert_eq!(rig.creates(), 1);
+    assert_eq!(rig.memory.waited_keys(), 0);
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_answers_request_pending_after_about_the_wait() {
+    let rig = rig(Duration::from_millis(150));
+    let first = spawn_send(&rig.service, operation("long", "slow-800"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    rig.send(operation("long", "slow-800"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_millis(400),
+        "{waited:?}"
+    );
+    assert_eq!(
+        rig.memory.waited_keys(),
+        0,
+        "the waiter left nothing behind"
+    );
+    first.await.unwrap().is_created();
+    assert_eq!(rig.creates(), 1);
+}
+
+#[tokio::test]
+async fn fifty_waiters_all_get_the_same_201() {
+    let rig = rig(Duration::from_secs(5));
+    let first = spawn_send(&rig.service, operation("many", "slow-300"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiters: Vec<_> = (0..50)
+        .map(|_| spawn_send(&rig.service, operation("many", "slow-300")))
+        .collect();
+    let first = first.await.unwrap();
+    for waiter in waiters {
+        let reply = waiter.await.unwrap();
+        reply.is_created();
+        assert_eq!(reply.body, first.body);
+    }
+    assert_eq!(rig.creates(), 1);
+    assert_eq!(rig.memory.waited_keys(), 0);
+}
+
+#[tokio::test]
+async fn a_conflict_is_never_waited_on() {
+    let rig = rig(Duration::from_secs(5));
+    let first = spawn_send(&rig.service, operation("conflict", "slow-500"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    rig.send(operation("conflict", "other"))
+        .await
+        .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    assert!(started.elapsed() < Duration::from_millis(200));
+    first.await.unwrap().is_created();
+}
+
+#[tokio::test]
+async fn beyond_the_cap_a_request_does_not_wait() {
+    let journal = Journal::default();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = timed_create(journal.clone(), Arc::clone(&creates));
+    let rig = Rig::build(journal, creates, create, |layer| {
+        layer.pending_wait(Duration::from_secs(5)).max_waiting(1)
+    });
+    let first = spawn_send(&rig.service, operation("cap", "slow-400"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiting = spawn_send(&rig.service, operation("cap", "slow-400"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    rig.send(operation("cap", "slow-400"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert!(started.elapsed() < Duration::from_millis(200), "immediate");
+    first.await.unwrap().is_created();
+    waiting.await.unwrap().is_created();
+    // The place is given back: another wait is possible.
+    rig.send(operation("cap", "slow-400")).await.is_created();
+}
+
+/// The first attempt is refused by admission (its key released) while others wait: one of
+/// them claims the key anew and creates, the rest get its response.
+#[tokio::test]
+async fn a_released_first_attempt_lets_exactly_one_waiter_create() {
+    let admissions = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&admissions);
+    let first_refused = admit_fn(move |_: &LabelOperation| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Admit::Refuse(Refusal::ServiceUnavailable)
+            } else {
+                Admit::Proceed(())
+            }
+        }
+    });
+    let creates = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new();
+    let service = IdempotencyLayer::new(store.clone())
+        .pending_wait(Duration::from_secs(5))
+        .admission(first_refused)
+        .layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let first = spawn_send(&service, operation("released", "slow-50"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiters: Vec<_> = (0..10)
+        .map(|_| spawn_send(&service, operation("released", "slow-50")))
+        .collect();
+    assert_eq!(first.await.unwrap().status.as_u16(), 503);
+    let mut created = None;
+    for waiter in waiters {
+        let reply = waiter.await.unwrap();
+        reply.is_created();
+        assert_eq!(
+            created.get_or_insert_with(|| reply.body.clone()),
+            &reply.body
+        );
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        1,
+        "at most one of them creates"
+    );
+    assert_eq!(store.waited_keys(), 0);
+}
+
+/// A waiting request whose client goes away: once the first attempt completes, nothing of it
+/// is left (no waiter entry), and the first attempt's answer is untouched.
+#[tokio::test]
+async fn a_dropped_waiter_leaves_nothing_behind() {
+    let rig = rig(Duration::from_secs(5));
+    let first = spawn_send(&rig.service, operation("gone", "slow-300"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiter = rig.service.clone().oneshot(operation("gone", "slow-300"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), waiter)
+            .await
+            .is_err(),
+        "still waiting when its client leaves"
+    );
+    first.await.unwrap().is_created();
+    wait_for(|| rig.memory.waited_keys() == 0).await;
+    assert_eq!(rig.creates(), 1);
+}
+
+#[tokio::test]
+async fn without_the_setting_the_answer_is_the_immediate_409() {
+    let journal = Journal::default();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = timed_create(journal.clone(), Arc::clone(&creates));
+    let rig = Rig::build(journal, creates, create, |layer| layer);
+    let first = spawn_send(&rig.service, operation("now", "slow-300"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    rig.send(operation("now", "slow-300"))
+        .await
+        .exact(409, r#"{"error":"request_pending"}"#);
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert_eq!(rig.memory.waited_keys(), 0, "nobody waits");
+    first.await.unwrap().is_created();
+}
