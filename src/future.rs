@@ -95,9 +95,9 @@ pin_project! {
 fn hand_over<B: 'static>(future: Deciding<B>) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            runtime.spawn(async move {
+            runtime.spawn(crate::pipeline::CLIENT_LEFT.scope((), async move {
                 drop(future.await);
-            });
+            }));
         }
         Err(_) => tracing::error!(
             "response future dropped after the claim outside a Tokio runtime; the work is abandoned"

@@ -75,7 +75,8 @@ pub(crate) struct Config {
     stored: StoredResponses,
     lease: Lease,
     pending_wait: Option<Duration>,
-    max_waiting: usize,
+    /// Shared by every service the layer builds: the cap is the layer's.
+    waiting: Arc<Waiting>,
 }
 
 impl Default for Config {
@@ -93,7 +94,7 @@ impl Default for Config {
             stored: StoredResponses::Every,
             lease: Lease::default(),
             pending_wait: None,
-            max_waiting: DEFAULT_MAX_WAITING,
+            waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITING)),
         }
     }
 }
@@ -114,8 +115,8 @@ pub(crate) struct Settings<O> {
     pub(crate) lease: Lease,
     /// How long a request whose key is pending waits for the first attempt, if at all.
     pub(crate) pending_wait: Option<Duration>,
-    /// The requests of this layer waiting now, at most [`Config::max_waiting`].
-    pub(crate) waiting: Waiting,
+    /// The requests of this layer waiting now, bounded.
+    pub(crate) waiting: Arc<Waiting>,
 }
 
 /// The requests of one layer waiting for a pending key, bounded.
@@ -126,6 +127,13 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            now: AtomicUsize::new(0),
+        }
+    }
+
     /// A place among the waiting requests, if there is one.
     pub(crate) fn enter(&self) -> Option<WaitingSlot<'_>> {
         let taken = self.now.fetch_add(1, Ordering::AcqRel);
@@ -179,10 +187,7 @@ impl<O: Operation> Settings<O> {
             stored: config.stored,
             lease: config.lease,
             pending_wait: config.pending_wait,
-            waiting: Waiting {
-                max: config.max_waiting,
-                now: AtomicUsize::new(0),
-            },
+            waiting: Arc::clone(&config.waiting),
             operation,
         }
     }
@@ -545,7 +550,8 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     }
 
     /// The most requests of this layer waiting for a pending key at once
-    /// ([`pending_wait`](Self::pending_wait)). Default [`DEFAULT_MAX_WAITING`].
+    /// ([`pending_wait`](Self::pending_wait)), across every service it builds (and the
+    /// layer's clones). Default [`DEFAULT_MAX_WAITING`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -557,7 +563,7 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// # drop(layer);
     /// ```
     pub fn max_waiting(mut self, max: usize) -> Self {
-        self.config.max_waiting = max;
+        self.config.waiting = Arc::new(Waiting::new(max));
         self
     }
 

@@ -264,10 +264,29 @@ async fn claim<St: Store, O: Operation, B>(
     Err(rejection.into_response(&settings.operation))
 }
 
+tokio::task_local! {
+    /// Set in the task a decision was handed to when its client went away: a request that
+    /// waits for a first attempt stops waiting, since nobody would get its answer.
+    pub(crate) static CLIENT_LEFT: ();
+}
+
+/// Whether the client of this decision went away.
+fn client_left() -> bool {
+    CLIENT_LEFT.try_with(|()| ()).is_ok()
+}
+
+/// What ended one wait for a pending key to change.
+enum Woken {
+    Changed,
+    Deadline,
+    ClientLeft,
+}
+
 /// Waits up to `wait` for the first attempt at a pending key: looks again each time the
 /// store says the key may have changed, and answers what the first claim that is not pending
 /// answers (a replay, or the key anew if the first attempt was released), or pending when the
-/// wait runs out or too many requests wait already.
+/// wait runs out, too many requests of the layer wait already, or the client went away (a
+/// key claimed anew for a client that left is released at once: nobody creates for it).
 async fn wait_for_first<St: Store, O>(
     store: &St,
     key: &str,
@@ -279,21 +298,52 @@ async fn wait_for_first<St: Store, O>(
     let Some(_slot) = settings.waiting.enter() else {
         return Ok(Claim::Pending);
     };
-    let deadline = tokio::time::Instant::now() + wait;
+    let now = tokio::time::Instant::now();
+    let deadline = now.checked_add(wait).unwrap_or(now + MAX_WAIT);
+    // Without Tokio's timer there is no bounded wait: the immediate answer.
+    let timer = tokio::runtime::Handle::try_current()
+        .ok()
+        .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(deadline)).ok());
+    let Some(timer) = timer else {
+        tracing::warn!("no Tokio timer: a pending key is not waited for");
+        return Ok(Claim::Pending);
+    };
+    let mut timer = std::pin::pin!(timer);
     loop {
         // Registered before the look, so a change right after it is not missed.
         let changed = store.changed(key);
         let answer = store
             .claim_with(key, fingerprint, reservation, settings.lease)
             .await;
-        if !matches!(answer, Ok(Claim::Pending)) {
-            return answer;
+        match answer {
+            Ok(Claim::Pending) => {}
+            Ok(Claim::New(reservation)) if client_left() => {
+                release(store, key, &reservation).await;
+                return Ok(Claim::Pending);
+            }
+            answer => return answer,
         }
-        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+        let mut changed = std::pin::pin!(changed);
+        let woken = std::future::poll_fn(|cx| {
+            if client_left() {
+                Poll::Ready(Woken::ClientLeft)
+            } else if timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(Woken::Deadline)
+            } else if changed.as_mut().poll(cx).is_ready() {
+                Poll::Ready(Woken::Changed)
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        if !matches!(woken, Woken::Changed) {
             return Ok(Claim::Pending);
         }
     }
 }
+
+/// The longest wait for a first attempt: a longer one (up to `Duration::MAX`) is clamped.
+const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// Whether a failed store call may still have taken effect: its answer was lost.
 fn is_unknown(error: &StoreError) -> bool {

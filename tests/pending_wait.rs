@@ -70,6 +70,8 @@ async fn fifty_waiters_all_get_the_same_201() {
     let waiters: Vec<_> = (0..50)
         .map(|_| spawn_send(&rig.service, operation("many", "slow-300")))
         .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(rig.memory.waited_keys(), 1, "fifty waiters on one key");
     let first = first.await.unwrap();
     for waiter in waiters {
         let reply = waiter.await.unwrap();
@@ -112,8 +114,13 @@ async fn beyond_the_cap_a_request_does_not_wait() {
     assert!(started.elapsed() < Duration::from_millis(200), "immediate");
     first.await.unwrap().is_created();
     waiting.await.unwrap().is_created();
-    // The place is given back: another wait is possible.
-    rig.send(operation("cap", "slow-400")).await.is_created();
+    // The place is given back: another request waits.
+    let next = spawn_send(&rig.service, operation("cap-next", "slow-200"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    rig.send(operation("cap-next", "slow-200"))
+        .await
+        .is_created();
+    next.await.unwrap().is_created();
 }
 
 /// The first attempt is refused by admission (its key released) while others wait: one of
@@ -195,5 +202,84 @@ async fn without_the_setting_the_answer_is_the_immediate_409() {
         .exact(409, r#"{"error":"request_pending"}"#);
     assert!(started.elapsed() < Duration::from_millis(100));
     assert_eq!(rig.memory.waited_keys(), 0, "nobody waits");
+    first.await.unwrap().is_created();
+}
+
+/// Found in review: a waiter whose client left stops waiting at once; if the first attempt
+/// is released afterwards, nobody creates for the client that left, and the key is free.
+#[tokio::test]
+async fn a_waiter_whose_client_left_never_creates() {
+    let admissions = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&admissions);
+    let first_refused = admit_fn(move |_: &LabelOperation| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Admit::Refuse(Refusal::ServiceUnavailable)
+            } else {
+                Admit::Proceed(())
+            }
+        }
+    });
+    let creates = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new();
+    let service = IdempotencyLayer::new(store.clone())
+        .pending_wait(Duration::from_secs(5))
+        .admission(first_refused)
+        .layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let first = spawn_send(&service, operation("left", "p"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiter = service.clone().oneshot(operation("left", "p"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), waiter)
+            .await
+            .is_err()
+    );
+    assert_eq!(first.await.unwrap().status.as_u16(), 503);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        0,
+        "nobody creates for a client that left"
+    );
+    assert!(store.is_empty(), "the key is free");
+    assert_eq!(store.waited_keys(), 0);
+}
+
+/// Found in review: the cap is the layer's, however many services it builds.
+#[tokio::test]
+async fn the_cap_holds_across_the_services_of_one_layer() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .pending_wait(Duration::from_secs(5))
+        .max_waiting(1);
+    let a = layer.layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let b = layer.layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let first = spawn_send(&a, operation("shared-cap", "slow-400"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiting = spawn_send(&a, operation("shared-cap", "slow-400"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    let reply = Reply::read(
+        b.oneshot(operation("shared-cap", "slow-400"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    reply.exact(409, r#"{"error":"request_pending"}"#);
+    assert!(started.elapsed() < Duration::from_millis(200), "immediate");
+    first.await.unwrap().is_created();
+    waiting.await.unwrap().is_created();
+}
+
+/// Found in review: any wait is accepted, the longest included.
+#[tokio::test]
+async fn the_longest_wait_is_accepted() {
+    let rig = rig(Duration::MAX);
+    let first = spawn_send(&rig.service, operation("forever", "slow-200"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let retry = rig.send(operation("forever", "slow-200")).await;
+    retry.is_created();
     first.await.unwrap().is_created();
 }

@@ -467,7 +467,8 @@ struct Waiting {
     notified: Option<Pin<Box<OwnedNotified>>>,
     store: MemoryStore,
     key: Box<str>,
-    notify: Arc<Notify>,
+    /// This waiter's hold on the key's entry; let go under the shard lock.
+    notify: Option<Arc<Notify>>,
 }
 
 impl Future for Waiting {
@@ -484,14 +485,20 @@ impl Future for Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         drop(self.notified.take());
+        let Some(notify) = self.notify.take() else {
+            return;
+        };
         let mut shard = lock(self.store.shard(&self.key));
-        // Still this key's entry, and no other waiter holds it: the map's and this one's.
+        // Still this key's entry, and no other waiter holds it: the map's hold and this one's.
+        // Every waiter lets go under the lock, so the count is exact here.
         let last = shard.waiters.get(&self.key).is_some_and(|current| {
-            Arc::ptr_eq(current, &self.notify) && Arc::strong_count(&self.notify) == 2
+            Arc::ptr_eq(current, &notify) && Arc::strong_count(&notify) == 2
         });
         if last {
             shard.waiters.remove(&self.key);
         }
+        drop(notify);
+        drop(shard);
     }
 }
 
@@ -524,17 +531,16 @@ impl Store for MemoryStore {
     /// Ends on the change itself: a complete, release, resolve or forget of `key` wakes every
     /// request waiting for it.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
-        let notify = {
-            let mut shard = lock(self.shard(key));
-            Arc::clone(shard.waiters.entry(key.into()).or_default())
-        };
-        // Registered now: it sees a change made from here on, polled or not.
+        let mut shard = lock(self.shard(key));
+        let notify = Arc::clone(shard.waiters.entry(key.into()).or_default());
+        // Registered under the lock: it sees every change made from here on, polled or not.
         let notified = Arc::clone(&notify).notified_owned();
+        drop(shard);
         Waiting {
             notified: Some(Box::pin(notified)),
             store: self.clone(),
             key: key.into(),
-            notify,
+            notify: Some(notify),
         }
     }
 

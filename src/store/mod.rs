@@ -211,7 +211,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// deadline, when [`pending_wait`](crate::IdempotencyLayer::pending_wait) is set.
     ///
     /// The default ends after [`CHANGE_POLL_INTERVAL`], so a store without notifications is
-    /// polled; [`MemoryStore`] wakes its waiters on the change itself.
+    /// polled; [`MemoryStore`] wakes its waiters on the change itself. It must not end at
+    /// once every time: the layer would claim back to back until its deadline.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
         let _ = key;
         tokio::time::sleep(CHANGE_POLL_INTERVAL)
