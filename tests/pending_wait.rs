@@ -283,3 +283,34 @@ async fn the_longest_wait_is_accepted() {
     retry.is_created();
     first.await.unwrap().is_created();
 }
+
+/// One of two waiters on a key goes away: the other is still woken by the completion.
+#[tokio::test]
+async fn a_waiter_leaving_does_not_take_the_others_wake_up() {
+    let rig = rig(Duration::from_secs(5));
+    let first = spawn_send(&rig.service, operation("two", "slow-300"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let staying = spawn_send(&rig.service, operation("two", "slow-300"));
+    let leaving = rig.service.clone().oneshot(operation("two", "slow-300"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), leaving)
+            .await
+            .is_err()
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        rig.memory.waited_keys(),
+        1,
+        "the staying waiter's entry is kept"
+    );
+    let first = first.await.unwrap();
+    let completed = Instant::now();
+    let staying = staying.await.unwrap();
+    assert!(
+        completed.elapsed() < Duration::from_millis(30),
+        "{:?}",
+        completed.elapsed()
+    );
+    assert_eq!(staying.body, first.body);
+    assert_eq!(rig.memory.waited_keys(), 0);
+}
