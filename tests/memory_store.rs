@@ -211,7 +211,7 @@ async fn waiting_retries_get_the_first_attempts_bytes_on_every_layer() {
     common::waiting_retries_get_the_first_attempts_bytes(
         store.clone(),
         store.clone(),
-        Duration::from_millis(30),
+        Duration::from_millis(100),
     )
     .await;
     assert_eq!(store.waited_keys(), 0);

@@ -51,7 +51,7 @@ async fn two_replicas_with_their_own_connections_create_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
     let (a, b) = (make_store(None).await, make_store(None).await);
-    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(150)).await;
+    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(250)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
