@@ -131,10 +131,18 @@ async fn beyond_the_cap_a_request_does_not_wait() {
     next.await.unwrap().is_created();
 }
 
-/// The first attempt is refused by admission (its key released) while others wait: one of
-/// them claims the key anew and creates, the rest get its response.
-#[tokio::test]
-async fn a_released_first_attempt_lets_exactly_one_waiter_create() {
+/// A waiting layer over a memory store whose admission refuses the first attempt after 200 ms
+/// (releasing its key) and admits every later one; the creates counted.
+fn first_refused_service() -> (
+    tower_idempotency::Idempotency<
+        Inner,
+        MemoryStore,
+        impl tower_idempotency::Admission<LabelOperation> + Clone,
+        tower_idempotency::LabelContract,
+    >,
+    MemoryStore,
+    Arc<AtomicUsize>,
+) {
     let admissions = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&admissions);
     let first_refused = admit_fn(move |_: &LabelOperation| {
@@ -154,6 +162,14 @@ async fn a_released_first_attempt_lets_exactly_one_waiter_create() {
         .pending_wait(Duration::from_secs(5))
         .admission(first_refused)
         .layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    (service, store, creates)
+}
+
+/// The first attempt is refused by admission (its key released) while others wait: one of
+/// them claims the key anew and creates, the rest get its response.
+#[tokio::test]
+async fn a_released_first_attempt_lets_exactly_one_waiter_create() {
+    let (service, store, creates) = first_refused_service();
     let first = spawn_send(&service, operation("released", "slow-50"));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let waiters: Vec<_> = (0..10)
@@ -217,25 +233,7 @@ async fn without_the_setting_the_answer_is_the_immediate_409() {
 /// is released afterwards, nobody creates for the client that left, and the key is free.
 #[tokio::test]
 async fn a_waiter_whose_client_left_never_creates() {
-    let admissions = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&admissions);
-    let first_refused = admit_fn(move |_: &LabelOperation| {
-        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
-        async move {
-            if first {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Admit::Refuse(Refusal::ServiceUnavailable)
-            } else {
-                Admit::Proceed(())
-            }
-        }
-    });
-    let creates = Arc::new(AtomicUsize::new(0));
-    let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone())
-        .pending_wait(Duration::from_secs(5))
-        .admission(first_refused)
-        .layer(timed_create(Journal::default(), Arc::clone(&creates)));
+    let (service, store, creates) = first_refused_service();
     let first = spawn_send(&service, operation("left", "p"));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let waiter = service.clone().oneshot(operation("left", "p"));
