@@ -137,7 +137,7 @@ fn first_refused_service() -> (
     tower_idempotency::Idempotency<
         Inner,
         MemoryStore,
-        impl tower_idempotency::Admission<LabelOperation> + Clone,
+        impl tower_idempotency::Admission<LabelOperation>,
         tower_idempotency::LabelContract,
     >,
     MemoryStore,
