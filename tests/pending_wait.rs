@@ -131,22 +131,22 @@ async fn beyond_the_cap_a_request_does_not_wait() {
     next.await.unwrap().is_created();
 }
 
-/// A waiting layer over a memory store whose admission refuses the first attempt after 200 ms
+/// A waiting layer over `store` whose admission refuses the first attempt after 200 ms
 /// (releasing its key) and admits every later one; the creates counted.
-fn first_refused_service() -> (
+fn first_refused<St: tower_idempotency::Store>(
+    store: St,
+) -> (
     tower_idempotency::Idempotency<
         Inner,
-        MemoryStore,
+        St,
         impl tower_idempotency::Admission<LabelOperation>,
         tower_idempotency::LabelContract,
     >,
-    MemoryStore,
     Arc<AtomicUsize>,
 ) {
     let admissions = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&admissions);
     let first_refused = admit_fn(move |_: &LabelOperation| {
-        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        let first = admissions.fetch_add(1, Ordering::SeqCst) == 0;
         async move {
             if first {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -157,19 +157,19 @@ fn first_refused_service() -> (
         }
     });
     let creates = Arc::new(AtomicUsize::new(0));
-    let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store)
         .pending_wait(Duration::from_secs(5))
         .admission(first_refused)
         .layer(timed_create(Journal::default(), Arc::clone(&creates)));
-    (service, store, creates)
+    (service, creates)
 }
 
 /// The first attempt is refused by admission (its key released) while others wait: one of
 /// them claims the key anew and creates, the rest get its response.
 #[tokio::test]
 async fn a_released_first_attempt_lets_exactly_one_waiter_create() {
-    let (service, store, creates) = first_refused_service();
+    let store = MemoryStore::new();
+    let (service, creates) = first_refused(store.clone());
     let first = spawn_send(&service, operation("released", "slow-50"));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let waiters: Vec<_> = (0..10)
@@ -233,7 +233,8 @@ async fn without_the_setting_the_answer_is_the_immediate_409() {
 /// is released afterwards, nobody creates for the client that left, and the key is free.
 #[tokio::test]
 async fn a_waiter_whose_client_left_never_creates() {
-    let (service, store, creates) = first_refused_service();
+    let store = MemoryStore::new();
+    let (service, creates) = first_refused(store.clone());
     let first = spawn_send(&service, operation("left", "p"));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let waiter = service.clone().oneshot(operation("left", "p"));
@@ -319,4 +320,93 @@ async fn a_waiter_leaving_does_not_take_the_others_wake_up() {
     );
     assert_eq!(staying.body, first.body);
     assert_eq!(rig.memory.waited_keys(), 0);
+}
+
+/// A memory store whose claims, once `hold` is set, take 100 ms after they took effect (their
+/// answer on its way back).
+#[derive(Clone)]
+struct HoldingStore {
+    inner: MemoryStore,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tower_idempotency::Store for HoldingStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &tower_idempotency::Fingerprint,
+        reservation: tower_idempotency::Reservation,
+        lease: tower_idempotency::Lease,
+    ) -> Result<tower_idempotency::Claim, tower_idempotency::StoreError> {
+        let claim = self
+            .inner
+            .claim_with(key, fingerprint, reservation, lease)
+            .await;
+        if self.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        claim
+    }
+
+    fn changed(&self, key: &str) -> impl std::future::Future<Output = ()> + Send {
+        self.inner.changed(key)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+        lease: Duration,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.inner.renew(key, reservation, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+        response: &tower_idempotency::StoredResponse,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.inner.complete(key, reservation, response).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.inner.release(key, reservation).await
+    }
+}
+
+/// The client of a waiter leaves while the waiter's claim of the released key is on its way
+/// back: the key it got is released at once, and nobody creates.
+#[tokio::test]
+async fn a_key_claimed_for_a_client_that_left_is_released() {
+    let store = HoldingStore {
+        inner: MemoryStore::new(),
+        hold: Arc::default(),
+    };
+    let (service, creates) = first_refused(store.clone());
+    let first = spawn_send(&service, operation("in-flight", "p"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waiter = service.clone().oneshot(operation("in-flight", "p"));
+    let leave = async {
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        store.hold.store(true, Ordering::SeqCst);
+        // The release comes at about 200 ms; the waiter's claim then holds until about 300.
+        tokio::time::sleep(Duration::from_millis(180)).await;
+    };
+    tokio::select! {
+        _ = waiter => panic!("the waiter is still waiting or claiming"),
+        () = leave => {}
+    }
+    assert_eq!(first.await.unwrap().status.as_u16(), 503);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        0,
+        "nobody creates for a client that left"
+    );
+    assert!(store.inner.is_empty(), "the key it got is released");
 }
