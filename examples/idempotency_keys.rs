@@ -37,6 +37,19 @@ const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--met
 [--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \
 resolve KEY --status CODE --body-file FILE [--header 'Name: value']...)";
 
+/// Prints one line of output. A reader that stopped reading (`show KEY | head -1`) ends the
+/// program quietly, with success, instead of a panic on the broken pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(error) = writeln!(std::io::stdout(), $($arg)*) {
+            if error.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 /// What to do.
 enum Command {
     Show(String),
@@ -154,14 +167,14 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
     match &options.command {
         Command::Show(key) => match store.inspect(&key_of(key)).await? {
             Some(record) => {
-                println!("state {}", record.state.as_str());
+                out!("state {}", record.state.as_str());
                 match record.age {
-                    Some(age) => println!("age {:.3}s", age.as_secs_f64()),
-                    None => println!("age unknown"),
+                    Some(age) => out!("age {:.3}s", age.as_secs_f64()),
+                    None => out!("age unknown"),
                 }
-                println!("fingerprint {}", record.fingerprint);
+                out!("fingerprint {}", record.fingerprint);
                 if let Some(status) = record.status {
-                    println!("status {}", status.as_u16());
+                    out!("status {}", status.as_u16());
                 }
                 if record.state == RecordState::Pending {
                     let lease = if record.abandoned {
@@ -169,7 +182,7 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
                     } else {
                         "in-progress"
                     };
-                    println!("lease {lease}");
+                    out!("lease {lease}");
                 }
                 Ok(0)
             }
@@ -189,17 +202,17 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
                     }
                 }
                 if let Some(client_key) = key.strip_prefix(&prefix) {
-                    println!("{client_key}");
+                    out!("{client_key}");
                 } else if key.starts_with("sha256:") {
                     // A key too long for the index, kept as its digest: any endpoint's.
-                    println!("{key}");
+                    out!("{key}");
                 }
             }
             Ok(0)
         }
         Command::Forget(key) => {
             if store.forget(&key_of(key)).await? {
-                println!("forgotten {key}");
+                out!("forgotten {key}");
                 Ok(0)
             } else {
                 eprintln!("no record for {key}");
@@ -208,7 +221,7 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
         }
         Command::Resolve(key, response) => match store.resolve(&key_of(key), response).await {
             Ok(()) => {
-                println!("resolved {key}");
+                out!("resolved {key}");
                 Ok(0)
             }
             Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
