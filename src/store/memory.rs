@@ -2,18 +2,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
 
 use bytes::Bytes;
 
 use super::codec;
+use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     Claim, Lease, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse,
@@ -104,7 +100,7 @@ struct Shard {
     expiry: VecDeque<(Tick, Arc<str>)>,
     /// Requests waiting for a pending key of this shard to change, by key: woken and
     /// removed when it does; removed by the last waiter that gives up.
-    waiters: HashMap<Box<str>, Arc<Notify>>,
+    waiters: WaiterMap,
 }
 
 struct Record {
@@ -411,9 +407,7 @@ impl std::fmt::Debug for MemoryStore {
 impl Shard {
     /// Wakes the requests waiting for `key`, if any.
     fn wake(&mut self, key: &str) {
-        if let Some(waiters) = self.waiters.remove(key) {
-            waiters.notify_waiters();
-        }
+        waiting::wake(&mut self.waiters, key);
     }
 
     /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
@@ -461,44 +455,9 @@ impl Record {
     }
 }
 
-/// A request waiting for a key of a [`MemoryStore`] to change ([`Store::changed`]). The last
-/// waiter of a key that gives up removes the key's entry, so waiting leaves nothing behind.
-struct Waiting {
-    notified: Option<Pin<Box<OwnedNotified>>>,
-    store: MemoryStore,
-    key: Box<str>,
-    /// This waiter's hold on the key's entry; let go under the shard lock.
-    notify: Option<Arc<Notify>>,
-}
-
-impl Future for Waiting {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.notified.as_mut() {
-            Some(notified) => notified.as_mut().poll(cx),
-            None => Poll::Ready(()),
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        drop(self.notified.take());
-        let Some(notify) = self.notify.take() else {
-            return;
-        };
-        let mut shard = lock(self.store.shard(&self.key));
-        // Still this key's entry, and no other waiter holds it: the map's hold and this one's.
-        // Every waiter lets go under the lock, so the count is exact here.
-        let last = shard.waiters.get(&self.key).is_some_and(|current| {
-            Arc::ptr_eq(current, &notify) && Arc::strong_count(&notify) == 2
-        });
-        if last {
-            shard.waiters.remove(&self.key);
-        }
-        drop(notify);
-        drop(shard);
+impl Waiters for MemoryStore {
+    fn with_waiters<R>(&self, key: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
+        f(&mut lock(self.shard(key)).waiters)
     }
 }
 
@@ -531,17 +490,7 @@ impl Store for MemoryStore {
     /// Ends on the change itself: a complete, release, resolve or forget of `key` wakes every
     /// request waiting for it.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
-        let mut shard = lock(self.shard(key));
-        let notify = Arc::clone(shard.waiters.entry(key.into()).or_default());
-        // Registered under the lock: it sees every change made from here on, polled or not.
-        let notified = Arc::clone(&notify).notified_owned();
-        drop(shard);
-        Waiting {
-            notified: Some(Box::pin(notified)),
-            store: self.clone(),
-            key: key.into(),
-            notify: Some(notify),
-        }
+        waiting::wait(self.clone(), key)
     }
 
     async fn renew(

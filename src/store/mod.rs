@@ -44,6 +44,7 @@ mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+mod waiting;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -1,0 +1,86 @@
+//! Requests waiting for a key to change ([`Store::changed`](super::Store::changed)): one
+//! `Notify` per waited key in a map the store keeps, woken and removed on a change, removed by
+//! the last waiter that gives up, so waiting leaves nothing behind.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+
+/// The waiters of some keys, by key.
+pub(crate) type WaiterMap = HashMap<Box<str>, Arc<Notify>>;
+
+/// Where a store keeps the waiter map of a key, behind its lock.
+pub(crate) trait Waiters: Send + Sync + Unpin + 'static {
+    /// Runs `f` on the map that holds `key`'s waiters, under its lock.
+    fn with_waiters<R>(&self, key: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R;
+}
+
+/// Wakes and forgets the waiters of `key` in `map`, if any.
+pub(crate) fn wake(map: &mut WaiterMap, key: &str) {
+    if let Some(waiters) = map.remove(key) {
+        waiters.notify_waiters();
+    }
+}
+
+/// Registers a waiter of `key`: the future ends at the next [`wake`] of the key, and sees
+/// every wake made after this call, polled or not.
+pub(crate) fn wait<W: Waiters>(waiters: W, key: &str) -> Waiting<W> {
+    let (notify, notified) = waiters.with_waiters(key, |map| {
+        let notify = Arc::clone(map.entry(key.into()).or_default());
+        // Made under the lock: no wake can come between the entry and the registration.
+        let notified = Arc::clone(&notify).notified_owned();
+        (notify, notified)
+    });
+    Waiting {
+        notified: Some(Box::pin(notified)),
+        waiters,
+        key: key.into(),
+        notify: Some(notify),
+    }
+}
+
+/// One waiter of a key.
+pub(crate) struct Waiting<W: Waiters> {
+    notified: Option<Pin<Box<OwnedNotified>>>,
+    waiters: W,
+    key: Box<str>,
+    /// This waiter's hold on the key's entry; let go under the map's lock.
+    notify: Option<Arc<Notify>>,
+}
+
+impl<W: Waiters> Future for Waiting<W> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.get_mut().notified.as_mut() {
+            Some(notified) => notified.as_mut().poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl<W: Waiters> Drop for Waiting<W> {
+    fn drop(&mut self) {
+        drop(self.notified.take());
+        let Some(notify) = self.notify.take() else {
+            return;
+        };
+        let key = &self.key;
+        self.waiters.with_waiters(key, |map| {
+            // Still this key's entry, and no other waiter holds it: the map's hold and this
+            // one's. Every waiter lets go under the lock, so the count is exact here.
+            let last = map.get(key).is_some_and(|current| {
+                Arc::ptr_eq(current, &notify) && Arc::strong_count(&notify) == 2
+            });
+            if last {
+                map.remove(key);
+            }
+            drop(notify);
+        });
+    }
+}
