@@ -45,13 +45,28 @@ async fn two_replicas_with_their_own_connections_create_once() {
     replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
 }
 
-/// `pending_wait` on this store (it does not notify: it is looked at again every 50 ms): the
-/// waiting retries, on this replica and on another with its own connections, answer with the first
-/// attempt's bytes within tens of milliseconds of its completion.
+/// `pending_wait` on this store: the waiting retries, on this replica and on another with its
+/// own connections, are woken by the completion published on the store's channel (each makes
+/// one claim on arrival, one before it waits and one after the wake, no polling) and answer with
+/// the first attempt's bytes within tens of milliseconds of its completion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
-    let (a, b) = (make_store(None).await, make_store(None).await);
-    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(250)).await;
+    use tower_idempotency::testing::{Journal, RecordingStore};
+    let journal = Journal::default();
+    let a = RecordingStore::new(make_store(None).await, journal.clone());
+    let b = RecordingStore::new(make_store(None).await, journal.clone());
+    // Subscribed before the first attempt, as a long-running replica is.
+    for store in [&a, &b] {
+        drop(store.changed("warm-up"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(100)).await;
+    let claims = journal.take().iter().filter(|c| **c == "claim").count();
+    assert_eq!(
+        claims,
+        1 + 3 + 3,
+        "woken by the notification, not by polling"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +119,7 @@ async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
 /// (opened before counting starts), without the `INFO`s themselves.
 ///
 /// Redis counts the commands a script runs inside it too; the store's scripts use only
-/// `HMGET`, `HSET`, `HGET`, `HDEL`, `PEXPIRE`, `DEL` and `TIME`, and the store never sends those
+/// `HMGET`, `HSET`, `HGET`, `HDEL`, `PEXPIRE`, `DEL`, `TIME` and `PUBLISH`, and the store never sends those
 /// itself, so they are left out: what remains is one per round trip.
 struct CommandCounter(redis::aio::MultiplexedConnection);
 
@@ -126,7 +141,15 @@ impl CommandCounter {
                 let name = &line["cmdstat_".len()..line.find(':').unwrap_or(line.len())];
                 !matches!(
                     name,
-                    "info" | "hmget" | "hset" | "hget" | "hdel" | "pexpire" | "del" | "time"
+                    "info"
+                        | "hmget"
+                        | "hset"
+                        | "hget"
+                        | "hdel"
+                        | "pexpire"
+                        | "del"
+                        | "time"
+                        | "publish"
                 )
             })
             .filter_map(|line| {
@@ -405,4 +428,21 @@ async fn a_malformed_lease_deadline_is_pending_not_an_error() {
     assert_eq!(claimed, Claim::Pending);
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
     store.release(&key, &owner).await.unwrap();
+}
+
+/// When the subscriber's connection is lost, a change may go unheard: every waiter is woken
+/// at once to look again, well before its one-second fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_look_again_when_the_subscriber_loses_its_connection() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    drop(store.changed("warm-up"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let changed = store.changed("k");
+    let started = std::time::Instant::now();
+    server.kill();
+    tokio::time::timeout(Duration::from_millis(700), changed)
+        .await
+        .expect("woken by the lost subscription");
+    assert!(started.elapsed() < Duration::from_millis(700));
 }

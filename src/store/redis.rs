@@ -1,16 +1,23 @@
 //! The Redis store: shared by every replica, durable only with Redis persistence on.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
+use std::task::Poll;
 use std::time::Duration;
+
+use futures_core::Stream;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::codec;
+use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
-    StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
+    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -50,6 +57,7 @@ local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
 redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 ";
 
@@ -57,6 +65,7 @@ return 1
 const RELEASE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], KEYS[1])
 return 1
 ";
 
@@ -89,6 +98,7 @@ local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[1], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
 redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+redis.call('PUBLISH', ARGV[3], KEYS[1])
 return 1
 ";
 
@@ -98,6 +108,12 @@ return 1
 /// Redis Cluster too). Every operation is **one round trip**: a Lua script that Redis runs
 /// atomically (`EVALSHA`; after a server restart the first call of each script also loads it).
 /// A replay carries the stored response in the claim's answer.
+///
+/// A complete, release or resolve also publishes the record's key on `<prefix>changed`: a store
+/// made by [`connect`](RedisStore::connect) listens there with one subscriber connection
+/// (opened on the first wait), so a request waiting for a first attempt
+/// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) is woken by a completion on any
+/// replica.
 ///
 /// Completed records expire after the [retention](RedisStore::retention), if set; pending
 /// records never expire. Durability is Redis's: with append-only persistence on, records
@@ -129,6 +145,80 @@ pub struct RedisStore {
     timeout: Duration,
     /// Replicas to wait for after each write, and for how long (ms).
     wait_for_replicas: Option<(u32, u64)>,
+    /// Where the scripts publish each change: the prefix and `changed`.
+    channel: Arc<str>,
+    /// Wakes the requests of this process waiting for a key, from the changes published on
+    /// the channel; `None` on a connection manager of the caller's (then they poll).
+    notifier: Option<Arc<Notifier>>,
+}
+
+/// The subscriber of a store's channel and the requests waiting on it.
+struct Notifier {
+    client: redis::Client,
+    waiters: std::sync::Mutex<WaiterMap>,
+    /// Whether the subscriber task was started (once, on the first wait).
+    started: AtomicBool,
+    /// Whether it is subscribed now: waiters then rely on it, with a slow poll as a fallback.
+    subscribed: AtomicBool,
+}
+
+impl Waiters for Arc<Notifier> {
+    fn with_waiters<R>(&self, _: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
+        f(&mut self.waiters.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// How often a waiting request looks again while the subscriber is subscribed: only a
+/// notification lost in a reconnect needs it.
+const NOTIFIED_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Listens on `channel` for as long as the store lives, waking the waiters of each key
+/// published; reconnects after a lost connection, waking every waiter to look again (a change
+/// may have been missed meanwhile).
+async fn listen(notifier: Weak<Notifier>, channel: Arc<str>) {
+    loop {
+        let Some(client) = notifier.upgrade().map(|n| n.client.clone()) else {
+            return;
+        };
+        let subscribe = async {
+            let mut pubsub = client.get_async_pubsub().await.ok()?;
+            pubsub.subscribe(&*channel).await.ok()?;
+            Some(pubsub.into_on_message())
+        };
+        if let Ok(Some(mut messages)) = tokio::time::timeout(DEFAULT_TIMEOUT, subscribe).await {
+            set_subscribed(&notifier, true);
+            while let Some(message) =
+                std::future::poll_fn(|cx| Pin::new(&mut messages).poll_next(cx)).await
+            {
+                let Some(notifier) = notifier.upgrade() else {
+                    return;
+                };
+                if let Ok(key) = message.get_payload::<String>() {
+                    notifier.with_waiters(&key, |map| waiting::wake(map, &key));
+                }
+            }
+            set_subscribed(&notifier, false);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Records whether the subscriber is subscribed; when it stops, every waiter looks again.
+fn set_subscribed(notifier: &Weak<Notifier>, subscribed: bool) {
+    if let Some(notifier) = notifier.upgrade() {
+        notifier.subscribed.store(subscribed, Ordering::Release);
+        if !subscribed {
+            let waiters = std::mem::take(
+                &mut *notifier
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            for waiter in waiters.into_values() {
+                waiter.notify_waiters();
+            }
+        }
+    }
 }
 
 struct Scripts {
@@ -221,6 +311,7 @@ impl RedisStore {
     /// timeout.
     pub async fn connect_allowing_eviction(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(unavailable)?;
+        let client_for_notifier = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
             // No response timeout of its own: every call runs within the store's configured
@@ -234,7 +325,9 @@ impl RedisStore {
                 .map_err(unavailable)
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        Ok(Self::from_manager(connection))
+        let mut store = Self::from_manager(connection);
+        store.notifier = Some(Notifier::new(client_for_notifier));
+        Ok(store)
     }
 
     /// A store over a connection manager you configured yourself.
@@ -253,12 +346,19 @@ impl RedisStore {
             retention_ms: 0,
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
+            channel: channel(Self::DEFAULT_PREFIX),
+            notifier: None,
         }
     }
 
     /// Sets the prefix of record keys. Default `idempotency:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Arc::from(prefix.into());
+        self.channel = channel(&self.prefix);
+        // A channel of its own, so a subscriber of its own.
+        if let Some(notifier) = &self.notifier {
+            self.notifier = Some(Notifier::new(notifier.client.clone()));
+        }
         self
     }
 
@@ -352,6 +452,34 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// The channel the scripts of a store with `prefix` publish changes on.
+fn channel(prefix: &str) -> Arc<str> {
+    Arc::from(format!("{prefix}changed"))
+}
+
+impl Notifier {
+    fn new(client: redis::Client) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            waiters: std::sync::Mutex::default(),
+            started: AtomicBool::new(false),
+            subscribed: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts the subscriber on `channel`, once, if there is a Tokio runtime to run it.
+    fn start(self: &Arc<Self>, channel: &Arc<str>) {
+        if self.started.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && !self.started.swap(true, Ordering::AcqRel)
+        {
+            runtime.spawn(listen(Arc::downgrade(self), Arc::clone(channel)));
+        }
+    }
+}
+
 /// A duration in whole milliseconds.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
@@ -406,6 +534,40 @@ impl Store for RedisStore {
         }
     }
 
+    /// Ends when another process publishes a change of `key` (the complete, release and
+    /// resolve scripts publish on the store's channel, which one subscriber connection per store
+    /// listens to), or after a poll interval: [`CHANGE_POLL_INTERVAL`] until the subscriber is
+    /// subscribed (or on a connection manager of your own), a second while it is.
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        let record = self.record_key(key);
+        let (waiting, every) = match &self.notifier {
+            Some(notifier) => {
+                notifier.start(&self.channel);
+                let every = if notifier.subscribed.load(Ordering::Acquire) {
+                    NOTIFIED_POLL_INTERVAL
+                } else {
+                    CHANGE_POLL_INTERVAL
+                };
+                (Some(waiting::wait(Arc::clone(notifier), &record)), every)
+            }
+            None => (None, CHANGE_POLL_INTERVAL),
+        };
+        async move {
+            let mut poll = std::pin::pin!(tokio::time::sleep(every));
+            let mut waiting = waiting;
+            std::future::poll_fn(|cx| {
+                if poll.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                match waiting.as_mut() {
+                    Some(waiting) => Pin::new(waiting).poll(cx),
+                    None => Poll::Pending,
+                }
+            })
+            .await;
+        }
+    }
+
     async fn renew(
         &self,
         key: &str,
@@ -430,14 +592,15 @@ impl Store for RedisStore {
         invocation
             .arg(&token(reservation)[..])
             .arg(&codec::encode(response)[..])
-            .arg(self.retention_ms);
+            .arg(self.retention_ms)
+            .arg(&*self.channel);
         acted(self.run(invocation).await?)?;
         self.replicated().await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let mut invocation = self.scripts.release.key(self.record_key(key));
-        invocation.arg(&token(reservation)[..]);
+        invocation.arg(&token(reservation)[..]).arg(&*self.channel);
         acted(self.run(invocation).await?)?;
         self.replicated().await
     }
@@ -532,7 +695,8 @@ impl Operator for RedisStore {
         let mut invocation = self.scripts.resolve.key(self.record_key(key));
         invocation
             .arg(&codec::encode(response)[..])
-            .arg(self.retention_ms);
+            .arg(self.retention_ms)
+            .arg(&*self.channel);
         acted(self.run(invocation).await?)?;
         self.replicated().await
     }
@@ -541,8 +705,12 @@ impl Operator for RedisStore {
         let mut connection = self.connection.clone();
         let record = self.record_key(key);
         let call = async {
-            let deleted: u64 = redis::cmd("DEL")
-                .arg(record)
+            let (deleted, _): (u64, u64) = redis::pipe()
+                .cmd("DEL")
+                .arg(&record)
+                .cmd("PUBLISH")
+                .arg(&*self.channel)
+                .arg(&record)
                 .query_async(&mut connection)
                 .await
                 .map_err(unavailable)?;
