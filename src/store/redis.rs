@@ -8,6 +8,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_core::Stream;
+use tokio::sync::Notify;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -57,7 +58,7 @@ local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[2], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
 redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-redis.call('PUBLISH', ARGV[4], KEYS[1])
+redis.pcall('PUBLISH', ARGV[4], KEYS[1])
 return 1
 ";
 
@@ -65,7 +66,7 @@ return 1
 const RELEASE: &str = r"
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], KEYS[1])
+redis.pcall('PUBLISH', ARGV[2], KEYS[1])
 return 1
 ";
 
@@ -98,7 +99,7 @@ local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'resp', ARGV[1], 'at', now[1] * 1000 + math.floor(now[2] / 1000))
 redis.call('HDEL', KEYS[1], 'token', 'until', 'tko')
 if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-redis.call('PUBLISH', ARGV[3], KEYS[1])
+redis.pcall('PUBLISH', ARGV[3], KEYS[1])
 return 1
 ";
 
@@ -109,7 +110,9 @@ return 1
 /// atomically (`EVALSHA`; after a server restart the first call of each script also loads it).
 /// A replay carries the stored response in the claim's answer.
 ///
-/// A complete, release or resolve also publishes the record's key on `<prefix>changed`: a store
+/// A complete, release or resolve also publishes the record's key on the channel
+/// `tower-idempotency:changed` (the user needs the right to publish and subscribe there; without
+/// it waiters poll): a store
 /// made by [`connect`](RedisStore::connect) listens there with one subscriber connection
 /// (opened on the first wait), so a request waiting for a first attempt
 /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) is woken by a completion on any
@@ -145,7 +148,7 @@ pub struct RedisStore {
     timeout: Duration,
     /// Replicas to wait for after each write, and for how long (ms).
     wait_for_replicas: Option<(u32, u64)>,
-    /// Where the scripts publish each change: the prefix and `changed`.
+    /// Where the scripts publish each change ([`CHANGED_CHANNEL`]).
     channel: Arc<str>,
     /// Wakes the requests of this process waiting for a key, from the changes published on
     /// the channel; `None` on a connection manager of the caller's (then they poll).
@@ -160,6 +163,15 @@ struct Notifier {
     started: AtomicBool,
     /// Whether it is subscribed now: waiters then rely on it, with a slow poll as a fallback.
     subscribed: AtomicBool,
+    /// Notified when the notifier is dropped (the last clone of its store): the subscriber
+    /// then ends.
+    stop: Arc<Notify>,
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.stop.notify_one();
+    }
 }
 
 impl Waiters for Arc<Notifier> {
@@ -175,7 +187,10 @@ const NOTIFIED_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Listens on `channel` for as long as the store lives, waking the waiters of each key
 /// published; reconnects after a lost connection, waking every waiter to look again (a change
 /// may have been missed meanwhile).
-async fn listen(notifier: Weak<Notifier>, channel: Arc<str>) {
+async fn listen(notifier: Weak<Notifier>, channel: Arc<str>, stop: Arc<Notify>) {
+    let mut stopped = std::pin::pin!(stop.notified());
+    // However it ends (its store dropped, its runtime shut down), a later wait starts it again.
+    let _restart = Restart(notifier.clone());
     loop {
         let Some(client) = notifier.upgrade().map(|n| n.client.clone()) else {
             return;
@@ -187,8 +202,13 @@ async fn listen(notifier: Weak<Notifier>, channel: Arc<str>) {
         };
         if let Ok(Some(mut messages)) = tokio::time::timeout(DEFAULT_TIMEOUT, subscribe).await {
             set_subscribed(&notifier, true);
-            while let Some(message) =
-                std::future::poll_fn(|cx| Pin::new(&mut messages).poll_next(cx)).await
+            while let Some(message) = std::future::poll_fn(|cx| {
+                if stopped.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Pin::new(&mut messages).poll_next(cx)
+            })
+            .await
             {
                 let Some(notifier) = notifier.upgrade() else {
                     return;
@@ -198,8 +218,25 @@ async fn listen(notifier: Weak<Notifier>, channel: Arc<str>) {
                 }
             }
             set_subscribed(&notifier, false);
+        } else {
+            tracing::warn!("cannot subscribe to the Redis channel of changes; waiters poll");
+        }
+        if notifier.strong_count() == 0 {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Marks a notifier's subscriber as ended when its task ends, however it ends.
+struct Restart(Weak<Notifier>);
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        set_subscribed(&self.0, false);
+        if let Some(notifier) = self.0.upgrade() {
+            notifier.started.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -346,7 +383,7 @@ impl RedisStore {
             retention_ms: 0,
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
-            channel: channel(Self::DEFAULT_PREFIX),
+            channel: Arc::from(CHANGED_CHANNEL),
             notifier: None,
         }
     }
@@ -354,11 +391,6 @@ impl RedisStore {
     /// Sets the prefix of record keys. Default `idempotency:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Arc::from(prefix.into());
-        self.channel = channel(&self.prefix);
-        // A channel of its own, so a subscriber of its own.
-        if let Some(notifier) = &self.notifier {
-            self.notifier = Some(Notifier::new(notifier.client.clone()));
-        }
         self
     }
 
@@ -385,6 +417,16 @@ impl RedisStore {
     pub fn wait_for_replicas(mut self, replicas: u32, wait: Duration) -> Self {
         self.wait_for_replicas = Some((replicas, millis(wait).max(1)));
         self
+    }
+
+    /// Whether this store listens for changes published by any replica right now, so that a
+    /// request waiting for a first attempt is woken by its completion (see
+    /// [`pending_wait`](crate::IdempotencyLayer::pending_wait)); the listening starts on the
+    /// first wait. `false` on a connection manager of your own: waiters then poll.
+    pub fn notifications_subscribed(&self) -> bool {
+        self.notifier
+            .as_ref()
+            .is_some_and(|notifier| notifier.subscribed.load(Ordering::Acquire))
     }
 
     /// The underlying connection manager.
@@ -452,10 +494,9 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The channel the scripts of a store with `prefix` publish changes on.
-fn channel(prefix: &str) -> Arc<str> {
-    Arc::from(format!("{prefix}changed"))
-}
+/// The channel the scripts publish each changed record key on: one for every prefix, since
+/// the message is the whole record key.
+const CHANGED_CHANNEL: &str = "tower-idempotency:changed";
 
 impl Notifier {
     fn new(client: redis::Client) -> Arc<Self> {
@@ -464,6 +505,7 @@ impl Notifier {
             waiters: std::sync::Mutex::default(),
             started: AtomicBool::new(false),
             subscribed: AtomicBool::new(false),
+            stop: Arc::default(),
         })
     }
 
@@ -475,7 +517,8 @@ impl Notifier {
         if let Ok(runtime) = tokio::runtime::Handle::try_current()
             && !self.started.swap(true, Ordering::AcqRel)
         {
-            runtime.spawn(listen(Arc::downgrade(self), Arc::clone(channel)));
+            let stop = Arc::clone(&self.stop);
+            runtime.spawn(listen(Arc::downgrade(self), Arc::clone(channel), stop));
         }
     }
 }
@@ -705,15 +748,20 @@ impl Operator for RedisStore {
         let mut connection = self.connection.clone();
         let record = self.record_key(key);
         let call = async {
-            let (deleted, _): (u64, u64) = redis::pipe()
-                .cmd("DEL")
-                .arg(&record)
-                .cmd("PUBLISH")
-                .arg(&*self.channel)
+            let deleted: u64 = redis::cmd("DEL")
                 .arg(&record)
                 .query_async(&mut connection)
                 .await
                 .map_err(unavailable)?;
+            // Only a wake-up: a user without the right to publish still forgets.
+            let published: redis::RedisResult<u64> = redis::cmd("PUBLISH")
+                .arg(&*self.channel)
+                .arg(&record)
+                .query_async(&mut connection)
+                .await;
+            if let Err(error) = published {
+                tracing::debug!(%error, "publishing a forgotten key failed");
+            }
             Ok(deleted > 0)
         };
         within(self.timeout, call).await
