@@ -275,13 +275,6 @@ fn client_left() -> bool {
     CLIENT_LEFT.try_with(|()| ()).is_ok()
 }
 
-/// What ended one wait for a pending key to change.
-enum Woken {
-    Changed,
-    Deadline,
-    ClientLeft,
-}
-
 /// Waits up to `wait` for the first attempt at a pending key: looks again each time the
 /// store says the key may have changed, and answers what the first claim that is not pending
 /// answers (a replay, or the key anew if the first attempt was released), or pending when the
@@ -301,11 +294,7 @@ async fn wait_for_first<St: Store, O>(
     let now = tokio::time::Instant::now();
     let deadline = now.checked_add(wait).unwrap_or(now + MAX_WAIT);
     // Without Tokio's timer there is no bounded wait: the immediate answer.
-    let timer = tokio::runtime::Handle::try_current()
-        .ok()
-        .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(deadline)).ok());
-    let Some(timer) = timer else {
-        tracing::warn!("no Tokio timer: a pending key is not waited for");
+    let Some(timer) = tokio_timer(deadline, "a pending key is not waited for") else {
         return Ok(Claim::Pending);
     };
     let mut timer = std::pin::pin!(timer);
@@ -324,22 +313,32 @@ async fn wait_for_first<St: Store, O>(
             answer => return answer,
         }
         let mut changed = std::pin::pin!(changed);
-        let woken = std::future::poll_fn(|cx| {
-            if client_left() {
-                Poll::Ready(Woken::ClientLeft)
-            } else if timer.as_mut().poll(cx).is_ready() {
-                Poll::Ready(Woken::Deadline)
-            } else if changed.as_mut().poll(cx).is_ready() {
-                Poll::Ready(Woken::Changed)
+        // Whether the key may have changed; not if the client left or the deadline passed.
+        let changed = std::future::poll_fn(|cx| {
+            if client_left() || timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(false)
             } else {
-                Poll::Pending
+                changed.as_mut().poll(cx).map(|()| true)
             }
         })
         .await;
-        if !matches!(woken, Woken::Changed) {
+        if !changed {
             return Ok(Claim::Pending);
         }
     }
+}
+
+/// A Tokio timer until `deadline`, or `None` (and a warning that `without` follows) where
+/// there is none: another executor, or a runtime built without `enable_time`, on which
+/// creating one would panic.
+fn tokio_timer(deadline: tokio::time::Instant, without: &str) -> Option<tokio::time::Sleep> {
+    let timer = tokio::runtime::Handle::try_current()
+        .ok()
+        .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(deadline)).ok());
+    if timer.is_none() {
+        tracing::warn!("no Tokio timer: {without}");
+    }
+    timer
 }
 
 /// The longest wait for a first attempt: a longer one (up to `Duration::MAX`) is clamped.
@@ -500,14 +499,9 @@ fn renewing<'a, F: Future, St: Store>(
     let renew = async move {
         let every = lease / 3;
         let mut next = tokio::time::Instant::now() + every;
-        // Without Tokio's timer (another executor, or a runtime without `enable_time`) there
-        // is no heartbeat: the lease then lapses while the create runs, which only matters to
-        // a layer that takes over abandoned keys.
-        let timer = tokio::runtime::Handle::try_current()
-            .ok()
-            .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(next)).ok());
-        let Some(timer) = timer else {
-            tracing::warn!("no Tokio timer: the lease of this create is not renewed");
+        // Without Tokio's timer there is no heartbeat: the lease then lapses while the create
+        // runs, which only matters to a layer that takes over abandoned keys.
+        let Some(timer) = tokio_timer(next, "the lease of this create is not renewed") else {
             return;
         };
         let mut timer = std::pin::pin!(timer);

@@ -246,7 +246,7 @@ impl MemoryStore {
         let response = codec::encode(response);
         let reservation = reservation.map(token);
         let mut shard = lock(self.shard(key));
-        let Some((key, record)) = shard.records.get_key_value(key) else {
+        let Some(record) = shard.records.get_mut(key) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
         };
         let owned = match &record.state {
@@ -258,17 +258,18 @@ impl MemoryStore {
         if !owned {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
         }
-        let key = Arc::clone(key);
         // Read under the lock, so that each shard's expiry queue is in order.
         let at = match self.shared.retention {
             Some(_) => self.now(),
             None => Tick::NEVER,
         };
-        if let Some(record) = shard.records.get_mut(&*key) {
-            record.state = State::Completed { response, at };
-        }
-        shard.wake(&key);
-        if self.shared.retention.is_some() {
+        record.state = State::Completed { response, at };
+        shard.wake(key);
+        // Only with a retention window: the queue shares the map's key.
+        if self.shared.retention.is_some()
+            && let Some((key, _)) = shard.records.get_key_value(key)
+        {
+            let key = Arc::clone(key);
             shard.expiry.push_back((at, key));
         }
         Ok(())

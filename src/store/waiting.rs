@@ -22,6 +22,10 @@ pub(crate) trait Waiters: Send + Sync + Unpin + 'static {
 
 /// Wakes and forgets the waiters of `key` in `map`, if any.
 pub(crate) fn wake(map: &mut WaiterMap, key: &str) {
+    // Nobody waits, mostly: not even the key's hash is worth computing then.
+    if map.is_empty() {
+        return;
+    }
     if let Some(waiters) = map.remove(key) {
         waiters.notify_waiters();
     }
