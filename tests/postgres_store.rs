@@ -100,13 +100,121 @@ async fn two_replicas_with_their_own_pools_create_once() {
     replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
 }
 
-/// `pending_wait` on this store (it does not notify: it is looked at again every 50 ms): the
-/// waiting retries, on this replica and on another with its own pools, answer with the first
-/// attempt's bytes within tens of milliseconds of its completion.
+/// `pending_wait` on this store: the waiting retries, on this replica and on another with its
+/// own pools, are woken by the completion announced on the table's channel (each makes one
+/// claim on arrival, one before it waits and one after the wake, no polling) and answer with
+/// the first attempt's bytes within tens of milliseconds of its completion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
-    let (a, b) = (make_store(None).await, make_store(None).await);
+    use tower_idempotency::testing::{Journal, RecordingStore};
+    let journal = Journal::default();
+    let a = RecordingStore::new(make_store(None).await, journal.clone());
+    let b = RecordingStore::new(make_store(None).await, journal.clone());
+    // Listening before the first attempt, as a long-running replica is.
+    for store in [&a, &b] {
+        drop(store.changed("warm-up"));
+        listening(store.inner()).await;
+    }
     waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(250)).await;
+    let claims = journal.take().iter().filter(|c| **c == "claim").count();
+    assert_eq!(
+        claims,
+        1 + 3 + 3,
+        "woken by the notification, not by polling"
+    );
+}
+
+/// Waits until `store` listens for announced changes.
+async fn listening(store: &PostgresStore) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !store.notifications_listening() {
+        assert!(std::time::Instant::now() < deadline, "never listening");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A store on a table of its own, so that its listening connection can be told apart.
+async fn store_on_own_table() -> PostgresStore {
+    let table = format!(
+        "tower_idempotency_listen_{:x}",
+        tower_idempotency::Reservation::generate().as_u128() as u64
+    );
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// The backends listening on `store`'s table channel.
+async fn listeners(admin: &PostgresStore, table: &str) -> Vec<i32> {
+    let client = admin.pool().get().await.unwrap();
+    let rows = client
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = \
+             'tower-idempotency listener' AND query = $1",
+            &[&format!("LISTEN \"{table}_changed\"")],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|row| row.get(0)).collect()
+}
+
+/// One listening connection per store however many wait, ended with the store; a store on a
+/// pool of its own does not listen (its waiters poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_listening_connection_per_store_ended_with_it() {
+    let admin = make_store(None).await;
+    let store = store_on_own_table().await;
+    let keys: Vec<_> = (0..20).map(|i| format!("k{i}")).collect();
+    let waits: Vec<_> = keys.iter().map(|key| store.changed(key)).collect();
+    listening(&store).await;
+    assert_eq!(store.waited_keys(), 20);
+    let table = store.table_name().to_owned();
+    assert_eq!(listeners(&admin, &table).await.len(), 1, "one connection");
+    drop_table(&store).await;
+    drop(waits);
+    assert_eq!(store.waited_keys(), 0, "dropped waiters leave nothing");
+    drop(store);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !listeners(&admin, &table).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener outlived its store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let own = PostgresStore::from_pool(admin.pool().clone());
+    drop(own.changed("k"));
+    assert!(!own.notifications_listening());
+    assert_eq!(own.waited_keys(), 0);
+}
+
+/// When the listening connection is lost, a change may go unheard: every waiter is woken at
+/// once to look again, well before its one-second fallback poll; the store listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_look_again_when_the_listener_loses_its_connection() {
+    let admin = make_store(None).await;
+    let store = store_on_own_table().await;
+    drop(store.changed("warm-up"));
+    listening(&store).await;
+    let changed = store.changed("k");
+    let started = std::time::Instant::now();
+    let client = admin.pool().get().await.unwrap();
+    for pid in listeners(&admin, store.table_name()).await {
+        client
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+    }
+    tokio::time::timeout(Duration::from_millis(700), changed)
+        .await
+        .expect("woken by the lost connection");
+    assert!(started.elapsed() < Duration::from_millis(700));
+    listening(&store).await;
+    drop_table(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,4 +416,75 @@ async fn a_claim_answer_lost_after_the_send_strands_no_key() {
         || proxy.restore(),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
+    fifty_waiters_on_two_replicas(
+        make_store(None).await,
+        make_store(None).await,
+        PostgresStore::waited_keys,
+    )
+    .await;
+}
+
+/// A table made by the first release (no `changed_at`, `lease_until`, `take_over` or `waited`
+/// columns) gets them from `migrate`, keeps its records, and serves every call after it; a
+/// waiter on it is woken by the completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_table_of_the_first_release() {
+    let store = store_on_own_table().await;
+    let table = store.table_name().to_owned();
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "DROP TABLE \"{table}\"; CREATE TABLE \"{table}\" (key text PRIMARY KEY, \
+             fingerprint text NOT NULL, token bytea, response bytea, expires_at timestamptz); \
+             INSERT INTO \"{table}\" (key, fingerprint, token) VALUES ('old', '{}', '\\x00')",
+            fingerprint("old", "p").as_str()
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    store.migrate().await.unwrap();
+    assert!(matches!(
+        store.claim("old", &fingerprint("old", "p")).await,
+        Ok(Claim::Pending)
+    ));
+    let fp = fingerprint("new", "p");
+    let Ok(Claim::New(reservation)) = store.claim("new", &fp).await else {
+        panic!("a new claim");
+    };
+    drop(store.changed("warm-up"));
+    listening(&store).await;
+    let started = std::time::Instant::now();
+    let complete = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store
+            .complete("new", &reservation, &awkward_response())
+            .await
+            .unwrap();
+    };
+    let ((), woken) = tokio::join!(complete, async {
+        store.changed("new").await;
+        started.elapsed()
+    });
+    assert!(
+        woken >= Duration::from_millis(100) && woken < Duration::from_millis(500),
+        "woken by the completion, not a poll: {woken:?}"
+    );
+    assert!(matches!(
+        store.claim("new", &fp).await,
+        Ok(Claim::Replay(_))
+    ));
+    drop_table(&store).await;
+}
+
+async fn drop_table(store: &PostgresStore) {
+    let client = store.pool().get().await.unwrap();
+    let table = store.table_name();
+    client
+        .batch_execute(&format!("DROP TABLE \"{table}\""))
+        .await
+        .unwrap();
 }

@@ -542,3 +542,13 @@ async fn a_user_without_channel_rights_still_completes_releases_and_forgets() {
         Claim::New(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
+    fifty_waiters_on_two_replicas(
+        make_store(None).await,
+        make_store(None).await,
+        RedisStore::waited_keys,
+    )
+    .await;
+}

@@ -40,6 +40,8 @@ use crate::operation::Fingerprint;
 
 mod codec;
 mod memory;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod notifier;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]

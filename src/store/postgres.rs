@@ -1,20 +1,23 @@
 //! The PostgreSQL store: shared by every replica and durable.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
-use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::codec;
+use super::notifier::{self, Notifier, Source};
 use super::{
-    Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
-    StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
+    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
 };
 use crate::operation::Fingerprint;
 
@@ -36,6 +39,13 @@ use crate::operation::Fingerprint;
 /// run from several replicas at once. Completed records get an `expires_at` from the
 /// [retention](PostgresStore::retention), if set, and [`purge_expired`](PostgresStore::purge_expired)
 /// deletes the expired ones; schedule it as you like. Pending records never expire.
+///
+/// With [`pending_wait`](crate::IdempotencyLayer::pending_wait), a waiting request marks the
+/// record it waits on, and the statement that completes, releases, resolves or forgets a
+/// marked record announces it with `pg_notify` on the table's channel (`<table>_changed`).
+/// One connection per store, outside the pool and opened on the first wait, `LISTEN`s there
+/// and wakes the waiters of this process, whichever replica made the change. Records nobody
+/// waits on are never announced: notifying commits take a lock that serializes them.
 ///
 /// Every call fails with a [`StoreError`] after the [timeout](PostgresStore::timeout) (default
 /// one second), so the layer fails closed while the database is away; the pool reconnects when
@@ -64,6 +74,60 @@ pub struct PostgresStore {
     /// The `statement_timeout` new pooled connections get, in ms, when the store built the
     /// pool: the store's timeout, so that no statement outlives its caller for long.
     statement_timeout: Option<Arc<AtomicU64>>,
+    /// Wakes the requests of this process waiting for a key, from the changes announced on
+    /// the table's channel; `None` on a pool of the caller's (then they poll).
+    notifier: Option<Arc<Notifier<Listener>>>,
+}
+
+/// Where a PostgreSQL store hears of changes: a connection of its own, outside the pool, that
+/// listens on the table's channel.
+#[derive(Clone)]
+struct Listener {
+    config: tokio_postgres::Config,
+    sql: Arc<Sql>,
+}
+
+impl Source for Listener {
+    type Session = (
+        tokio_postgres::Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    );
+
+    async fn listen(&self) -> Option<Self::Session> {
+        let (client, mut connection) = self.config.connect(NoTls).await.ok()?;
+        // The connection runs the statement only while it is polled.
+        let listening = {
+            let mut listen = std::pin::pin!(client.batch_execute(&self.sql.listen));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(result) = listen.as_mut().poll(cx) {
+                    return Poll::Ready(result.is_ok());
+                }
+                loop {
+                    match std::task::ready!(connection.poll_message(cx)) {
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return Poll::Ready(false),
+                    }
+                }
+            })
+            .await
+        };
+        listening.then_some((client, connection))
+    }
+
+    fn poll_changed(
+        (_, connection): &mut Self::Session,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<String>> {
+        loop {
+            match std::task::ready!(connection.poll_message(cx)) {
+                Some(Ok(AsyncMessage::Notification(notification))) => {
+                    return Poll::Ready(Some(notification.payload().to_owned()));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Poll::Ready(None),
+            }
+        }
+    }
 }
 
 /// The statements, built once for the table name.
@@ -81,6 +145,8 @@ struct Sql {
     forget: String,
     complete: String,
     release: String,
+    mark_waited: String,
+    listen: String,
     purge: String,
     migrate: String,
 }
@@ -90,6 +156,17 @@ impl Sql {
         let quoted = format!("\"{table}\"");
         // A new lease of $4 milliseconds.
         let lease = "now() + $4::bigint * interval '1 millisecond'";
+        let channel = format!("{table}_changed");
+        // Announces the change of each row a statement changed, if a request waits on it:
+        // a notifying commit takes a lock every other notifying commit waits for, so the
+        // statements that change records notify only when someone listens for that record.
+        // One row per changed record, so the statement's row count is the one it had.
+        let announced = |statement: String| {
+            format!(
+                "WITH changed AS ({statement} RETURNING key, waited) \
+                 SELECT CASE WHEN waited THEN pg_notify('{channel}', key) END FROM changed"
+            )
+        };
         Self {
             table: table.to_owned(),
             claim: format!(
@@ -106,7 +183,7 @@ impl Sql {
             ),
             take_over: format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
-                 changed_at = now(), lease_until = {lease}, take_over = $5 \
+                 changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
                  WHERE key = $1 AND expires_at <= now()"
             ),
             take_over_abandoned: format!(
@@ -118,13 +195,20 @@ impl Sql {
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2"
             ),
-            complete: format!(
+            complete: announced(format!(
                 "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
                  changed_at = now(), expires_at = CASE \
                  WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token = $2"
+            )),
+            release: announced(format!(
+                "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
+            )),
+            // A request about to wait for the key: its change is to be announced.
+            mark_waited: format!(
+                "UPDATE {quoted} SET waited = true WHERE key = $1 AND token IS NOT NULL"
             ),
-            release: format!("DELETE FROM {quoted} WHERE key = $1 AND token = $2"),
+            listen: format!("LISTEN \"{channel}\""),
             // In one transaction with the release: never visible, it only waits for a claim
             // of the key still in flight (its insert holds the key's index entry).
             wait_for_claim: format!(
@@ -152,6 +236,10 @@ impl Sql {
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
                  WHERE attrelid = '{quoted}'::regclass AND attname = 'take_over') THEN \
                  ALTER TABLE {quoted} ADD COLUMN take_over boolean NOT NULL DEFAULT false; \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'waited') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
                  END IF; END $migrate$;\
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
                  WHERE expires_at IS NOT NULL;"
@@ -166,13 +254,13 @@ impl Sql {
                 "SELECT key FROM {quoted} WHERE token IS NOT NULL \
                  AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
             ),
-            resolve: format!(
+            resolve: announced(format!(
                 "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
                  expires_at = CASE WHEN $3::bigint > 0 \
                  THEN now() + $3::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token IS NOT NULL"
-            ),
-            forget: format!("DELETE FROM {quoted} WHERE key = $1"),
+            )),
+            forget: announced(format!("DELETE FROM {quoted} WHERE key = $1")),
         }
     }
 }
@@ -213,6 +301,10 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(DEFAULT_TIMEOUT);
         }
+        let mut listener = config.clone();
+        if listener.get_application_name().is_none() {
+            listener.application_name("tower-idempotency listener");
+        }
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -238,9 +330,14 @@ impl PostgresStore {
             .recycle_timeout(Some(DEFAULT_TIMEOUT))
             .build()
             .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+        let store = Self::from_pool(pool);
         Ok(Self {
             statement_timeout: Some(statement_timeout),
-            ..Self::from_pool(pool)
+            notifier: Some(Notifier::new(Listener {
+                config: listener,
+                sql: Arc::clone(&store.sql),
+            })),
+            ..store
         })
     }
 
@@ -252,6 +349,7 @@ impl PostgresStore {
             retention_ms: 0,
             timeout: DEFAULT_TIMEOUT,
             statement_timeout: None,
+            notifier: None,
         }
     }
 
@@ -270,6 +368,12 @@ impl PostgresStore {
             return Err(StoreError::new(StoreErrorKind::InvalidConfig));
         }
         self.sql = Arc::new(Sql::new(name));
+        if let Some(notifier) = &self.notifier {
+            self.notifier = Some(Notifier::new(Listener {
+                config: notifier.source().config.clone(),
+                sql: Arc::clone(&self.sql),
+            }));
+        }
         Ok(self)
     }
 
@@ -294,6 +398,35 @@ impl PostgresStore {
             statement_timeout.store(millis(timeout).max(1), Ordering::Relaxed);
         }
         self
+    }
+
+    /// Whether this store listens for the changes any replica announces right now, so that a
+    /// request waiting for a first attempt is woken by its completion (see
+    /// [`pending_wait`](crate::IdempotencyLayer::pending_wait)); the listening starts on the
+    /// first wait, on a connection of its own outside the pool. `false` on a pool of your own
+    /// ([`from_pool`](Self::from_pool)): waiters then poll.
+    pub fn notifications_listening(&self) -> bool {
+        self.notifier
+            .as_ref()
+            .is_some_and(|notifier| notifier.listening())
+    }
+
+    /// How many keys requests of this process wait on now
+    /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)), for metrics and tests: a key
+    /// counts once however many wait on it, and a request that stops waiting leaves nothing.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// let store =
+    ///     tower_idempotency::store::PostgresStore::connect("postgres://postgres@127.0.0.1/test")
+    ///         .await?;
+    /// assert_eq!(store.waited_keys(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn waited_keys(&self) -> usize {
+        self.notifier
+            .as_ref()
+            .map_or(0, |notifier| notifier.waited_keys())
     }
 
     /// The connection pool.
@@ -487,6 +620,29 @@ impl Store for PostgresStore {
             };
         }
         Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+
+    /// Ends when another process announces a change of `key` (the statements that complete,
+    /// release, resolve or forget a record someone waits on notify the table's channel, which
+    /// one connection per store listens to), or after a poll interval: [`CHANGE_POLL_INTERVAL`]
+    /// until the store listens (or on a pool of your own), a second while it does. Marks the
+    /// record as waited on first (one statement), and ends at once if it is no longer pending.
+    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+        let key = table_key(key).into_owned();
+        let waiting = self.notifier.as_ref().map(|notifier| notifier.wait(&key));
+        let store = self.clone();
+        async move {
+            let Some((waiting, mut every)) = waiting else {
+                return tokio::time::sleep(CHANGE_POLL_INTERVAL).await;
+            };
+            // After the registration above: a change announced from now on wakes this waiter.
+            match store.execute(&store.sql.mark_waited, &[&key]).await {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(_) => every = CHANGE_POLL_INTERVAL,
+            }
+            notifier::until(Some(waiting), every).await;
+        }
     }
 
     async fn renew(

@@ -2,20 +2,18 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, Weak};
-use std::task::Poll;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
-use tokio::sync::Notify;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::codec;
-use super::waiting::{self, WaiterMap, Waiters};
+use super::notifier::{self, Notifier, Source};
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
     Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
@@ -152,107 +150,35 @@ pub struct RedisStore {
     channel: Arc<str>,
     /// Wakes the requests of this process waiting for a key, from the changes published on
     /// the channel; `None` on a connection manager of the caller's (then they poll).
-    notifier: Option<Arc<Notifier>>,
+    notifier: Option<Arc<Notifier<Channel>>>,
 }
 
-/// The subscriber of a store's channel and the requests waiting on it.
-struct Notifier {
+/// Where a Redis store hears of changes: the channel the scripts publish on, through a
+/// connection of its own.
+#[derive(Clone)]
+struct Channel {
     client: redis::Client,
-    waiters: std::sync::Mutex<WaiterMap>,
-    /// Whether the subscriber task was started (once, on the first wait).
-    started: AtomicBool,
-    /// Whether it is subscribed now: waiters then rely on it, with a slow poll as a fallback.
-    subscribed: AtomicBool,
-    /// Notified when the notifier is dropped (the last clone of its store): the subscriber
-    /// then ends.
-    stop: Arc<Notify>,
+    name: Arc<str>,
 }
 
-impl Drop for Notifier {
-    fn drop(&mut self) {
-        self.stop.notify_one();
+impl Source for Channel {
+    type Session = Pin<Box<dyn Stream<Item = redis::Msg> + Send>>;
+
+    async fn listen(&self) -> Option<Self::Session> {
+        let mut pubsub = self.client.get_async_pubsub().await.ok()?;
+        pubsub.subscribe(&*self.name).await.ok()?;
+        Some(Box::pin(pubsub.into_on_message()))
     }
-}
 
-impl Waiters for Arc<Notifier> {
-    fn with_waiters<R>(&self, _: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
-        f(&mut self.waiters.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// How often a waiting request looks again while the subscriber is subscribed: only a
-/// notification lost in a reconnect needs it.
-const NOTIFIED_POLL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Listens on `channel` for as long as the store lives, waking the waiters of each key
-/// published; reconnects after a lost connection, waking every waiter to look again (a change
-/// may have been missed meanwhile).
-async fn listen(notifier: Weak<Notifier>, channel: Arc<str>, stop: Arc<Notify>) {
-    let mut stopped = std::pin::pin!(stop.notified());
-    // However it ends (its store dropped, its runtime shut down), a later wait starts it again.
-    let _restart = Restart(notifier.clone());
-    loop {
-        let Some(client) = notifier.upgrade().map(|n| n.client.clone()) else {
-            return;
-        };
-        let subscribe = async {
-            let mut pubsub = client.get_async_pubsub().await.ok()?;
-            pubsub.subscribe(&*channel).await.ok()?;
-            Some(pubsub.into_on_message())
-        };
-        if let Ok(Some(mut messages)) = tokio::time::timeout(DEFAULT_TIMEOUT, subscribe).await {
-            set_subscribed(&notifier, true);
-            while let Some(message) = std::future::poll_fn(|cx| {
-                if stopped.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
+    fn poll_changed(session: &mut Self::Session, cx: &mut Context<'_>) -> Poll<Option<String>> {
+        loop {
+            match std::task::ready!(session.as_mut().poll_next(cx)) {
+                None => return Poll::Ready(None),
+                Some(message) => {
+                    if let Ok(key) = message.get_payload::<String>() {
+                        return Poll::Ready(Some(key));
+                    }
                 }
-                Pin::new(&mut messages).poll_next(cx)
-            })
-            .await
-            {
-                let Some(notifier) = notifier.upgrade() else {
-                    return;
-                };
-                if let Ok(key) = message.get_payload::<String>() {
-                    notifier.with_waiters(&key, |map| waiting::wake(map, &key));
-                }
-            }
-            set_subscribed(&notifier, false);
-        } else {
-            tracing::warn!("cannot subscribe to the Redis channel of changes; waiters poll");
-        }
-        if notifier.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Marks a notifier's subscriber as ended when its task ends, however it ends.
-struct Restart(Weak<Notifier>);
-
-impl Drop for Restart {
-    fn drop(&mut self) {
-        set_subscribed(&self.0, false);
-        if let Some(notifier) = self.0.upgrade() {
-            notifier.started.store(false, Ordering::Release);
-        }
-    }
-}
-
-/// Records whether the subscriber is subscribed; when it stops, every waiter looks again.
-fn set_subscribed(notifier: &Weak<Notifier>, subscribed: bool) {
-    if let Some(notifier) = notifier.upgrade() {
-        notifier.subscribed.store(subscribed, Ordering::Release);
-        if !subscribed {
-            let waiters = std::mem::take(
-                &mut *notifier
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-            for waiter in waiters.into_values() {
-                waiter.notify_waiters();
             }
         }
     }
@@ -363,7 +289,10 @@ impl RedisStore {
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
         let mut store = Self::from_manager(connection);
-        store.notifier = Some(Notifier::new(client_for_notifier));
+        store.notifier = Some(Notifier::new(Channel {
+            client: client_for_notifier,
+            name: Arc::clone(&store.channel),
+        }));
         Ok(store)
     }
 
@@ -426,7 +355,23 @@ impl RedisStore {
     pub fn notifications_subscribed(&self) -> bool {
         self.notifier
             .as_ref()
-            .is_some_and(|notifier| notifier.subscribed.load(Ordering::Acquire))
+            .is_some_and(|notifier| notifier.listening())
+    }
+
+    /// How many keys requests of this process wait on now
+    /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)), for metrics and tests: a key
+    /// counts once however many wait on it, and a request that stops waiting leaves nothing.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// let store = tower_idempotency::store::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// assert_eq!(store.waited_keys(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn waited_keys(&self) -> usize {
+        self.notifier
+            .as_ref()
+            .map_or(0, |notifier| notifier.waited_keys())
     }
 
     /// The underlying connection manager.
@@ -498,31 +443,6 @@ impl std::fmt::Debug for RedisStore {
 /// the message is the whole record key.
 const CHANGED_CHANNEL: &str = "tower-idempotency:changed";
 
-impl Notifier {
-    fn new(client: redis::Client) -> Arc<Self> {
-        Arc::new(Self {
-            client,
-            waiters: std::sync::Mutex::default(),
-            started: AtomicBool::new(false),
-            subscribed: AtomicBool::new(false),
-            stop: Arc::default(),
-        })
-    }
-
-    /// Starts the subscriber on `channel`, once, if there is a Tokio runtime to run it.
-    fn start(self: &Arc<Self>, channel: &Arc<str>) {
-        if self.started.load(Ordering::Acquire) {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current()
-            && !self.started.swap(true, Ordering::AcqRel)
-        {
-            let stop = Arc::clone(&self.stop);
-            runtime.spawn(listen(Arc::downgrade(self), Arc::clone(channel), stop));
-        }
-    }
-}
-
 /// A duration in whole milliseconds.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
@@ -585,30 +505,12 @@ impl Store for RedisStore {
         let record = self.record_key(key);
         let (waiting, every) = match &self.notifier {
             Some(notifier) => {
-                notifier.start(&self.channel);
-                let every = if notifier.subscribed.load(Ordering::Acquire) {
-                    NOTIFIED_POLL_INTERVAL
-                } else {
-                    CHANGE_POLL_INTERVAL
-                };
-                (Some(waiting::wait(Arc::clone(notifier), &record)), every)
+                let (waiting, every) = notifier.wait(&record);
+                (Some(waiting), every)
             }
             None => (None, CHANGE_POLL_INTERVAL),
         };
-        async move {
-            let mut poll = std::pin::pin!(tokio::time::sleep(every));
-            let mut waiting = waiting;
-            std::future::poll_fn(|cx| {
-                if poll.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(());
-                }
-                match waiting.as_mut() {
-                    Some(waiting) => Pin::new(waiting).poll(cx),
-                    None => Poll::Pending,
-                }
-            })
-            .await;
-        }
+        notifier::until(waiting, every)
     }
 
     async fn renew(

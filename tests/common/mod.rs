@@ -760,3 +760,52 @@ pub async fn waiting_retries_get_the_first_attempts_bytes<St: Store>(
     }
     assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
+
+/// `pending_wait` on a store two replicas share: fifty waiters on one key, split over both,
+/// all answer with the first attempt's 201; while they wait each replica's store holds one
+/// waited key however many wait on it (`waited` counts them), and none once they are answered.
+/// A waiter whose client leaves mid-wait leaves nothing behind either.
+pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
+    replica_a: St,
+    replica_b: St,
+    waited: impl Fn(&St) -> usize,
+) {
+    use tower::Layer;
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = |store: St| {
+        IdempotencyLayer::new(store)
+            .pending_wait(Duration::from_secs(5))
+            .layer(timed_create(Journal::default(), Arc::clone(&creates)))
+    };
+    let (a, b) = (layer(replica_a.clone()), layer(replica_b.clone()));
+    let key = format!("fifty-{}", Reservation::generate());
+    let first = spawn_send(&a, operation(&key, "slow-400"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiters: Vec<_> = (0..50)
+        .map(|i| {
+            spawn_send(
+                if i % 2 == 0 { &a } else { &b },
+                operation(&key, "slow-400"),
+            )
+        })
+        .collect();
+    let left = b.clone().oneshot(operation(&key, "slow-400"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), left)
+            .await
+            .is_err(),
+        "still waiting when its client leaves"
+    );
+    assert_eq!(waited(&replica_a), 1, "one waited key on replica a");
+    assert_eq!(waited(&replica_b), 1, "one waited key on replica b");
+    let first = first.await.unwrap();
+    first.is_created();
+    for waiter in waiters {
+        let reply = waiter.await.unwrap();
+        reply.is_created();
+        assert_eq!(reply.body, first.body);
+        assert_eq!(reply.outcome, Some(tower_idempotency::Outcome::Replay));
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+    wait_for(|| waited(&replica_a) == 0 && waited(&replica_b) == 0).await;
+}
