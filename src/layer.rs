@@ -532,10 +532,13 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// `409`.
     ///
     /// Waiting is woken by the completion itself where the store notifies
-    /// ([`Store::changed`]: [`MemoryStore`](crate::MemoryStore) does), else the store is
+    /// ([`Store::changed`]: the memory, Redis and PostgreSQL stores do), else the store is
     /// looked at again every [`CHANGE_POLL_INTERVAL`](crate::store::CHANGE_POLL_INTERVAL).
     /// At most [`max_waiting`](Self::max_waiting) requests of a layer wait at once; beyond,
     /// the immediate `409`. A waiting request whose client goes away leaves nothing behind.
+    ///
+    /// The bound is on the waiting: a look at the store that began before it ran out is
+    /// finished (it may claim), so a slow store can add up to its own timeout to `wait`.
     ///
     /// ```
     /// use std::time::Duration;

@@ -410,3 +410,66 @@ async fn a_key_claimed_for_a_client_that_left_is_released() {
     );
     assert!(store.inner.is_empty(), "the key it got is released");
 }
+
+/// A store that keeps everything in a `MemoryStore` but has no `changed` of its own: its
+/// waiters poll, through the trait's default.
+#[derive(Clone, Default)]
+struct PollingStore(MemoryStore);
+
+impl tower_idempotency::Store for PollingStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &tower_idempotency::Fingerprint,
+        reservation: tower_idempotency::Reservation,
+        lease: tower_idempotency::Lease,
+    ) -> Result<tower_idempotency::Claim, tower_idempotency::StoreError> {
+        self.0
+            .claim_with(key, fingerprint, reservation, lease)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+        lease: Duration,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.0.renew(key, reservation, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+        response: &tower_idempotency::StoredResponse,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.0.complete(key, reservation, response).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::Reservation,
+    ) -> Result<(), tower_idempotency::StoreError> {
+        self.0.release(key, reservation).await
+    }
+}
+
+/// Found in review: the default `changed` started its poll interval when it was made, and the
+/// layer makes it before its claim, so behind a claim as slow as the interval it ended at once
+/// and the waiter claimed back to back. The interval runs from its first poll.
+#[tokio::test]
+async fn the_default_poll_interval_runs_from_the_first_poll() {
+    use tower_idempotency::Store;
+    let store = PollingStore::default();
+    let changed = store.changed("k");
+    tokio::time::sleep(tower_idempotency::store::CHANGE_POLL_INTERVAL).await;
+    let polled = Instant::now();
+    changed.await;
+    assert!(
+        polled.elapsed() >= tower_idempotency::store::CHANGE_POLL_INTERVAL / 2,
+        "{:?}",
+        polled.elapsed()
+    );
+}

@@ -136,8 +136,8 @@ async fn listening(store: &PostgresStore) {
 /// A store on a table of its own, so that its listening connection can be told apart.
 async fn store_on_own_table() -> PostgresStore {
     let table = format!(
-        "tower_idempotency_listen_{:x}",
-        tower_idempotency::Reservation::generate().as_u128() as u64
+        "tidem_listen_{:x}",
+        tower_idempotency::Reservation::generate().as_u128()
     );
     let store = PostgresStore::connect(&database_url())
         .await
@@ -485,6 +485,84 @@ async fn drop_table(store: &PostgresStore) {
     let table = store.table_name();
     client
         .batch_execute(&format!("DROP TABLE \"{table}\""))
+        .await
+        .unwrap();
+}
+
+/// Found in review: a notification that cannot be sent (here the store's role may not run
+/// `pg_notify`; a full notification queue fails the same way) fails neither the complete nor
+/// the release it announces. The waiter, not woken, looks again within its fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_that_cannot_be_sent_fails_no_change() {
+    let admin = make_store(None).await;
+    let database = format!(
+        "tower_idempotency_quiet_{:x}",
+        tower_idempotency::Reservation::generate().as_u128()
+    );
+    let client = admin.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE tower_idempotency_quiet LOGIN; \
+             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.dbname(&database);
+    let owner = PostgresStore::from_config(config.clone()).unwrap();
+    owner
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC; \
+             GRANT ALL ON SCHEMA public TO tower_idempotency_quiet",
+        )
+        .await
+        .unwrap();
+    drop(owner);
+    config.user("tower_idempotency_quiet");
+    let store = PostgresStore::from_config(config).unwrap();
+    store.migrate().await.unwrap();
+    for complete in [true, false] {
+        let key = unique_key("quiet");
+        let fp = fingerprint(&key, "p");
+        let Ok(Claim::New(reservation)) = store.claim(&key, &fp).await else {
+            panic!("a new claim");
+        };
+        let started = std::time::Instant::now();
+        let change = async {
+            listening(&store).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if complete {
+                store
+                    .complete(&key, &reservation, &awkward_response())
+                    .await
+            } else {
+                store.release(&key, &reservation).await
+            }
+        };
+        let (changed, ()) = tokio::join!(change, store.changed(&key));
+        changed.expect("the change commits");
+        assert!(
+            started.elapsed() >= Duration::from_millis(100),
+            "the waiter looked again only after the change"
+        );
+        let after = store.claim(&key, &fp).await;
+        if complete {
+            assert!(matches!(after, Ok(Claim::Replay(_))));
+        } else {
+            assert!(matches!(after, Ok(Claim::New(_))), "released: free again");
+        }
+    }
+    drop(store);
+    client
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
         .await
         .unwrap();
 }

@@ -215,10 +215,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// The default ends after [`CHANGE_POLL_INTERVAL`], so a store without notifications is
     /// polled; [`MemoryStore`] wakes its waiters on the change itself. It must not end at
-    /// once every time: the layer would claim back to back until its deadline.
+    /// once every time: the layer would claim back to back until its deadline. The layer makes
+    /// it before it looks at the key again and polls it after, so an interval of its own should
+    /// run from its first poll, as the default's does.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
         let _ = key;
-        tokio::time::sleep(CHANGE_POLL_INTERVAL)
+        async { tokio::time::sleep(CHANGE_POLL_INTERVAL).await }
     }
 
     /// Deletes the pending reservation `reservation` of `key`, after a confirmed admission

@@ -18,8 +18,21 @@ use super::{CHANGE_POLL_INTERVAL, DEFAULT_TIMEOUT};
 /// while the listening connection was being replaced needs it.
 pub(crate) const NOTIFIED_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long the listener waits before it connects again after losing its connection.
+/// How long the listener waits before it connects again after losing its connection, doubled
+/// after each attempt that fails, up to [`MAX_RECONNECT_DELAY`].
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+
+/// The longest wait between two attempts to listen again.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(30);
+
+/// The interval a waiter falls back on: slow while the store listens, short until it does.
+pub(crate) fn poll_interval(listening: bool) -> Duration {
+    if listening {
+        NOTIFIED_POLL_INTERVAL
+    } else {
+        CHANGE_POLL_INTERVAL
+    }
+}
 
 /// Where a store's announcements of changed keys come from.
 pub(crate) trait Source: Clone + Send + Sync + 'static {
@@ -89,16 +102,16 @@ impl<S: Source> Notifier<S> {
             .len()
     }
 
-    /// Registers a waiter of `key` (starting the listener if it does not run) and the poll
-    /// interval it falls back on: slow while the listener listens, short until it does.
-    pub(crate) fn wait(self: &Arc<Self>, key: &str) -> (Waiting<Arc<Self>>, Duration) {
+    /// Registers a waiter of `key` (starting the listener if it does not run), and tells
+    /// whether the listener listens: if it does, it wakes this waiter on the key's next
+    /// announcement or when it stops listening.
+    pub(crate) fn wait(self: &Arc<Self>, key: &str) -> (Waiting<Arc<Self>>, bool) {
         self.start();
-        let every = if self.listening() {
-            NOTIFIED_POLL_INTERVAL
-        } else {
-            CHANGE_POLL_INTERVAL
-        };
-        (waiting::wait(Arc::clone(self), key), every)
+        let waiting = waiting::wait(Arc::clone(self), key);
+        // Read after the registration: a listener that stops from now on wakes this waiter
+        // (it takes the whole map after clearing the flag), and one that stopped before
+        // cleared the flag before this read.
+        (waiting, self.listening())
     }
 
     /// Starts the listener, once, if there is a Tokio runtime to run it.
@@ -109,7 +122,14 @@ impl<S: Source> Notifier<S> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current()
             && !self.started.swap(true, Ordering::AcqRel)
         {
-            runtime.spawn(listen(Arc::downgrade(self), Arc::clone(&self.stop)));
+            // Made here and moved into the task: a task dropped before its first poll (its
+            // runtime shutting down) lets a later wait start the listener again.
+            let restart = Restart(Arc::downgrade(self));
+            runtime.spawn(listen(
+                Arc::downgrade(self),
+                Arc::clone(&self.stop),
+                restart,
+            ));
         }
     }
 }
@@ -133,10 +153,11 @@ pub(crate) async fn until<W: Waiters>(waiting: Option<Waiting<W>>, every: Durati
 /// Listens for as long as the store lives, waking the waiters of each key announced;
 /// reconnects after a lost connection, waking every waiter to look again (a change may have
 /// been missed meanwhile).
-async fn listen<S: Source>(notifier: Weak<Notifier<S>>, stop: Arc<Notify>) {
+async fn listen<S: Source>(notifier: Weak<Notifier<S>>, stop: Arc<Notify>, restart: Restart<S>) {
     let mut stopped = std::pin::pin!(stop.notified());
     // However it ends (its store dropped, its runtime shut down), a later wait starts it again.
-    let _restart = Restart(notifier.clone());
+    let _restart = restart;
+    let mut delay = RECONNECT_DELAY;
     loop {
         let Some(source) = notifier.upgrade().map(|n| n.source.clone()) else {
             return;
@@ -144,6 +165,7 @@ async fn listen<S: Source>(notifier: Weak<Notifier<S>>, stop: Arc<Notify>) {
         if let Ok(Some(mut session)) = tokio::time::timeout(DEFAULT_TIMEOUT, source.listen()).await
         {
             set_listening(&notifier, true);
+            delay = RECONNECT_DELAY;
             while let Some(key) = std::future::poll_fn(|cx| {
                 if stopped.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(None);
@@ -158,13 +180,24 @@ async fn listen<S: Source>(notifier: Weak<Notifier<S>>, stop: Arc<Notify>) {
                 notifier.with_waiters(&key, |map| waiting::wake(map, &key));
             }
             set_listening(&notifier, false);
-        } else {
+        } else if delay == RECONNECT_DELAY {
             tracing::warn!("cannot listen for the store's changes; waiting requests poll");
         }
         if notifier.strong_count() == 0 {
             return;
         }
-        tokio::time::sleep(RECONNECT_DELAY).await;
+        let mut pause = std::pin::pin!(tokio::time::sleep(delay));
+        let store_dropped = std::future::poll_fn(|cx| {
+            if stopped.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(true);
+            }
+            pause.as_mut().poll(cx).map(|()| false)
+        })
+        .await;
+        if store_dropped {
+            return;
+        }
+        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
     }
 }
 

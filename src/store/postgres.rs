@@ -145,7 +145,9 @@ struct Sql {
     forget: String,
     complete: String,
     release: String,
+    waited: String,
     mark_waited: String,
+    announce: String,
     listen: String,
     purge: String,
     migrate: String,
@@ -157,22 +159,15 @@ impl Sql {
         // A new lease of $4 milliseconds.
         let lease = "now() + $4::bigint * interval '1 millisecond'";
         let channel = format!("{table}_changed");
-        // Announces the change of each row a statement changed, if a request waits on it:
-        // a notifying commit takes a lock every other notifying commit waits for, so the
-        // statements that change records notify only when someone listens for that record.
-        // One row per changed record, so the statement's row count is the one it had.
-        let announced = |statement: String| {
-            format!(
-                "WITH changed AS ({statement} RETURNING key, waited) \
-                 SELECT CASE WHEN waited THEN pg_notify('{channel}', key) END FROM changed"
-            )
-        };
+        // A statement that changes records returns, for each, whether a request waits on it;
+        // the change is then announced by a statement of its own (see `PostgresStore::change`).
+        let announced = |statement: String| format!("{statement} RETURNING waited");
         Self {
             table: table.to_owned(),
             claim: format!(
                 "WITH inserted AS (\
-                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over) \
-                 VALUES ($1, $2, $3, {lease}, $5) \
+                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
+                 VALUES ($1, $2, $3, {lease}, $5, false) \
                  ON CONFLICT (key) DO NOTHING \
                  RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
                  SELECT token, fingerprint, response, expired, lapsed FROM inserted \
@@ -204,10 +199,13 @@ impl Sql {
             release: announced(format!(
                 "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
             )),
-            // A request about to wait for the key: its change is to be announced.
+            // A request about to wait for the key: whether it is pending and marked already;
+            // if not marked, the mark, so that its change is announced.
+            waited: format!("SELECT waited FROM {quoted} WHERE key = $1 AND token IS NOT NULL"),
             mark_waited: format!(
                 "UPDATE {quoted} SET waited = true WHERE key = $1 AND token IS NOT NULL"
             ),
+            announce: format!("SELECT pg_notify('{channel}', $1)"),
             listen: format!("LISTEN \"{channel}\""),
             // In one transaction with the release: never visible, it only waits for a claim
             // of the key still in flight (its insert holds the key's index entry).
@@ -481,6 +479,66 @@ impl PostgresStore {
         })
     }
 
+    /// Runs one statement that changes the records of `key` and returns, for each, whether a
+    /// request waits on it; announces the change if one does, and returns the rows changed.
+    async fn change(
+        &self,
+        sql: &str,
+        key: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let rows = within(self.timeout, async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+            client.query(&statement, params).await.map_err(unavailable)
+        })
+        .await?;
+        if rows.iter().any(|row| row.try_get(0).unwrap_or(true)) {
+            self.announce(key).await;
+        }
+        Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
+    }
+
+    /// Announces a change of `key` to the waiters of every replica, after the change
+    /// committed, in a statement of its own: a notification that cannot be sent (no right to
+    /// `pg_notify`, a full notification queue) fails only itself, and the change's commit
+    /// does not take the lock that serializes notifying commits. Best effort: a waiter not
+    /// woken looks again within a second.
+    async fn announce(&self, key: &str) {
+        if let Err(error) = self.execute(&self.sql.announce, &[&key]).await {
+            tracing::debug!(%error, "cannot announce a change; its waiters poll");
+        }
+    }
+
+    /// Marks the pending record of `key` as waited on, unless it is already (a read then, no
+    /// write); `false` when `key` is not pending.
+    async fn mark_waited(&self, key: &str) -> Result<bool, StoreError> {
+        let Some(row) = self.query_opt(&self.sql.waited, &[&key]).await? else {
+            return Ok(false);
+        };
+        if row.try_get(0).unwrap_or(false) {
+            return Ok(true);
+        }
+        Ok(self.execute(&self.sql.mark_waited, &[&key]).await? > 0)
+    }
+
+    /// Runs one prepared (and cached) statement that returns at most one row.
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        within(self.timeout, async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+            client
+                .query_opt(&statement, params)
+                .await
+                .map_err(unavailable)
+        })
+        .await
+    }
+
     /// Runs one prepared (and cached) statement and returns the rows it affected.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         within(self.timeout, async {
@@ -566,18 +624,7 @@ impl Store for PostgresStore {
         // or when the record found had expired or was abandoned and another claim took it
         // over first.
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = within(self.timeout, async {
-                let client = self.client().await?;
-                let statement = client
-                    .prepare_cached(&self.sql.claim)
-                    .await
-                    .map_err(unavailable)?;
-                client
-                    .query_opt(&statement, &params)
-                    .await
-                    .map_err(unavailable)
-            })
-            .await?;
+            let row = self.query_opt(&self.sql.claim, &params).await?;
             let Some(row) = row else { continue };
             let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
             let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
@@ -632,16 +679,19 @@ impl Store for PostgresStore {
         let waiting = self.notifier.as_ref().map(|notifier| notifier.wait(&key));
         let store = self.clone();
         async move {
-            let Some((waiting, mut every)) = waiting else {
+            let Some((waiting, listening)) = waiting else {
                 return tokio::time::sleep(CHANGE_POLL_INTERVAL).await;
             };
-            // After the registration above: a change announced from now on wakes this waiter.
-            match store.execute(&store.sql.mark_waited, &[&key]).await {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(_) => every = CHANGE_POLL_INTERVAL,
-            }
-            notifier::until(Some(waiting), every).await;
+            // After the registration above, a change announced wakes this waiter; the change
+            // of a marked record is announced. Not listening, the waiter polls, unmarked.
+            let listening = listening
+                && match store.mark_waited(&key).await {
+                    // Completed, released or gone already: look again now.
+                    Ok(false) => return,
+                    Ok(true) => true,
+                    Err(_) => false,
+                };
+            notifier::until(Some(waiting), notifier::poll_interval(listening)).await;
         }
     }
 
@@ -669,8 +719,9 @@ impl Store for PostgresStore {
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
         let rows = self
-            .execute(
+            .change(
                 &self.sql.complete,
+                key,
                 &[&key, &&token[..], &&encoded[..], &self.retention_ms],
             )
             .await?;
@@ -692,7 +743,7 @@ impl Store for PostgresStore {
         // The lost claim may have waited for a connection and then run for up to the
         // statement_timeout: by one timeout from now it has committed or been cancelled.
         tokio::time::sleep(self.timeout).await;
-        within(self.timeout, async {
+        let waited = within(self.timeout, async {
             let mut client = self.client().await?;
             let transaction = client.transaction().await.map_err(unavailable)?;
             transaction
@@ -702,20 +753,25 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(unavailable)?;
-            transaction
-                .execute(&self.sql.release, &[&key, &&token[..]])
+            let released = transaction
+                .query(&self.sql.release, &[&key, &&token[..]])
                 .await
                 .map_err(unavailable)?;
-            transaction.commit().await.map_err(unavailable)
+            transaction.commit().await.map_err(unavailable)?;
+            Ok(released.iter().any(|row| row.try_get(0).unwrap_or(true)))
         })
-        .await
+        .await?;
+        if waited {
+            self.announce(key).await;
+        }
+        Ok(())
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
-            .execute(&self.sql.release, &[&key, &&token[..]])
+            .change(&self.sql.release, key, &[&key, &&token[..]])
             .await?;
         guarded(rows)
     }
@@ -724,18 +780,7 @@ impl Store for PostgresStore {
 impl Operator for PostgresStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let key = &*table_key(key);
-        let row = within(self.timeout, async {
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(&self.sql.inspect)
-                .await
-                .map_err(unavailable)?;
-            client
-                .query_opt(&statement, &[&key])
-                .await
-                .map_err(unavailable)
-        })
-        .await?;
+        let row = self.query_opt(&self.sql.inspect, &[&key]).await?;
         let Some(row) = row else { return Ok(None) };
         let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
         let fingerprint: &str = row.try_get(0).map_err(corrupt)?;
@@ -783,8 +828,9 @@ impl Operator for PostgresStore {
         let key = &*table_key(key);
         let encoded = codec::encode(response);
         let rows = self
-            .execute(
+            .change(
                 &self.sql.resolve,
+                key,
                 &[&key, &&encoded[..], &self.retention_ms],
             )
             .await?;
@@ -793,6 +839,6 @@ impl Operator for PostgresStore {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let key = &*table_key(key);
-        Ok(self.execute(&self.sql.forget, &[&key]).await? > 0)
+        Ok(self.change(&self.sql.forget, key, &[&key]).await? > 0)
     }
 }

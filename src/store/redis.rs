@@ -505,8 +505,8 @@ impl Store for RedisStore {
         let record = self.record_key(key);
         let (waiting, every) = match &self.notifier {
             Some(notifier) => {
-                let (waiting, every) = notifier.wait(&record);
-                (Some(waiting), every)
+                let (waiting, listening) = notifier.wait(&record);
+                (Some(waiting), notifier::poll_interval(listening))
             }
             None => (None, CHANGE_POLL_INTERVAL),
         };
