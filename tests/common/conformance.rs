@@ -563,6 +563,71 @@ pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store
     assert_eq!(new, 1);
 }
 
+/// `changed` sees a change made after it was called, even before its first poll: it ends well
+/// before any fallback poll of a store that listens (a second), for a complete and a release.
+pub async fn changed_sees_a_change_made_before_its_first_poll<St: Store>(store: St) {
+    for complete in [true, false] {
+        let key = unique_key("changed");
+        let Ok(Claim::New(reservation)) = store.claim(&key, &fp("p")).await else {
+            panic!("a new claim");
+        };
+        let changed = store.changed(&key);
+        if complete {
+            store
+                .complete(&key, &reservation, &awkward_response())
+                .await
+                .unwrap();
+        } else {
+            store.release(&key, &reservation).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_millis(500), changed)
+            .await
+            .expect("the change is seen");
+    }
+}
+
+/// `pending_wait` through the layer: a wait that runs out answers `request_pending` after about
+/// the wait, and without the setting the `409` is immediate, as the contract says.
+pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store + Clone>(store: St) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt};
+    use tower_idempotency::IdempotencyLayer;
+    let creates = Arc::new(AtomicUsize::new(0));
+    let create = || super::timed_create(super::Journal::default(), Arc::clone(&creates));
+    let waiting = IdempotencyLayer::new(store.clone())
+        .pending_wait(Duration::from_millis(200))
+        .layer(create());
+    let at_once = IdempotencyLayer::new(store).layer(create());
+    let key = unique_key("runs-out");
+    let first = super::spawn_send(&waiting, super::operation(&key, "slow-900"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for (service, bounds) in [
+        (
+            &waiting,
+            Duration::from_millis(200)..Duration::from_millis(600),
+        ),
+        (&at_once, Duration::ZERO..Duration::from_millis(150)),
+    ] {
+        let started = std::time::Instant::now();
+        let reply = super::Reply::read(
+            service
+                .clone()
+                .oneshot(super::operation(&key, "slow-900"))
+                .await
+                .unwrap(),
+        )
+        .await;
+        reply.exact(409, r#"{"error":"request_pending"}"#);
+        assert!(
+            bounds.contains(&started.elapsed()),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    first.await.unwrap().is_created();
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
 /// Instantiates the suite for a store made by `$make(retention)`.
 #[macro_export]
 macro_rules! store_conformance {
@@ -646,6 +711,16 @@ macro_rules! store_conformance {
                     retention,
                 )
                 .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn changed_sees_a_change_made_before_its_first_poll() {
+                suite::changed_sees_a_change_made_before_its_first_poll($make(None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_wait_runs_out_and_without_it_the_409_is_immediate() {
+                suite::a_wait_runs_out_and_without_it_the_409_is_immediate($make(None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
