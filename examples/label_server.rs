@@ -28,10 +28,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use common::{App, Ids};
+use common::Ids;
 use tower::Layer;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
-use tower_idempotency::{IdempotencyLayer, LabelOperation, Store};
+use tower_idempotency::store::DynStore;
+use tower_idempotency::{IdempotencyLayer, LabelOperation};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] \
@@ -118,8 +119,9 @@ struct LabelApp {
     pending_wait: Option<Duration>,
 }
 
-impl App for LabelApp {
-    fn build<St: Store>(&self, store: St) -> Router {
+impl LabelApp {
+    /// The app over the store `--store` chose.
+    fn build(&self, store: DynStore) -> Router {
         let labels = Arc::new(Labels {
             ids: Ids::new("label"),
             create_delay: self.create_delay,
@@ -171,6 +173,8 @@ async fn main() {
         lease,
         pending_wait: options.pending_wait,
     };
-    let router = common::open_store(&options.store, &app).await;
+    let router = common::open_store(&options.store)
+        .await
+        .map(|store| app.build(store));
     common::serve("label server", &options, router).await;
 }

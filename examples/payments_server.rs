@@ -29,9 +29,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
-use common::{App, Ids};
+use common::Ids;
 use serde::{Deserialize, Serialize};
-use tower_idempotency::{IdempotencyLayer, JsonOperation, Store};
+use tower_idempotency::store::DynStore;
+use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--pending-wait-ms N] [--store memory|redis://…|postgres://…]";
@@ -134,8 +135,9 @@ struct PaymentsApp {
     pending_wait: Option<Duration>,
 }
 
-impl App for PaymentsApp {
-    fn build<St: Store>(&self, store: St) -> Router {
+impl PaymentsApp {
+    /// The app over the store `--store` chose.
+    fn build(&self, store: DynStore) -> Router {
         let payments = Arc::new(Payments {
             payment_ids: Ids::new("pay"),
             refund_ids: Ids::new("refund"),
@@ -181,6 +183,8 @@ async fn main() {
         create_delay: options.create_delay,
         pending_wait: options.pending_wait,
     };
-    let router = common::open_store(&options.store, &app).await;
+    let router = common::open_store(&options.store)
+        .await
+        .map(|store| app.build(store));
     common::serve("payments server", &options, router).await;
 }

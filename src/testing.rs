@@ -167,7 +167,7 @@ impl<St: Store> Store for RecordingStore<St> {
         self.inner.complete(key, reservation, response).await
     }
 
-    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
         self.inner.changed(key)
     }
 

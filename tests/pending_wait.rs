@@ -348,7 +348,7 @@ impl tower_idempotency::Store for HoldingStore {
         claim
     }
 
-    fn changed(&self, key: &str) -> impl std::future::Future<Output = ()> + Send {
+    fn changed<'a>(&'a self, key: &'a str) -> impl std::future::Future<Output = ()> + Send + 'a {
         self.inner.changed(key)
     }
 

@@ -10,7 +10,8 @@ use axum::Router;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
-use tower_idempotency::{IDEMPOTENCY_KEY, MemoryStore, Outcome, Store};
+use tower_idempotency::store::DynStore;
+use tower_idempotency::{IDEMPOTENCY_KEY, MemoryStore, Outcome};
 
 /// The flags every example server takes; `extra` gets the others, with their value.
 pub struct Options {
@@ -78,16 +79,11 @@ pub fn with_pending_wait<St, A, O>(
     }
 }
 
-/// Builds a server's app over whichever store `--store` names.
-pub trait App {
-    fn build<St: Store>(&self, store: St) -> Router;
-}
-
-/// The app on the store `url` names: `memory`, `redis://…` or `postgres://…` (the shared
-/// stores need the crate's `redis` and `postgres` features).
-pub async fn open_store(url: &str, app: &impl App) -> Result<Router, String> {
+/// The store `url` names: `memory`, `redis://…` or `postgres://…` (the shared stores need the
+/// crate's `redis` and `postgres` features), chosen at run time behind one type.
+pub async fn open_store(url: &str) -> Result<DynStore, String> {
     if url == "memory" {
-        return Ok(app.build(MemoryStore::new()));
+        return Ok(DynStore::new(MemoryStore::new()));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]
@@ -95,7 +91,7 @@ pub async fn open_store(url: &str, app: &impl App) -> Result<Router, String> {
             let store = tower_idempotency::store::RedisStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
-            return Ok(app.build(store));
+            return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
         return Err("build with --features redis".to_owned());
@@ -107,7 +103,7 @@ pub async fn open_store(url: &str, app: &impl App) -> Result<Router, String> {
                 .await
                 .map_err(|e| e.to_string())?;
             store.migrate().await.map_err(|e| e.to_string())?;
-            return Ok(app.build(store));
+            return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "postgres"))]
         return Err("build with --features postgres".to_owned());

@@ -39,6 +39,7 @@ use http::{HeaderMap, StatusCode};
 use crate::operation::Fingerprint;
 
 mod codec;
+mod dynamic;
 mod memory;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod notifier;
@@ -51,6 +52,7 @@ mod waiting;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
+pub use dynamic::DynStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -218,7 +220,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// once every time: the layer would claim back to back until its deadline. The layer makes
     /// it before it looks at the key again and polls it after, so an interval of its own should
     /// run from its first poll, as the default's does.
-    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
         let _ = key;
         async { tokio::time::sleep(CHANGE_POLL_INTERVAL).await }
     }
@@ -536,6 +538,59 @@ impl StoredResponse {
     pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
         (self.status, self.headers, self.body)
     }
+
+    /// The response as one buffer, in the format the built-in remote stores keep, for a
+    /// store of your own that keeps bytes. [`from_bytes`](Self::from_bytes) reads it back
+    /// exactly: the status, every header value in order (bytes that are not UTF-8 included)
+    /// and the body.
+    ///
+    /// The format, version 1 (all integers big-endian):
+    ///
+    /// ```text
+    /// version  u8   1
+    /// status   u16
+    /// count    u16  the number of header values (at most 65,535 are kept)
+    /// count ×  name length u16, name (lowercase ASCII), value length u32, value bytes
+    /// body     every remaining byte
+    /// ```
+    ///
+    /// A later version of this crate may write a later version of the format (with more
+    /// parts of a response) and still reads every earlier one.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue, StatusCode, header};
+    /// use tower_idempotency::StoredResponse;
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    /// let created = StoredResponse::new(StatusCode::CREATED, headers, "{}".into());
+    ///
+    /// let bytes = created.to_bytes();
+    /// assert_eq!(&bytes[..3], &[1, 0, 201]);
+    /// assert_eq!(StoredResponse::from_bytes(bytes).unwrap(), created);
+    /// ```
+    pub fn to_bytes(&self) -> Bytes {
+        codec::encode(self)
+    }
+
+    /// Reads a response written by [`to_bytes`](Self::to_bytes) (of this version of the
+    /// crate or an earlier one). The body shares `bytes`, without a copy.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::Corrupt`] for anything else: a version it does not know, a status out
+    /// of range, a header name or value that is not valid, a length past the end. It never
+    /// panics, whatever the bytes.
+    ///
+    /// ```
+    /// use tower_idempotency::{StoreErrorKind, StoredResponse};
+    ///
+    /// let error = StoredResponse::from_bytes(bytes::Bytes::from_static(b"\x09junk")).unwrap_err();
+    /// assert_eq!(error.kind(), StoreErrorKind::Corrupt);
+    /// ```
+    pub fn from_bytes(bytes: Bytes) -> Result<Self, StoreError> {
+        codec::decode(bytes)
+    }
 }
 
 /// What went wrong in a store.
@@ -556,6 +611,9 @@ pub enum StoreErrorKind {
     /// The store holds as many records as it may
     /// ([`MemoryStore::max_records`](crate::MemoryStore::max_records)); nothing was claimed.
     CapacityExceeded,
+    /// The store does not offer this call (an [`Operator`] call on a
+    /// [`DynStore::without_operator`]).
+    Unsupported,
 }
 
 /// The one error type of every [`Store`].
@@ -605,6 +663,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Corrupt => "corrupt store record",
             StoreErrorKind::InvalidConfig => "invalid store configuration",
             StoreErrorKind::CapacityExceeded => "store full",
+            StoreErrorKind::Unsupported => "not supported by this store",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

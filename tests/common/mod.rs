@@ -436,7 +436,7 @@ impl<St: Store> Store for GatedStore<St> {
         self.inner.complete(key, reservation, response).await
     }
 
-    fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
+    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
         self.inner.changed(key)
     }
 
