@@ -41,6 +41,8 @@
 //! # }
 //! ```
 
+pub mod conformance;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

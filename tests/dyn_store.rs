@@ -16,7 +16,7 @@ async fn make_store(retention: Option<Duration>) -> DynStore {
     })
 }
 
-store_conformance!(make_store, retention = Duration::from_millis(100));
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(100));
 
 #[tokio::test]
 async fn the_layer_over_a_dyn_store_creates_once_and_replays() {
@@ -68,7 +68,7 @@ mod redis {
         })
     }
 
-    store_conformance!(make_store, retention = Duration::from_millis(300));
+    tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 }
 
 #[cfg(feature = "postgres")]
@@ -90,5 +90,5 @@ mod postgres {
         })
     }
 
-    store_conformance!(make_store, retention = Duration::from_millis(300));
+    tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 }

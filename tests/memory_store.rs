@@ -13,7 +13,7 @@ async fn make_store(retention: Option<Duration>) -> MemoryStore {
     }
 }
 
-store_conformance!(make_store, retention = Duration::from_millis(100));
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(100));
 
 #[tokio::test]
 async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {

@@ -28,7 +28,7 @@ async fn make_store(retention: Option<Duration>) -> RedisStore {
     }
 }
 
-store_conformance!(make_store, retention = Duration::from_millis(300));
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {

@@ -2,7 +2,7 @@
 //! requests and assertions in the contract's words.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod conformance;
+pub use tower_idempotency::testing::conformance;
 pub mod lesson;
 pub mod payments;
 pub mod servers;

@@ -1,15 +1,34 @@
-//! One conformance suite for every [`Store`], written once.
+//! The conformance suite every [`Store`] is held to, written once: the built-in stores run it,
+//! and so can yours.
 //!
-//! A backend's test file defines `async fn make_store(retention: Option<Duration>) -> impl Store`
-//! and calls `store_conformance!(make_store);`. Keys are unique per test run, so the suite can
-//! run against a shared server.
+//! Call [`store_conformance!`](crate::store_conformance) in a test file with an async
+//! constructor of your store (`async fn(Option<Duration>) -> impl Operator`, the argument its
+//! retention of completed records, if any) and the retention the retention test should use;
+//! it expands to one `#[tokio::test]` per property (Tokio's `macros` and `rt-multi-thread`
+//! features are needed in the test). Each function here is one property, callable on its own.
+//! Keys are unique per call, so the suite runs against a shared server, in parallel.
+//!
+//! ```ignore
+//! use std::time::Duration;
+//!
+//! async fn make_store(retention: Option<Duration>) -> MyStore {
+//!     MyStore::connect("…").await.unwrap().retention(retention)
+//! }
+//!
+//! tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+//! ```
+//!
+//! `tests/toy_store.rs` in the repository is a complete worked example: a store written with the
+//! public API alone that passes the suite.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_idempotency::{
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+
+use crate::store::Operator;
+use crate::{
     Claim, Fingerprint, Lease, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
 };
 
@@ -25,8 +44,17 @@ fn fp(parcel: &str) -> Fingerprint {
 /// A response with every awkward part a store must keep: two values of one header, a
 /// non-UTF-8 value, and a body with bytes that are not text.
 pub fn awkward_response() -> StoredResponse {
-    let (parts, _) = super::created_response().into_parts();
-    let mut headers = parts.headers;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_static("/labels/label-901"),
+    );
+    headers.append(header::ETAG, HeaderValue::from_static("\"label-901-v1\""));
+    headers.append(header::ETAG, HeaderValue::from_static("\"backup\""));
     headers.insert(
         "x-raw",
         HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap(),
@@ -61,6 +89,8 @@ async fn claim(store: &impl Store, key: &str, fingerprint: &Fingerprint) -> Clai
     store.claim(key, fingerprint).await.unwrap()
 }
 
+/// The four answers of a claim: new, then pending for the same operation, conflict for
+/// another, and after the complete the stored response as a replay (conflict still for another).
 pub async fn all_four_claim_outcomes(store: impl Store) {
     let key = unique_key("outcomes");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -189,10 +219,8 @@ async fn new_with(store: &impl Store, key: &str, token: Reservation) {
 
 /// An operator sees a stuck key pending with its age and fingerprint, lists it among the
 /// pending keys old enough, resolves it into a replay, and forgets a key to free it.
-pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(
-    store: impl tower_idempotency::store::Operator,
-) {
-    use tower_idempotency::store::RecordState;
+pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(store: impl Operator) {
+    use crate::store::RecordState;
     let stuck = unique_key("stuck");
     let done = unique_key("done");
     new(&store, &stuck, &fp("a")).await;
@@ -248,9 +276,7 @@ pub async fn an_operator_sees_resolves_and_forgets_stuck_keys(
 /// that takes over abandoned keys reserves it anew (same fingerprint only), and only if its
 /// owner let it. The owner whose lease lapsed is fenced out of every write; a completed record
 /// is never taken over.
-pub async fn an_abandoned_key_is_taken_over_only_when_asked(
-    store: impl tower_idempotency::store::Operator,
-) {
+pub async fn an_abandoned_key_is_taken_over_only_when_asked(store: impl Operator) {
     let key = unique_key("abandoned");
     let at_most_once = unique_key("abandoned-at-most-once");
     let lease = Lease::new(Duration::from_millis(800)).take_over_abandoned();
@@ -295,7 +321,7 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
     assert_eq!(claim_key(next, "a", take_over).await, Claim::New(next));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
 
-    let lost = |error: tower_idempotency::StoreError| error.kind();
+    let lost = |error: crate::StoreError| error.kind();
     let response = awkward_response();
     assert_eq!(
         store
@@ -322,7 +348,7 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(
 
 /// Renewing keeps a reservation in progress past its first lease; only its owner renews a
 /// pending key; once renewals stop, the lease lapses.
-pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::Operator) {
+pub async fn renewing_keeps_a_lease_alive(store: impl Operator) {
     let key = unique_key("renew");
     let lease = Duration::from_millis(900);
     let owner = Reservation::generate();
@@ -343,7 +369,7 @@ pub async fn renewing_keeps_a_lease_alive(store: impl tower_idempotency::store::
         Claim::Pending,
         "renewed past its first lease: still in progress"
     );
-    let kind = |result: Result<(), tower_idempotency::StoreError>| result.map_err(|e| e.kind());
+    let kind = |result: Result<(), crate::StoreError>| result.map_err(|e| e.kind());
     assert_eq!(
         kind(store.renew(&key, &other, lease).await),
         Err(StoreErrorKind::ReservationLost)
@@ -386,6 +412,8 @@ pub async fn any_retention_is_accepted(store: impl Store) {
     );
 }
 
+/// Another operation with the key is a conflict whether the record is pending or completed,
+/// and the conflicting claim changes nothing.
 pub async fn conflict_is_decided_before_the_status_and_changes_nothing(store: impl Store) {
     let key = unique_key("conflict");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -407,6 +435,8 @@ pub async fn conflict_is_decided_before_the_status_and_changes_nothing(store: im
     );
 }
 
+/// A replay is the completed response exactly: status, every header value in order (bytes
+/// that are not UTF-8, empty values) and the body, empty bodies included.
 pub async fn replay_is_byte_exact(store: impl Store) {
     let key = unique_key("replay");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -441,6 +471,8 @@ pub async fn replay_is_byte_exact(store: impl Store) {
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(empty));
 }
 
+/// Complete acts only under the claim's reservation: a stranger's is refused with
+/// `ReservationLost`, and a completed record cannot be completed again.
 pub async fn complete_is_guarded_by_the_reservation(store: impl Store) {
     let key = unique_key("complete");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -478,6 +510,8 @@ pub async fn complete_is_guarded_by_the_reservation(store: impl Store) {
     ));
 }
 
+/// Release acts only under the claim's reservation: a stranger's is refused with
+/// `ReservationLost` and leaves the key pending; the owner's frees the key.
 pub async fn release_is_guarded_by_the_reservation(store: impl Store) {
     let key = unique_key("release");
     let reservation = new(&store, &key, &fp("a")).await;
@@ -544,6 +578,7 @@ pub async fn retention_drops_completed_records_only(store: impl Store, retention
     );
 }
 
+/// 64 concurrent claims of one key: exactly one is new, every other pending.
 pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store) {
     let key = Arc::new(unique_key("race"));
     let tasks: Vec<_> = (0..64)
@@ -586,55 +621,115 @@ pub async fn changed_sees_a_change_made_before_its_first_poll<St: Store>(store: 
     }
 }
 
-/// `pending_wait` through the layer: a wait that runs out answers `request_pending` after about
-/// the wait, and without the setting the `409` is immediate, as the contract says.
-pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store + Clone>(store: St) {
+/// A `POST /labels` of the lesson's contract with key and `request_id` `key`.
+fn label_request(key: &str) -> http::Request<http_body_util::Full<Bytes>> {
+    let body = format!(r#"{{"request_id":"{key}","parcel_id":"parcel-42"}}"#);
+    let mut request = http::Request::new(http_body_util::Full::new(Bytes::from(body)));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = http::Uri::from_static("/labels");
+    let headers = request.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(value) = HeaderValue::try_from(key) {
+        headers.insert(crate::IDEMPOTENCY_KEY, value);
+    }
+    request
+}
+
+/// Sends the label request of `key` through `service`, checks that it is answered
+/// `409 request_pending`, and returns how long that took.
+async fn pending<S, B>(service: &S, key: &str) -> Duration
+where
+    S: tower::Service<http::Request<http_body_util::Full<Bytes>>, Response = http::Response<B>>
+        + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let started = std::time::Instant::now();
+    let response = service
+        .clone()
+        .oneshot(label_request(key))
+        .await
+        .expect("an answer");
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body, r#"{"error":"request_pending"}"#);
+    started.elapsed()
+}
+
+/// `pending_wait` through the layer on the store: a wait that runs out answers
+/// `409 request_pending` after about the wait, and without the setting the `409` is immediate,
+/// as the contract says. One create.
+pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store>(store: St) {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
     use tower::{Layer, ServiceExt};
-    use tower_idempotency::IdempotencyLayer;
+
+    use crate::IdempotencyLayer;
+
     let creates = Arc::new(AtomicUsize::new(0));
-    let create = || super::timed_create(super::Journal::default(), Arc::clone(&creates));
+    let counted = Arc::clone(&creates);
+    // A create that takes 900 ms.
+    let create = tower::service_fn(move |_: http::Request<_>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            let mut response =
+                http::Response::new(http_body_util::Full::new(Bytes::from_static(b"{}")));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
     let waiting = IdempotencyLayer::new(store.clone())
         .pending_wait(Duration::from_millis(200))
-        .layer(create());
-    let at_once = IdempotencyLayer::new(store).layer(create());
+        .layer(create.clone());
+    let at_once = IdempotencyLayer::new(store).layer(create);
     let key = unique_key("runs-out");
-    let first = super::spawn_send(&waiting, super::operation(&key, "slow-900"));
+    let first = tokio::spawn(waiting.clone().oneshot(label_request(&key)));
     tokio::time::sleep(Duration::from_millis(50)).await;
-    for (service, bounds) in [
-        (
-            &waiting,
-            Duration::from_millis(200)..Duration::from_millis(600),
-        ),
-        (&at_once, Duration::ZERO..Duration::from_millis(150)),
-    ] {
-        let started = std::time::Instant::now();
-        let reply = super::Reply::read(
-            service
-                .clone()
-                .oneshot(super::operation(&key, "slow-900"))
-                .await
-                .unwrap(),
-        )
-        .await;
-        reply.exact(409, r#"{"error":"request_pending"}"#);
-        assert!(
-            bounds.contains(&started.elapsed()),
-            "{:?}",
-            started.elapsed()
-        );
-    }
-    first.await.unwrap().is_created();
+    let waited = pending(&waiting, &key).await;
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(600),
+        "the wait ran out after {waited:?}"
+    );
+    let answered = pending(&at_once, &key).await;
+    assert!(
+        answered < Duration::from_millis(150),
+        "without the setting the 409 took {answered:?}"
+    );
+    let first = first.await.expect("the first attempt").expect("an answer");
+    assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
 
-/// Instantiates the suite for a store made by `$make(retention)`.
+/// Instantiates the [conformance suite](crate::testing::conformance) for a store made by
+/// `$make(retention)`: one `#[tokio::test]` per property, in a module `conformance`.
+///
+/// `$make` is an `async fn(Option<Duration>) -> St` where `St:`
+/// [`Operator`](crate::store::Operator), the argument the retention of completed records to
+/// give the store (`None`: keep them); `retention = …` is the retention the retention test
+/// uses (long enough for a round trip to the store, short enough to wait for).
+///
+/// ```ignore
+/// tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+/// ```
 #[macro_export]
 macro_rules! store_conformance {
     ($make:path, retention = $retention:expr) => {
         mod conformance {
             use super::*;
-            use $crate::common::conformance as suite;
+            use $crate::testing::conformance as suite;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn all_four_claim_outcomes() {
