@@ -7,7 +7,41 @@
 //! someone else's reservation.
 //!
 //! [`MemoryStore`] is the reference implementation and the embedded default. The shared,
-//! durable backends live behind cargo features.
+//! durable backends live behind cargo features. [`DynStore`] puts any of them behind one type,
+//! for an application that picks its store from its configuration.
+//!
+//! # Writing a store
+//!
+//! A store for another backend (DynamoDB, etcd, FoundationDB, …) implements [`Store`], and
+//! [`Operator`] for the operator's tools. What each method must guarantee:
+//!
+//! - [`claim_with`](Store::claim_with) decides in **one atomic step** of the backend (a
+//!   conditional write, a transaction, a script): no record → create it pending under the
+//!   caller's reservation and lease, [`Claim::New`]; another fingerprint → [`Claim::Conflict`]
+//!   (decided first, whatever the record's state); pending under the same reservation →
+//!   [`Claim::New`] again (a retried claim); pending, its lease lapsed, and both its claimer and
+//!   this claim allow it ([`Lease::takes_over`]) → take it over, [`Claim::New`]; pending →
+//!   [`Claim::Pending`]; completed → [`Claim::Replay`] with the stored response. A completed
+//!   record past the store's retention counts as absent; pending records never expire.
+//! - [`renew`](Store::renew), [`complete`](Store::complete) and [`release`](Store::release) act
+//!   only on a record pending under the caller's reservation (compare all 128 bits), else
+//!   [`StoreErrorKind::ReservationLost`] and no change: a stale attempt never overwrites a
+//!   completed record nor frees someone else's key.
+//! - [`complete`](Store::complete) keeps the response exactly: status, every header value in
+//!   order (bytes that are not UTF-8 included), the body. A store that keeps bytes can keep
+//!   [`StoredResponse::to_bytes`] and read it back with [`StoredResponse::from_bytes`].
+//! - [`settle_claim`](Store::settle_claim) must act after a claim whose answer was lost; the
+//!   default (a release) is right when one handle's calls reach the backend in order.
+//! - [`changed`](Store::changed) must see every change made after it is called; the default
+//!   polls. A store whose backend can announce changes wakes waiters sooner.
+//! - Every call fails with a [`StoreError`] rather than hanging (bound it with a timeout),
+//!   and nothing a backend returns may panic: a record it cannot read is
+//!   [`StoreErrorKind::Corrupt`].
+//!
+//! Then hold it to the same suite the built-in stores run, with the `test-util` feature:
+//! `tower_idempotency::store_conformance!` in a test file (the suite is
+//! `tower_idempotency::testing::conformance`). The crate's `tests/toy_store.rs` is a complete
+//! store written that way, with the public API alone.
 //!
 //! ```
 //! use tower_idempotency::{fingerprint, Claim, MemoryStore, Store, StoredResponse};
@@ -344,6 +378,50 @@ pub struct RecordInfo {
     /// Pending, and its owner's lease lapsed: nobody renewed it within the lease, so its
     /// owner most likely died. A pending record that is not abandoned is in progress.
     pub abandoned: bool,
+}
+
+impl RecordInfo {
+    /// A pending record, for a store of your own: claimed `age` ago (if the store keeps it)
+    /// by the operation `fingerprint`, `abandoned` if its owner's lease lapsed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::fingerprint;
+    /// use tower_idempotency::store::{RecordInfo, RecordState};
+    ///
+    /// let info = RecordInfo::pending(fingerprint("k", "p"), Some(Duration::from_secs(5)), false);
+    /// assert_eq!((info.state, info.status, info.abandoned), (RecordState::Pending, None, false));
+    /// ```
+    pub fn pending(fingerprint: Fingerprint, age: Option<Duration>, abandoned: bool) -> Self {
+        Self {
+            state: RecordState::Pending,
+            age,
+            fingerprint,
+            status: None,
+            abandoned,
+        }
+    }
+
+    /// A completed record, for a store of your own: completed `age` ago (if the store keeps
+    /// it) with a response of status `status`.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::fingerprint;
+    /// use tower_idempotency::store::{RecordInfo, RecordState};
+    ///
+    /// let info = RecordInfo::completed(fingerprint("k", "p"), None, StatusCode::CREATED);
+    /// assert_eq!((info.state, info.status), (RecordState::Completed, Some(StatusCode::CREATED)));
+    /// ```
+    pub fn completed(fingerprint: Fingerprint, age: Option<Duration>, status: StatusCode) -> Self {
+        Self {
+            state: RecordState::Completed,
+            age,
+            fingerprint,
+            status: Some(status),
+            abandoned: false,
+        }
+    }
 }
 
 /// The lease a new reservation carries, and whether a claim may take over an abandoned one.

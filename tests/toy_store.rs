@@ -1,0 +1,215 @@
+//! A store written the way a third party writes one: outside the crate, with its public API
+//! alone (no test helpers of the crate's own), held to the public conformance suite. It keeps
+//! its records in a mutexed map; a real one would keep them in its backend, one atomic step per
+//! claim. The worked example of the `store` module's guide to writing a store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tower_idempotency::store::{Operator, RecordInfo};
+use tower_idempotency::{
+    Claim, Fingerprint, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+};
+
+enum State {
+    /// Claimed and creating, its lease lapsing at `until`; `take_over` if its owner allows a
+    /// take-over once it lapsed.
+    Pending {
+        reservation: Reservation,
+        until: Instant,
+        take_over: bool,
+    },
+    /// Completed: what to replay, kept as the crate's record format, as a remote store would.
+    Completed { response: bytes::Bytes },
+}
+
+struct Record {
+    fingerprint: Fingerprint,
+    state: State,
+    /// When it was claimed or completed.
+    since: Instant,
+}
+
+/// The toy store: clones share the map.
+#[derive(Clone, Default)]
+struct ToyStore {
+    records: Arc<Mutex<HashMap<String, Record>>>,
+    retention: Option<Duration>,
+}
+
+impl ToyStore {
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A completed record past its retention counts as absent.
+    fn expired(&self, record: &Record) -> bool {
+        matches!(record.state, State::Completed { .. })
+            && self
+                .retention
+                .is_some_and(|retention| record.since.elapsed() >= retention)
+    }
+
+    fn lost() -> StoreError {
+        StoreError::new(StoreErrorKind::ReservationLost)
+    }
+
+    /// Runs `f` on the record of `key` if it is pending under `reservation`.
+    fn owned<T>(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        f: impl FnOnce(&mut HashMap<String, Record>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut records = self.records();
+        match records.get(key).map(|record| &record.state) {
+            Some(State::Pending {
+                reservation: owner, ..
+            }) if owner == reservation => Ok(f(&mut records)),
+            _ => Err(Self::lost()),
+        }
+    }
+}
+
+impl Store for ToyStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        let fresh = Record {
+            fingerprint: *fingerprint,
+            state: State::Pending {
+                reservation,
+                until: now + lease.duration(),
+                take_over: lease.takes_over(),
+            },
+            since: now,
+        };
+        let mut records = self.records();
+        let Some(record) = records.get(key).filter(|record| !self.expired(record)) else {
+            records.insert(key.to_owned(), fresh);
+            return Ok(Claim::New(reservation));
+        };
+        if record.fingerprint != *fingerprint {
+            return Ok(Claim::Conflict);
+        }
+        match &record.state {
+            State::Completed { response } => {
+                StoredResponse::from_bytes(response.clone()).map(Claim::Replay)
+            }
+            State::Pending {
+                reservation: owner, ..
+            } if *owner == reservation => Ok(Claim::New(reservation)),
+            State::Pending {
+                until, take_over, ..
+            } if *take_over && lease.takes_over() && *until <= now => {
+                records.insert(key.to_owned(), fresh);
+                Ok(Claim::New(reservation))
+            }
+            State::Pending { .. } => Ok(Claim::Pending),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.owned(key, reservation, |records| {
+            if let Some(Record {
+                state: State::Pending { until, .. },
+                ..
+            }) = records.get_mut(key)
+            {
+                *until = Instant::now() + lease;
+            }
+        })
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let response = response.to_bytes();
+        self.owned(key, reservation, |records| {
+            if let Some(record) = records.get_mut(key) {
+                record.state = State::Completed { response };
+                record.since = Instant::now();
+            }
+        })
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        self.owned(key, reservation, |records| {
+            records.remove(key);
+        })
+    }
+}
+
+impl Operator for ToyStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let records = self.records();
+        let Some(record) = records.get(key).filter(|record| !self.expired(record)) else {
+            return Ok(None);
+        };
+        let age = Some(record.since.elapsed());
+        Ok(Some(match &record.state {
+            State::Pending { until, .. } => {
+                RecordInfo::pending(record.fingerprint, age, *until <= Instant::now())
+            }
+            State::Completed { response } => RecordInfo::completed(
+                record.fingerprint,
+                age,
+                StoredResponse::from_bytes(response.clone())?.status(),
+            ),
+        }))
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let mut keys: Vec<String> = self
+            .records()
+            .iter()
+            .filter(|(_, record)| {
+                matches!(record.state, State::Pending { .. }) && record.since.elapsed() >= age
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        let mut records = self.records();
+        match records.get_mut(key) {
+            Some(record) if matches!(record.state, State::Pending { .. }) => {
+                record.state = State::Completed {
+                    response: response.to_bytes(),
+                };
+                record.since = Instant::now();
+                Ok(())
+            }
+            _ => Err(Self::lost()),
+        }
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.records().remove(key).is_some())
+    }
+}
+
+async fn make_store(retention: Option<Duration>) -> ToyStore {
+    ToyStore {
+        retention,
+        ..ToyStore::default()
+    }
+}
+
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(100));
