@@ -81,6 +81,8 @@ mod notifier;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod waiting;
 
 #[cfg(feature = "redis")]
@@ -91,6 +93,9 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sqlite::SqliteStore;
 
 /// The default time a remote store call may take before it fails with
 /// [`StoreErrorKind::Timeout`].
@@ -101,7 +106,7 @@ pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Runs one remote store call, failing with [`StoreErrorKind::Timeout`] past `timeout`.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub(crate) async fn within<T>(
     timeout: std::time::Duration,
     call: impl Future<Output = Result<T, StoreError>>,
@@ -118,7 +123,7 @@ pub const MAX_RETENTION: std::time::Duration =
 
 /// A retention window in whole milliseconds, at least one and at most [`MAX_RETENTION`], as
 /// remote stores keep it.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
     let millis = retention.min(MAX_RETENTION).as_millis();
     u64::try_from(millis).unwrap_or(u64::MAX).max(1)

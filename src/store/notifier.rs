@@ -3,7 +3,6 @@
 //! reconnected when lost, ended with the store.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
@@ -132,22 +131,6 @@ impl<S: Source> Notifier<S> {
             ));
         }
     }
-}
-
-/// Ends at the wake of `waiting`, if any, or after `every`.
-pub(crate) async fn until<W: Waiters>(waiting: Option<Waiting<W>>, every: Duration) {
-    let mut poll = std::pin::pin!(tokio::time::sleep(every));
-    let mut waiting = waiting;
-    std::future::poll_fn(|cx| {
-        if poll.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
-        }
-        match waiting.as_mut() {
-            Some(waiting) => Pin::new(waiting).poll(cx),
-            None => Poll::Pending,
-        }
-    })
-    .await;
 }
 
 /// Listens for as long as the store lives, waking the waiters of each key announced;

@@ -15,6 +15,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::codec;
 use super::notifier::{self, Notifier, Source};
+use super::waiting;
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
     Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
@@ -691,7 +692,7 @@ impl Store for PostgresStore {
                     Ok(true) => true,
                     Err(_) => false,
                 };
-            notifier::until(Some(waiting), notifier::poll_interval(listening)).await;
+            waiting::until(Some(waiting), notifier::poll_interval(listening)).await;
         }
     }
 

@@ -14,6 +14,7 @@ use redis::{Script, Value};
 
 use super::codec;
 use super::notifier::{self, Notifier, Source};
+use super::waiting;
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
     Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
@@ -510,7 +511,7 @@ impl Store for RedisStore {
             }
             None => (None, CHANGE_POLL_INTERVAL),
         };
-        notifier::until(waiting, every)
+        waiting::until(waiting, every)
     }
 
     async fn renew(

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
@@ -87,4 +88,20 @@ impl<W: Waiters> Drop for Waiting<W> {
             drop(notify);
         });
     }
+}
+
+/// Ends at the wake of `waiting`, if any, or after `every`.
+pub(crate) async fn until<W: Waiters>(waiting: Option<Waiting<W>>, every: Duration) {
+    let mut poll = std::pin::pin!(tokio::time::sleep(every));
+    let mut waiting = waiting;
+    std::future::poll_fn(|cx| {
+        if poll.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        match waiting.as_mut() {
+            Some(waiting) => Pin::new(waiting).poll(cx),
+            None => Poll::Pending,
+        }
+    })
+    .await;
 }
