@@ -79,8 +79,8 @@ pub fn with_pending_wait<St, A, O>(
     }
 }
 
-/// The store `url` names: `memory`, `redis://…` or `postgres://…` (the shared stores need the
-/// crate's `redis` and `postgres` features), chosen at run time behind one type.
+/// The store `url` names: `memory`, `redis://…`, `postgres://…` or `sqlite://PATH` (the
+/// durable stores need the crate's feature of that name), chosen at run time behind one type.
 pub async fn open_store(url: &str) -> Result<DynStore, String> {
     if url == "memory" {
         return Ok(DynStore::new(MemoryStore::new()));
@@ -108,7 +108,18 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
         #[cfg(not(feature = "postgres"))]
         return Err("build with --features postgres".to_owned());
     }
-    Err("unsupported store: memory, redis://… or postgres://…".to_owned())
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        #[cfg(feature = "sqlite")]
+        {
+            let store = tower_idempotency::store::SqliteStore::open(path)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(DynStore::new(store));
+        }
+        #[cfg(not(feature = "sqlite"))]
+        return Err(format!("{path}: build with --features sqlite"));
+    }
+    Err("unsupported store: memory, redis://…, postgres://… or sqlite://PATH".to_owned())
 }
 
 /// One log line per request, with the outcome the layer reports.
