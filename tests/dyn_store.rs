@@ -18,6 +18,24 @@ async fn make_store(retention: Option<Duration>) -> DynStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(100));
 
+/// Over a store without `Operator`: every property but the operator's.
+mod without_operator {
+    use super::*;
+
+    async fn make_store(retention: Option<Duration>) -> DynStore {
+        DynStore::without_operator(match retention {
+            Some(retention) => MemoryStore::with_retention(retention),
+            None => MemoryStore::new(),
+        })
+    }
+
+    tower_idempotency::store_conformance!(
+        make_store,
+        retention = Duration::from_millis(100),
+        without_operator
+    );
+}
+
 #[tokio::test]
 async fn the_layer_over_a_dyn_store_creates_once_and_replays() {
     let store = make_store(None).await;

@@ -31,6 +31,12 @@ struct Record {
     since: Instant,
 }
 
+/// `now + lease`, clamped as the crate's stores clamp it: a lease of any length is accepted.
+fn deadline(now: Instant, lease: Duration) -> Instant {
+    now.checked_add(lease.min(tower_idempotency::store::MAX_RETENTION))
+        .unwrap_or(now)
+}
+
 /// The toy store: clones share the map.
 #[derive(Clone, Default)]
 struct ToyStore {
@@ -85,7 +91,7 @@ impl Store for ToyStore {
             fingerprint: *fingerprint,
             state: State::Pending {
                 reservation,
-                until: now + lease.duration(),
+                until: deadline(now, lease.duration()),
                 take_over: lease.takes_over(),
             },
             since: now,
@@ -127,7 +133,7 @@ impl Store for ToyStore {
                 ..
             }) = records.get_mut(key)
             {
-                *until = Instant::now() + lease;
+                *until = deadline(Instant::now(), lease);
             }
         })
     }
@@ -201,7 +207,8 @@ impl Operator for ToyStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.records().remove(key).is_some())
+        let removed = self.records().remove(key);
+        Ok(removed.is_some_and(|record| !self.expired(&record)))
     }
 }
 

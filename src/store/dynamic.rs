@@ -102,6 +102,12 @@ trait ObjectStore: Send + Sync + 'static {
         lease: Lease,
     ) -> Call<'a, Result<Claim, StoreError>>;
 
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: &'a Fingerprint,
+    ) -> Call<'a, Result<Claim, StoreError>>;
+
     fn renew<'a>(
         &'a self,
         key: &'a str,
@@ -186,6 +192,14 @@ impl<St: Store> ObjectStore for St {
         ))
     }
 
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: &'a Fingerprint,
+    ) -> Call<'a, Result<Claim, StoreError>> {
+        Box::pin(Store::claim(self, key, fingerprint))
+    }
+
     fn renew<'a>(
         &'a self,
         key: &'a str,
@@ -237,6 +251,10 @@ impl Store for DynStore {
         self.store
             .claim_with(key, fingerprint, reservation, lease)
             .await
+    }
+
+    async fn claim(&self, key: &str, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+        self.store.claim(key, fingerprint).await
     }
 
     async fn renew(

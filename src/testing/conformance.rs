@@ -578,24 +578,158 @@ pub async fn retention_drops_completed_records_only(store: impl Store, retention
     );
 }
 
-/// 64 concurrent claims of one key: exactly one is new, every other pending.
+/// Concurrent claims of one key, released together: exactly one is new, every other pending;
+/// over eight keys, so that an atomicity gap has many chances to show. Also for claims that
+/// race to take over one abandoned key: exactly one takes it.
 pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store) {
-    let key = Arc::new(unique_key("race"));
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let (store, key) = (store.clone(), Arc::clone(&key));
-            tokio::spawn(async move { store.claim(&key, &fp("a")).await.unwrap() })
-        })
-        .collect();
-    let mut new = 0;
-    for task in tasks {
-        match task.await.unwrap() {
-            Claim::New(_) => new += 1,
-            Claim::Pending => {}
-            other => panic!("unexpected {other:?}"),
+    const CLAIMS: usize = 32;
+    /// `CLAIMS` claims of `key` released at once by a barrier: how many were new.
+    async fn race<St: Store>(store: &St, key: &str, lease: Lease) -> usize {
+        let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMS));
+        let key: Arc<str> = Arc::from(key);
+        let tasks: Vec<_> = (0..CLAIMS)
+            .map(|_| {
+                let (store, key, barrier) = (store.clone(), Arc::clone(&key), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .claim_with(&key, &fp("a"), Reservation::generate(), lease)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut new = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Claim::New(_) => new += 1,
+                Claim::Pending => {}
+                other => panic!("unexpected {other:?}"),
+            }
         }
+        new
     }
-    assert_eq!(new, 1);
+    for _ in 0..8 {
+        assert_eq!(race(&store, &unique_key("race"), Lease::default()).await, 1);
+    }
+    let key = unique_key("race-take-over");
+    let owner = Reservation::generate();
+    let short = Lease::new(Lease::MIN).take_over_abandoned();
+    assert_eq!(
+        claim_with(&store, &key, "a", owner, short).await,
+        Claim::New(owner)
+    );
+    tokio::time::sleep(Lease::MIN * 4).await;
+    let take_over = Lease::default().take_over_abandoned();
+    assert_eq!(race(&store, &key, take_over).await, 1, "one takes it over");
+}
+
+/// Keys are compared exactly, as bytes: keys that differ only in case, in a trailing space, in
+/// the Unicode normalization of a letter, or in a separator are different records.
+pub async fn keys_are_compared_exactly(store: impl Store) {
+    let base = unique_key("exact");
+    let keys = [
+        format!("POST /payments {base}-abc"),
+        format!("POST /payments {base}-ABC"),
+        format!("POST /payments {base}-abc "),
+        format!("POST /payments {base}-caf\u{e9}"),
+        format!("POST /payments {base}-cafe\u{301}"),
+        format!("POST /payments {base}:abc"),
+        format!("POST /payments/{base}-abc"),
+    ];
+    for key in &keys {
+        new(&store, key, &fp("a")).await;
+    }
+    for key in &keys {
+        assert_eq!(
+            claim(&store, key, &fp("a")).await,
+            Claim::Pending,
+            "{key:?}"
+        );
+    }
+}
+
+/// The owner of a reservation whose lease lapsed, and that nobody took over, still renews and
+/// completes it: a lapse only lets another claim take the key over when both allow it. A
+/// lease of any length is accepted (the longest ones are clamped, never an overflow).
+pub async fn the_owner_writes_after_its_lease_lapsed(store: impl Store) {
+    let key = unique_key("lapsed");
+    let owner = Reservation::generate();
+    let lease = Lease::new(Lease::MIN).take_over_abandoned();
+    assert_eq!(
+        claim_with(&store, &key, "a", owner, lease).await,
+        Claim::New(owner)
+    );
+    tokio::time::sleep(Lease::MIN * 4).await;
+    store.renew(&key, &owner, Lease::MIN).await.unwrap();
+    tokio::time::sleep(Lease::MIN * 4).await;
+    let response = awkward_response();
+    store.complete(&key, &owner, &response).await.unwrap();
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(response));
+
+    let endless = unique_key("endless");
+    let owner = Reservation::generate();
+    let lease = Lease::new(Duration::MAX).take_over_abandoned();
+    assert_eq!(
+        claim_with(&store, &endless, "a", owner, lease).await,
+        Claim::New(owner)
+    );
+    store.renew(&endless, &owner, Duration::MAX).await.unwrap();
+    assert_eq!(
+        claim_with(&store, &endless, "a", Reservation::generate(), lease).await,
+        Claim::Pending,
+        "an endless lease never lapses"
+    );
+    store.release(&endless, &owner).await.unwrap();
+}
+
+/// An operator frees a pending key (`forget`, then a new claim is new) and resolves only a
+/// pending one: resolving an absent key changes nothing.
+pub async fn an_operator_forgets_pending_keys_and_resolves_only_pending_ones(store: impl Operator) {
+    let stuck = unique_key("forget-pending");
+    new(&store, &stuck, &fp("a")).await;
+    assert!(store.forget(&stuck).await.unwrap());
+    new(&store, &stuck, &fp("b")).await;
+    let absent = unique_key("resolve-absent");
+    assert_eq!(
+        store
+            .resolve(&absent, &awkward_response())
+            .await
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::ReservationLost
+    );
+    assert_eq!(store.inspect(&absent).await.unwrap(), None);
+}
+
+/// `changed` waits while nothing changes (it does not end at once), and a change wakes every
+/// request waiting on the key: for a resolve and a forget as for a complete and a release.
+pub async fn changed_waits_and_wakes_every_waiter(store: impl Operator) {
+    for resolve in [true, false] {
+        let key = unique_key("waiters");
+        new(&store, &key, &fp("a")).await;
+        let first = store.changed(&key);
+        let second = store.changed(&key);
+        let mut first = std::pin::pin!(first);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), first.as_mut())
+                .await
+                .is_err(),
+            "changed ended with nothing changed"
+        );
+        if resolve {
+            store.resolve(&key, &awkward_response()).await.unwrap();
+        } else {
+            assert!(store.forget(&key).await.unwrap());
+        }
+        let both = async {
+            first.await;
+            second.await;
+        };
+        tokio::time::timeout(Duration::from_millis(500), both)
+            .await
+            .expect("both waiters woken");
+    }
 }
 
 /// `changed` sees a change made after it was called, even before its first poll: it ends well
@@ -724,85 +858,92 @@ pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store>(stor
 /// ```ignore
 /// tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 /// ```
+///
+/// A store without [`Operator`](crate::store::Operator) runs every property but the
+/// operator's (inspecting, resolving and forgetting keys, the lease as an operator sees it):
+///
+/// ```ignore
+/// tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300), without_operator);
+/// ```
 #[macro_export]
 macro_rules! store_conformance {
     ($make:path, retention = $retention:expr) => {
         mod conformance {
+            #[allow(unused_imports)]
             use super::*;
             use $crate::testing::conformance as suite;
 
+            $crate::store_conformance!(@store $make, $retention);
+            $crate::store_conformance!(@operator $make);
+        }
+    };
+    ($make:path, retention = $retention:expr, without_operator) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::testing::conformance as suite;
+
+            $crate::store_conformance!(@store $make, $retention);
+        }
+    };
+    (@store $make:path, $retention:expr) => {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn all_four_claim_outcomes() {
-                suite::all_four_claim_outcomes($make(None).await).await;
+                suite::all_four_claim_outcomes($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn conflict_is_decided_before_the_status_and_changes_nothing() {
-                suite::conflict_is_decided_before_the_status_and_changes_nothing($make(None).await)
+                suite::conflict_is_decided_before_the_status_and_changes_nothing($make(::core::option::Option::None).await)
                     .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_claim_with_the_same_token_is_new_again() {
-                suite::a_claim_with_the_same_token_is_new_again($make(None).await).await;
+                suite::a_claim_with_the_same_token_is_new_again($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn tokens_are_compared_in_every_bit() {
-                suite::tokens_are_compared_in_every_bit($make(None).await).await;
+                suite::tokens_are_compared_in_every_bit($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn settling_a_lost_claim_frees_only_its_own_reservation() {
-                suite::settling_a_lost_claim_frees_only_its_own_reservation($make(None).await)
+                suite::settling_a_lost_claim_frees_only_its_own_reservation($make(::core::option::Option::None).await)
                     .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn an_operator_sees_resolves_and_forgets_stuck_keys() {
-                suite::an_operator_sees_resolves_and_forgets_stuck_keys($make(None).await).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn an_abandoned_key_is_taken_over_only_when_asked() {
-                suite::an_abandoned_key_is_taken_over_only_when_asked($make(None).await).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn renewing_keeps_a_lease_alive() {
-                suite::renewing_keeps_a_lease_alive($make(None).await).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn keys_of_any_length_work() {
-                suite::keys_of_any_length_work($make(None).await).await;
+                suite::keys_of_any_length_work($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn any_retention_is_accepted() {
-                suite::any_retention_is_accepted($make(Some(std::time::Duration::MAX)).await).await;
+                suite::any_retention_is_accepted($make(::core::option::Option::Some(std::time::Duration::MAX)).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn replay_is_byte_exact() {
-                suite::replay_is_byte_exact($make(None).await).await;
+                suite::replay_is_byte_exact($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn complete_is_guarded_by_the_reservation() {
-                suite::complete_is_guarded_by_the_reservation($make(None).await).await;
+                suite::complete_is_guarded_by_the_reservation($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn release_is_guarded_by_the_reservation() {
-                suite::release_is_guarded_by_the_reservation($make(None).await).await;
+                suite::release_is_guarded_by_the_reservation($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retention_drops_completed_records_only() {
                 let retention: std::time::Duration = $retention;
                 suite::retention_drops_completed_records_only(
-                    $make(Some(retention)).await,
+                    $make(::core::option::Option::Some(retention)).await,
                     retention,
                 )
                 .await;
@@ -810,18 +951,53 @@ macro_rules! store_conformance {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn changed_sees_a_change_made_before_its_first_poll() {
-                suite::changed_sees_a_change_made_before_its_first_poll($make(None).await).await;
+                suite::changed_sees_a_change_made_before_its_first_poll($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_wait_runs_out_and_without_it_the_409_is_immediate() {
-                suite::a_wait_runs_out_and_without_it_the_409_is_immediate($make(None).await).await;
+                suite::a_wait_runs_out_and_without_it_the_409_is_immediate($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_claims_of_one_key_give_exactly_one_new() {
-                suite::concurrent_claims_of_one_key_give_exactly_one_new($make(None).await).await;
+                suite::concurrent_claims_of_one_key_give_exactly_one_new($make(::core::option::Option::None).await).await;
             }
-        }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn keys_are_compared_exactly() {
+                suite::keys_are_compared_exactly($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_owner_writes_after_its_lease_lapsed() {
+                suite::the_owner_writes_after_its_lease_lapsed($make(::core::option::Option::None).await).await;
+            }
+    };
+    (@operator $make:path) => {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_operator_sees_resolves_and_forgets_stuck_keys() {
+                suite::an_operator_sees_resolves_and_forgets_stuck_keys($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_abandoned_key_is_taken_over_only_when_asked() {
+                suite::an_abandoned_key_is_taken_over_only_when_asked($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn renewing_keeps_a_lease_alive() {
+                suite::renewing_keeps_a_lease_alive($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_operator_forgets_pending_keys_and_resolves_only_pending_ones() {
+                suite::an_operator_forgets_pending_keys_and_resolves_only_pending_ones($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn changed_waits_and_wakes_every_waiter() {
+                suite::changed_waits_and_wakes_every_waiter($make(::core::option::Option::None).await).await;
+            }
     };
 }
