@@ -1,5 +1,6 @@
-//! The layer on the shared stores, new and replay paths, against the bare service in the same
-//! run; needs Redis at `REDIS_URL` and PostgreSQL at `DATABASE_URL`.
+//! The layer on the durable stores, new and replay paths, against the bare service and the
+//! memory store in the same run; needs Redis at `REDIS_URL` and PostgreSQL at `DATABASE_URL`
+//! (SQLite needs nothing: its file is made in a temporary directory).
 //!
 //! `cargo bench --all-features --bench stores`. Prints the Redis commands per request as well
 //! (from `INFO commandstats`); the PostgreSQL statements per request are counted exactly by the
@@ -15,7 +16,7 @@ use common::{Create, valid};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::store::{PostgresStore, RedisStore};
+use tower_idempotency::store::{PostgresStore, RedisStore, SqliteStore};
 use tower_idempotency::{Idempotency, RequestBody, Store};
 
 fn run_id() -> String {
@@ -129,6 +130,21 @@ fn stores(c: &mut Criterion) {
             BatchSize::SmallInput,
         );
     });
+    paths(
+        c,
+        &runtime,
+        "memory",
+        tower_idempotency::MemoryStore::with_retention(Duration::from_secs(60)),
+    );
+    let dir = std::env::temp_dir().join(format!("tower-idempotency-bench-{}", run_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = runtime
+        .block_on(SqliteStore::open(dir.join("records.sqlite3")))
+        .expect("a SQLite file")
+        .retention(Duration::from_secs(60));
+    paths(c, &runtime, "sqlite", sqlite);
+    let _ = std::fs::remove_dir_all(&dir);
+
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let redis = runtime
         .block_on(RedisStore::connect(&redis_url))
