@@ -142,21 +142,14 @@ fn store_latency<St: Store + Clone>(
     waited: impl Fn(&St) -> usize + Sync,
 ) {
     let mut group = c.benchmark_group(name);
-    let replayed = unique("r");
     let service = IdempotencyLayer::new(store.clone()).layer(Create);
-    runtime
-        .block_on(service.clone().oneshot(valid(&replayed)))
-        .unwrap();
-    group.bench_function("replay (baseline)", |b| {
-        b.to_async(runtime).iter_batched(
-            || valid(&replayed),
-            |request| async {
-                let response = service.clone().oneshot(request).await.unwrap();
-                black_box(response.into_body().collect().await.unwrap().to_bytes())
-            },
-            BatchSize::SmallInput,
-        );
-    });
+    common::replays(
+        &mut group,
+        runtime,
+        "replay (baseline)",
+        &service,
+        &unique("r"),
+    );
     let gated = Gated::default();
     for (name, waiter) in [
         ("create's end to first reply", false),

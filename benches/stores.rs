@@ -49,20 +49,13 @@ fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: 
             BatchSize::SmallInput,
         );
     });
-    let replayed = format!("bench-{run}-replayed");
-    runtime
-        .block_on(service.clone().oneshot(valid(&replayed)))
-        .unwrap();
-    group.bench_function("replay", |b| {
-        b.to_async(runtime).iter_batched(
-            || valid(&replayed),
-            |request| async {
-                let response = service.clone().oneshot(request).await.unwrap();
-                black_box(response.into_body().collect().await.unwrap().to_bytes())
-            },
-            BatchSize::SmallInput,
-        );
-    });
+    common::replays(
+        &mut group,
+        runtime,
+        "replay",
+        &service,
+        &format!("bench-{run}-replayed"),
+    );
     group.finish();
 }
 

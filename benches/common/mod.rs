@@ -90,3 +90,34 @@ pub fn json_service<St: tower_idempotency::Store>(
     let layer = tower_idempotency::IdempotencyLayer::with_operation(store, operation).global_keys();
     tower::Layer::layer(&layer, Create)
 }
+
+/// Replays of `key` through `service`, measured as `name` in `group`: the key is sent once
+/// first, so that every measured request replays it.
+pub fn replays<S, B>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    service: &S,
+    key: &str,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    runtime
+        .block_on(service.clone().oneshot(valid(key)))
+        .expect("the first attempt");
+    group.bench_function(name, |b| {
+        b.to_async(runtime).iter_batched(
+            || valid(key),
+            |request| async {
+                let response = service.clone().oneshot(request).await.expect("a reply");
+                std::hint::black_box(response.into_body().collect().await.ok())
+            },
+            criterion::BatchSize::SmallInput,
+        );
+    });
+}

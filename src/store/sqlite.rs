@@ -313,6 +313,41 @@ impl SqliteStore {
         .await
     }
 
+    /// Completes the pending record of `key` with `response`: the one pending under `token`,
+    /// or whichever is pending when there is no token (an operator's resolve).
+    async fn store_response(
+        &self,
+        key: &str,
+        token: Option<[u8; 16]>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let owned = key.to_owned();
+        let encoded = codec::encode(response);
+        let retention = self.retention_ms;
+        let rows = self
+            .call(move |connection| {
+                let now = now_millis();
+                let expires = (retention > 0).then(|| now.saturating_add(retention));
+                connection
+                    .prepare_cached(
+                        "UPDATE idempotency_records SET response = ?3, token = NULL, \
+                         lease_until = NULL, changed_at = ?4, expires_at = ?5 \
+                         WHERE key = ?1 AND token IS NOT NULL AND (?2 IS NULL OR token = ?2)",
+                    )?
+                    .execute(params![
+                        owned,
+                        token.as_ref().map(|token| &token[..]),
+                        &encoded[..],
+                        now,
+                        expires
+                    ])
+            })
+            .await?;
+        guarded(rows)?;
+        self.wake(key);
+        Ok(())
+    }
+
     /// Wakes this process's requests waiting for `key`.
     fn wake(&self, key: &str) {
         self.worker
@@ -415,26 +450,8 @@ impl Store for SqliteStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let owned = key.to_owned();
         let token = reservation.as_u128().to_be_bytes();
-        let encoded = codec::encode(response);
-        let retention = self.retention_ms;
-        let rows = self
-            .call(move |connection| {
-                let now = now_millis();
-                let expires = (retention > 0).then(|| now.saturating_add(retention));
-                connection
-                    .prepare_cached(
-                        "UPDATE idempotency_records SET response = ?3, token = NULL, \
-                         lease_until = NULL, changed_at = ?4, expires_at = ?5 \
-                         WHERE key = ?1 AND token = ?2",
-                    )?
-                    .execute(params![owned, &token[..], &encoded[..], now, expires])
-            })
-            .await?;
-        guarded(rows)?;
-        self.wake(key);
-        Ok(())
+        self.store_response(key, Some(token), response).await
     }
 
     fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
@@ -503,25 +520,7 @@ impl Operator for SqliteStore {
     }
 
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        let owned = key.to_owned();
-        let encoded = codec::encode(response);
-        let retention = self.retention_ms;
-        let rows = self
-            .call(move |connection| {
-                let now = now_millis();
-                let expires = (retention > 0).then(|| now.saturating_add(retention));
-                connection
-                    .prepare_cached(
-                        "UPDATE idempotency_records SET response = ?2, token = NULL, \
-                         lease_until = NULL, changed_at = ?3, expires_at = ?4 \
-                         WHERE key = ?1 AND token IS NOT NULL",
-                    )?
-                    .execute(params![owned, &encoded[..], now, expires])
-            })
-            .await?;
-        guarded(rows)?;
-        self.wake(key);
-        Ok(())
+        self.store_response(key, None, response).await
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
