@@ -181,6 +181,7 @@
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
 //! | `postgres` | `store::PostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
+//! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
@@ -246,6 +247,12 @@ pub use redis;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use {deadpool_postgres, tokio_postgres};
+
+/// The SQLite binding the [`SqliteStore`](store::SqliteStore) is built on, re-exported so you
+/// get the matching version (to open its file for a look, say).
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use rusqlite;
 
 pub use crate::store::{
     Claim, Lease, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,

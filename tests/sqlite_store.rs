@@ -34,3 +34,76 @@ async fn make_store(retention: Option<Duration>) -> SqliteStore {
 }
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(200));
+
+/// Claims of one key from separate stores on one file (each its own connection and thread,
+/// as separate processes have), released together: exactly one is new, over many keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_from_separate_connections_give_exactly_one_new() {
+    use tower_idempotency::{Claim, Store, fingerprint};
+    let stores = futures_stores(8).await;
+    for round in 0..20 {
+        let key = format!("{}-{round}", tower_idempotency::Reservation::generate());
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(stores.len()));
+        let tasks: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&key, &fingerprint(&key, "p")).await.unwrap()
+                })
+            })
+            .collect();
+        let mut new = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Claim::New(_) => new += 1,
+                Claim::Pending => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(new, 1, "round {round}");
+    }
+}
+
+async fn futures_stores(n: usize) -> Vec<SqliteStore> {
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(make_store(None).await);
+    }
+    stores
+}
+
+/// Found in review: a timeout past SQLite's own limit (about 24 days in milliseconds) made
+/// the store's thread panic, and every later call failed. Any timeout is accepted.
+#[tokio::test]
+async fn any_timeout_is_accepted() {
+    use tower_idempotency::{Claim, Store, fingerprint};
+    let store = make_store(None).await.timeout(Duration::MAX);
+    let key = tower_idempotency::Reservation::generate().to_string();
+    assert!(matches!(
+        store.claim(&key, &fingerprint(&key, "p")).await,
+        Ok(Claim::New(_))
+    ));
+}
+
+/// Found in review: a record the store cannot read is `Corrupt`, not `Unavailable`.
+#[tokio::test]
+async fn an_unreadable_record_is_corrupt() {
+    use tower_idempotency::{Store, StoreErrorKind, fingerprint};
+    let store = make_store(None).await;
+    let key = format!("corrupt-{}", tower_idempotency::Reservation::generate());
+    let connection = rusqlite::Connection::open(path()).unwrap();
+    connection
+        .execute(
+            "INSERT INTO idempotency_records (key, fingerprint, token, response, take_over, \
+             changed_at) VALUES (?1, ?2, NULL, x'00ff', 'yes', 0)",
+            rusqlite::params![key, fingerprint(&key, "p").as_str()],
+        )
+        .unwrap();
+    let error = store
+        .claim(&key, &fingerprint(&key, "p"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Corrupt);
+}

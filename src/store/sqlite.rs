@@ -170,13 +170,25 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
 }
 
+/// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
+const MAX_BUSY: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// A failed call: a lock not had in time is a timeout; a record or file that cannot be read
+/// is corrupt; anything else, unavailable.
 fn unavailable(error: rusqlite::Error) -> StoreError {
-    match error.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-            StoreError::with_source(StoreErrorKind::Timeout, error)
-        }
-        _ => StoreError::with_source(StoreErrorKind::Unavailable, error),
-    }
+    use rusqlite::ErrorCode;
+    let kind = match &error {
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::Utf8Error(..) => StoreErrorKind::Corrupt,
+        _ => match error.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreErrorKind::Timeout,
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreErrorKind::Corrupt,
+            _ => StoreErrorKind::Unavailable,
+        },
+    };
+    StoreError::with_source(kind, error)
 }
 
 fn guarded(rows: usize) -> Result<(), StoreError> {
@@ -203,6 +215,8 @@ impl SqliteStore {
             .spawn(move || {
                 let connection = Connection::open(&path).and_then(|connection| {
                     connection.busy_timeout(DEFAULT_TIMEOUT)?;
+                    // WAL lets readers go on while one process writes; a file system that
+                    // cannot hold it keeps the rollback journal, still correct.
                     connection.pragma_update(None, "journal_mode", "WAL")?;
                     connection.pragma_update(None, "synchronous", "FULL")?;
                     connection.execute_batch(SCHEMA)?;
@@ -227,7 +241,12 @@ impl SqliteStore {
         result
             .await
             .map_err(|_| StoreError::new(StoreErrorKind::Unavailable))?
-            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+            .map_err(|error| match error.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::CannotOpen) => {
+                    StoreError::with_source(StoreErrorKind::InvalidConfig, error)
+                }
+                _ => unavailable(error),
+            })?;
         Ok(Self {
             worker: Arc::new(Worker {
                 jobs,
@@ -246,16 +265,12 @@ impl SqliteStore {
         self
     }
 
-    /// How long one call may take, waiting for the file's write lock included (SQLite's
-    /// `busy_timeout` is set to it too). Default one second.
+    /// How long one call may take, waiting for its turn on the store's thread and for the
+    /// file's write lock included: each call waits for the lock only as long as its caller
+    /// still waits for it, and a call its caller gave up on before its turn is not run.
+    /// Default one second.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        let busy = timeout;
-        let worker = Arc::clone(&self.worker);
-        // Best effort, in order with every later call: the connection's own wait for a lock.
-        let _ = worker.jobs.send(Box::new(move |connection| {
-            let _ = connection.busy_timeout(busy);
-        }));
         self
     }
 
@@ -299,10 +314,30 @@ impl SqliteStore {
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let deadline = std::time::Instant::now().checked_add(self.timeout);
         self.worker
             .jobs
             .send(Box::new(move |connection| {
-                let _ = answer.send(f(connection));
+                // Its caller gave up (the timeout, or its request dropped): a claim not run
+                // is settled as not made, anything else is looked at again by its caller.
+                if answer.is_closed() {
+                    return;
+                }
+                let left = deadline.map_or(MAX_BUSY, |deadline| {
+                    deadline.saturating_duration_since(std::time::Instant::now())
+                });
+                if left.is_zero() {
+                    return;
+                }
+                let result = match connection.busy_timeout(left.min(MAX_BUSY)) {
+                    Ok(()) => {
+                        // A panic in a call ends that call, not the store's thread.
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(connection)))
+                            .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Unavailable)))
+                    }
+                    Err(error) => Err(unavailable(error)),
+                };
+                let _ = answer.send(result);
             }))
             .map_err(|_| StoreError::new(StoreErrorKind::Unavailable))?;
         within(self.timeout, async {
@@ -483,9 +518,6 @@ impl Operator for SqliteStore {
         let row = self.call(move |connection| read(connection, &key)).await?;
         let Some(row) = row else { return Ok(None) };
         let now = now_millis();
-        if row.response.is_some() && row.expires_at.is_some_and(|at| at <= now) {
-            return Ok(None);
-        }
         let fingerprint = Fingerprint::parse(&row.fingerprint)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
         let age = u64::try_from(now.saturating_sub(row.changed_at))
