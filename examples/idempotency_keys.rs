@@ -2,7 +2,7 @@
 //! resolve one into a replay, forget one.
 //!
 //! ```text
-//! cargo run --example idempotency_keys --features redis,postgres -- --store URL \
+//! cargo run --example idempotency_keys --features redis,postgres,sqlite -- --store URL \
 //!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] COMMAND
 //!
 //!   show KEY                       state, age, fingerprint (and status, or for a pending key
@@ -23,7 +23,10 @@
 //! Output is plain text a script can read. Exit codes: 0 done, 1 no such record (or, for
 //! `resolve`, none pending), 2 a bad command line, 3 the store failed.
 
-#![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(dead_code)
+)]
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -255,10 +258,21 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
             return run(store, options).await;
         }
     }
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        #[cfg(feature = "sqlite")]
+        {
+            let store = tower_idempotency::store::SqliteStore::open(path).await?;
+            return run(store, options).await;
+        }
+        #[cfg(not(feature = "sqlite"))]
+        let _ = path;
+    }
     let _ = options.table.as_deref();
     Err(StoreError::with_source(
         StoreErrorKind::InvalidConfig,
-        format!("{url}: a redis:// or postgres:// URL, with the crate's feature of that name"),
+        format!(
+            "{url}: a redis://, postgres:// or sqlite:// URL, with the crate's feature of that name"
+        ),
     ))
 }
 
