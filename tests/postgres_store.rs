@@ -566,3 +566,43 @@ async fn a_notification_that_cannot_be_sent_fails_no_change() {
         .await
         .unwrap();
 }
+
+/// The listener belongs to the store, not to the runtime it started on: once that runtime has
+/// shut down (its task dropped), the next wait from another runtime starts it again there.
+#[test]
+fn the_listener_starts_again_from_the_next_runtime() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let store = first.block_on(async {
+        let store = store_on_own_table().await;
+        drop(store.changed("warm-up"));
+        listening(&store).await;
+        store
+    });
+    drop(first);
+    runtime().block_on(async {
+        let admin = make_store(None).await;
+        let table = store.table_name().to_owned();
+        drop(store.changed("again"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while listeners(&admin, &table).await.len() != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no listener in the new runtime"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(store.notifications_listening());
+        let client = admin.pool().get().await.unwrap();
+        client
+            .batch_execute(&format!("DROP TABLE \"{table}\""))
+            .await
+            .unwrap();
+    });
+}

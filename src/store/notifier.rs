@@ -180,8 +180,14 @@ async fn listen<S: Source>(notifier: Weak<Notifier<S>>, stop: Arc<Notify>, resta
         if store_dropped {
             return;
         }
-        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+        delay = next_delay(delay);
     }
+}
+
+/// The pause after `delay` when another attempt to listen failed: doubled, up to
+/// [`MAX_RECONNECT_DELAY`].
+fn next_delay(delay: Duration) -> Duration {
+    delay.saturating_mul(2).min(MAX_RECONNECT_DELAY)
 }
 
 /// Marks a notifier's listener as ended when its task ends, however it ends.
@@ -211,5 +217,18 @@ fn set_listening<S: Source>(notifier: &Weak<Notifier<S>>, listening: bool) {
                 waiter.notify_waiters();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pause_between_attempts_doubles_up_to_its_cap() {
+        assert_eq!(next_delay(RECONNECT_DELAY), Duration::from_secs(1));
+        assert_eq!(next_delay(Duration::from_secs(1)), Duration::from_secs(2));
+        assert_eq!(next_delay(Duration::from_secs(20)), MAX_RECONNECT_DELAY);
+        assert_eq!(next_delay(MAX_RECONNECT_DELAY), MAX_RECONNECT_DELAY);
     }
 }
