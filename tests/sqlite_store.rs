@@ -107,39 +107,3 @@ async fn an_unreadable_record_is_corrupt() {
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Corrupt);
 }
-
-/// `purge_expired` deletes the completed records past their retention, in batches that each
-/// hold the file's write lock briefly, and never a pending record.
-#[tokio::test]
-async fn purge_deletes_expired_completed_records_only() {
-    use tower_idempotency::store::Operator;
-    use tower_idempotency::{Claim, Store, fingerprint};
-    let store = make_store(Some(Duration::from_millis(50))).await;
-    let run = tower_idempotency::Reservation::generate();
-    let pending = format!("purge-pending-{run}");
-    assert!(matches!(
-        store.claim(&pending, &fingerprint(&pending, "p")).await,
-        Ok(Claim::New(_))
-    ));
-    let completed: Vec<String> = (0..1200).map(|i| format!("purge-{run}-{i}")).collect();
-    for key in &completed {
-        let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint(key, "p")).await else {
-            panic!("a new claim");
-        };
-        store
-            .complete(key, &reservation, &common::conformance::awkward_response())
-            .await
-            .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // Other tests' expired records in the shared file go too: at least these.
-    assert!(store.purge_expired().await.unwrap() >= 1200);
-    for key in [&completed[0], &completed[1199]] {
-        assert_eq!(store.inspect(key).await.unwrap(), None, "purged");
-    }
-    assert!(
-        store.inspect(&pending).await.unwrap().is_some(),
-        "pending kept"
-    );
-    assert_eq!(store.purge_expired().await.unwrap(), 0);
-}

@@ -170,9 +170,6 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
 }
 
-/// How many expired records one call of [`SqliteStore::purge_expired`] deletes at most.
-const PURGE_BATCH: i64 = 500;
-
 /// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
 const MAX_BUSY: Duration = Duration::from_millis(i32::MAX as u64);
 
@@ -277,32 +274,19 @@ impl SqliteStore {
         self
     }
 
-    /// Deletes the completed records past their retention, and returns how many. It deletes
-    /// them 500 at a time, one call each, so that every process's claims get the
-    /// file's write lock in between.
+    /// Deletes the completed records past their retention, and returns how many.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] if the file cannot be written.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = now_millis();
-        let mut purged = 0u64;
-        loop {
-            let rows = self
-                .call(move |connection| {
-                    connection
-                        .prepare_cached(
-                            "DELETE FROM idempotency_records WHERE key IN (SELECT key \
-                             FROM idempotency_records WHERE expires_at <= ?1 LIMIT ?2)",
-                        )?
-                        .execute(params![now, PURGE_BATCH])
-                })
-                .await?;
-            purged = purged.saturating_add(u64::try_from(rows).unwrap_or(u64::MAX));
-            if i64::try_from(rows).map_or(true, |rows| rows < PURGE_BATCH) {
-                return Ok(purged);
-            }
-        }
+        self.call(move |connection| {
+            connection
+                .prepare_cached("DELETE FROM idempotency_records WHERE expires_at <= ?1")?
+                .execute(params![now_millis()])
+        })
+        .await
+        .map(|rows| u64::try_from(rows).unwrap_or(u64::MAX))
     }
 
     /// How many keys requests of this process wait on now
