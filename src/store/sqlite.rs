@@ -170,6 +170,9 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
 }
 
+/// How long opening the file waits for its lock (another process writing).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
 const MAX_BUSY: Duration = Duration::from_millis(i32::MAX as u64);
 
@@ -214,7 +217,9 @@ impl SqliteStore {
             .name("tower-idempotency-sqlite".to_owned())
             .spawn(move || {
                 let connection = Connection::open(&path).and_then(|connection| {
-                    connection.busy_timeout(DEFAULT_TIMEOUT)?;
+                    // Opening waits longer than a call for the file's lock: other processes'
+                    // writes may hold it, and a store that fails to open fails its server.
+                    connection.busy_timeout(OPEN_TIMEOUT)?;
                     // WAL lets readers go on while one process writes; a file system that
                     // cannot hold it keeps the rollback journal, still correct.
                     connection.pragma_update(None, "journal_mode", "WAL")?;
