@@ -84,6 +84,27 @@ CREATE INDEX IF NOT EXISTS idempotency_records_expires_at
 const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_over, expires_at, \
     changed_at FROM idempotency_records WHERE key = ?1";
 
+/// Puts the file in WAL mode and creates the table, each only if it is not done already (a
+/// file in use by other processes then takes no write lock to open).
+fn prepare(connection: &Connection) -> rusqlite::Result<()> {
+    // WAL lets readers go on while one process writes; a file system that cannot hold it
+    // keeps the rollback journal, still correct.
+    let mode: String = connection.pragma_query_value(None, "journal_mode", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        connection.pragma_update(None, "journal_mode", "WAL")?;
+    }
+    let exists: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' \
+         AND name = 'idempotency_records')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !exists {
+        connection.execute_batch(SCHEMA)?;
+    }
+    Ok(())
+}
+
 /// A record as a claim reads it.
 struct Row {
     fingerprint: String,
@@ -170,7 +191,7 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
 }
 
-/// How long opening the file waits for its lock (another process writing).
+/// How long opening the file tries again while another process holds its lock.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
@@ -217,15 +238,28 @@ impl SqliteStore {
             .name("tower-idempotency-sqlite".to_owned())
             .spawn(move || {
                 let connection = Connection::open(&path).and_then(|connection| {
-                    // Opening waits longer than a call for the file's lock: other processes'
-                    // writes may hold it, and a store that fails to open fails its server.
-                    connection.busy_timeout(OPEN_TIMEOUT)?;
-                    // WAL lets readers go on while one process writes; a file system that
-                    // cannot hold it keeps the rollback journal, still correct.
-                    connection.pragma_update(None, "journal_mode", "WAL")?;
+                    connection.busy_timeout(DEFAULT_TIMEOUT)?;
                     connection.pragma_update(None, "synchronous", "FULL")?;
-                    connection.execute_batch(SCHEMA)?;
-                    Ok(connection)
+                    // Another process's writes may hold the file's lock, and SQLite answers
+                    // "busy" at once in some of those cases: opening tries again for a while,
+                    // since a store that fails to open fails its server.
+                    let started = std::time::Instant::now();
+                    loop {
+                        match prepare(&connection) {
+                            Err(error)
+                                if matches!(
+                                    error.sqlite_error_code(),
+                                    Some(
+                                        rusqlite::ErrorCode::DatabaseBusy
+                                            | rusqlite::ErrorCode::DatabaseLocked
+                                    )
+                                ) && started.elapsed() < OPEN_TIMEOUT =>
+                            {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                            other => break other.map(|()| connection),
+                        }
+                    }
                 });
                 let mut connection = match connection {
                     Ok(connection) => {
