@@ -42,11 +42,11 @@ use crate::operation::Fingerprint;
 /// deletes the expired ones; schedule it as you like. Pending records never expire.
 ///
 /// With [`pending_wait`](crate::IdempotencyLayer::pending_wait), a waiting request marks the
-/// record it waits on, and the statement that completes, releases, resolves or forgets a
-/// marked record announces it with `pg_notify` on the table's channel (`<table>_changed`).
-/// One connection per store, outside the pool and opened on the first wait, `LISTEN`s there
-/// and wakes the waiters of this process, whichever replica made the change. Records nobody
-/// waits on are never announced: notifying commits take a lock that serializes them.
+/// record it waits on, and once a marked record is completed, released, resolved or forgotten
+/// the change is announced with `pg_notify` on the table's channel (`<table>_changed`), in a
+/// statement of its own after the change committed. One connection per store, outside the
+/// pool and opened on the first wait, `LISTEN`s there and wakes the waiters of this process,
+/// whichever replica made the change. Records nobody waits on are never announced.
 ///
 /// Every call fails with a [`StoreError`] after the [timeout](PostgresStore::timeout) (default
 /// one second), so the layer fails closed while the database is away; the pool reconnects when
@@ -494,7 +494,7 @@ impl PostgresStore {
             client.query(&statement, params).await.map_err(unavailable)
         })
         .await?;
-        if rows.iter().any(|row| row.try_get(0).unwrap_or(true)) {
+        if any_waited(&rows) {
             self.announce(key).await;
         }
         Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
@@ -576,6 +576,12 @@ fn lease_millis(lease: Duration) -> i64 {
 
 fn unavailable(error: tokio_postgres::Error) -> StoreError {
     StoreError::with_source(StoreErrorKind::Unavailable, error)
+}
+
+/// Whether a request waits on any of the records a changing statement returned (`RETURNING
+/// waited`); an unreadable flag counts as waited on, so the change is announced.
+fn any_waited(rows: &[tokio_postgres::Row]) -> bool {
+    rows.iter().any(|row| row.try_get(0).unwrap_or(true))
 }
 
 fn guarded(rows: u64) -> Result<(), StoreError> {
@@ -673,8 +679,9 @@ impl Store for PostgresStore {
     /// Ends when another process announces a change of `key` (the statements that complete,
     /// release, resolve or forget a record someone waits on notify the table's channel, which
     /// one connection per store listens to), or after a poll interval: [`CHANGE_POLL_INTERVAL`]
-    /// until the store listens (or on a pool of your own), a second while it does. Marks the
-    /// record as waited on first (one statement), and ends at once if it is no longer pending.
+    /// until the store listens (or on a pool of your own), a second while it does. While it
+    /// listens it first marks the record as waited on (a read, and a write only if no waiter
+    /// marked it yet), and ends at once if the record is no longer pending.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
         let key = table_key(key).into_owned();
         let waiting = self.notifier.as_ref().map(|notifier| notifier.wait(&key));
@@ -759,7 +766,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(unavailable)?;
             transaction.commit().await.map_err(unavailable)?;
-            Ok(released.iter().any(|row| row.try_get(0).unwrap_or(true)))
+            Ok(any_waited(&released))
         })
         .await?;
         if waited {

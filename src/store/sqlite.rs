@@ -197,6 +197,14 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
 const MAX_BUSY: Duration = Duration::from_millis(i32::MAX as u64);
 
+/// Whether SQLite refused for a lock another connection holds.
+fn busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// A failed call: a lock not had in time is a timeout; a record or file that cannot be read
 /// is corrupt; anything else, unavailable.
 fn unavailable(error: rusqlite::Error) -> StoreError {
@@ -206,8 +214,8 @@ fn unavailable(error: rusqlite::Error) -> StoreError {
         | rusqlite::Error::InvalidColumnType(..)
         | rusqlite::Error::IntegralValueOutOfRange(..)
         | rusqlite::Error::Utf8Error(..) => StoreErrorKind::Corrupt,
+        _ if busy(&error) => StoreErrorKind::Timeout,
         _ => match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreErrorKind::Timeout,
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreErrorKind::Corrupt,
             _ => StoreErrorKind::Unavailable,
         },
@@ -246,15 +254,7 @@ impl SqliteStore {
                     let started = std::time::Instant::now();
                     loop {
                         match prepare(&connection) {
-                            Err(error)
-                                if matches!(
-                                    error.sqlite_error_code(),
-                                    Some(
-                                        rusqlite::ErrorCode::DatabaseBusy
-                                            | rusqlite::ErrorCode::DatabaseLocked
-                                    )
-                                ) && started.elapsed() < OPEN_TIMEOUT =>
-                            {
+                            Err(error) if busy(&error) && started.elapsed() < OPEN_TIMEOUT => {
                                 std::thread::sleep(Duration::from_millis(10));
                             }
                             other => break other.map(|()| connection),
