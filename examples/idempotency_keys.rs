@@ -248,6 +248,18 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
             return run(store, options).await;
         }
     }
+    if let Some(seeds) = url.strip_prefix("redis-cluster://") {
+        #[cfg(feature = "redis")]
+        {
+            let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
+            let store =
+                tower_idempotency::store::RedisStore::connect_cluster_allowing_eviction(seeds)
+                    .await?;
+            return run(store, options).await;
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = seeds;
+    }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
         {
@@ -271,7 +283,8 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     Err(StoreError::with_source(
         StoreErrorKind::InvalidConfig,
         format!(
-            "{url}: a redis://, postgres:// or sqlite:// URL, with the crate's feature of that name"
+            "{url}: a redis://, redis-cluster://, postgres:// or sqlite:// URL, with the crate's \
+             feature of that name"
         ),
     ))
 }

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
 //!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N]
-//!     [--store memory|redis://…|postgres://…|sqlite://PATH]
+//!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
 //!
 //! The shared stores need their features:
@@ -36,7 +36,7 @@ use tower_idempotency::{IdempotencyLayer, LabelOperation};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] \
-[--store memory|redis://…|postgres://…|sqlite://PATH]";
+[--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
 
 /// Both optional policies in one: the in-flight limit first (503), then the rate (429).
 #[derive(Clone)]

@@ -415,7 +415,7 @@ async fn a_malformed_lease_deadline_is_pending_not_an_error() {
     let owner = Reservation::generate();
     let claimed = store.claim_with(&key, &fp, owner, take_over).await.unwrap();
     assert_eq!(claimed, Claim::New(owner));
-    let mut connection = store.connection().clone();
+    let mut connection = store.connection().expect("one server").clone();
     let _: () = redis::cmd("HSET")
         .arg(format!("tower-idempotency-test:{key}"))
         .arg("until")
@@ -491,6 +491,7 @@ async fn the_subscriber_ends_with_its_store() {
         .await
         .unwrap()
         .connection()
+        .expect("one server")
         .clone();
     let own = RedisStore::from_manager(manager);
     drop(own.changed("k"));

@@ -79,8 +79,9 @@ pub fn with_pending_wait<St, A, O>(
     }
 }
 
-/// The store `url` names: `memory`, `redis://…`, `postgres://…` or `sqlite://PATH` (the
-/// durable stores need the crate's feature of that name), chosen at run time behind one type.
+/// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
+/// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
+/// crate's feature of that name), chosen at run time behind one type.
 pub async fn open_store(url: &str) -> Result<DynStore, String> {
     if url == "memory" {
         return Ok(DynStore::new(MemoryStore::new()));
@@ -95,6 +96,18 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
         }
         #[cfg(not(feature = "redis"))]
         return Err("build with --features redis".to_owned());
+    }
+    if let Some(seeds) = url.strip_prefix("redis-cluster://") {
+        #[cfg(feature = "redis")]
+        {
+            let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
+            let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(DynStore::new(store));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(format!("{seeds}: build with --features redis"));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
@@ -119,7 +132,11 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
         #[cfg(not(feature = "sqlite"))]
         return Err(format!("{path}: build with --features sqlite"));
     }
-    Err("unsupported store: memory, redis://…, postgres://… or sqlite://PATH".to_owned())
+    Err(
+        "unsupported store: memory, redis://…, redis-cluster://HOST:PORT[,…], postgres://… or \
+         sqlite://PATH"
+            .to_owned(),
+    )
 }
 
 /// One log line per request, with the outcome the layer reports.

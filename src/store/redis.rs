@@ -9,8 +9,11 @@ use std::time::Duration;
 use futures_core::Stream;
 
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, Value};
 
 use super::codec;
 use super::notifier::{self, Notifier, Source};
@@ -140,7 +143,7 @@ return 1
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     scripts: Arc<Scripts>,
     prefix: Arc<str>,
     retention_ms: u64,
@@ -154,11 +157,140 @@ pub struct RedisStore {
     notifier: Option<Arc<Notifier<Channel>>>,
 }
 
+/// The connection of a store: to one server, or to a Redis Cluster (each command routed to
+/// the node that serves its key's slot).
+#[derive(Clone)]
+enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Server(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(connection) => connection.get_db(),
+            Self::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+/// A primary of a Redis Cluster, by its address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Node {
+    host: String,
+    port: u16,
+}
+
+impl Connection {
+    /// Sends `cmd` to `node`; `None` (and every call on one server) lets the connection route
+    /// it.
+    async fn on<T: FromRedisValue>(&mut self, node: Option<&Node>, cmd: &Cmd) -> RedisResult<T> {
+        match (self, node) {
+            (Self::Cluster(connection), Some(node)) => {
+                let value = connection
+                    .route_command(cmd.clone(), routing_to(node))
+                    .await?;
+                Ok(T::from_redis_value(value)?)
+            }
+            (connection, _) => cmd.query_async(connection).await,
+        }
+    }
+
+    /// Sends `pipeline` to `node`, as [`on`](Self::on) sends a command.
+    async fn pipeline_on<T: FromRedisValue>(
+        &mut self,
+        node: Option<&Node>,
+        pipeline: &Pipeline,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Self::Cluster(connection), Some(node)) => {
+                let count = pipeline.len();
+                let values = connection
+                    .route_pipeline(pipeline.clone(), 0, count, node_routing(node))
+                    .await?;
+                Ok(T::from_redis_value(Value::Array(values))?)
+            }
+            (connection, _) => pipeline.query_async(connection).await,
+        }
+    }
+
+    /// The primaries a command about every record must reach: `[None]` on one server, every
+    /// primary that serves slots on a cluster (from `CLUSTER NODES`).
+    async fn primaries(&mut self) -> RedisResult<Vec<Option<Node>>> {
+        match self {
+            Self::Server(_) => Ok(vec![None]),
+            Self::Cluster(connection) => {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(connection)
+                    .await?;
+                Ok(cluster_primaries(&nodes).into_iter().map(Some).collect())
+            }
+        }
+    }
+}
+
+fn node_routing(node: &Node) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::ByAddress {
+        host: node.host.clone(),
+        port: node.port,
+    }
+}
+
+fn routing_to(node: &Node) -> RoutingInfo {
+    RoutingInfo::SingleNode(node_routing(node))
+}
+
+/// The primaries of a cluster that serve slots, from the text of `CLUSTER NODES`: one line a
+/// node, `id host:port@bus[,hostname] flags primary-id ping pong epoch link slot…`.
+fn cluster_primaries(nodes: &str) -> Vec<Node> {
+    let mut primaries: Vec<Node> = nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (address, flags) = (fields.get(1)?, fields.get(2)?);
+            let serves_slots = fields.len() > 8;
+            let primary = flags.split(',').any(|flag| flag == "master");
+            if !primary || !serves_slots {
+                return None;
+            }
+            let address = address.split(['@', ',']).next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some(Node {
+                host: host.to_owned(),
+                port: port.parse().ok()?,
+            })
+        })
+        .collect();
+    primaries.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
+    primaries
+}
+
 /// Where a Redis store hears of changes: the channel the scripts publish on, through a
-/// connection of its own.
+/// connection of its own to one of its servers (the first that answers: on a cluster a
+/// message published on any node reaches every node).
 #[derive(Clone)]
 struct Channel {
-    client: redis::Client,
+    clients: Arc<[redis::Client]>,
     name: Arc<str>,
 }
 
@@ -166,9 +298,15 @@ impl Source for Channel {
     type Session = Pin<Box<dyn Stream<Item = redis::Msg> + Send>>;
 
     async fn listen(&self) -> Option<Self::Session> {
-        let mut pubsub = self.client.get_async_pubsub().await.ok()?;
-        pubsub.subscribe(&*self.name).await.ok()?;
-        Some(Box::pin(pubsub.into_on_message()))
+        for client in self.clients.iter() {
+            let Ok(mut pubsub) = client.get_async_pubsub().await else {
+                continue;
+            };
+            if pubsub.subscribe(&*self.name).await.is_ok() {
+                return Some(Box::pin(pubsub.into_on_message()));
+            }
+        }
+        None
     }
 
     fn poll_changed(session: &mut Self::Session, cx: &mut Context<'_>) -> Poll<Option<String>> {
@@ -211,56 +349,31 @@ impl RedisStore {
     /// A [`StoreError`] if the URL is invalid or the server cannot be reached within the
     /// timeout; [`StoreErrorKind::InvalidConfig`] if the server may evict records.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let store = Self::connect_allowing_eviction(url).await?;
-        match store.eviction_policy().await? {
-            Some(policy) if policy != "noeviction" => Err(StoreError::with_source(
-                StoreErrorKind::InvalidConfig,
-                format!(
-                    "maxmemory-policy {policy} may evict idempotency records and let a retry \
-                     create again: set noeviction, or connect_allowing_eviction"
-                ),
-            )),
-            Some(_) => Ok(store),
-            None => {
-                tracing::warn!("cannot read the Redis maxmemory-policy; records may be evicted");
-                Ok(store)
-            }
-        }
+        Self::connect_allowing_eviction(url)
+            .await?
+            .refusing_eviction()
+            .await
     }
 
     /// The server's `maxmemory-policy` (`noeviction` when it has no memory limit, so evicts
-    /// nothing), or `None` if it does not say.
+    /// nothing), or `None` if it does not say. On a cluster, the first primary's policy that
+    /// may evict, else `None` if any primary does not say, else `noeviction`.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] if the server cannot be reached within the timeout.
     pub async fn eviction_policy(&self) -> Result<Option<String>, StoreError> {
-        let connection = self.connection.clone();
+        let mut connection = self.connection.clone();
         let call = async {
-            // Any server error (CONFIG renamed, an ACL without it) means it does not say.
-            let read = |name: &'static str| {
-                let mut connection = connection.clone();
-                async move {
-                    let reply: redis::RedisResult<Value> = redis::cmd("CONFIG")
-                        .arg("GET")
-                        .arg(name)
-                        .query_async(&mut connection)
-                        .await;
-                    match reply {
-                        Ok(value) => Ok(config_value(value)),
-                        Err(error) if error.is_io_error() || error.is_timeout() => {
-                            Err(unavailable(error))
-                        }
-                        Err(_) => Ok(None),
-                    }
+            let mut unknown = false;
+            for node in connection.clone().primaries().await.map_err(unavailable)? {
+                match node_eviction_policy(&mut connection, node.as_ref()).await? {
+                    Some(policy) if policy != "noeviction" => return Ok(Some(policy)),
+                    Some(_) => {}
+                    None => unknown = true,
                 }
-            };
-            let policy = read("maxmemory-policy").await?;
-            // Without a memory limit nothing is ever evicted, whatever the policy.
-            if read("maxmemory").await?.as_deref() == Some("0") {
-                return Ok(Some("noeviction".to_owned()));
             }
-            Ok(policy)
+            Ok((!unknown).then(|| "noeviction".to_owned()))
         };
         within(self.timeout, call).await
     }
@@ -289,16 +402,122 @@ impl RedisStore {
                 .map_err(unavailable)
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        let mut store = Self::from_manager(connection);
-        store.notifier = Some(Notifier::new(Channel {
-            client: client_for_notifier,
-            name: Arc::clone(&store.channel),
+        Ok(Self::from_manager(connection).listening_on(vec![client_for_notifier]))
+    }
+
+    /// Connects to a Redis Cluster through `seeds` (`redis://host:port` URLs of some of its
+    /// nodes; the others are found from them), with the default timeout, and checks the
+    /// eviction policy of every primary as [`connect`](Self::connect) does.
+    ///
+    /// Each record is one key, so every script runs on the one node that serves the key's
+    /// slot, in one round trip as on one server. Changes are published on the cluster bus and
+    /// heard through a subscriber connection to the first seed that answers.
+    ///
+    /// While a primary is down (and no replica has taken over its slots), the calls for its
+    /// keys fail with a [`StoreError`] after the timeout, so the layer answers
+    /// `503 store_unavailable` for them; the rest of the keys keep working, and the store
+    /// recovers by itself when the node is back.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// let store = RedisStore::connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if a URL is invalid or no seed answers within the timeout;
+    /// [`StoreErrorKind::InvalidConfig`] if a primary may evict records.
+    pub async fn connect_cluster<I, S>(seeds: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::connect_cluster_allowing_eviction(seeds)
+            .await?
+            .refusing_eviction()
+            .await
+    }
+
+    /// Connects like [`connect_cluster`](Self::connect_cluster) without checking the
+    /// eviction policy.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if a URL is invalid or no seed answers within the timeout.
+    pub async fn connect_cluster_allowing_eviction<I, S>(seeds: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let clients = seeds
+            .into_iter()
+            .map(|seed| redis::Client::open(seed.as_ref()))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(unavailable)?;
+        if clients.is_empty() {
+            return Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                "a Redis Cluster needs at least one seed node",
+            ));
+        }
+        let client = ClusterClientBuilder::new(
+            clients
+                .iter()
+                .map(redis::Client::get_connection_info)
+                .cloned(),
+        )
+        .connection_timeout(DEFAULT_TIMEOUT)
+        // Every call runs within the store's own timeout; a few quick retries follow a
+        // slot that moved or a connection that dropped, and a caller that gave up is
+        // never retried.
+        .overall_response_timeout(None)
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(200)
+        .build()
+        .map_err(unavailable)?;
+        let connect = async { client.get_async_connection().await.map_err(unavailable) };
+        let connection = within(DEFAULT_TIMEOUT, connect).await?;
+        Ok(Self::over(Connection::Cluster(connection)).listening_on(clients))
+    }
+
+    /// `self`, refused if its server may evict records.
+    async fn refusing_eviction(self) -> Result<Self, StoreError> {
+        match self.eviction_policy().await? {
+            Some(policy) if policy != "noeviction" => Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                format!(
+                    "maxmemory-policy {policy} may evict idempotency records and let a retry \
+                     create again: set noeviction, or connect_allowing_eviction"
+                ),
+            )),
+            Some(_) => Ok(self),
+            None => {
+                tracing::warn!("cannot read the Redis maxmemory-policy; records may be evicted");
+                Ok(self)
+            }
+        }
+    }
+
+    /// `self` with a subscriber connection through `clients`, opened on the first wait.
+    fn listening_on(mut self, clients: Vec<redis::Client>) -> Self {
+        self.notifier = Some(Notifier::new(Channel {
+            clients: clients.into(),
+            name: Arc::clone(&self.channel),
         }));
-        Ok(store)
+        self
     }
 
     /// A store over a connection manager you configured yourself.
     pub fn from_manager(connection: ConnectionManager) -> Self {
+        Self::over(Connection::Server(connection))
+    }
+
+    fn over(connection: Connection) -> Self {
         Self {
             connection,
             scripts: Arc::new(Scripts {
@@ -375,9 +594,12 @@ impl RedisStore {
             .map_or(0, |notifier| notifier.waited_keys())
     }
 
-    /// The underlying connection manager.
-    pub fn connection(&self) -> &ConnectionManager {
-        &self.connection
+    /// The underlying connection manager; `None` on a Redis Cluster.
+    pub fn connection(&self) -> Option<&ConnectionManager> {
+        match &self.connection {
+            Connection::Server(connection) => Some(connection),
+            Connection::Cluster(_) => None,
+        }
     }
 
     fn record_key(&self, key: &str) -> String {
@@ -389,18 +611,28 @@ impl RedisStore {
 
     /// After a write, waits until the configured number of replicas have it (`WAIT`), if a
     /// number is configured.
-    async fn replicated(&self) -> Result<(), StoreError> {
+    async fn replicated(&self, record: &str) -> Result<(), StoreError> {
         let Some((replicas, wait_ms)) = self.wait_for_replicas else {
             return Ok(());
         };
         let mut connection = self.connection.clone();
         let call = async {
-            let acknowledged: u64 = redis::cmd("WAIT")
-                .arg(replicas)
-                .arg(wait_ms)
-                .query_async(&mut connection)
-                .await
-                .map_err(unavailable)?;
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(replicas).arg(wait_ms);
+            let acknowledged: u64 = match &mut connection {
+                Connection::Server(connection) => wait.query_async(connection).await,
+                // On the primary the record was written to, not on every primary.
+                Connection::Cluster(connection) => {
+                    let primary = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(record, SlotAddr::Master),
+                    ));
+                    connection
+                        .route_command(wait, primary)
+                        .await
+                        .and_then(|value| Ok(u64::from_redis_value(value)?))
+                }
+            }
+            .map_err(unavailable)?;
             if acknowledged >= u64::from(replicas) {
                 Ok(())
             } else {
@@ -474,7 +706,8 @@ impl Store for RedisStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let mut invocation = self.scripts.claim.key(self.record_key(key));
+        let record = self.record_key(key);
+        let mut invocation = self.scripts.claim.key(record.as_str());
         invocation
             .arg(fingerprint.as_str())
             .arg(&token(&reservation)[..])
@@ -486,7 +719,7 @@ impl Store for RedisStore {
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
             (Some(Value::Int(0)), None) => {
-                self.replicated().await?;
+                self.replicated(&record).await?;
                 Ok(Claim::New(reservation))
             }
             (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
@@ -520,12 +753,13 @@ impl Store for RedisStore {
         reservation: &Reservation,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.scripts.renew.key(self.record_key(key));
+        let record = self.record_key(key);
+        let mut invocation = self.scripts.renew.key(record.as_str());
         invocation
             .arg(&token(reservation)[..])
             .arg(retention_millis(lease));
         acted(self.run(invocation).await?)?;
-        self.replicated().await
+        self.replicated(&record).await
     }
 
     async fn complete(
@@ -534,21 +768,23 @@ impl Store for RedisStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.scripts.complete.key(self.record_key(key));
+        let record = self.record_key(key);
+        let mut invocation = self.scripts.complete.key(record.as_str());
         invocation
             .arg(&token(reservation)[..])
             .arg(&codec::encode(response)[..])
             .arg(self.retention_ms)
             .arg(&*self.channel);
         acted(self.run(invocation).await?)?;
-        self.replicated().await
+        self.replicated(&record).await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        let mut invocation = self.scripts.release.key(self.record_key(key));
+        let record = self.record_key(key);
+        let mut invocation = self.scripts.release.key(record.as_str());
         invocation.arg(&token(reservation)[..]).arg(&*self.channel);
         acted(self.run(invocation).await?)?;
-        self.replicated().await
+        self.replicated(&record).await
     }
 }
 
@@ -600,35 +836,41 @@ impl Operator for RedisStore {
                 .map_err(unavailable)?;
             let now = seconds * 1000 + micros / 1000;
             let mut keys = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(500)
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(unavailable)?;
-                let mut pipe = redis::pipe();
-                for key in &batch {
-                    pipe.cmd("HMGET").arg(key).arg("token").arg("at");
-                }
-                let fields: Vec<(Option<Vec<u8>>, Option<u64>)> = pipe
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(unavailable)?;
-                for (key, (token, at)) in batch.into_iter().zip(fields) {
-                    let old_enough = at.is_none_or(|at| now.saturating_sub(at) >= min_age);
-                    if token.is_some() && old_enough {
-                        keys.push(key[self.prefix.len()..].to_owned());
+            for node in connection.primaries().await.map_err(unavailable)? {
+                let node = node.as_ref();
+                let mut cursor = 0u64;
+                loop {
+                    let mut scan = redis::cmd("SCAN");
+                    scan.arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(500);
+                    let (next, batch): (u64, Vec<String>) =
+                        connection.on(node, &scan).await.map_err(unavailable)?;
+                    let mut pipe = redis::pipe();
+                    for key in &batch {
+                        pipe.cmd("HMGET").arg(key).arg("token").arg("at");
                     }
+                    let fields: Vec<(Option<Vec<u8>>, Option<u64>)> = if batch.is_empty() {
+                        Vec::new()
+                    } else {
+                        connection
+                            .pipeline_on(node, &pipe)
+                            .await
+                            .map_err(unavailable)?
+                    };
+                    for (key, (token, at)) in batch.into_iter().zip(fields) {
+                        let old_enough = at.is_none_or(|at| now.saturating_sub(at) >= min_age);
+                        if token.is_some() && old_enough {
+                            keys.push(key[self.prefix.len()..].to_owned());
+                        }
+                    }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
             }
             keys.sort_unstable();
             Ok(keys)
@@ -638,13 +880,14 @@ impl Operator for RedisStore {
     }
 
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        let mut invocation = self.scripts.resolve.key(self.record_key(key));
+        let record = self.record_key(key);
+        let mut invocation = self.scripts.resolve.key(record.as_str());
         invocation
             .arg(&codec::encode(response)[..])
             .arg(self.retention_ms)
             .arg(&*self.channel);
         acted(self.run(invocation).await?)?;
-        self.replicated().await
+        self.replicated(&record).await
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
@@ -669,6 +912,30 @@ impl Operator for RedisStore {
         };
         within(self.timeout, call).await
     }
+}
+
+/// The `maxmemory-policy` of one server (`node`; `None` on one server), `noeviction` if it
+/// has no memory limit, `None` if it does not say.
+async fn node_eviction_policy(
+    connection: &mut Connection,
+    node: Option<&Node>,
+) -> Result<Option<String>, StoreError> {
+    // Any server error (CONFIG renamed, an ACL without it) means it does not say.
+    let mut read = async |name: &'static str| {
+        let mut config = redis::cmd("CONFIG");
+        config.arg("GET").arg(name);
+        match connection.on::<Value>(node, &config).await {
+            Ok(value) => Ok(config_value(value)),
+            Err(error) if error.is_io_error() || error.is_timeout() => Err(unavailable(error)),
+            Err(_) => Ok(None),
+        }
+    };
+    let policy = read("maxmemory-policy").await?;
+    // Without a memory limit nothing is ever evicted, whatever the policy.
+    if read("maxmemory").await?.as_deref() == Some("0") {
+        return Ok(Some("noeviction".to_owned()));
+    }
+    Ok(policy)
 }
 
 /// The value of a `CONFIG GET` reply: an array `[name, value]` (RESP2) or a map (RESP3).

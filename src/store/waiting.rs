@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -91,6 +92,7 @@ impl<W: Waiters> Drop for Waiting<W> {
 }
 
 /// Ends at the wake of `waiting`, if any, or after `every`.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub(crate) async fn until<W: Waiters>(waiting: Option<Waiting<W>>, every: Duration) {
     let mut poll = std::pin::pin!(tokio::time::sleep(every));
     let mut waiting = waiting;

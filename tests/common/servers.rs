@@ -46,6 +46,10 @@ pub struct RedisServer {
     pub port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// Kills the server when this process ends, however it ends (a server held by a
+    /// `static` is never dropped): a shell that waits for the end of its input, which is this
+    /// process's end of a pipe.
+    watchdog: Option<Child>,
     args: Vec<String>,
 }
 
@@ -60,6 +64,7 @@ impl RedisServer {
             port: free_port(),
             dir: TempDir::new("redis"),
             child: None,
+            watchdog: None,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         server.start_again();
@@ -90,6 +95,16 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be on PATH for this test");
+        self.watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(r#"cat >/dev/null; kill -9 "$0" 2>/dev/null; sleep 0.2; rm -rf "$1""#)
+            .arg(child.id().to_string())
+            .arg(&self.dir.0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
@@ -100,6 +115,12 @@ impl RedisServer {
 
     /// Kills the server at once, as a crash would.
     pub fn kill(&mut self) {
+        // The watchdog first, so that it neither removes the data nor kills a later process
+        // that got the same id.
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -116,6 +137,79 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A Redis Cluster of the test's own: three primaries (no replicas), each a [`RedisServer`]
+/// with its data fsynced on every write, its slots spread by `redis-cli --cluster create`.
+/// Keys of a primary that is down fail; the others keep working
+/// (`cluster-require-full-coverage no`).
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-require-full-coverage",
+                    "no",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli must be on PATH for this test");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let cluster = Self { nodes };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// `redis://127.0.0.1:PORT` of every node.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Waits until every node says the cluster is ok and knows all three primaries.
+    pub fn wait_until_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli");
+                let info = String::from_utf8_lossy(&info.stdout);
+                if info.contains("cluster_state:ok") && info.contains("cluster_size:3") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not come up: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 }
 

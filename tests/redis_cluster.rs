@@ -1,0 +1,218 @@
+//! The Redis store on a Redis Cluster: the conformance suite, records spread over every
+//! primary, round trips as on one server, and a primary restarted mid-run. Every cluster here
+//! is the test's own: three `redis-server`s on free ports in temp dirs (needs `redis-server`
+//! and `redis-cli` on PATH), stopped by the test, or when the test process ends.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::servers::RedisCluster;
+use common::*;
+use tower_idempotency::store::RedisStore;
+
+/// One cluster for the conformance suite, shared by its tests.
+fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+async fn make_store(retention: Option<Duration>) -> RedisStore {
+    let seeds = tokio::task::spawn_blocking(|| shared_cluster().seeds())
+        .await
+        .unwrap();
+    let store = RedisStore::connect_cluster(&seeds)
+        .await
+        .expect("the test's cluster")
+        .prefix("tower-idempotency-test:");
+    match retention {
+        Some(retention) => store.retention(retention),
+        None => store,
+    }
+}
+
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+
+/// A connection to each node of `cluster`, by port.
+async fn node_connections(cluster: &RedisCluster) -> Vec<(u16, redis::aio::MultiplexedConnection)> {
+    let mut connections = Vec::new();
+    for node in &cluster.nodes {
+        let client = redis::Client::open(node.url()).unwrap();
+        connections.push((
+            node.port,
+            client.get_multiplexed_async_connection().await.unwrap(),
+        ));
+    }
+    connections
+}
+
+/// The commands clients sent to the whole cluster, as `INFO commandstats` counts them on every
+/// node: what a script runs inside Redis and the client's own topology queries (`CLUSTER`,
+/// `INFO`) left out, so what remains is one per round trip of the store.
+async fn commands_sent(nodes: &mut [(u16, redis::aio::MultiplexedConnection)]) -> u64 {
+    let mut total = 0;
+    for (_, connection) in nodes.iter_mut() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(connection)
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("cmdstat_")?;
+                let (name, stats) = rest.split_once(':')?;
+                let inside_or_topology = matches!(
+                    name,
+                    "info"
+                        | "cluster"
+                        | "hmget"
+                        | "hset"
+                        | "hget"
+                        | "hdel"
+                        | "pexpire"
+                        | "del"
+                        | "time"
+                        | "publish"
+                );
+                let calls = stats.split("calls=").nth(1)?.split(',').next()?;
+                (!inside_or_topology).then(|| calls.parse::<u64>().ok())?
+            })
+            .sum::<u64>();
+    }
+    total
+}
+
+/// Through the layer: records of distinct keys land on all three primaries, a new key costs
+/// two round trips (claim, complete) and a replay, a conflict and a pending key one each, as
+/// on one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_spread_over_every_primary_and_round_trips_are_as_on_one_server() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let store = RedisStore::connect_cluster(cluster.seeds()).await.unwrap();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO);
+    for i in 0..60 {
+        send_to(&service, operation(&format!("spread-{i}"), "parcel-42"))
+            .await
+            .is_created();
+    }
+    let mut nodes = node_connections(&cluster).await;
+    for (port, connection) in &mut nodes {
+        let records: u64 = redis::cmd("DBSIZE").query_async(connection).await.unwrap();
+        assert!(records > 0, "no record on the primary at port {port}");
+    }
+
+    let before = commands_sent(&mut nodes).await;
+    send_to(&service, operation("round-trips", "parcel-42"))
+        .await
+        .is_created();
+    assert_eq!(
+        commands_sent(&mut nodes).await - before,
+        2,
+        "new: claim + complete"
+    );
+    let before = commands_sent(&mut nodes).await;
+    send_to(&service, operation("round-trips", "parcel-42"))
+        .await
+        .is_created();
+    assert_eq!(commands_sent(&mut nodes).await - before, 1, "replay: claim");
+    let before = commands_sent(&mut nodes).await;
+    send_to(&service, operation("round-trips", "parcel-43"))
+        .await
+        .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    assert_eq!(
+        commands_sent(&mut nodes).await - before,
+        1,
+        "conflict: claim"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 61);
+}
+
+/// A primary killed mid-run: its keys answer `503 store_unavailable` (fast, within the
+/// store's timeout) while the other primaries' keys keep working; restarted on the same data,
+/// its keys replay again without restarting the application, and nothing is created twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_mid_run_answers_503_for_its_keys_then_recovers() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::connect_cluster(cluster.seeds())
+        .await
+        .unwrap()
+        .timeout(timeout);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO);
+    let keys: Vec<String> = (0..30).map(|i| format!("restart-{i}")).collect();
+    for key in &keys {
+        send_to(&service, operation(key, "parcel-42"))
+            .await
+            .is_created();
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), keys.len());
+
+    // Which primary holds each record.
+    let mut nodes = node_connections(&cluster).await;
+    let mut owner: HashMap<&str, u16> = HashMap::new();
+    for key in &keys {
+        for (port, connection) in &mut nodes {
+            // A primary that does not serve the key's slot answers MOVED.
+            let exists: redis::RedisResult<bool> = redis::cmd("EXISTS")
+                .arg(format!("idempotency:{}", key_of(key)))
+                .query_async(connection)
+                .await;
+            if exists.unwrap_or(false) {
+                owner.insert(key.as_str(), *port);
+            }
+        }
+    }
+    assert_eq!(owner.len(), keys.len(), "every record on one primary");
+    let down = cluster.nodes[0].port;
+    let (on_down, elsewhere): (Vec<&String>, Vec<&String>) =
+        keys.iter().partition(|key| owner[key.as_str()] == down);
+    assert!(!on_down.is_empty() && !elsewhere.is_empty());
+
+    cluster.nodes[0].kill();
+    for key in on_down.iter().take(3) {
+        let started = Instant::now();
+        send_to(&service, operation(key, "parcel-42"))
+            .await
+            .exact(503, r#"{"error":"store_unavailable"}"#)
+            .header("retry-after", &["2"]);
+        assert!(
+            started.elapsed() < timeout * 3,
+            "answered in {:?}",
+            started.elapsed()
+        );
+    }
+    for key in elsewhere.iter().take(3) {
+        send_to(&service, operation(key, "parcel-42"))
+            .await
+            .is_created();
+    }
+
+    let restarted = tokio::task::spawn_blocking(move || {
+        cluster.nodes[0].start_again();
+        cluster.wait_until_ok();
+        cluster
+    });
+    let cluster = restarted.await.unwrap();
+    for key in &on_down {
+        send_until_answered(&service, || operation(key, "parcel-42"))
+            .await
+            .is_created();
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        keys.len(),
+        "no second create: every retry replayed"
+    );
+    drop(cluster);
+}
