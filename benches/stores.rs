@@ -4,9 +4,14 @@
 //!
 //! `cargo bench --all-features --bench stores`. Prints the Redis commands per request as well
 //! (from `INFO commandstats`); the PostgreSQL statements per request are counted exactly by the
-//! test `postgres_store::round_trips_new_two_replay_pending_conflict_one`.
+//! test `postgres_store::round_trips_new_two_replay_pending_conflict_one`. The Redis Cluster
+//! rows run on a three-primary cluster the bench starts on free ports and stops (it needs
+//! `redis-server` and `redis-cli` on PATH).
 
 mod common;
+#[path = "../tests/common/servers.rs"]
+#[allow(dead_code)]
+mod servers;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,29 +64,21 @@ fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: 
     group.finish();
 }
 
-/// Redis commands sent by clients (script-internal calls left out) per request of each path.
-fn redis_round_trips(runtime: &tokio::runtime::Runtime, url: &str, store: RedisStore) {
-    let client = redis::Client::open(url).unwrap();
+/// Redis commands sent by clients (script-internal calls left out) per request of each path,
+/// summed over the servers at `urls` (every node of a cluster).
+fn redis_round_trips(
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    urls: &[String],
+    store: RedisStore,
+) {
     let total = || {
         runtime.block_on(async {
-            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut connection)
-                .await
-                .unwrap();
-            info.lines()
-                .filter_map(|line| line.strip_prefix("cmdstat_"))
-                .filter(|line| line.starts_with("evalsha:") || line.starts_with("eval:"))
-                .filter_map(|line| {
-                    line.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>()
+            let mut total = 0;
+            for url in urls {
+                total += evals(url).await;
+            }
+            total
         })
     };
     let service = Idempotency::new(Create, store);
@@ -102,10 +99,33 @@ fn redis_round_trips(runtime: &tokio::runtime::Runtime, url: &str, store: RedisS
     }
     let replay = total() - before;
     println!(
-        "redis round trips per request: new {:.2}, replay {:.2}",
+        "{name} round trips per request: new {:.2}, replay {:.2}",
         new as f64 / n as f64,
         replay as f64 / n as f64
     );
+}
+
+/// The scripts a Redis server ran for clients so far.
+async fn evals(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter(|line| line.starts_with("evalsha:") || line.starts_with("eval:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum::<u64>()
 }
 
 fn stores(c: &mut Criterion) {
@@ -145,8 +165,23 @@ fn stores(c: &mut Criterion) {
     let redis = redis
         .prefix("tower-idempotency-bench:")
         .retention(Duration::from_secs(60));
-    redis_round_trips(&runtime, &redis_url, redis.clone());
+    redis_round_trips(&runtime, "redis", &[redis_url], redis.clone());
     paths(c, &runtime, "redis", redis);
+
+    // Without persistence, as the Redis above runs: the two columns differ by the cluster.
+    let cluster = servers::RedisCluster::start_with(&["--appendonly", "no"]);
+    let redis_cluster = runtime
+        .block_on(RedisStore::connect_cluster(cluster.seeds()))
+        .expect("the bench's Redis Cluster")
+        .retention(Duration::from_secs(60));
+    redis_round_trips(
+        &runtime,
+        "redis cluster",
+        &cluster.seeds(),
+        redis_cluster.clone(),
+    );
+    paths(c, &runtime, "redis-cluster", redis_cluster);
+    drop(cluster);
 
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());

@@ -13,7 +13,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
+    Value,
+};
 
 use super::codec;
 use super::notifier::{self, Notifier, Source};
@@ -233,20 +236,66 @@ impl Connection {
         }
     }
 
-    /// The primaries a command about every record must reach: `[None]` on one server, every
-    /// primary that serves slots on a cluster (from `CLUSTER NODES`).
+    /// The primaries a command about every record must reach: `[None]` on one server; on a
+    /// cluster, the primary of every slot range (`CLUSTER SLOTS`, as the cluster client maps
+    /// the slots), so that a primary that is down fails the command rather than being left
+    /// out.
     async fn primaries(&mut self) -> RedisResult<Vec<Option<Node>>> {
         match self {
             Self::Server(_) => Ok(vec![None]),
             Self::Cluster(connection) => {
-                let nodes: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
+                let slots: Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
                     .query_async(connection)
                     .await?;
-                Ok(cluster_primaries(&nodes).into_iter().map(Some).collect())
+                let primaries = slot_primaries(&slots).ok_or_else(|| {
+                    redis::RedisError::from((
+                        ErrorKind::Parse,
+                        "an unreadable CLUSTER SLOTS answer",
+                    ))
+                })?;
+                Ok(primaries.into_iter().map(Some).collect())
             }
         }
     }
+}
+
+/// The primary of every slot range of a `CLUSTER SLOTS` answer, each once:
+/// `[[first, last, [host, port, id, …], replica…], …]`. `None` if any range is unreadable or
+/// names no host.
+fn slot_primaries(slots: &Value) -> Option<Vec<Node>> {
+    let Value::Array(ranges) = slots else {
+        return None;
+    };
+    let mut primaries = Vec::new();
+    for range in ranges {
+        let Value::Array(range) = range else {
+            return None;
+        };
+        let Some(Value::Array(primary)) = range.get(2) else {
+            return None;
+        };
+        let host = match primary.first()? {
+            Value::BulkString(host) => std::str::from_utf8(host).ok()?.to_owned(),
+            Value::SimpleString(host) => host.clone(),
+            _ => return None,
+        };
+        let Value::Int(port) = primary.get(1)? else {
+            return None;
+        };
+        if host.is_empty() || host == "?" {
+            return None;
+        }
+        let node = Node {
+            host,
+            port: u16::try_from(*port).ok()?,
+        };
+        if !primaries.contains(&node) {
+            primaries.push(node);
+        }
+    }
+    primaries.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
+    Some(primaries)
 }
 
 fn node_routing(node: &Node) -> SingleNodeRoutingInfo {
@@ -258,31 +307,6 @@ fn node_routing(node: &Node) -> SingleNodeRoutingInfo {
 
 fn routing_to(node: &Node) -> RoutingInfo {
     RoutingInfo::SingleNode(node_routing(node))
-}
-
-/// The primaries of a cluster that serve slots, from the text of `CLUSTER NODES`: one line a
-/// node, `id host:port@bus[,hostname] flags primary-id ping pong epoch link slot…`.
-fn cluster_primaries(nodes: &str) -> Vec<Node> {
-    let mut primaries: Vec<Node> = nodes
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (address, flags) = (fields.get(1)?, fields.get(2)?);
-            let serves_slots = fields.len() > 8;
-            let primary = flags.split(',').any(|flag| flag == "master");
-            if !primary || !serves_slots {
-                return None;
-            }
-            let address = address.split(['@', ',']).next()?;
-            let (host, port) = address.rsplit_once(':')?;
-            Some(Node {
-                host: host.to_owned(),
-                port: port.parse().ok()?,
-            })
-        })
-        .collect();
-    primaries.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
-    primaries
 }
 
 /// Where a Redis store hears of changes: the channel the scripts publish on, through a
@@ -298,11 +322,16 @@ impl Source for Channel {
     type Session = Pin<Box<dyn Stream<Item = redis::Msg> + Send>>;
 
     async fn listen(&self) -> Option<Self::Session> {
+        // The seeds share the listener's time, so a hung one leaves time for the next.
+        let seeds = u32::try_from(self.clients.len()).unwrap_or(u32::MAX).max(1);
+        let each = (DEFAULT_TIMEOUT / seeds).max(Duration::from_millis(100));
         for client in self.clients.iter() {
-            let Ok(mut pubsub) = client.get_async_pubsub().await else {
-                continue;
+            let subscribe = async {
+                let mut pubsub = client.get_async_pubsub().await.ok()?;
+                pubsub.subscribe(&*self.name).await.ok()?;
+                Some(pubsub)
             };
-            if pubsub.subscribe(&*self.name).await.is_ok() {
+            if let Ok(Some(pubsub)) = tokio::time::timeout(each, subscribe).await {
                 return Some(Box::pin(pubsub.into_on_message()));
             }
         }
@@ -324,12 +353,30 @@ impl Source for Channel {
 }
 
 struct Scripts {
-    claim: Script,
-    renew: Script,
-    complete: Script,
-    release: Script,
-    inspect: Script,
-    resolve: Script,
+    claim: Lua,
+    renew: Lua,
+    complete: Lua,
+    release: Lua,
+    inspect: Lua,
+    resolve: Lua,
+}
+
+/// A script of the store, sent with `EVALSHA`, and with `EVAL` (which caches it) to a server
+/// that does not have it yet: after a restart, say. Both go to the one node of the script's
+/// key, so a cluster node that is down or hung elsewhere cannot hold it up (`SCRIPT LOAD`
+/// would go to every node).
+struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Self {
+            code,
+            hash: Script::new(code).get_hash().to_owned(),
+        }
+    }
 }
 
 impl RedisStore {
@@ -473,7 +520,9 @@ impl RedisStore {
         .connection_timeout(DEFAULT_TIMEOUT)
         // Every call runs within the store's own timeout; a few quick retries follow a
         // slot that moved or a connection that dropped, and a caller that gave up is
-        // never retried.
+        // never retried. A node's answer is waited for a second at most, so that a hung
+        // node also fails the client's own topology queries rather than stalling them.
+        .response_timeout(DEFAULT_TIMEOUT)
         .overall_response_timeout(None)
         .retries(3)
         .min_retry_wait(10)
@@ -521,12 +570,12 @@ impl RedisStore {
         Self {
             connection,
             scripts: Arc::new(Scripts {
-                claim: Script::new(CLAIM),
-                renew: Script::new(RENEW),
-                complete: Script::new(COMPLETE),
-                release: Script::new(RELEASE),
-                inspect: Script::new(INSPECT),
-                resolve: Script::new(RESOLVE),
+                claim: Lua::new(CLAIM),
+                renew: Lua::new(RENEW),
+                complete: Lua::new(COMPLETE),
+                release: Lua::new(RELEASE),
+                inspect: Lua::new(INSPECT),
+                resolve: Lua::new(RESOLVE),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             retention_ms: 0,
@@ -649,14 +698,33 @@ impl RedisStore {
         .await
     }
 
-    /// Runs one script invocation within the timeout.
-    async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
+    /// Runs `script` on `record` with the arguments `args` writes, within the timeout.
+    async fn run(
+        &self,
+        script: &Lua,
+        record: &str,
+        args: impl Fn(&mut Cmd),
+    ) -> Result<Value, StoreError> {
         let mut connection = self.connection.clone();
+        let command = |eval: &str, script: &str| {
+            let mut command = redis::cmd(eval);
+            command.arg(script).arg(1).arg(record);
+            args(&mut command);
+            command
+        };
         let call = async {
-            invocation
-                .invoke_async(&mut connection)
-                .await
-                .map_err(unavailable)
+            let by_hash = command("EVALSHA", &script.hash)
+                .query_async(&mut connection)
+                .await;
+            match by_hash {
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    command("EVAL", script.code)
+                        .query_async(&mut connection)
+                        .await
+                }
+                answer => answer,
+            }
+            .map_err(unavailable)
         };
         within(self.timeout, call).await
     }
@@ -707,13 +775,14 @@ impl Store for RedisStore {
         lease: Lease,
     ) -> Result<Claim, StoreError> {
         let record = self.record_key(key);
-        let mut invocation = self.scripts.claim.key(record.as_str());
-        invocation
-            .arg(fingerprint.as_str())
-            .arg(&token(&reservation)[..])
-            .arg(retention_millis(lease.duration()))
-            .arg(u8::from(lease.takes_over()));
-        let Value::Array(answer) = self.run(invocation).await? else {
+        let token = token(&reservation);
+        let claim = self.run(&self.scripts.claim, &record, |call| {
+            call.arg(fingerprint.as_str())
+                .arg(&token[..])
+                .arg(retention_millis(lease.duration()))
+                .arg(u8::from(lease.takes_over()));
+        });
+        let Value::Array(answer) = claim.await? else {
             return Err(StoreError::new(StoreErrorKind::Corrupt));
         };
         let mut answer = answer.into_iter();
@@ -754,11 +823,11 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let record = self.record_key(key);
-        let mut invocation = self.scripts.renew.key(record.as_str());
-        invocation
-            .arg(&token(reservation)[..])
-            .arg(retention_millis(lease));
-        acted(self.run(invocation).await?)?;
+        let token = token(reservation);
+        let renew = self.run(&self.scripts.renew, &record, |call| {
+            call.arg(&token[..]).arg(retention_millis(lease));
+        });
+        acted(renew.await?)?;
         self.replicated(&record).await
     }
 
@@ -769,29 +838,33 @@ impl Store for RedisStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let record = self.record_key(key);
-        let mut invocation = self.scripts.complete.key(record.as_str());
-        invocation
-            .arg(&token(reservation)[..])
-            .arg(&codec::encode(response)[..])
-            .arg(self.retention_ms)
-            .arg(&*self.channel);
-        acted(self.run(invocation).await?)?;
+        let (token, response) = (token(reservation), codec::encode(response));
+        let complete = self.run(&self.scripts.complete, &record, |call| {
+            call.arg(&token[..])
+                .arg(&response[..])
+                .arg(self.retention_ms)
+                .arg(&*self.channel);
+        });
+        acted(complete.await?)?;
         self.replicated(&record).await
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let record = self.record_key(key);
-        let mut invocation = self.scripts.release.key(record.as_str());
-        invocation.arg(&token(reservation)[..]).arg(&*self.channel);
-        acted(self.run(invocation).await?)?;
+        let token = token(reservation);
+        let release = self.run(&self.scripts.release, &record, |call| {
+            call.arg(&token[..]).arg(&*self.channel);
+        });
+        acted(release.await?)?;
         self.replicated(&record).await
     }
 }
 
 impl Operator for RedisStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let invocation = self.scripts.inspect.key(self.record_key(key));
-        let Value::Array(answer) = self.run(invocation).await? else {
+        let record = self.record_key(key);
+        let inspect = self.run(&self.scripts.inspect, &record, |_| {});
+        let Value::Array(answer) = inspect.await? else {
             return Err(StoreError::new(StoreErrorKind::Corrupt));
         };
         let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
@@ -830,14 +903,15 @@ impl Operator for RedisStore {
         let pattern = format!("{}*", glob_escape(&self.prefix));
         let min_age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
         let call = async {
-            let (seconds, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(&mut connection)
-                .await
-                .map_err(unavailable)?;
-            let now = seconds * 1000 + micros / 1000;
             let mut keys = Vec::new();
             for node in connection.primaries().await.map_err(unavailable)? {
                 let node = node.as_ref();
+                // Each record's age by the clock of the node that stamped it.
+                let (seconds, micros): (u64, u64) = connection
+                    .on(node, &redis::cmd("TIME"))
+                    .await
+                    .map_err(unavailable)?;
+                let now = seconds * 1000 + micros / 1000;
                 let mut cursor = 0u64;
                 loop {
                     let mut scan = redis::cmd("SCAN");
@@ -872,7 +946,9 @@ impl Operator for RedisStore {
                     cursor = next;
                 }
             }
+            // A key whose slot moved during the listing may have been seen on both nodes.
             keys.sort_unstable();
+            keys.dedup();
             Ok(keys)
         };
         // Listing reads every record: allow it ten times a call's time.
@@ -881,12 +957,13 @@ impl Operator for RedisStore {
 
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
         let record = self.record_key(key);
-        let mut invocation = self.scripts.resolve.key(record.as_str());
-        invocation
-            .arg(&codec::encode(response)[..])
-            .arg(self.retention_ms)
-            .arg(&*self.channel);
-        acted(self.run(invocation).await?)?;
+        let response = codec::encode(response);
+        let resolve = self.run(&self.scripts.resolve, &record, |call| {
+            call.arg(&response[..])
+                .arg(self.retention_ms)
+                .arg(&*self.channel);
+        });
+        acted(resolve.await?)?;
         self.replicated(&record).await
     }
 

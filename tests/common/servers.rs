@@ -150,10 +150,15 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A cluster whose nodes have more configuration (`["--appendonly", "no"]`, say).
+    pub fn start_with(args: &[&str]) -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
                 let bus = free_port().to_string();
-                RedisServer::start_with(&[
+                let mut node_args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -164,7 +169,9 @@ impl RedisCluster {
                     &bus,
                     "--cluster-require-full-coverage",
                     "no",
-                ])
+                ];
+                node_args.extend_from_slice(args);
+                RedisServer::start_with(&node_args)
             })
             .collect();
         let addresses: Vec<String> = nodes
