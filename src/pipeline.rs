@@ -30,7 +30,7 @@ use crate::headers;
 use crate::layer::{OtherPaths, Settings, StoredResponses};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
-use crate::scope::store_key;
+use crate::scope::KeyBuf;
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// What step 1 decided.
@@ -116,7 +116,7 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
         &self,
         parts: &Parts,
         body: &Bytes,
-    ) -> Result<(String, Fingerprint, O::Value), Rejection> {
+    ) -> Result<(KeyBuf, Fingerprint, O::Value), Rejection> {
         let Parsed {
             key,
             fingerprint,
@@ -126,7 +126,7 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
             Some(scope) => Some((scope.0)(parts).ok_or(Rejection::ScopeRequired)?),
             None => None,
         };
-        let key = store_key(scope.as_deref(), &parts.method, parts.uri.path(), &key);
+        let key = KeyBuf::new(scope.as_deref(), &parts.method, parts.uri.path(), &key);
         Ok((key, fingerprint, value))
     }
 }
@@ -134,7 +134,7 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
 /// A valid request about to be claimed.
 pub(crate) struct Claimed<S, St, A, O: Operation> {
     guard: Guard<S, St, A, O>,
-    key: String,
+    key: KeyBuf,
     fingerprint: Fingerprint,
     value: O::Value,
     parts: Parts,
@@ -176,7 +176,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             body,
         } = self;
         let operation = &settings.operation;
-        let reservation = match claim(&store, &key, &fingerprint, &settings).await {
+        let key = key.as_str();
+        let reservation = match claim(&store, key, &fingerprint, &settings).await {
             Ok(reservation) => reservation,
             Err(response) => return response,
         };
@@ -204,16 +205,16 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             }
         };
         let lease = settings.lease.duration();
-        let (stored, permit) = match renewing(work, &store, &key, &reservation, lease).await {
+        let (stored, permit) = match renewing(work, &store, key, &reservation, lease).await {
             Ok(created) => created,
             Err((response, release_key)) => {
                 if release_key {
-                    release(&store, &key, &reservation).await;
+                    release(&store, key, &reservation).await;
                 }
                 return response;
             }
         };
-        let outcome = complete(&store, &key, &reservation, &stored).await;
+        let outcome = complete(&store, key, &reservation, &stored).await;
         drop(permit);
         reply::stored(stored, outcome)
     }

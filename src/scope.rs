@@ -61,19 +61,123 @@ impl fmt::Debug for Scope {
 /// );
 /// ```
 pub fn store_key(scope: Option<&str>, method: &Method, path: &str, key: &str) -> String {
-    use std::fmt::Write;
-    let method = method.as_str();
-    let mut store_key = String::with_capacity(
-        method.len() + path.len() + key.len() + 2 + scope.map_or(0, |s| s.len() + 8),
-    );
-    if let Some(scope) = scope {
-        // Writing into a String cannot fail.
-        let _ = write!(store_key, "{}:{scope}", scope.len());
-    }
-    store_key.push_str(method);
-    store_key.push(' ');
-    store_key.push_str(path);
-    store_key.push(' ');
-    store_key.push_str(key);
+    let mut store_key = String::with_capacity(key_len(scope, method, path, key));
+    write_key(&mut store_key, scope, method, path, key);
     store_key
+}
+
+/// The length of [`store_key`], a scope's decimal length counted as at most 20 digits.
+fn key_len(scope: Option<&str>, method: &Method, path: &str, key: &str) -> usize {
+    method.as_str().len() + path.len() + key.len() + 2 + scope.map_or(0, |s| s.len() + 21)
+}
+
+/// Writes the parts of [`store_key`] into `out`.
+fn write_key(
+    out: &mut impl fmt::Write,
+    scope: Option<&str>,
+    method: &Method,
+    path: &str,
+    key: &str,
+) {
+    // Writing into a String, or into an `InlineKey` known to be large enough, cannot fail.
+    if let Some(scope) = scope {
+        let _ = write!(out, "{}:{scope}", scope.len());
+    }
+    let _ = out.write_str(method.as_str());
+    let _ = out.write_char(' ');
+    let _ = out.write_str(path);
+    let _ = out.write_char(' ');
+    let _ = out.write_str(key);
+}
+
+/// The longest store key kept inline in a [`KeyBuf`].
+const INLINE_KEY: usize = 96;
+
+/// A [`store_key`] built without an allocation when it fits [`INLINE_KEY`] bytes, as most do.
+pub(crate) enum KeyBuf {
+    Inline(InlineKey),
+    Heap(String),
+}
+
+/// The bytes of an inline key and how many are used.
+pub(crate) struct InlineKey {
+    len: usize,
+    bytes: [u8; INLINE_KEY],
+}
+
+impl fmt::Write for InlineKey {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        self.bytes
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+impl KeyBuf {
+    /// The [`store_key`] of these parts.
+    pub(crate) fn new(scope: Option<&str>, method: &Method, path: &str, key: &str) -> Self {
+        if key_len(scope, method, path, key) > INLINE_KEY {
+            return Self::Heap(store_key(scope, method, path, key));
+        }
+        let mut inline = InlineKey {
+            len: 0,
+            bytes: [0; INLINE_KEY],
+        };
+        write_key(&mut inline, scope, method, path, key);
+        Self::Inline(inline)
+    }
+
+    /// The key.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            // Written only from `str`s, whole: always UTF-8, never the fallback.
+            Self::Inline(inline) => std::str::from_utf8(&inline.bytes[..inline.len]).unwrap_or(""),
+            Self::Heap(key) => key,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_buffer_holds_the_store_key_inline_or_not() {
+        let long = "k".repeat(200);
+        for (scope, key) in [
+            (None, "label-req-7"),
+            (Some("acme"), "label-req-7"),
+            (Some("a-scope-of-more-than-nine-bytes"), "k"),
+            (None, long.as_str()),
+            (Some(long.as_str()), "k"),
+        ] {
+            let buffer = KeyBuf::new(scope, &Method::POST, "/labels", key);
+            assert_eq!(
+                buffer.as_str(),
+                store_key(scope, &Method::POST, "/labels", key)
+            );
+            let inline = matches!(buffer, KeyBuf::Inline(_));
+            assert_eq!(
+                inline,
+                key.len() < 100 && scope.is_none_or(|s| s.len() < 50)
+            );
+        }
+        // Exactly the inline size: inline; one more byte: on the heap.
+        let fits = "k".repeat(INLINE_KEY - "POST /labels ".len());
+        assert!(matches!(
+            KeyBuf::new(None, &Method::POST, "/labels", &fits),
+            KeyBuf::Inline(_)
+        ));
+        let over = format!("{fits}k");
+        let buffer = KeyBuf::new(None, &Method::POST, "/labels", &over);
+        assert!(matches!(buffer, KeyBuf::Heap(_)));
+        assert_eq!(
+            buffer.as_str(),
+            store_key(None, &Method::POST, "/labels", &over)
+        );
+    }
 }

@@ -97,7 +97,7 @@ async fn a_timeout_outside_the_layer_answers_the_client_but_the_create_still_com
     let store = MemoryStore::new();
     async fn slow_create(Json(op): Json<LabelOperation>) -> (StatusCode, String) {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        (StatusCode::CREATED, op.request_id)
+        (StatusCode::CREATED, String::from(op.request_id))
     }
     let app: Router = Router::new()
         .route("/labels", post(slow_create))

@@ -57,9 +57,143 @@ use crate::reply::Rejection;
 #[serde(deny_unknown_fields)]
 pub struct LabelOperation {
     /// The operation's identity; also the value of every attempt's `Idempotency-Key`.
-    pub request_id: String,
+    pub request_id: SharedStr,
     /// The parcel the label is created for.
-    pub parcel_id: String,
+    pub parcel_id: SharedStr,
+}
+
+/// An immutable string that can share the bytes of a request body: the fields of a
+/// [`LabelOperation`] the layer parses point into the body it read, with no copy. It derefs to
+/// `str` and compares with strings.
+///
+/// ```
+/// use tower_idempotency::operation::SharedStr;
+///
+/// let id = SharedStr::from("label-req-7");
+/// assert_eq!(id, "label-req-7");
+/// assert!(id.starts_with("label-"));
+/// assert_eq!(id.as_str().len(), 11);
+/// ```
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SharedStr(Bytes);
+
+impl SharedStr {
+    /// The part of `body` that `text` is, sharing its bytes; `text` must lie within `body`.
+    fn within(body: &Bytes, text: Cow<'_, str>) -> Self {
+        match text {
+            // A field without escapes borrows from the body it was parsed from.
+            Cow::Borrowed(text) => Self(body.slice_ref(text.as_bytes())),
+            Cow::Owned(text) => Self::from(text),
+        }
+    }
+
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        // Only ever made from a `str` (`From`, `within`), so always UTF-8: never the fallback.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for SharedStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for SharedStr {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for SharedStr {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<String> for SharedStr {
+    fn from(text: String) -> Self {
+        Self(Bytes::from(text))
+    }
+}
+
+impl From<&str> for SharedStr {
+    fn from(text: &str) -> Self {
+        Self(Bytes::copy_from_slice(text.as_bytes()))
+    }
+}
+
+impl From<SharedStr> for String {
+    fn from(text: SharedStr) -> Self {
+        text.as_str().to_owned()
+    }
+}
+
+impl PartialEq<str> for SharedStr {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for SharedStr {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for SharedStr {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl fmt::Debug for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for SharedStr {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedStr {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::from)
+    }
+}
+
+/// A label body as parsed: each field borrowed from the body unless it had escapes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields<'a> {
+    #[serde(borrow)]
+    request_id: Cow<'a, str>,
+    #[serde(borrow)]
+    parcel_id: Cow<'a, str>,
+}
+
+impl<'a> Fields<'a> {
+    /// Contract §2 step 5: exactly the two fields, each an identifier.
+    fn parse(body: &'a [u8]) -> Result<Self, InvalidOperation> {
+        let fields: Self = serde_json::from_slice(body).map_err(|_| InvalidOperation(()))?;
+        if is_identifier(&fields.request_id) && is_identifier(&fields.parcel_id) {
+            Ok(fields)
+        } else {
+            Err(InvalidOperation(()))
+        }
+    }
 }
 
 /// The body or key of a request is not a valid operation (contract §2, steps 5 and 6).
@@ -91,7 +225,7 @@ impl LabelOperation {
     /// let op = LabelOperation::new("label-req-7", "parcel-42");
     /// assert_eq!(op.request_id, "label-req-7");
     /// ```
-    pub fn new(request_id: impl Into<String>, parcel_id: impl Into<String>) -> Self {
+    pub fn new(request_id: impl Into<SharedStr>, parcel_id: impl Into<SharedStr>) -> Self {
         Self {
             request_id: request_id.into(),
             parcel_id: parcel_id.into(),
@@ -118,12 +252,33 @@ impl LabelOperation {
     /// assert!(LabelOperation::from_json(br#"{"request_id":"a b","parcel_id":"b"}"#).is_err());
     /// ```
     pub fn from_json(body: &[u8]) -> Result<Self, InvalidOperation> {
-        let op: Self = serde_json::from_slice(body).map_err(|_| InvalidOperation(()))?;
-        if is_identifier(&op.request_id) && is_identifier(&op.parcel_id) {
-            Ok(op)
-        } else {
-            Err(InvalidOperation(()))
-        }
+        let fields = Fields::parse(body)?;
+        Ok(Self::new(
+            fields.request_id.as_ref(),
+            fields.parcel_id.as_ref(),
+        ))
+    }
+
+    /// Parses and validates a request body strictly, as [`from_json`](Self::from_json) does;
+    /// the fields share the body's bytes instead of copying them.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidOperation`], as [`from_json`](Self::from_json).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_idempotency::LabelOperation;
+    ///
+    /// let body = Bytes::from_static(br#"{"request_id":"a","parcel_id":"b"}"#);
+    /// assert_eq!(LabelOperation::from_body(&body).unwrap(), LabelOperation::new("a", "b"));
+    /// ```
+    pub fn from_body(body: &Bytes) -> Result<Self, InvalidOperation> {
+        let fields = Fields::parse(body)?;
+        Ok(Self {
+            request_id: SharedStr::within(body, fields.request_id),
+            parcel_id: SharedStr::within(body, fields.parcel_id),
+        })
     }
 
     /// The fingerprint of this operation; see [`fingerprint`].
@@ -264,7 +419,7 @@ impl Operation for LabelContract {
         parts: &'a Parts,
         body: &Bytes,
     ) -> Result<Parsed<'a, LabelOperation>, Rejection> {
-        let operation = LabelOperation::from_json(body).map_err(|_| Rejection::invalid(""))?;
+        let operation = LabelOperation::from_body(body).map_err(|_| Rejection::invalid(""))?;
         let key =
             matching_key(&parts.headers, &operation.request_id).ok_or(Rejection::InvalidKey)?;
         Ok(Parsed {
@@ -348,5 +503,68 @@ fn matching_key<'a>(headers: &'a HeaderMap, request_id: &str) -> Option<&'a str>
     match (values.next(), values.next()) {
         (Some(key), None) if key.as_bytes() == request_id.as_bytes() => key.to_str().ok(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODIES: [&[u8]; 10] = [
+        br#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#,
+        br#"{ "parcel_id" : "p", "request_id" : "r" }  "#,
+        br#"{"request_id":"\u0061b","parcel_id":"c\u002dd"}"#,
+        br#"{"request_id":"a","parcel_id":"b","x":1}"#,
+        br#"{"request_id":"a","request_id":"b","parcel_id":"c"}"#,
+        br#"{"request_id":"","parcel_id":"b"}"#,
+        br#"{"request_id":"a b","parcel_id":"b"}"#,
+        br#"{"request_id":null,"parcel_id":"b"}"#,
+        br#"{"request_id":"a","parcel_id":"b"} {}"#,
+        br#"{"request_id":"\u00e9","parcel_id":"b"}"#,
+    ];
+
+    #[test]
+    fn from_body_accepts_and_refuses_what_from_json_does() {
+        for body in BODIES {
+            let shared = Bytes::from_static(body);
+            assert_eq!(
+                LabelOperation::from_body(&shared),
+                LabelOperation::from_json(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            LabelOperation::from_body(&Bytes::from_static(BODIES[2])),
+            Ok(LabelOperation::new("ab", "c-d")),
+            "escapes are decoded"
+        );
+    }
+
+    #[test]
+    fn fields_without_escapes_share_the_body() {
+        let body = Bytes::from_static(BODIES[0]);
+        let op = LabelOperation::from_body(&body).unwrap();
+        let range = body.as_ptr_range();
+        for field in [&op.request_id, &op.parcel_id] {
+            assert!(range.contains(&field.as_ptr()), "{field:?} is a copy");
+        }
+        assert_eq!(op, LabelOperation::new("label-req-7", "parcel-42"));
+    }
+
+    #[test]
+    fn a_shared_str_is_its_string() {
+        let text = SharedStr::from(String::from("parcel-42"));
+        assert_eq!(text, *"parcel-42");
+        assert_eq!(text, String::from("parcel-42"));
+        assert_eq!(text.to_string(), "parcel-42");
+        assert_eq!(format!("{text:?}"), r#""parcel-42""#);
+        assert_eq!(String::from(text.clone()), "parcel-42");
+        assert_eq!(AsRef::<str>::as_ref(&text), "parcel-42");
+        assert_eq!(std::borrow::Borrow::<str>::borrow(&text), "parcel-42");
+        let json = serde_json::to_string(&text).unwrap();
+        assert_eq!(json, r#""parcel-42""#);
+        assert_eq!(serde_json::from_str::<SharedStr>(&json).unwrap(), text);
+        assert_ne!(text, "parcel-43");
     }
 }

@@ -70,7 +70,7 @@ mod raw;
 
 pub use self::json::{DEFAULT_JSON_BODY_LIMIT, JsonOperation};
 pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
-pub use self::label::{InvalidOperation, LabelContract, LabelOperation, fingerprint};
+pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr, fingerprint};
 pub use self::raw::RawOperation;
 
 /// The canonical form (RFC 8785, JCS) of a JSON text, as [`JsonOperation`] fingerprints it:
