@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -25,19 +26,98 @@ use tracing::{Instrument, Span};
 use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::operation::Operation;
-use crate::pipeline::Guard;
+use crate::pipeline::{Claimed, Guard};
 use crate::reply::Outcome;
 use crate::store::{BoxError, Store};
 
-/// The claim and what follows, boxed because it spans several awaits over caller-chosen store,
-/// admission and inner-service futures.
-type Deciding<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
+/// A guarded request after its head, in one allocation for its whole life: the body's
+/// reading state, then the claim and what follows (admission, create, complete) in its place.
+/// Boxed, so that the response future stays small to move; type-erased over the decision's
+/// future, which spans several awaits over caller-chosen store, admission and inner-service
+/// futures.
+type Boxed<B> = Pin<Box<dyn Guarded<B> + Send>>;
+
+/// What the response future asks of its boxed guarded state.
+trait Guarded<B> {
+    /// Where the body's frames go; `None` once the body was read.
+    fn collector(self: Pin<&mut Self>) -> Option<&mut Collector>;
+
+    /// The body ended (or failed): parse it, and either start the decision in place, or give
+    /// the refusal to answer.
+    fn read(
+        self: Pin<&mut Self>,
+        read: Result<(), body::ReadError>,
+        span: &Span,
+    ) -> Option<Response<ResponseBody<B>>>;
+
+    /// Polls the decision.
+    fn poll_decide(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody<B>>>;
+}
+
+pin_project! {
+    /// The one allocation of a guarded request: `run` makes the decision from the claimed
+    /// request once the body is read.
+    #[project = PhaseProj]
+    enum Phase<S, St, A, O, R, F>
+    where
+        O: Operation,
+    {
+        Reading { reading: Option<Reading<S, St, A, O>>, run: R },
+        Deciding { #[pin] decision: F },
+    }
+}
 
 /// What a guarded request holds while its body is read.
 struct Reading<S, St, A, O> {
     parts: Parts,
     guard: Guard<S, St, A, O>,
     collector: Collector,
+}
+
+impl<S, St, A, O, R, F, B> Guarded<B> for Phase<S, St, A, O, R, F>
+where
+    O: Operation,
+    R: Fn(Claimed<S, St, A, O>) -> F,
+    F: Future<Output = Response<ResponseBody<B>>>,
+{
+    fn collector(self: Pin<&mut Self>) -> Option<&mut Collector> {
+        match self.project() {
+            PhaseProj::Reading { reading, .. } => reading.as_mut().map(|r| &mut r.collector),
+            PhaseProj::Deciding { .. } => None,
+        }
+    }
+
+    fn read(
+        mut self: Pin<&mut Self>,
+        read: Result<(), body::ReadError>,
+        span: &Span,
+    ) -> Option<Response<ResponseBody<B>>> {
+        let PhaseProj::Reading { reading, run } = self.as_mut().project() else {
+            return None;
+        };
+        let Reading {
+            parts,
+            guard,
+            collector,
+        } = reading.take()?;
+        match guard.read(parts, collector, read) {
+            Ok(claimed) => {
+                claimed.trace(span);
+                let decision = run(claimed);
+                self.set(Phase::Deciding { decision });
+                None
+            }
+            Err(response) => Some(response),
+        }
+    }
+
+    fn poll_decide(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody<B>>> {
+        match self.project() {
+            PhaseProj::Deciding { decision } => decision.poll(cx),
+            // Never polled before `read` started the decision.
+            PhaseProj::Reading { .. } => Poll::Pending,
+        }
+    }
 }
 
 pin_project! {
@@ -58,8 +138,10 @@ pin_project! {
         ResBody: 'static,
     {
         #[pin]
-        state: State<S, St, A, O, ReqBody, ResBody>,
+        state: State<S, ReqBody, ResBody>,
         span: Span,
+        // The store, admission and operation live in the boxed guarded state.
+        erased: PhantomData<fn() -> (St, A, O)>,
     }
 
     impl<S, St, A, O, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, O, ReqBody, ResBody>
@@ -68,10 +150,11 @@ pin_project! {
         ResBody: 'static,
     {
         fn drop(this: Pin<&mut Self>) {
-            if let StateProj::Deciding { future } = this.project().state.project()
-                && let Some(future) = future.take()
+            let this = this.project();
+            if let StateProj::Deciding { guarded } = this.state.project()
+                && let Some(guarded) = guarded.take()
             {
-                hand_over(future);
+                hand_over(guarded, this.span.clone());
             }
         }
     }
@@ -79,24 +162,25 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, St, A, O, ReqBody, ResBody>
+    enum State<S, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         Ready { response: Option<Response<ResponseBody<ResBody>>> },
         PassThrough { #[pin] future: S::Future },
-        Reading { #[pin] body: ReqBody, reading: Option<Box<Reading<S, St, A, O>>> },
-        Deciding { future: Option<Deciding<ResBody>> },
+        Reading { #[pin] body: ReqBody, guarded: Option<Boxed<ResBody>> },
+        Deciding { guarded: Option<Boxed<ResBody>> },
     }
 }
 
-/// Moves an abandoned decision to a task of its own.
-fn hand_over<B: 'static>(future: Deciding<B>) {
+/// Moves an abandoned decision to a task of its own, in the request's span.
+fn hand_over<B: 'static>(mut guarded: Boxed<B>, span: Span) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
+            let decision = std::future::poll_fn(move |cx| guarded.as_mut().poll_decide(cx));
             runtime.spawn(crate::pipeline::CLIENT_LEFT.scope((), async move {
-                drop(future.await);
+                drop(decision.instrument(span).await);
             }));
         }
         Err(_) => tracing::error!(
@@ -116,6 +200,7 @@ where
                 response: Some(response),
             },
             span,
+            erased: PhantomData,
         }
     }
 
@@ -123,6 +208,7 @@ where
         Self {
             state: State::PassThrough { future },
             span: Span::none(),
+            erased: PhantomData,
         }
     }
 
@@ -132,17 +218,31 @@ where
         guard: Guard<S, St, A, O>,
         collector: Collector,
         span: Span,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        St: Store,
+        A: Admission<O::Value>,
+        O: Operation,
+        ReqBody: 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+    {
+        let phase = Phase::Reading {
+            reading: Some(Reading {
+                parts,
+                guard,
+                collector,
+            }),
+            run: Claimed::run::<ReqBody, ResBody>,
+        };
         Self {
             state: State::Reading {
                 body,
-                reading: Some(Box::new(Reading {
-                    parts,
-                    guard,
-                    collector,
-                })),
+                guarded: Some(Box::pin(phase)),
             },
             span,
+            erased: PhantomData,
         }
     }
 }
@@ -186,16 +286,16 @@ where
                     let response = ready!(future.poll(cx))?;
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
-                StateProj::Deciding { future } => {
-                    let deciding = future.as_mut().expect(POLLED_AFTER_COMPLETION);
-                    let response = ready!(deciding.as_mut().poll(cx));
-                    *future = None; // finished: nothing to hand over on drop
+                StateProj::Deciding { guarded } => {
+                    let decision = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);
+                    let response = ready!(decision.as_mut().poll_decide(cx));
+                    *guarded = None; // finished: nothing to hand over on drop
                     return Poll::Ready(Ok(finished(span, response)));
                 }
-                StateProj::Reading { mut body, reading } => {
+                StateProj::Reading { mut body, guarded } => {
+                    let boxed = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);
                     let read = loop {
-                        let collector =
-                            &mut reading.as_mut().expect(POLLED_AFTER_COMPLETION).collector;
+                        let collector = boxed.as_mut().collector().expect(POLLED_AFTER_COMPLETION);
                         match ready!(body.as_mut().poll_frame(cx)) {
                             None => break Ok(()),
                             Some(Err(error)) => break Err(body::body_error(error)),
@@ -208,20 +308,12 @@ where
                             }
                         }
                     };
-                    let Reading {
-                        parts,
-                        guard,
-                        collector,
-                    } = *reading.take().expect(POLLED_AFTER_COMPLETION);
-                    match guard.read(parts, collector, read) {
-                        Ok(claimed) => {
-                            claimed.trace(span);
-                            let run = claimed.run().instrument(span.clone());
-                            State::Deciding {
-                                future: Some(Box::pin(run)),
-                            }
-                        }
-                        Err(response) => State::Ready {
+                    let mut boxed = guarded.take().expect(POLLED_AFTER_COMPLETION);
+                    match boxed.as_mut().read(read, span) {
+                        None => State::Deciding {
+                            guarded: Some(boxed),
+                        },
+                        Some(response) => State::Ready {
                             response: Some(response),
                         },
                     }
