@@ -133,7 +133,10 @@ impl LabelApp {
             in_flight: self.max_in_flight.map(ConcurrencyLimit::new),
             rate: self.admit_rate.map(RateLimit::per_second),
         };
-        let mut layer = IdempotencyLayer::new(store).admission(policies);
+        // The log middleware outside reads each outcome from the response extensions.
+        let mut layer = IdempotencyLayer::new(store)
+            .admission(policies)
+            .outcome_extension(true);
         if let Some(lease) = self.lease {
             layer = layer.lease(lease);
         }

@@ -157,13 +157,17 @@ impl PaymentsApp {
         let payments_route = Router::new()
             .route("/payments", post(create_payment))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::with_operation(store.clone(), payment).global_keys(),
+                IdempotencyLayer::with_operation(store.clone(), payment)
+                    .global_keys()
+                    .outcome_extension(true),
                 self.pending_wait,
             ));
         let refunds_route = Router::new()
             .route("/payments/{payment_id}/refunds", post(create_refund))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::with_operation(store, refund).global_keys(),
+                IdempotencyLayer::with_operation(store, refund)
+                    .global_keys()
+                    .outcome_extension(true),
                 self.pending_wait,
             ));
         payments_route.merge(refunds_route).with_state(payments)

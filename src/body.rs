@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
+use crate::reply::Outcome;
 use crate::store::BoxError;
 
 pin_project! {
@@ -31,6 +32,7 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        outcome: Option<Outcome>,
     }
 }
 
@@ -79,12 +81,13 @@ impl<B: Body<Data = Bytes>> Kind<B> {
 }
 
 macro_rules! body_impls {
-    ($name:ident) => {
+    ($name:ident { $($field:ident: $value:expr),* }) => {
         impl<B> $name<B> {
             /// A body of exactly these bytes.
             pub fn full(data: Bytes) -> Self {
                 Self {
                     kind: Kind::full(data),
+                    $($field: $value),*
                 }
             }
 
@@ -92,6 +95,7 @@ macro_rules! body_impls {
             pub fn inner(body: B) -> Self {
                 Self {
                     kind: Kind::Inner { body },
+                    $($field: $value),*
                 }
             }
         }
@@ -135,8 +139,42 @@ macro_rules! body_impls {
     };
 }
 
-body_impls!(RequestBody);
-body_impls!(ResponseBody);
+body_impls!(RequestBody {});
+body_impls!(ResponseBody { outcome: None });
+
+impl<B> ResponseBody<B> {
+    /// What the layer did with the request this body answers; `None` on a passed-through
+    /// request. An outer layer that sees the response before its body is replaced reads it
+    /// here, for free; after (an axum middleware, say), from the response extensions with
+    /// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension).
+    ///
+    /// ```
+    /// use http::{Request, Response};
+    /// use tower::{ServiceExt, service_fn};
+    /// use tower_idempotency::{Idempotency, LabelOperation, MemoryStore, Outcome, RequestBody};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let create = service_fn(|_: Request<RequestBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::builder().status(201).body(String::new()).unwrap())
+    /// });
+    /// let service = Idempotency::new(create, MemoryStore::new());
+    /// let op = LabelOperation::new("label-req-7", "parcel-42");
+    /// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+    /// let again = service.oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+    /// assert_eq!(first.body().outcome(), Some(Outcome::Created));
+    /// assert_eq!(again.body().outcome(), Some(Outcome::Replay));
+    /// # }
+    /// ```
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// This body, answering with `outcome`.
+    pub(crate) fn with_outcome(mut self, outcome: Outcome) -> Self {
+        self.outcome = Some(outcome);
+        self
+    }
+}
 
 /// The body limit, at once: a declared `Content-Length` over the limit.
 pub(crate) fn declares_over(headers: &HeaderMap, limit: usize) -> bool {

@@ -27,7 +27,6 @@ use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::operation::Operation;
 use crate::pipeline::{Claimed, Guard};
-use crate::reply::Outcome;
 use crate::store::{BoxError, Store};
 
 /// A guarded request after its head, in one allocation for its whole life: the body's
@@ -140,6 +139,8 @@ pin_project! {
         #[pin]
         state: State<S, ReqBody, ResBody>,
         span: Span,
+        // Whether the outcome goes into the response's extensions too.
+        extension: bool,
         // The store, admission and operation live in the boxed guarded state.
         erased: PhantomData<fn() -> (St, A, O)>,
     }
@@ -194,12 +195,17 @@ where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,
 {
-    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>, span: Span) -> Self {
+    pub(crate) fn ready(
+        response: Response<ResponseBody<ResBody>>,
+        span: Span,
+        extension: bool,
+    ) -> Self {
         Self {
             state: State::Ready {
                 response: Some(response),
             },
             span,
+            extension,
             erased: PhantomData,
         }
     }
@@ -208,6 +214,7 @@ where
         Self {
             state: State::PassThrough { future },
             span: Span::none(),
+            extension: false,
             erased: PhantomData,
         }
     }
@@ -218,6 +225,7 @@ where
         guard: Guard<S, St, A, O>,
         collector: Collector,
         span: Span,
+        extension: bool,
     ) -> Self
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -242,16 +250,25 @@ where
                 guarded: Some(Box::pin(phase)),
             },
             span,
+            extension,
             erased: PhantomData,
         }
     }
 }
 
-/// Records the outcome on the request's span, with one event.
-fn finished<B>(span: &Span, response: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
-    if let Some(outcome) = response.extensions().get::<Outcome>() {
+/// Records the outcome on the request's span, with one event, and in the response's
+/// extensions if asked to.
+fn finished<B>(
+    span: &Span,
+    mut response: Response<ResponseBody<B>>,
+    extension: bool,
+) -> Response<ResponseBody<B>> {
+    if let Some(outcome) = response.body().outcome() {
         span.record("outcome", outcome.as_str());
         tracing::debug!(outcome = %outcome, status = response.status().as_u16(), "idempotency outcome");
+        if extension {
+            response.extensions_mut().insert(outcome);
+        }
     }
     response
 }
@@ -280,7 +297,7 @@ where
             let next = match state.as_mut().project() {
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_COMPLETION);
-                    return Poll::Ready(Ok(finished(span, response)));
+                    return Poll::Ready(Ok(finished(span, response, *this.extension)));
                 }
                 StateProj::PassThrough { future } => {
                     let response = ready!(future.poll(cx))?;
@@ -290,7 +307,7 @@ where
                     let decision = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);
                     let response = ready!(decision.as_mut().poll_decide(cx));
                     *guarded = None; // finished: nothing to hand over on drop
-                    return Poll::Ready(Ok(finished(span, response)));
+                    return Poll::Ready(Ok(finished(span, response, *this.extension)));
                 }
                 StateProj::Reading { mut body, guarded } => {
                     let boxed = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);

@@ -71,6 +71,7 @@ pub(crate) struct Config {
     global_keys: bool,
     excluded_headers: Vec<HeaderName>,
     mark_replays: bool,
+    outcome_extension: bool,
     trace_keys: bool,
     stored: StoredResponses,
     lease: Lease,
@@ -90,6 +91,7 @@ impl Default for Config {
             global_keys: false,
             excluded_headers: Vec::new(),
             mark_replays: false,
+            outcome_extension: false,
             trace_keys: false,
             stored: StoredResponses::Every,
             lease: Lease::default(),
@@ -110,6 +112,7 @@ pub(crate) struct Settings<O> {
     pub(crate) scope: Option<Scope>,
     pub(crate) excluded_headers: Vec<HeaderName>,
     pub(crate) mark_replays: bool,
+    pub(crate) outcome_extension: bool,
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
     pub(crate) lease: Lease,
@@ -183,6 +186,7 @@ impl<O: Operation> Settings<O> {
             scope: config.scope.clone(),
             excluded_headers: config.excluded_headers.clone(),
             mark_replays: config.mark_replays,
+            outcome_extension: config.outcome_extension,
             trace_keys: config.trace_keys,
             stored: config.stored,
             lease: config.lease,
@@ -458,6 +462,23 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// ```
     pub fn mark_replays(mut self, mark: bool) -> Self {
         self.config.mark_replays = mark;
+        self
+    }
+
+    /// Also puts each guarded response's [`Outcome`](crate::Outcome) into its extensions, for
+    /// an outer layer that sees the response after its body was replaced (an axum
+    /// middleware, say). Off by default: the outcome is always on the layer's own body
+    /// ([`ResponseBody::outcome`](crate::ResponseBody::outcome)), for free, while the first
+    /// extension of a response costs three allocations.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).outcome_extension(true);
+    /// # drop(layer);
+    /// ```
+    pub fn outcome_extension(mut self, insert: bool) -> Self {
+        self.config.outcome_extension = insert;
         self
     }
 

@@ -619,8 +619,8 @@ fn keep<ResBody, E>(
     };
     match (response, stored) {
         (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
-            let mut response = response.map(ResponseBody::inner);
-            response.extensions_mut().insert(Outcome::Unstored);
+            let response =
+                response.map(|body| ResponseBody::inner(body).with_outcome(Outcome::Unstored));
             Keep::Release(response)
         }
         (Ok(response), _) => Keep::Store(response),

@@ -166,7 +166,8 @@ where
             span
         };
         if let Start::Refuse(rejection) = start {
-            return ResponseFuture::ready(rejection.into_response(&settings.operation), span);
+            let response = rejection.into_response(&settings.operation);
+            return ResponseFuture::ready(response, span, settings.outcome_extension);
         }
         // The instance that was polled ready is the one that will be called.
         let clone = self.inner.clone();
@@ -177,6 +178,7 @@ where
             settings: Arc::clone(settings),
         };
         let collector = Collector::new(settings.body_limit);
-        ResponseFuture::reading(body, parts, guard, collector, span)
+        let extension = settings.outcome_extension;
+        ResponseFuture::reading(body, parts, guard, collector, span, extension)
     }
 }

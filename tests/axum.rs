@@ -21,20 +21,20 @@ fn attempt() -> Request<Body> {
 #[tokio::test]
 async fn route_layer_guards_the_create_route_and_leaves_others_alone() {
     let store = MemoryStore::new();
-    // The README's example.
+    // The README's example, with the outcome in the extensions, where axum keeps it.
     let app: Router = Router::new()
         .route("/labels", post(create_label))
-        .route_layer(IdempotencyLayer::new(store.clone()))
+        .route_layer(IdempotencyLayer::new(store.clone()).outcome_extension(true))
         .route("/health", get(|| async { "ok" }));
 
-    let first = Reply::read(app.clone().oneshot(attempt()).await.unwrap()).await;
+    let first = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     first.exact(201, CREATED_BODY);
-    let replay = Reply::read(app.clone().oneshot(attempt()).await.unwrap()).await;
+    let replay = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     replay.exact(201, CREATED_BODY);
     assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
     assert!(store.completed(&key_of(KEY)).is_some());
 
-    let health = Reply::read(
+    let health = Reply::read_any(
         app.oneshot(Request::get("/health").body(Body::empty()).unwrap())
             .await
             .unwrap(),
@@ -53,10 +53,10 @@ async fn stack_wide_layer_in_pass_through_mode() {
         .route("/labels", post(create_label))
         .route("/health", get(|| async { "ok" }))
         .layer(IdempotencyLayer::new(MemoryStore::new()).other_paths(OtherPaths::PassThrough));
-    Reply::read(app.clone().oneshot(attempt()).await.unwrap())
+    Reply::read_any(app.clone().oneshot(attempt()).await.unwrap())
         .await
         .exact(201, CREATED_BODY);
-    let health = Reply::read(
+    let health = Reply::read_any(
         app.clone()
             .oneshot(Request::get("/health").body(Body::empty()).unwrap())
             .await
@@ -66,7 +66,7 @@ async fn stack_wide_layer_in_pass_through_mode() {
     assert_eq!(health.body, "ok");
     // The guarded path answers with the contract's bytes.
     let wrong = Request::post("/labels").body(Body::from(BODY)).unwrap();
-    Reply::read(app.oneshot(wrong).await.unwrap())
+    Reply::read_any(app.oneshot(wrong).await.unwrap())
         .await
         .exact(415, r#"{"error":"unsupported_media_type"}"#);
 }
@@ -83,10 +83,10 @@ async fn a_handler_can_read_the_operation_from_the_extensions() {
     let app: Router = Router::new()
         .route("/labels", post(from_extensions))
         .route_layer(IdempotencyLayer::new(MemoryStore::new()));
-    let reply = Reply::read(app.clone().oneshot(attempt()).await.unwrap()).await;
+    let reply = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     assert_eq!(reply.status, 201);
     assert_eq!(reply.body, "created label-req-7 for parcel-42");
-    let replay = Reply::read(app.oneshot(attempt()).await.unwrap()).await;
+    let replay = Reply::read_any(app.oneshot(attempt()).await.unwrap()).await;
     assert_eq!((replay.status, replay.body), (reply.status, reply.body));
 }
 
@@ -103,7 +103,7 @@ async fn in_a_nested_router_the_layer_sees_the_path_axum_passes_in() {
         .header("idempotency-key", KEY)
         .body(Body::from(BODY))
         .unwrap();
-    Reply::read(app.clone().oneshot(request).await.unwrap())
+    Reply::read_any(app.clone().oneshot(request).await.unwrap())
         .await
         .exact(201, CREATED_BODY);
     assert!(
@@ -124,15 +124,15 @@ async fn as_the_fallback_service_every_path_gets_the_contracts_replies() {
         Router::new().route("/labels", post(create_label)),
     );
     let app: Router = Router::new().fallback_service(guarded);
-    Reply::read(app.clone().oneshot(attempt()).await.unwrap())
+    Reply::read_any(app.clone().oneshot(attempt()).await.unwrap())
         .await
         .exact(201, CREATED_BODY);
     let other = Request::get("/other").body(Body::empty()).unwrap();
-    Reply::read(app.clone().oneshot(other).await.unwrap())
+    Reply::read_any(app.clone().oneshot(other).await.unwrap())
         .await
         .exact(404, r#"{"error":"not_found"}"#);
     let get = Request::get("/labels").body(Body::empty()).unwrap();
-    Reply::read(app.oneshot(get).await.unwrap())
+    Reply::read_any(app.oneshot(get).await.unwrap())
         .await
         .exact(405, r#"{"error":"method_not_allowed"}"#)
         .header("allow", &["POST"]);

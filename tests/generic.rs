@@ -681,12 +681,12 @@ async fn a_typed_axum_handler_gets_the_value_and_the_body() {
         .header("idempotency-key", "ax-1")
         .body(axum::body::Body::from(BODY))
         .unwrap();
-    let reply = Reply::read(app.clone().oneshot(request).await.unwrap()).await;
+    let reply = Reply::read_any(app.clone().oneshot(request).await.unwrap()).await;
     assert_eq!(
         (reply.status.as_u16(), &reply.body[..]),
         (201, &b"1250EUR"[..])
     );
-    let list = Reply::read(
+    let list = Reply::read_any(
         app.oneshot(
             Request::get("/payments")
                 .body(axum::body::Body::empty())

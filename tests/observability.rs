@@ -139,19 +139,23 @@ async fn the_key_is_traced_only_where_configured() {
     assert!(recorded.take().contains(&key));
 }
 
-#[tokio::test]
-async fn an_outer_layer_can_count_outcomes_from_the_response_extension() {
-    install();
-    let counted: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+/// The outcomes of a series of responses, in order.
+type Outcomes = Vec<Option<Outcome>>;
+
+/// What an outer layer counts, in order, from the body of every response (always) and from
+/// the extensions (only where the layer is asked to put it there).
+async fn outcomes_seen_by_an_outer_layer(rig: &Rig) -> (Outcomes, Outcomes) {
+    let counted: Arc<Mutex<(Outcomes, Outcomes)>> = Arc::default();
     let seen = Arc::clone(&counted);
-    let rig = Rig::new();
     let service = ServiceBuilder::new()
-        .map_response(move |response: http::Response<_>| {
-            if let Some(outcome) = response.extensions().get::<Outcome>() {
-                seen.lock().unwrap().push(*outcome);
-            }
-            response
-        })
+        .map_response(
+            move |response: http::Response<tower_idempotency::ResponseBody<_>>| {
+                let mut seen = seen.lock().unwrap();
+                seen.0.push(response.body().outcome());
+                seen.1.push(response.extensions().get::<Outcome>().copied());
+                response
+            },
+        )
         .service(rig.service.clone());
     for request in [
         valid(),
@@ -161,15 +165,32 @@ async fn an_outer_layer_can_count_outcomes_from_the_response_extension() {
     ] {
         Reply::read(service.clone().oneshot(request).await.unwrap()).await;
     }
-    assert_eq!(
-        *counted.lock().unwrap(),
-        [
-            Outcome::Created,
-            Outcome::Replay,
-            Outcome::Conflict,
-            Outcome::Rejected(http::StatusCode::METHOD_NOT_ALLOWED)
-        ]
-    );
+    let counted = counted.lock().unwrap();
+    (counted.0.clone(), counted.1.clone())
+}
+
+const OUTCOMES: [Option<Outcome>; 4] = [
+    Some(Outcome::Created),
+    Some(Outcome::Replay),
+    Some(Outcome::Conflict),
+    Some(Outcome::Rejected(http::StatusCode::METHOD_NOT_ALLOWED)),
+];
+
+#[tokio::test]
+async fn an_outer_layer_counts_outcomes_from_the_body_and_by_default_not_the_extensions() {
+    install();
+    let (bodies, extensions) = outcomes_seen_by_an_outer_layer(&Rig::new()).await;
+    assert_eq!(bodies, OUTCOMES);
+    assert_eq!(extensions, [None; 4], "no extension unless asked");
+}
+
+#[tokio::test]
+async fn with_outcome_extension_an_outer_layer_counts_them_from_the_extensions_too() {
+    install();
+    let rig = Rig::with_layer(|layer| layer.outcome_extension(true));
+    let (bodies, extensions) = outcomes_seen_by_an_outer_layer(&rig).await;
+    assert_eq!(bodies, OUTCOMES);
+    assert_eq!(extensions, OUTCOMES);
 }
 
 #[tokio::test]

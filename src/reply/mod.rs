@@ -11,8 +11,10 @@ use crate::operation::Operation;
 
 pub mod problem;
 
-/// What the layer did with a request, attached to every response it returns as a response
-/// extension, so an outer layer (metrics, logs) can count it.
+/// What the layer did with a request, on the body of every response it returns
+/// ([`ResponseBody::outcome`](crate::ResponseBody::outcome)), and in its extensions with
+/// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension), so an
+/// outer layer (metrics, logs) can count it.
 ///
 /// ```
 /// use tower_idempotency::Outcome;
@@ -176,9 +178,7 @@ impl Rejection {
     pub(crate) fn into_response<O: Operation, B>(self, operation: &O) -> Response<ResponseBody<B>> {
         let response = operation.reply(&self);
         let outcome = self.outcome(response.status());
-        let mut response = response.map(ResponseBody::full);
-        response.extensions_mut().insert(outcome);
-        response
+        response.map(|body| ResponseBody::full(body).with_outcome(outcome))
     }
 }
 
@@ -235,10 +235,9 @@ pub(crate) fn stored<B>(
     outcome: Outcome,
 ) -> Response<ResponseBody<B>> {
     let (status, headers, body) = stored.into_parts();
-    let mut response = Response::new(ResponseBody::full(body));
+    let mut response = Response::new(ResponseBody::full(body).with_outcome(outcome));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
-    response.extensions_mut().insert(outcome);
     response
 }
 

@@ -157,7 +157,21 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub async fn read<B>(response: Response<B>) -> Self
+    /// A response of the layer, its outcome read from its body.
+    pub async fn read<B>(response: Response<tower_idempotency::ResponseBody<B>>) -> Self
+    where
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Debug,
+    {
+        let outcome = response.body().outcome();
+        let mut reply = Self::read_any(response).await;
+        reply.outcome = outcome;
+        reply
+    }
+
+    /// Any response, its outcome read from its extensions (an outer layer replaced the
+    /// layer's body: see `IdempotencyLayer::outcome_extension`).
+    pub async fn read_any<B>(response: Response<B>) -> Self
     where
         B: Body<Data = Bytes>,
         B::Error: std::fmt::Debug,
