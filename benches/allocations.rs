@@ -209,6 +209,16 @@ fn main() {
         };
         println!("{path:>12}: {allocations}");
     }
+    // The layer with the operation's value left out of the request extensions.
+    let lean = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new()).value_extension(false),
+        Create,
+    );
+    for i in 0..100 {
+        count(&runtime, &lean, valid(&format!("warm-{i}")));
+    }
+    let allocations = count(&runtime, &lean, path_request("new", usize::MAX - 1));
+    println!("{:>12}: {allocations} (value_extension(false))", "new");
     println!("memory per completed key (memory store, no retention)");
     memory_per_key(&runtime, 100_000);
 }

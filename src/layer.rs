@@ -72,6 +72,7 @@ pub(crate) struct Config {
     excluded_headers: Vec<HeaderName>,
     mark_replays: bool,
     outcome_extension: bool,
+    value_extension: bool,
     trace_keys: bool,
     stored: StoredResponses,
     lease: Lease,
@@ -92,6 +93,7 @@ impl Default for Config {
             excluded_headers: Vec::new(),
             mark_replays: false,
             outcome_extension: false,
+            value_extension: true,
             trace_keys: false,
             stored: StoredResponses::Every,
             lease: Lease::default(),
@@ -113,6 +115,7 @@ pub(crate) struct Settings<O> {
     pub(crate) excluded_headers: Vec<HeaderName>,
     pub(crate) mark_replays: bool,
     pub(crate) outcome_extension: bool,
+    pub(crate) value_extension: bool,
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
     pub(crate) lease: Lease,
@@ -187,6 +190,7 @@ impl<O: Operation> Settings<O> {
             excluded_headers: config.excluded_headers.clone(),
             mark_replays: config.mark_replays,
             outcome_extension: config.outcome_extension,
+            value_extension: config.value_extension,
             trace_keys: config.trace_keys,
             stored: config.stored,
             lease: config.lease,
@@ -479,6 +483,22 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// ```
     pub fn outcome_extension(mut self, insert: bool) -> Self {
         self.config.outcome_extension = insert;
+        self
+    }
+
+    /// Whether the inner service gets the operation's value (a
+    /// [`LabelOperation`](crate::LabelOperation), a typed body) in the request extensions.
+    /// On by default; an inner service that reads the body itself (axum's `Json`, say) can
+    /// turn it off and save the three allocations of a request's first extension.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).value_extension(false);
+    /// # drop(layer);
+    /// ```
+    pub fn value_extension(mut self, insert: bool) -> Self {
+        self.config.value_extension = insert;
         self
     }
 

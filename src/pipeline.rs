@@ -192,7 +192,16 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     return Err((rejection.into_response(operation), release));
                 }
             };
-            let response = match keep(create(inner, parts, body, value).await, settings.stored) {
+            let response = match keep(
+                create(
+                    inner,
+                    parts,
+                    body,
+                    settings.value_extension.then_some(value),
+                )
+                .await,
+                settings.stored,
+            ) {
                 Keep::Store(response) => response,
                 Keep::Release(response) => return Err((response, true)),
                 Keep::Pending(rejection) => {
@@ -472,14 +481,16 @@ fn create<S, ReqBody, ResBody, T>(
     mut inner: S,
     parts: Parts,
     body: Bytes,
-    value: T,
+    value: Option<T>,
 ) -> CatchUnwind<S::Future>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     T: Clone + Send + Sync + 'static,
 {
     let mut request = Request::from_parts(parts, RequestBody::full(body));
-    request.extensions_mut().insert(value);
+    if let Some(value) = value {
+        request.extensions_mut().insert(value);
+    }
     CatchUnwind::new(move || inner.call(request))
 }
 

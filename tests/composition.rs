@@ -144,3 +144,33 @@ async fn compression_outside_the_layer_compresses_the_replay_too() {
         assert_eq!(response.headers()["content-encoding"], "gzip");
     }
 }
+
+/// The inner service gets the operation's value in the request extensions, unless the layer
+/// is told not to put it there.
+#[tokio::test]
+async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
+    use common::{Chunks, CreateError, created_response, valid};
+    use std::sync::Arc;
+    use tower_idempotency::RequestBody;
+    for (insert, expected) in [
+        (true, Some(LabelOperation::new(KEY, "parcel-42"))),
+        (false, None),
+    ] {
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let saw = Arc::clone(&seen);
+        let create = tower::service_fn(move |request: http::Request<RequestBody<Chunks>>| {
+            *saw.lock().unwrap() = Some(request.extensions().get::<LabelOperation>().cloned());
+            async move { Ok::<_, CreateError>(created_response()) }
+        });
+        let layer = IdempotencyLayer::new(MemoryStore::new()).value_extension(insert);
+        let service = tower::Layer::layer(&layer, create);
+        Reply::read(service.oneshot(valid()).await.unwrap())
+            .await
+            .is_created();
+        assert_eq!(
+            seen.lock().unwrap().take(),
+            Some(expected),
+            "value_extension({insert})"
+        );
+    }
+}
