@@ -326,6 +326,43 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
     ));
 }
 
+/// A server that does not answer `CONFIG GET` (renamed, as some managed services do) does not
+/// say its policy: it is accepted, with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_config_is_accepted() {
+    let server = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    assert_eq!(store.eviction_policy().await.unwrap(), None);
+    assert!(matches!(
+        store.claim("k", &fingerprint("k", "p")).await,
+        Ok(Claim::New(_))
+    ));
+}
+
+/// A script that fails (here on a record key that holds another type) is sent once: only a
+/// server that does not have the script yet gets it again, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_script_is_sent_once() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let fp = fingerprint("warm", "p");
+    // The script loaded, as on a long-running server.
+    assert!(matches!(store.claim("warm", &fp).await, Ok(Claim::New(_))));
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("idempotency:not-a-hash")
+        .arg("x")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut counter = CommandCounter::new(&server.url()).await;
+    let before = counter.total().await;
+    let error = store.claim("not-a-hash", &fp).await.unwrap_err();
+    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
+    assert_eq!(counter.total().await - before, 1, "one EVALSHA, no EVAL after it");
+}
+
 /// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
 /// replicas than asked for, the call fails (an unknown outcome the layer settles).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -275,11 +275,10 @@ fn slot_primaries(slots: &Value) -> Option<Vec<Node>> {
         let Some(Value::Array(primary)) = range.get(2) else {
             return None;
         };
-        let host = match primary.first()? {
-            Value::BulkString(host) => std::str::from_utf8(host).ok()?.to_owned(),
-            Value::SimpleString(host) => host.clone(),
-            _ => return None,
+        let Value::BulkString(host) = primary.first()? else {
+            return None;
         };
+        let host = std::str::from_utf8(host).ok()?.to_owned();
         let Value::Int(port) = primary.get(1)? else {
             return None;
         };
@@ -412,15 +411,11 @@ impl RedisStore {
     pub async fn eviction_policy(&self) -> Result<Option<String>, StoreError> {
         let mut connection = self.connection.clone();
         let call = async {
-            let mut unknown = false;
+            let mut policies = Vec::new();
             for node in connection.clone().primaries().await.map_err(unavailable)? {
-                match node_eviction_policy(&mut connection, node.as_ref()).await? {
-                    Some(policy) if policy != "noeviction" => return Ok(Some(policy)),
-                    Some(_) => {}
-                    None => unknown = true,
-                }
+                policies.push(node_eviction_policy(&mut connection, node.as_ref()).await?);
             }
-            Ok((!unknown).then(|| "noeviction".to_owned()))
+            Ok(loosest(policies))
         };
         within(self.timeout, call).await
     }
@@ -991,6 +986,20 @@ impl Operator for RedisStore {
     }
 }
 
+/// The eviction policy of a set of primaries, from each one's (`None`: it does not say): the
+/// first that may evict, else `None` if any does not say, else `noeviction`.
+fn loosest(policies: Vec<Option<String>>) -> Option<String> {
+    let mut unknown = false;
+    for policy in policies {
+        match policy {
+            Some(policy) if policy != "noeviction" => return Some(policy),
+            Some(_) => {}
+            None => unknown = true,
+        }
+    }
+    (!unknown).then(|| "noeviction".to_owned())
+}
+
 /// The `maxmemory-policy` of one server (`node`; `None` on one server), `noeviction` if it
 /// has no memory limit, `None` if it does not say.
 async fn node_eviction_policy(
@@ -1039,4 +1048,84 @@ fn glob_escape(text: &str) -> String {
         escaped.push(c);
     }
     escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn range(first: i64, last: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(first),
+            Value::Int(last),
+            Value::Array(vec![text(host), Value::Int(port), text("id")]),
+            Value::Array(vec![text("10.0.0.9"), Value::Int(7009), text("replica")]),
+        ])
+    }
+
+    fn node(host: &str, port: u16) -> Node {
+        Node {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    #[test]
+    fn the_primaries_of_the_slot_ranges_each_once_in_order() {
+        let slots = Value::Array(vec![
+            range(10923, 16383, "10.0.0.3", 7002),
+            range(0, 5460, "10.0.0.1", 7000),
+            range(5461, 9000, "10.0.0.2", 7001),
+            range(9001, 10922, "10.0.0.1", 7000),
+        ]);
+        assert_eq!(
+            slot_primaries(&slots),
+            Some(vec![
+                node("10.0.0.1", 7000),
+                node("10.0.0.2", 7001),
+                node("10.0.0.3", 7002)
+            ])
+        );
+        assert_eq!(slot_primaries(&Value::Array(vec![])), Some(vec![]));
+    }
+
+    #[test]
+    fn a_slot_range_without_a_usable_primary_is_unreadable() {
+        for host in ["", "?"] {
+            let slots = Value::Array(vec![range(0, 16383, host, 7000)]);
+            assert_eq!(slot_primaries(&slots), None, "host {host:?}");
+        }
+        for slots in [
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Array(vec![Value::Int(0), Value::Int(1)])]),
+            range(0, 1, "h", 70_000),
+            Value::Array(vec![range(0, 1, "h", -1)]),
+        ] {
+            assert_eq!(slot_primaries(&slots), None, "{slots:?}");
+        }
+    }
+
+    #[test]
+    fn the_loosest_policy_of_the_primaries_counts() {
+        let policy = |p: &str| Some(p.to_owned());
+        assert_eq!(
+            loosest(vec![policy("noeviction"), policy("noeviction")]),
+            policy("noeviction")
+        );
+        assert_eq!(
+            loosest(vec![policy("noeviction"), policy("allkeys-lru"), None]),
+            policy("allkeys-lru")
+        );
+        assert_eq!(
+            loosest(vec![None, policy("volatile-lru")]),
+            policy("volatile-lru")
+        );
+        assert_eq!(loosest(vec![policy("noeviction"), None]), None);
+        assert_eq!(loosest(vec![]), policy("noeviction"));
+    }
 }
