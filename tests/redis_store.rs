@@ -337,6 +337,9 @@ async fn a_server_without_config_is_accepted() {
         store.claim("k", &fingerprint("k", "p")).await,
         Ok(Claim::New(_))
     ));
+    // A server that cannot be reached does not say "nothing": it fails.
+    drop(server);
+    assert!(store.eviction_policy().await.is_err());
 }
 
 /// A script that fails (here on a record key that holds another type) is sent once: only a
@@ -360,7 +363,11 @@ async fn a_failing_script_is_sent_once() {
     let before = counter.total().await;
     let error = store.claim("not-a-hash", &fp).await.unwrap_err();
     assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
-    assert_eq!(counter.total().await - before, 1, "one EVALSHA, no EVAL after it");
+    assert_eq!(
+        counter.total().await - before,
+        1,
+        "one EVALSHA, no EVAL after it"
+    );
 }
 
 /// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
