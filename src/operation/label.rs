@@ -274,11 +274,15 @@ impl LabelOperation {
     /// assert_eq!(LabelOperation::from_body(&body).unwrap(), LabelOperation::new("a", "b"));
     /// ```
     pub fn from_body(body: &Bytes) -> Result<Self, InvalidOperation> {
-        let fields = Fields::parse(body)?;
-        Ok(Self {
+        Fields::parse(body).map(|fields| Self::within(body, fields))
+    }
+
+    /// The operation of `fields`, parsed from `body`, sharing its bytes.
+    fn within(body: &Bytes, fields: Fields<'_>) -> Self {
+        Self {
             request_id: SharedStr::within(body, fields.request_id),
             parcel_id: SharedStr::within(body, fields.parcel_id),
-        })
+        }
     }
 
     /// The fingerprint of this operation; see [`fingerprint`].
@@ -419,13 +423,13 @@ impl Operation for LabelContract {
         parts: &'a Parts,
         body: &Bytes,
     ) -> Result<Parsed<'a, LabelOperation>, Rejection> {
-        let operation = LabelOperation::from_body(body).map_err(|_| Rejection::invalid(""))?;
-        let key =
-            matching_key(&parts.headers, &operation.request_id).ok_or(Rejection::InvalidKey)?;
+        // Checked and fingerprinted on the parsed fields, before they become the value.
+        let fields = Fields::parse(body).map_err(|_| Rejection::invalid(""))?;
+        let key = matching_key(&parts.headers, &fields.request_id).ok_or(Rejection::InvalidKey)?;
         Ok(Parsed {
             key: Cow::Borrowed(key),
-            fingerprint: operation.fingerprint(),
-            value: operation,
+            fingerprint: fingerprint(&fields.request_id, &fields.parcel_id),
+            value: LabelOperation::within(body, fields),
         })
     }
 
