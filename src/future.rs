@@ -91,14 +91,15 @@ where
         read: Result<(), body::ReadError>,
         span: &Span,
     ) -> Option<Response<ResponseBody<B>>> {
+        // Read once, from a fresh reading state: anything else is a poll after completion.
         let PhaseProj::Reading { reading, run } = self.as_mut().project() else {
-            return None;
+            panic!("{POLLED_AFTER_COMPLETION}");
         };
         let Reading {
             parts,
             guard,
             collector,
-        } = reading.take()?;
+        } = reading.take().expect(POLLED_AFTER_COMPLETION);
         match guard.read(parts, collector, read) {
             Ok(claimed) => {
                 claimed.trace(span);

@@ -489,7 +489,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// Whether the inner service gets the operation's value (a
     /// [`LabelOperation`](crate::LabelOperation), a typed body) in the request extensions.
     /// On by default; an inner service that reads the body itself (axum's `Json`, say) can
-    /// turn it off and save the three allocations of a request's first extension.
+    /// turn it off and save the three allocations of a request's first extension. An inner
+    /// service that still expects the value (axum's `Extension`) then fails its create: a
+    /// `500 create_failed`, the key left pending.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};

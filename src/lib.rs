@@ -26,7 +26,9 @@
 //!
 #![doc = include_str!("reply/problem.md")]
 //!
-//! What the layer did is attached to every response it produces as an [`Outcome`] extension.
+//! What the layer did is on the body of every response it produces
+//! ([`ResponseBody::outcome`], an [`Outcome`]), and in its extensions with
+//! [`IdempotencyLayer::outcome_extension`].
 //!
 //! # Example: your own JSON body
 //!
@@ -130,7 +132,8 @@
 //! # Testing a service behind the layer
 //!
 //! Drive it with [`tower::ServiceExt::oneshot`] as above, assert statuses and exact bytes, and
-//! read what the layer did from the [`Outcome`] response extension. [`MemoryStore`] lets a test
+//! read what the layer did from the response body's [`Outcome`]
+//! ([`ResponseBody::outcome`]). [`MemoryStore`] lets a test
 //! look into the registry ([`MemoryStore::is_pending`], [`MemoryStore::completed`]). With the
 //! `test-util` feature, the `testing` module records the calls in order (claim, admit,
 //! release, create, complete), fails store calls on demand and scripts admission, so the
@@ -193,7 +196,9 @@
 //! path, the operation's fingerprint and, once decided, its outcome, and ends with one debug
 //! event. The body is never traced; the store key only with
 //! [`IdempotencyLayer::trace_keys`]. Store and create failures are logged at `warn` and
-//! `error`. The [`Outcome`] is also a response extension, for metrics layers, and
+//! `error`. The [`Outcome`] is on the response body for an outer layer (and in the response
+//! extensions with [`IdempotencyLayer::outcome_extension`], for one that sees the response after
+//! its body was replaced), and
 //! [`IdempotencyLayer::mark_replays`] adds `Idempotent-Replayed: true` to replays (off by
 //! default, since a replay is otherwise byte for byte the stored response).
 //!

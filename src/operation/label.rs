@@ -74,8 +74,15 @@ pub struct LabelOperation {
 /// assert!(id.starts_with("label-"));
 /// assert_eq!(id.as_str().len(), 11);
 /// ```
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SharedStr(Bytes);
+
+/// Hashed as its `str` is, so that a map keyed by `SharedStr` is looked up by `&str`.
+impl std::hash::Hash for SharedStr {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
 
 impl SharedStr {
     /// The part of `body` that `text` is, sharing its bytes; `text` must lie within `body`.
@@ -123,6 +130,24 @@ impl From<String> for SharedStr {
 impl From<&str> for SharedStr {
     fn from(text: &str) -> Self {
         Self(Bytes::copy_from_slice(text.as_bytes()))
+    }
+}
+
+impl From<&String> for SharedStr {
+    fn from(text: &String) -> Self {
+        Self::from(text.as_str())
+    }
+}
+
+impl From<Box<str>> for SharedStr {
+    fn from(text: Box<str>) -> Self {
+        Self::from(String::from(text))
+    }
+}
+
+impl From<Cow<'_, str>> for SharedStr {
+    fn from(text: Cow<'_, str>) -> Self {
+        Self::from(text.into_owned())
     }
 }
 
@@ -570,5 +595,20 @@ mod tests {
         assert_eq!(json, r#""parcel-42""#);
         assert_eq!(serde_json::from_str::<SharedStr>(&json).unwrap(), text);
         assert_ne!(text, "parcel-43");
+        let owned = String::from("p");
+        for other in [
+            SharedStr::from(&owned),
+            SharedStr::from(Box::<str>::from("p")),
+            SharedStr::from(Cow::Borrowed("p")),
+        ] {
+            assert_eq!(other, "p");
+        }
+    }
+
+    #[test]
+    fn a_shared_str_hashes_as_its_str() {
+        let set: std::collections::HashSet<SharedStr> = [SharedStr::from("parcel-42")].into();
+        assert!(set.contains("parcel-42"));
+        assert!(!set.contains("parcel-43"));
     }
 }

@@ -1,6 +1,6 @@
 //! The layer against crates.io's `idempotent` 2.x, in one run, on one machine.
 //!
-//! Every contender wraps the same create service (the lesson's 201 with a 157-byte body),
+//! Every contender wraps the same create service (the lesson's 201, the benches' `Create`),
 //! driven through `ServiceExt` (`ready`, `call`, the response body read to its end). The
 //! requests are the same for every contender (`Idempotency-Key: k-<n>`, body
 //! `{"request_id":"k-<n>","parcel_id":"p-<n>"}`), built before the timed region. Contenders
@@ -9,10 +9,9 @@
 //!
 //! `cargo run --release --ignore-rust-version --manifest-path benches/idempotent-compare/Cargo.toml [rounds] [requests]`
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,32 +19,9 @@ use http::{Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 
-/// The lesson's create, answering at once: 201, `Content-Type`, `Location`, two `ETag`s.
-#[derive(Clone, Copy, Debug, Default)]
-struct Create;
-
-const CREATED: &str = r#"{"request_id":"label-req-7","state":"created","label_id":"label-901","carrier":"parcelforce","tracking":"PF-000000901","created_at":"2026-01-01T00:00:00Z"}"#;
-
-impl<B> Service<Request<B>> for Create {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<B>) -> Self::Future {
-        let response = Response::builder()
-            .status(201)
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::LOCATION, "/labels/label-901")
-            .header(header::ETAG, "\"label-901-v1\"")
-            .header(header::ETAG, "\"backup\"")
-            .body(Full::new(Bytes::from_static(CREATED.as_bytes())));
-        std::future::ready(Ok(response.unwrap_or_default()))
-    }
-}
+#[path = "../../common/mod.rs"]
+mod common;
+use common::Create;
 
 /// Attempt `n` of the shared workload.
 fn request(n: usize) -> Request<Full<Bytes>> {
