@@ -114,8 +114,10 @@ where
     fn poll_decide(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody<B>>> {
         match self.project() {
             PhaseProj::Deciding { decision } => decision.poll(cx),
-            // Never polled before `read` started the decision.
-            PhaseProj::Reading { .. } => Poll::Pending,
+            // `read` starts the decision before the response future polls it: never reached.
+            PhaseProj::Reading { .. } => {
+                unreachable!("a decision polled before its request's body was read")
+            }
         }
     }
 }

@@ -595,6 +595,8 @@ mod tests {
         assert_eq!(json, r#""parcel-42""#);
         assert_eq!(serde_json::from_str::<SharedStr>(&json).unwrap(), text);
         assert_ne!(text, "parcel-43");
+        assert_ne!(text, *"parcel-43");
+        assert_ne!(text, String::from("parcel-43"));
         let owned = String::from("p");
         for other in [
             SharedStr::from(&owned),
