@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::servers::RedisCluster;
+use common::servers::{RedisCluster, pause_redis};
 use common::*;
 use tower_idempotency::store::RedisStore;
 
@@ -247,15 +247,9 @@ async fn a_restarted_primary_serves_its_keys_while_another_hangs() {
     let (on_restarted, _) = held_by(&keys, cluster.nodes[1].port);
     assert!(!on_restarted.is_empty());
 
-    let hung_port = cluster.nodes[0].port.to_string();
     let mut cluster = cluster;
     let cluster = tokio::task::spawn_blocking(move || {
-        let paused = std::process::Command::new("redis-cli")
-            .args(["-p", &hung_port, "CLIENT", "PAUSE", "10000", "ALL"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("redis-cli on PATH");
-        assert!(paused.success());
+        pause_redis(cluster.nodes[0].port, 10_000, "ALL");
         cluster.nodes[1].restart();
         cluster
     })
@@ -290,13 +284,7 @@ async fn the_subscriber_skips_a_hung_seed() {
         .await
         .unwrap();
     let store = RedisStore::connect_cluster(cluster.seeds()).await.unwrap();
-    let hung_port = cluster.nodes[0].port.to_string();
-    let paused = std::process::Command::new("redis-cli")
-        .args(["-p", &hung_port, "CLIENT", "PAUSE", "8000", "ALL"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("redis-cli on PATH");
-    assert!(paused.success());
+    pause_redis(cluster.nodes[0].port, 8_000, "ALL");
     drop(store.changed("warm-up"));
     let started = Instant::now();
     while !store.notifications_subscribed() {

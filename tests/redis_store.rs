@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::servers::RedisServer;
+use common::servers::{RedisServer, pause_redis};
 use common::*;
 use tower_idempotency::store::RedisStore;
 use tower_idempotency::{Claim, Store, fingerprint};
@@ -238,21 +238,7 @@ async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
     let server = RedisServer::start();
-    let pause = |millis: u64| {
-        let status = std::process::Command::new("redis-cli")
-            .args([
-                "-p",
-                &server.port.to_string(),
-                "CLIENT",
-                "PAUSE",
-                &millis.to_string(),
-                "WRITE",
-            ])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("redis-cli on PATH");
-        assert!(status.success());
-    };
+    let pause = |millis: u64| pause_redis(server.port, millis, "WRITE");
     let patient = RedisStore::connect(&server.url())
         .await
         .unwrap()
@@ -285,14 +271,9 @@ async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
         .await
         .unwrap()
         .timeout(Duration::from_millis(300));
-    let port = server.port.to_string();
+    let port = server.port;
     lost_claim_answers_strand_no_key(store, async move {
-        let status = std::process::Command::new("redis-cli")
-            .args(["-p", &port, "CLIENT", "PAUSE", "1500", "WRITE"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("redis-cli on PATH");
-        assert!(status.success());
+        pause_redis(port, 1_500, "WRITE");
     })
     .await;
 }

@@ -140,6 +140,24 @@ impl Drop for RedisServer {
     }
 }
 
+/// Pauses the clients of the Redis server at `port` for `millis` (`CLIENT PAUSE`): `WRITE`
+/// holds the writes, `ALL` every command, as a hung server would.
+pub fn pause_redis(port: u16, millis: u64, what: &str) {
+    let status = Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "CLIENT",
+            "PAUSE",
+            &millis.to_string(),
+            what,
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("redis-cli on PATH");
+    assert!(status.success(), "CLIENT PAUSE failed");
+}
+
 /// A Redis Cluster of the test's own: three primaries (no replicas), each a [`RedisServer`]
 /// with its data fsynced on every write, its slots spread by `redis-cli --cluster create`.
 /// Keys of a primary that is down fail; the others keep working
