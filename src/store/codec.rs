@@ -1,10 +1,11 @@
 //! The byte encoding of a [`StoredResponse`] in a remote store.
 //!
 //! ```text
-//! version: u8 = 1
-//! status:  u16 big-endian
-//! headers: u16 big-endian count, then per value: name length u16, name, value length u32, value
-//! body:    every remaining byte
+//! version:  u8 = 1 (no trailers) or 2
+//! status:   u16 big-endian
+//! headers:  u16 big-endian count, then per value: name length u16, name, value length u32, value
+//! body:     version 1: every remaining byte; version 2: length u32, then the body
+//! trailers: version 2 only, as the headers are
 //! ```
 //!
 //! Every header value is kept as bytes (non-UTF-8 included), in order, and the body exactly.
@@ -15,18 +16,22 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::{StoreError, StoreErrorKind, StoredResponse};
 
+/// The format of a response without trailers.
 const VERSION: u8 = 1;
 
-/// Encodes `response` into one buffer.
-pub(crate) fn encode(response: &StoredResponse) -> Bytes {
-    let headers = response.headers();
-    let header_bytes: usize = headers
+/// The format of a response with trailers.
+const WITH_TRAILERS: u8 = 2;
+
+/// The bytes `headers` take in the encoding.
+fn fields_len(headers: &HeaderMap) -> usize {
+    2 + headers
         .iter()
         .map(|(name, value)| 6 + name.as_str().len() + value.len())
-        .sum();
-    let mut buffer = BytesMut::with_capacity(5 + header_bytes + response.body().len());
-    buffer.put_u8(VERSION);
-    buffer.put_u16(response.status().as_u16());
+        .sum::<usize>()
+}
+
+/// Writes `headers` as a count and each value.
+fn put_fields(buffer: &mut BytesMut, headers: &HeaderMap) {
     // A header map holds far fewer than 65536 values in practice; more are cut off rather than
     // corrupting the record.
     let count = u16::try_from(headers.len()).unwrap_or(u16::MAX);
@@ -39,17 +44,42 @@ pub(crate) fn encode(response: &StoredResponse) -> Bytes {
         buffer.put_u32(value.len() as u32);
         buffer.put_slice(value.as_bytes());
     }
-    buffer.put_slice(response.body());
+}
+
+/// Encodes `response` into one buffer.
+pub(crate) fn encode(response: &StoredResponse) -> Bytes {
+    let body = response.body();
+    let trailers = response.trailers();
+    let capacity = 3
+        + fields_len(response.headers())
+        + body.len()
+        + trailers.map_or(0, |trailers| 4 + fields_len(trailers));
+    let mut buffer = BytesMut::with_capacity(capacity);
+    buffer.put_u8(if trailers.is_some() {
+        WITH_TRAILERS
+    } else {
+        VERSION
+    });
+    buffer.put_u16(response.status().as_u16());
+    put_fields(&mut buffer, response.headers());
+    match trailers {
+        None => buffer.put_slice(body),
+        Some(trailers) => {
+            // A stored body is bounded by the layer's response cap, far below 4 GiB.
+            buffer.put_u32(body.len() as u32);
+            buffer.put_slice(body);
+            put_fields(&mut buffer, trailers);
+        }
+    }
     buffer.freeze()
 }
 
-/// Decodes a buffer made by [`encode`]; the body shares `bytes` without a copy.
-pub(crate) fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
+/// Reads a count and that many values, as [`put_fields`] writes them.
+fn get_fields(bytes: &mut Bytes) -> Result<HeaderMap, StoreError> {
     let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
-    if bytes.remaining() < 5 || bytes.get_u8() != VERSION {
+    if bytes.remaining() < 2 {
         return Err(corrupt());
     }
-    let status = StatusCode::from_u16(bytes.get_u16()).map_err(|_| corrupt())?;
     let count = bytes.get_u16();
     // Capacity is only a hint: a corrupt count must not reserve (or panic on) a huge map.
     let mut headers =
@@ -70,7 +100,37 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
         let value = HeaderValue::from_maybe_shared(bytes.split_to(len)).map_err(|_| corrupt())?;
         headers.try_append(name, value).map_err(|_| corrupt())?;
     }
-    Ok(StoredResponse::new(status, headers, bytes))
+    Ok(headers)
+}
+
+/// Decodes a buffer made by [`encode`]; the body shares `bytes` without a copy.
+pub(crate) fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
+    let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
+    if bytes.remaining() < 3 {
+        return Err(corrupt());
+    }
+    let version = bytes.get_u8();
+    if version != VERSION && version != WITH_TRAILERS {
+        return Err(corrupt());
+    }
+    let status = StatusCode::from_u16(bytes.get_u16()).map_err(|_| corrupt())?;
+    let headers = get_fields(&mut bytes)?;
+    if version == VERSION {
+        return Ok(StoredResponse::new(status, headers, bytes));
+    }
+    if bytes.remaining() < 4 {
+        return Err(corrupt());
+    }
+    let len = bytes.get_u32() as usize;
+    if bytes.remaining() < len {
+        return Err(corrupt());
+    }
+    let body = bytes.split_to(len);
+    let trailers = get_fields(&mut bytes)?;
+    if bytes.has_remaining() {
+        return Err(corrupt());
+    }
+    Ok(StoredResponse::new(status, headers, body).with_trailers(trailers))
 }
 
 #[cfg(test)]
@@ -125,11 +185,69 @@ mod tests {
             decode(Bytes::new()).unwrap_err().kind(),
             StoreErrorKind::Corrupt
         );
+        for unknown in [0u8, 3, 0xff] {
+            assert_eq!(
+                decode(Bytes::from(vec![unknown, 0, 201, 0, 0]))
+                    .unwrap_err()
+                    .kind(),
+                StoreErrorKind::Corrupt
+            );
+        }
+    }
+
+    fn with_trailers() -> StoredResponse {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", HeaderValue::from_static(""));
+        trailers.append("x-trace", HeaderValue::from_bytes(b"a\xff").unwrap());
+        trailers.append("x-trace", HeaderValue::from_static("b"));
+        sample().with_trailers(trailers)
+    }
+
+    #[test]
+    fn a_response_without_trailers_keeps_the_first_format() {
+        let mut headers = HeaderMap::new();
+        headers.insert("a", HeaderValue::from_static("b"));
+        let response = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"{}"));
         assert_eq!(
-            decode(Bytes::from_static(&[2, 0, 201, 0, 0]))
-                .unwrap_err()
-                .kind(),
-            StoreErrorKind::Corrupt
+            &encode(&response)[..],
+            &[1, 0, 201, 0, 1, 0, 1, b'a', 0, 0, 0, 1, b'b', b'{', b'}'][..]
         );
+    }
+
+    #[test]
+    fn trailers_round_trip_in_the_second_format() {
+        let response = with_trailers();
+        let encoded = encode(&response);
+        assert_eq!(encoded[0], WITH_TRAILERS);
+        let decoded = decode(encoded.clone()).unwrap();
+        assert_eq!(decoded, response);
+        let traces: Vec<_> = decoded
+            .trailers()
+            .unwrap()
+            .get_all("x-trace")
+            .iter()
+            .collect();
+        assert_eq!(traces, [&b"a\xff"[..], b"b"]);
+        let empty = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new())
+            .with_trailers(HeaderMap::new());
+        assert_eq!(decode(encode(&empty)).unwrap(), empty);
+        // Every cut is an error: the second format says every length.
+        for len in 0..encoded.len() {
+            assert!(decode(encoded.slice(..len)).is_err(), "cut at {len}");
+        }
+        let mut longer = encoded.to_vec();
+        longer.push(0);
+        assert!(
+            decode(Bytes::from(longer)).is_err(),
+            "a byte past the trailers"
+        );
+        for i in 0..encoded.len() {
+            for byte in [0x00, 0x7f, 0xff] {
+                let mut mutated = encoded.to_vec();
+                mutated[i] = byte;
+                let _ = decode(Bytes::from(mutated));
+            }
+        }
     }
 }

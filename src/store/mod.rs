@@ -590,6 +590,7 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    trailers: Option<HeaderMap>,
 }
 
 impl StoredResponse {
@@ -598,6 +599,7 @@ impl StoredResponse {
         Self {
             status,
             headers,
+            trailers: None,
             body,
         }
     }
@@ -617,9 +619,39 @@ impl StoredResponse {
         &self.body
     }
 
-    /// The parts, to build a reply from.
+    /// This response with trailers after its body (a gRPC response's `grpc-status`, say),
+    /// stored and replayed with it, every value in order.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue, StatusCode};
+    /// use tower_idempotency::StoredResponse;
+    ///
+    /// let mut trailers = HeaderMap::new();
+    /// trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    /// let stored = StoredResponse::new(StatusCode::OK, HeaderMap::new(), "message".into())
+    ///     .with_trailers(trailers.clone());
+    /// assert_eq!(stored.trailers(), Some(&trailers));
+    /// assert_eq!(StoredResponse::from_bytes(stored.to_bytes()).unwrap(), stored);
+    /// ```
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// The stored trailers, if the response had any.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
+    }
+
+    /// The parts, to build a reply from; see
+    /// [`into_parts_with_trailers`](Self::into_parts_with_trailers) for the trailers.
     pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
         (self.status, self.headers, self.body)
+    }
+
+    /// The parts and the trailers, if any.
+    pub fn into_parts_with_trailers(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
+        (self.status, self.headers, self.body, self.trailers)
     }
 
     /// The response as one buffer, in the format the built-in remote stores keep, for a
@@ -627,7 +659,7 @@ impl StoredResponse {
     /// exactly: the status, every header value in order (bytes that are not UTF-8 included)
     /// and the body.
     ///
-    /// The format, version 1 (all integers big-endian):
+    /// The format, version 1 for a response without trailers (all integers big-endian):
     ///
     /// ```text
     /// version  u8   1
@@ -636,6 +668,10 @@ impl StoredResponse {
     /// count ×  name length u16, name (lowercase ASCII), value length u32, value bytes
     /// body     every remaining byte
     /// ```
+    ///
+    /// Version 2, for a response with trailers: the version byte 2, the status and the
+    /// headers as above, then the body's length (u32) and the body, then the trailers as the
+    /// headers are (a count u16, then each value).
     ///
     /// A later version of this crate may write a later version of the format (with more
     /// parts of a response) and still reads every earlier one.

@@ -471,6 +471,54 @@ pub async fn replay_is_byte_exact(store: impl Store) {
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(empty));
 }
 
+/// A response with trailers (a gRPC response's `grpc-status` and `grpc-message`, custom
+/// ones, a name given twice, bytes that are not UTF-8) replays with them exactly; the same
+/// response without trailers replays without.
+pub async fn trailers_are_stored_and_replayed(store: impl Store) {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("9"));
+    trailers.insert(
+        "grpc-message",
+        HeaderValue::from_static("idempotency_conflict"),
+    );
+    trailers.append("x-trailer", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+    trailers.append("x-trailer", HeaderValue::from_static(""));
+    let with = awkward_response().with_trailers(trailers.clone());
+    let key = unique_key("trailers");
+    let reservation = new(&store, &key, &fp("a")).await;
+    store.complete(&key, &reservation, &with).await.unwrap();
+    let Claim::Replay(replayed) = claim(&store, &key, &fp("a")).await else {
+        panic!("expected replay")
+    };
+    assert_eq!(replayed.trailers(), Some(&trailers));
+    let values: Vec<_> = replayed
+        .trailers()
+        .unwrap()
+        .get_all("x-trailer")
+        .iter()
+        .collect();
+    assert_eq!(values, [&b"caf\xe9"[..], b""]);
+    assert_eq!(replayed, with);
+
+    // Empty trailers are trailers still; none are none.
+    let key = unique_key("trailers-empty");
+    let reservation = new(&store, &key, &fp("a")).await;
+    let empty = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new())
+        .with_trailers(HeaderMap::new());
+    store.complete(&key, &reservation, &empty).await.unwrap();
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(empty));
+    let key = unique_key("trailers-none");
+    let reservation = new(&store, &key, &fp("a")).await;
+    store
+        .complete(&key, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    let Claim::Replay(replayed) = claim(&store, &key, &fp("a")).await else {
+        panic!("expected replay")
+    };
+    assert_eq!(replayed.trailers(), None);
+}
+
 /// Complete acts only under the claim's reservation: a stranger's is refused with
 /// `ReservationLost`, and a completed record cannot be completed again.
 pub async fn complete_is_guarded_by_the_reservation(store: impl Store) {
@@ -927,6 +975,11 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn replay_is_byte_exact() {
                 suite::replay_is_byte_exact($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn trailers_are_stored_and_replayed() {
+                suite::trailers_are_stored_and_replayed($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
