@@ -590,7 +590,8 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
-    trailers: Option<HeaderMap>,
+    /// Boxed: most responses have none, and a claim's answer stays small.
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl StoredResponse {
@@ -634,13 +635,13 @@ impl StoredResponse {
     /// assert_eq!(StoredResponse::from_bytes(stored.to_bytes()).unwrap(), stored);
     /// ```
     pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
-        self.trailers = Some(trailers);
+        self.trailers = Some(Box::new(trailers));
         self
     }
 
     /// The stored trailers, if the response had any.
     pub fn trailers(&self) -> Option<&HeaderMap> {
-        self.trailers.as_ref()
+        self.trailers.as_deref()
     }
 
     /// The parts, to build a reply from; see
@@ -651,7 +652,7 @@ impl StoredResponse {
 
     /// The parts and the trailers, if any.
     pub fn into_parts_with_trailers(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
-        (self.status, self.headers, self.body, self.trailers)
+        (self.status, self.headers, self.body, self.trailers.map(|t| *t))
     }
 
     /// The response as one buffer, in the format the built-in remote stores keep, for a
