@@ -39,7 +39,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
         Inner { #[pin] body: B },
     }
 }
@@ -48,6 +48,7 @@ impl<B> Kind<B> {
     fn full(data: Bytes) -> Self {
         Kind::Full {
             data: (!data.is_empty()).then_some(data),
+            trailers: None,
         }
     }
 }
@@ -58,21 +59,26 @@ impl<B: Body<Data = Bytes>> Kind<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(|t| Frame::trailers(*t)))
+                    .map(Ok),
+            ),
             KindProj::Inner { body } => body.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { body } => body.size_hint(),
@@ -130,7 +136,7 @@ macro_rules! body_impls {
         impl<B> std::fmt::Debug for $name<B> {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 let kind = match &self.kind {
-                    Kind::Full { data } => data.as_ref().map_or(0, Bytes::len).to_string(),
+                    Kind::Full { data, .. } => data.as_ref().map_or(0, Bytes::len).to_string(),
                     Kind::Inner { .. } => "inner".to_owned(),
                 };
                 f.debug_tuple(stringify!($name)).field(&kind).finish()
@@ -167,6 +173,15 @@ impl<B> ResponseBody<B> {
     /// ```
     pub fn outcome(&self) -> Option<Outcome> {
         self.outcome
+    }
+
+    /// A body of exactly these bytes, then these trailers.
+    pub(crate) fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let mut body = Self::full(data);
+        if let Kind::Full { trailers: slot, .. } = &mut body.kind {
+            *slot = trailers.map(Box::new);
+        }
+        body
     }
 
     /// This body, answering with `outcome`.
@@ -263,20 +278,31 @@ pub(crate) fn body_error(error: impl Into<BoxError>) -> ReadError {
 }
 
 /// Reads a whole body of at most `limit` bytes with a [`Collector`]: the created response.
-pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+pub(crate) async fn read_limited<B>(
+    body: B,
+    limit: usize,
+) -> Result<(Bytes, Option<HeaderMap>), ReadError>
 where
     B: Body<Data = Bytes>,
 {
     let mut body = std::pin::pin!(body);
     let mut collector = Collector::new(limit);
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| ReadError::Broken)?;
-        // Trailers carry nothing the contract reads.
-        if let Ok(data) = frame.into_data() {
-            collector.push(data)?;
+        match frame.into_data() {
+            Ok(data) => collector.push(data)?,
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(trailers) => trailers.extend(more),
+                        None => trailers = Some(more),
+                    }
+                }
+            }
         }
     }
-    Ok(collector.finish())
+    Ok((collector.finish(), trailers))
 }
 
 #[cfg(test)]

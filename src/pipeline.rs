@@ -653,8 +653,8 @@ where
     ResBody: Body<Data = Bytes>,
 {
     let (mut parts, body) = response.into_parts();
-    let body = match body::read_limited(body, settings.response_limit).await {
-        Ok(body) => body,
+    let (body, trailers) = match body::read_limited(body, settings.response_limit).await {
+        Ok(read) => read,
         Err(ReadError::TooLarge) => {
             tracing::error!("created response over the cap; the key stays pending");
             return Err(Rejection::ResponseTooLarge);
@@ -665,7 +665,11 @@ where
         }
     };
     headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
-    Ok(StoredResponse::new(parts.status, parts.headers, body))
+    let stored = StoredResponse::new(parts.status, parts.headers, body);
+    Ok(match trailers {
+        Some(trailers) => stored.with_trailers(trailers),
+        None => stored,
+    })
 }
 
 /// Step 8, contract §5.4: the complete, before the reply is written. If its answer is lost,

@@ -234,8 +234,9 @@ pub(crate) fn stored<B>(
     stored: crate::StoredResponse,
     outcome: Outcome,
 ) -> Response<ResponseBody<B>> {
-    let (status, headers, body) = stored.into_parts();
-    let mut response = Response::new(ResponseBody::full(body).with_outcome(outcome));
+    let (status, headers, body, trailers) = stored.into_parts_with_trailers();
+    let body = ResponseBody::full_with_trailers(body, trailers).with_outcome(outcome);
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

@@ -652,7 +652,12 @@ impl StoredResponse {
 
     /// The parts and the trailers, if any.
     pub fn into_parts_with_trailers(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
-        (self.status, self.headers, self.body, self.trailers.map(|t| *t))
+        (
+            self.status,
+            self.headers,
+            self.body,
+            self.trailers.map(|t| *t),
+        )
     }
 
     /// The response as one buffer, in the format the built-in remote stores keep, for a

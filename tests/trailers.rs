@@ -1,0 +1,122 @@
+//! A create's trailers (a gRPC response's `grpc-status`, say) are stored with its response and
+//! written after the body, on the first reply (built from what was stored) and on every replay.
+
+mod common;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use common::*;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
+
+/// A body of some data, then some trailers.
+struct Trailing {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for Trailing {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match self.data.take() {
+            Some(data) => Some(Frame::data(data)),
+            None => self.trailers.take().map(Frame::trailers),
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+}
+
+fn grpc_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers.insert("grpc-message", HeaderValue::from_static(""));
+    trailers.append("x-trace", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+    trailers.append("x-trace", HeaderValue::from_static("b"));
+    trailers
+}
+
+/// A service whose create answers 201 with `body` and then `trailers`.
+fn service(
+    store: MemoryStore,
+    body: &'static [u8],
+    trailers: Option<HeaderMap>,
+) -> Idempotency<
+    impl tower::Service<
+        Request<RequestBody<Chunks>>,
+        Response = Response<Trailing>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+    MemoryStore,
+> {
+    let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+        let body = Trailing {
+            data: Some(Bytes::from_static(body)),
+            trailers: trailers.clone(),
+        };
+        async move {
+            let mut response = Response::new(body);
+            *response.status_mut() = http::StatusCode::CREATED;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    Idempotency::new(create, store)
+}
+
+/// The body and the trailers of a response, read to its end.
+async fn read<B: Body<Data = Bytes>>(response: Response<B>) -> (Bytes, Option<HeaderMap>)
+where
+    B::Error: std::fmt::Debug,
+{
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    (collected.to_bytes(), trailers)
+}
+
+#[tokio::test]
+async fn a_creates_trailers_are_written_after_its_body_on_the_first_reply_and_every_replay() {
+    let store = MemoryStore::new();
+    let service = service(store.clone(), b"message", Some(grpc_trailers()));
+    for attempt in ["first", "replay", "replay again"] {
+        let (body, trailers) = read(service.clone().oneshot(valid()).await.unwrap()).await;
+        assert_eq!(body, "message", "{attempt}");
+        assert_eq!(trailers, Some(grpc_trailers()), "{attempt}");
+    }
+    let stored = store.completed(&key_of(KEY)).expect("completed");
+    assert_eq!(stored.trailers(), Some(&grpc_trailers()));
+}
+
+#[tokio::test]
+async fn trailers_after_an_empty_body_and_no_trailers_at_all_are_kept_as_they_are() {
+    let store = MemoryStore::new();
+    let service_with = service(store.clone(), b"", Some(grpc_trailers()));
+    for _ in 0..2 {
+        let (body, trailers) = read(service_with.clone().oneshot(valid()).await.unwrap()).await;
+        assert!(body.is_empty());
+        assert_eq!(trailers, Some(grpc_trailers()));
+    }
+
+    let service_without = service(MemoryStore::new(), b"message", None);
+    for _ in 0..2 {
+        let response = service_without.clone().oneshot(valid()).await.unwrap();
+        let (body, trailers) = read(response).await;
+        assert_eq!(body, "message");
+        assert_eq!(
+            trailers, None,
+            "no trailers frame where the create sent none"
+        );
+    }
+}
