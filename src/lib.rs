@@ -235,8 +235,9 @@ pub use crate::layer::{
     DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses,
 };
 pub use crate::operation::{
-    DEFAULT_BODY_LIMIT, Fingerprint, IDEMPOTENCY_KEY, IdempotencyKey, InvalidOperation,
-    JsonOperation, LabelContract, LabelOperation, Operation, RawOperation, fingerprint,
+    DEFAULT_BODY_LIMIT, Fingerprint, GrpcOperation, IDEMPOTENCY_KEY, IdempotencyKey,
+    InvalidOperation, JsonOperation, LabelContract, LabelOperation, Operation, RawOperation,
+    fingerprint,
 };
 pub use crate::reply::{IDEMPOTENT_REPLAYED, Outcome, Rejection, problem};
 pub use crate::scope::store_key;

@@ -4,38 +4,14 @@
 mod common;
 
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use common::*;
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
-
-/// A body of some data, then some trailers.
-struct Trailing {
-    data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
-}
-
-impl Body for Trailing {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let frame = match self.data.take() {
-            Some(data) => Some(Frame::data(data)),
-            None => self.trailers.take().map(Frame::trailers),
-        };
-        Poll::Ready(frame.map(Ok))
-    }
-}
 
 fn grpc_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::new();

@@ -846,3 +846,25 @@ pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
     assert_eq!(creates.load(Ordering::SeqCst), 1);
     wait_for(|| waited(&replica_a) == 0 && waited(&replica_b) == 0).await;
 }
+
+/// A body of some data, then some trailers, as a gRPC response's.
+pub struct Trailing {
+    pub data: Option<Bytes>,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl Body for Trailing {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match self.data.take() {
+            Some(data) => Some(Frame::data(data)),
+            None => self.trailers.take().map(Frame::trailers),
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+}

@@ -1,0 +1,202 @@
+//! [`GrpcOperation`]: unary gRPC calls of the methods it guards.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+
+use super::key::key_in;
+use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
+use crate::admission::Refusal;
+use crate::reply::Rejection;
+
+/// The content type of a gRPC call, with or without a `+proto`-style suffix.
+const GRPC: &str = "application/grpc";
+
+/// Unary gRPC calls of the methods it guards (`/package.Service/Method`), each keyed by its
+/// `idempotency-key` metadata entry. The fingerprint is SHA-256 over the method's path and the
+/// request message exactly as framed (one length-prefixed message; its compressed flag
+/// included). Every other path, and every call that is not gRPC, passes through untouched:
+/// streaming methods and services such as `grpc.health.v1.Health` are simply not guarded.
+///
+/// Refusals are gRPC statuses, never HTTP errors: HTTP 200, a trailers-only reply whose
+/// `grpc-status` and `grpc-message` name the case in the contract's words:
+///
+/// | case | `grpc-status` | `grpc-message` |
+/// |---|---|---|
+/// | missing or invalid key, invalid message | 3 `INVALID_ARGUMENT` | `invalid_request` |
+/// | message over the body limit | 8 `RESOURCE_EXHAUSTED` | `payload_too_large` |
+/// | no scope where one is required | 7 `PERMISSION_DENIED` | `scope_required` |
+/// | key reused for another message | 9 `FAILED_PRECONDITION` | `idempotency_conflict` |
+/// | first attempt in flight | 10 `ABORTED` | `request_pending` |
+/// | admission: rate refusal (429) | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
+/// | admission: concurrency refusal (503), store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
+/// | create failed, response over the cap | 13 `INTERNAL` | `create_failed`, `response_too_large` |
+/// | off the layer's configured path (with `OtherPaths::NotFound`) | 12 `UNIMPLEMENTED` | `not_found` |
+///
+/// The created response (the message and its trailers, `grpc-status` included) is stored
+/// before it is written and replayed exactly, a non-OK status as any other. Put the layer
+/// inside tonic-web's `GrpcWebLayer`, so that gRPC-web calls reach it as gRPC. The inner
+/// service gets the [`IdempotencyKey`] in the request extensions.
+///
+/// ```
+/// use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
+///
+/// let operation = GrpcOperation::new().method("/labels.v1.Labels/CreateLabel");
+/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+/// # drop(layer);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct GrpcOperation {
+    methods: Arc<[String]>,
+}
+
+impl GrpcOperation {
+    /// Guards no method yet: add each unary create with [`method`](Self::method).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Guards the unary method at `path` (`/package.Service/Method`).
+    pub fn method(self, path: impl Into<String>) -> Self {
+        let mut methods = self.methods.to_vec();
+        methods.push(path.into());
+        Self {
+            methods: methods.into(),
+        }
+    }
+}
+
+/// Whether the request is a gRPC call: `POST` with `Content-Type: application/grpc` or
+/// `application/grpc+…`.
+fn is_grpc(parts: &Parts) -> bool {
+    parts.method == Method::POST
+        && media::media_type(&parts.headers).is_some_and(|media| {
+            media.eq_ignore_ascii_case(GRPC)
+                || media
+                    .get(..GRPC.len() + 1)
+                    .is_some_and(|start| start.eq_ignore_ascii_case("application/grpc+"))
+        })
+}
+
+/// The one message of a unary call's body: a compressed flag (0 or 1), a length (u32, big
+/// endian), and exactly that many bytes.
+fn one_message(body: &[u8]) -> Option<&[u8]> {
+    let (&flag, rest) = body.split_first()?;
+    let (length, message) = rest.split_first_chunk::<4>()?;
+    (flag <= 1 && u32::from_be_bytes(*length) as usize == message.len()).then_some(message)
+}
+
+impl Operation for GrpcOperation {
+    type Value = IdempotencyKey;
+
+    fn head(&self, parts: &Parts) -> Head {
+        let path = parts.uri.path();
+        if !is_grpc(parts) || !self.methods.iter().any(|method| method == path) {
+            return Head::PassThrough;
+        }
+        if key_in(&parts.headers).is_none() {
+            return Head::Reject(Rejection::InvalidKey);
+        }
+        Head::Guard
+    }
+
+    fn parse<'a>(
+        &self,
+        parts: &'a Parts,
+        body: &Bytes,
+    ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
+        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
+        one_message(body).ok_or_else(|| Rejection::invalid("not one gRPC message"))?;
+        Ok(Parsed {
+            // The framed message: its compressed flag, its length and its bytes.
+            fingerprint: Fingerprint::digest([parts.uri.path().as_bytes(), &body[..]]),
+            value: IdempotencyKey(key.clone().into_owned()),
+            key,
+        })
+    }
+
+    fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
+        let (status, message) = grpc_status(rejection);
+        let mut response = Response::new(Bytes::new());
+        *response.status_mut() = StatusCode::OK;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(GRPC));
+        headers.insert("grpc-status", HeaderValue::from_static(status));
+        headers.insert("grpc-message", HeaderValue::from_static(message));
+        response
+    }
+}
+
+/// The gRPC status code and message of a refusal.
+fn grpc_status(rejection: &Rejection) -> (&'static str, &'static str) {
+    match rejection {
+        Rejection::NotFound => ("12", "not_found"),
+        Rejection::MethodNotAllowed => ("12", "method_not_allowed"),
+        Rejection::UnsupportedMediaType => ("12", "unsupported_media_type"),
+        Rejection::PayloadTooLarge => ("8", "payload_too_large"),
+        Rejection::InvalidKey | Rejection::InvalidRequest(_) => ("3", "invalid_request"),
+        Rejection::ScopeRequired => ("7", "scope_required"),
+        Rejection::Conflict => ("9", "idempotency_conflict"),
+        Rejection::Pending => ("10", "request_pending"),
+        Rejection::NotAdmitted(Refusal::TooManyRequests) => ("8", "not_admitted"),
+        Rejection::NotAdmitted(_) => ("14", "not_admitted"),
+        Rejection::StoreUnavailable => ("14", "store_unavailable"),
+        Rejection::CreateFailed => ("13", "create_failed"),
+        Rejection::ResponseTooLarge => ("13", "response_too_large"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unary_body_is_exactly_one_framed_message() {
+        assert_eq!(one_message(&[0, 0, 0, 0, 2, 8, 1]), Some(&[8u8, 1][..]));
+        assert_eq!(
+            one_message(&[1, 0, 0, 0, 0]),
+            Some(&[][..]),
+            "compressed, empty"
+        );
+        for body in [
+            &[][..],
+            &[0, 0, 0, 0][..],
+            &[2, 0, 0, 0, 0][..],
+            &[0, 0, 0, 0, 2, 8][..],
+            &[0, 0, 0, 0, 1, 8, 1][..],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..],
+        ] {
+            assert_eq!(one_message(body), None, "{body:?}");
+        }
+    }
+
+    #[test]
+    fn every_refusal_is_a_grpc_status_in_an_http_200() {
+        for rejection in Rejection::every() {
+            let response = GrpcOperation::new().reply(&rejection);
+            assert_eq!(response.status(), StatusCode::OK, "{rejection:?}");
+            assert_eq!(response.headers()[header::CONTENT_TYPE], GRPC);
+            assert!(response.body().is_empty(), "trailers-only: {rejection:?}");
+            let status = response.headers()["grpc-status"].to_str().unwrap();
+            assert_ne!(status, "0", "{rejection:?} is not OK");
+        }
+        let status = |rejection| grpc_status(&rejection);
+        assert_eq!(status(Rejection::Conflict), ("9", "idempotency_conflict"));
+        assert_eq!(status(Rejection::Pending), ("10", "request_pending"));
+        assert_eq!(status(Rejection::InvalidKey), ("3", "invalid_request"));
+        assert_eq!(
+            status(Rejection::NotAdmitted(Refusal::TooManyRequests)),
+            ("8", "not_admitted")
+        );
+        assert_eq!(
+            status(Rejection::NotAdmitted(Refusal::ServiceUnavailable)),
+            ("14", "not_admitted")
+        );
+        assert_eq!(
+            status(Rejection::StoreUnavailable),
+            ("14", "store_unavailable")
+        );
+    }
+}
