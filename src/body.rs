@@ -311,6 +311,44 @@ mod tests {
     use http::HeaderValue;
 
     #[test]
+    fn a_full_body_ends_after_its_data_and_its_trailers() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let mut body = std::pin::pin!(
+            ResponseBody::<http_body_util::Empty<Bytes>>::full_with_trailers(
+                Bytes::from_static(b"message"),
+                Some(trailers.clone()),
+            )
+        );
+        assert!(!body.is_end_stream());
+        let Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut cx) else {
+            panic!("the data first")
+        };
+        assert_eq!(frame.into_data().unwrap(), "message");
+        assert!(!body.is_end_stream(), "the trailers are still to come");
+        let Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut cx) else {
+            panic!("then the trailers")
+        };
+        assert_eq!(frame.into_trailers().unwrap(), trailers);
+        assert!(body.is_end_stream());
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+
+        let empty = ResponseBody::<http_body_util::Empty<Bytes>>::full(Bytes::new());
+        assert!(empty.is_end_stream());
+        let data = ResponseBody::<http_body_util::Empty<Bytes>>::full(Bytes::from_static(b"x"));
+        assert!(!data.is_end_stream());
+        let only_trailers = ResponseBody::<http_body_util::Empty<Bytes>>::full_with_trailers(
+            Bytes::new(),
+            Some(trailers),
+        );
+        assert!(!only_trailers.is_end_stream());
+    }
+
+    #[test]
     fn declared_length() {
         let mut headers = HeaderMap::new();
         assert!(!declares_over(&headers, 4096));
