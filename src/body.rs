@@ -293,10 +293,11 @@ where
         match frame.into_data() {
             Ok(data) => collector.push(data)?,
             Err(frame) => {
+                // Every value of every trailers frame, in order (an HTTP/2 server writes one).
                 if let Ok(more) = frame.into_trailers() {
-                    match &mut trailers {
-                        Some(trailers) => trailers.extend(more),
-                        None => trailers = Some(more),
+                    let trailers = trailers.get_or_insert_with(HeaderMap::new);
+                    for (name, value) in &more {
+                        trailers.append(name.clone(), value.clone());
                     }
                 }
             }

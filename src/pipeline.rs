@@ -666,10 +666,20 @@ where
     };
     headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
     let stored = StoredResponse::new(parts.status, parts.headers, body);
-    Ok(match trailers {
-        Some(trailers) => stored.with_trailers(trailers),
-        None => stored,
-    })
+    let Some(mut trailers) = trailers else {
+        return Ok(stored);
+    };
+    // The trailers are stored as the headers are: the same exclusions, within the same cap.
+    headers::retain_storable(&mut trailers, &settings.excluded_headers);
+    let trailer_bytes: usize = trailers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if stored.body().len().saturating_add(trailer_bytes) > settings.response_limit {
+        tracing::error!("created response over the cap with its trailers; the key stays pending");
+        return Err(Rejection::ResponseTooLarge);
+    }
+    Ok(stored.with_trailers(trailers))
 }
 
 /// Step 8, contract §5.4: the complete, before the reply is written. If its answer is lost,

@@ -64,7 +64,7 @@ fn service(
             }
             let body = Trailing {
                 data: Some(Bytes::from(framed(b"\x12\x09label-901"))),
-                trailers: Some(trailers(grpc_status)),
+                trailers: [trailers(grpc_status)].into(),
             };
             let mut response = Response::new(body);
             response
@@ -211,17 +211,44 @@ async fn calls_that_are_not_guarded_pass_through_untouched() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let service = service(store.clone(), Arc::clone(&creates), "0", None);
-    let mut json = call(CREATE, Some("k"), framed(b"m"));
-    json.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
     for request in [
         call("/grpc.health.v1.Health/Check", None, framed(b"")),
         call("/labels.v1.Labels/WatchLabels", Some("k"), framed(b"m")),
-        json,
     ] {
         let reply = read(service.clone().oneshot(request).await.unwrap()).await;
         assert_eq!(reply.3, Some(trailers("0")), "the inner service answered");
     }
-    assert_eq!(creates.load(Ordering::SeqCst), 3);
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
     assert!(store.is_empty(), "nothing guarded reached the store");
+}
+
+/// A server routes by path alone: a guarded method reached other than as a gRPC `POST` would
+/// run the create unguarded, so it is refused.
+#[tokio::test]
+async fn a_guarded_method_not_called_as_grpc_is_unimplemented() {
+    let store = MemoryStore::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = service(store.clone(), Arc::clone(&creates), "0", None);
+    let mut json = call(CREATE, Some("k"), framed(b"m"));
+    json.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    let mut put = call(CREATE, Some("k"), framed(b"m"));
+    *put.method_mut() = http::Method::PUT;
+    let mut web = call(CREATE, Some("k"), framed(b"m"));
+    web.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/grpc-web+proto"),
+    );
+    for (request, message) in [
+        (json, "unsupported_media_type"),
+        (put, "method_not_allowed"),
+        (web, "unsupported_media_type"),
+    ] {
+        let response = service.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.headers()["grpc-message"], message);
+        let reply = read(response).await;
+        assert_eq!((reply.0, reply.1.as_deref()), (200, Some("12")));
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 0);
+    assert!(store.is_empty());
 }

@@ -41,7 +41,7 @@ fn service(
     let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
         let body = Trailing {
             data: Some(Bytes::from_static(body)),
-            trailers: trailers.clone(),
+            trailers: trailers.clone().into_iter().collect(),
         };
         async move {
             let mut response = Response::new(body);
@@ -95,4 +95,54 @@ async fn trailers_after_an_empty_body_and_no_trailers_at_all_are_kept_as_they_ar
             "no trailers frame where the create sent none"
         );
     }
+}
+
+/// Trailers are stored as headers are: every value of every frame, the excluded names left
+/// out, and within the response cap.
+#[tokio::test]
+async fn trailers_are_kept_whole_filtered_and_capped() {
+    use tower_idempotency::IdempotencyLayer;
+    let mut first = HeaderMap::new();
+    first.insert("x", HeaderValue::from_static("1"));
+    first.insert("set-cookie", HeaderValue::from_static("secret"));
+    let mut second = HeaderMap::new();
+    second.insert("x", HeaderValue::from_static("2"));
+    let frames = vec![first, second];
+    let create = move |size: usize| {
+        let frames = frames.clone();
+        tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+            let mut frames: std::collections::VecDeque<HeaderMap> = frames.clone().into();
+            if size > 0 {
+                let big = HeaderValue::from_str(&"v".repeat(size)).unwrap();
+                frames[1].insert("x-big", big);
+            }
+            let body = Trailing {
+                data: Some(Bytes::from_static(b"message")),
+                trailers: frames,
+            };
+            async move { Ok::<_, Infallible>(Response::new(body)) }
+        })
+    };
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .exclude_headers([http::header::SET_COOKIE])
+        .response_limit(100);
+    let service = tower::Layer::layer(&layer, create(0));
+    for _ in 0..2 {
+        let (_, trailers) = read(service.clone().oneshot(valid()).await.unwrap()).await;
+        let trailers = trailers.expect("trailers");
+        let xs: Vec<_> = trailers.get_all("x").iter().collect();
+        assert_eq!(xs, ["1", "2"], "both frames' values, in order");
+        assert!(
+            trailers.get("set-cookie").is_none(),
+            "excluded as a header would be"
+        );
+    }
+
+    // A trailer that takes the response over the cap is refused as a body would be.
+    let layer = IdempotencyLayer::new(MemoryStore::new()).response_limit(100);
+    let service = tower::Layer::layer(&layer, create(200));
+    let response = service.oneshot(valid()).await.unwrap();
+    assert_eq!(response.status(), 500);
+    let (body, _) = read(response).await;
+    assert_eq!(body, r#"{"error":"response_too_large"}"#);
 }

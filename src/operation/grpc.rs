@@ -15,7 +15,9 @@ use crate::reply::Rejection;
 const GRPC: &str = "application/grpc";
 
 /// Unary gRPC calls of the methods it guards (`/package.Service/Method`), each keyed by its
-/// `idempotency-key` metadata entry. The fingerprint is SHA-256 over the method's path and the
+/// `idempotency-key` metadata entry. A guarded method's path reached other than as a gRPC
+/// `POST` is refused (`UNIMPLEMENTED`), since a gRPC server routes by path alone. The body
+/// limit defaults to one 4 MiB message, as tonic's. The fingerprint is SHA-256 over the method's path and the
 /// request message exactly as framed (one length-prefixed message; its compressed flag
 /// included). Every other path, and every call that is not gRPC, passes through untouched:
 /// streaming methods and services such as `grpc.health.v1.Health` are simply not guarded.
@@ -33,7 +35,12 @@ const GRPC: &str = "application/grpc";
 /// | admission: rate refusal (429) | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
 /// | admission: concurrency refusal (503), store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
 /// | create failed, response over the cap | 13 `INTERNAL` | `create_failed`, `response_too_large` |
+/// | a guarded path not called as gRPC: another method, another content type | 12 `UNIMPLEMENTED` | `method_not_allowed`, `unsupported_media_type` |
 /// | off the layer's configured path (with `OtherPaths::NotFound`) | 12 `UNIMPLEMENTED` | `not_found` |
+///
+/// A gRPC error is an HTTP 200 whose status is in its trailers, so
+/// [`StoredResponses::Successful`](crate::StoredResponses::Successful) stores it as a success:
+/// keep the default (every answer stored) or release a failed create yourself.
 ///
 /// The created response (the message and its trailers, `grpc-status` included) is stored
 /// before it is written and replayed exactly, a non-OK status as any other. Put the layer
@@ -68,16 +75,14 @@ impl GrpcOperation {
     }
 }
 
-/// Whether the request is a gRPC call: `POST` with `Content-Type: application/grpc` or
-/// `application/grpc+…`.
+/// Whether the request's content type is gRPC's: `application/grpc` or `application/grpc+…`.
 fn is_grpc(parts: &Parts) -> bool {
-    parts.method == Method::POST
-        && media::media_type(&parts.headers).is_some_and(|media| {
-            media.eq_ignore_ascii_case(GRPC)
-                || media
-                    .get(..GRPC.len() + 1)
-                    .is_some_and(|start| start.eq_ignore_ascii_case("application/grpc+"))
-        })
+    media::media_type(&parts.headers).is_some_and(|media| {
+        media.eq_ignore_ascii_case(GRPC)
+            || media
+                .get(..GRPC.len() + 1)
+                .is_some_and(|start| start.eq_ignore_ascii_case("application/grpc+"))
+    })
 }
 
 /// The one message of a unary call's body: a compressed flag (0 or 1), a length (u32, big
@@ -93,8 +98,16 @@ impl Operation for GrpcOperation {
 
     fn head(&self, parts: &Parts) -> Head {
         let path = parts.uri.path();
-        if !is_grpc(parts) || !self.methods.iter().any(|method| method == path) {
+        if !self.methods.iter().any(|method| method == path) {
             return Head::PassThrough;
+        }
+        // A guarded method is reached only as a gRPC call: a server routes by path alone, so
+        // anything else would run the create unguarded.
+        if parts.method != Method::POST {
+            return Head::Reject(Rejection::MethodNotAllowed);
+        }
+        if !is_grpc(parts) {
+            return Head::Reject(Rejection::UnsupportedMediaType);
         }
         if key_in(&parts.headers).is_none() {
             return Head::Reject(Rejection::InvalidKey);
@@ -115,6 +128,11 @@ impl Operation for GrpcOperation {
             value: IdempotencyKey(key.clone().into_owned()),
             key,
         })
+    }
+
+    /// 4 MiB, tonic's default for a decoded message.
+    fn default_body_limit(&self) -> usize {
+        4 * 1024 * 1024 + 5
     }
 
     fn reply(&self, rejection: &Rejection) -> Response<Bytes> {

@@ -847,10 +847,10 @@ pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
     wait_for(|| waited(&replica_a) == 0 && waited(&replica_b) == 0).await;
 }
 
-/// A body of some data, then some trailers, as a gRPC response's.
+/// A body of some data, then frames of trailers (a gRPC response's: one).
 pub struct Trailing {
     pub data: Option<Bytes>,
-    pub trailers: Option<HeaderMap>,
+    pub trailers: VecDeque<HeaderMap>,
 }
 
 impl Body for Trailing {
@@ -863,7 +863,7 @@ impl Body for Trailing {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let frame = match self.data.take() {
             Some(data) => Some(Frame::data(data)),
-            None => self.trailers.take().map(Frame::trailers),
+            None => self.trailers.pop_front().map(Frame::trailers),
         };
         Poll::Ready(frame.map(Ok))
     }
