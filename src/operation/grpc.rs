@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 
-use super::key::key_in;
+use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
 use crate::admission::Refusal;
 use crate::reply::Rejection;
@@ -109,10 +109,7 @@ impl Operation for GrpcOperation {
         if !is_grpc(parts) {
             return Head::Reject(Rejection::UnsupportedMediaType);
         }
-        if key_in(&parts.headers).is_none() {
-            return Head::Reject(Rejection::InvalidKey);
-        }
-        Head::Guard
+        keyed_head(parts)
     }
 
     fn parse<'a>(
@@ -120,14 +117,12 @@ impl Operation for GrpcOperation {
         parts: &'a Parts,
         body: &Bytes,
     ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
-        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         one_message(body).ok_or_else(|| Rejection::invalid("not one gRPC message"))?;
-        Ok(Parsed {
-            // The framed message: its compressed flag, its length and its bytes.
-            fingerprint: Fingerprint::digest([parts.uri.path().as_bytes(), &body[..]]),
-            value: IdempotencyKey(key.clone().into_owned()),
-            key,
-        })
+        // The framed message: its compressed flag, its length and its bytes.
+        keyed(
+            parts,
+            Fingerprint::digest([parts.uri.path().as_bytes(), &body[..]]),
+        )
     }
 
     /// 4 MiB, tonic's default for a decoded message.

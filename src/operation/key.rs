@@ -73,6 +73,30 @@ pub(crate) fn key_in(headers: &HeaderMap) -> Option<Cow<'_, str>> {
     }
 }
 
+/// The head check of an operation keyed by the `Idempotency-Key` header: guard the request if
+/// it carries one valid key, refuse it otherwise.
+pub(crate) fn keyed_head(parts: &http::request::Parts) -> super::Head {
+    if key_in(&parts.headers).is_none() {
+        super::Head::Reject(crate::Rejection::InvalidKey)
+    } else {
+        super::Head::Guard
+    }
+}
+
+/// A request keyed by its `Idempotency-Key` header, with `fingerprint`; the key is also the
+/// value handed to the inner service.
+pub(crate) fn keyed<'a>(
+    parts: &'a http::request::Parts,
+    fingerprint: super::Fingerprint,
+) -> Result<super::Parsed<'a, IdempotencyKey>, crate::Rejection> {
+    let key = key_in(&parts.headers).ok_or(crate::Rejection::InvalidKey)?;
+    Ok(super::Parsed {
+        fingerprint,
+        value: IdempotencyKey(key.clone().into_owned()),
+        key,
+    })
+}
+
 /// The key of one header value, borrowed unless it was quoted.
 fn key_of(value: &HeaderValue) -> Option<Cow<'_, str>> {
     let bytes = value.as_bytes();

@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 
 use super::json::target;
-use super::key::key_in;
+use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
 use crate::reply::Rejection;
 
@@ -78,10 +78,7 @@ impl Operation for RawOperation {
                 return Head::Reject(Rejection::UnsupportedMediaType);
             }
         }
-        if key_in(&parts.headers).is_none() {
-            return Head::Reject(Rejection::InvalidKey);
-        }
-        Head::Guard
+        keyed_head(parts)
     }
 
     fn parse<'a>(
@@ -89,7 +86,6 @@ impl Operation for RawOperation {
         parts: &'a Parts,
         body: &Bytes,
     ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
-        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         let [method, path] = target(parts);
         // Every `Content-Type` value, after a count: none and an empty one differ.
         let content_types = parts.headers.get_all(CONTENT_TYPE);
@@ -98,10 +94,6 @@ impl Operation for RawOperation {
             .into_iter()
             .chain(content_types.iter().map(HeaderValue::as_bytes))
             .chain([&body[..]]);
-        Ok(Parsed {
-            fingerprint: Fingerprint::digest(fields),
-            value: IdempotencyKey(key.clone().into_owned()),
-            key,
-        })
+        keyed(parts, Fingerprint::digest(fields))
     }
 }
