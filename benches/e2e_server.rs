@@ -1,7 +1,10 @@
 //! The server for the end-to-end load run (`benches/load.sh`): one create handler, served
 //! either bare or behind the layer on the memory store, on one worker thread.
 //!
-//! `e2e_server bare|layered HOST:PORT`
+//! `e2e_server bare|layered|retained HOST:PORT`: `retained` is the layer on a store that
+//! keeps completed records for one second, as a deployment keeps them for its retry window.
+
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -29,14 +32,18 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     let [mode, addr] = args.as_slice() else {
-        eprintln!("usage: e2e_server bare|layered HOST:PORT");
+        eprintln!("usage: e2e_server bare|layered|retained HOST:PORT");
         std::process::exit(2);
     };
     let router = Router::new().route("/labels", post(create));
     let app = match mode.as_str() {
         "bare" => router,
-        "layered" => {
-            let layered = IdempotencyLayer::new(MemoryStore::new()).layer(router);
+        "layered" | "retained" => {
+            let store = match mode.as_str() {
+                "layered" => MemoryStore::new(),
+                _ => MemoryStore::with_retention(Duration::from_secs(1)),
+            };
+            let layered = IdempotencyLayer::new(store).layer(router);
             Router::new().fallback_service(layered)
         }
         other => {
