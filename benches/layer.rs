@@ -4,6 +4,8 @@
 //! differences are the layer's cost.
 
 mod common;
+#[path = "../examples/grpc_labels/mod.rs"]
+mod grpc_labels;
 
 use common::{Create, request, valid};
 use std::convert::Infallible;
@@ -126,6 +128,81 @@ fn layer_paths(c: &mut Criterion) {
     group.finish();
 }
 
+/// A unary gRPC call through the example's `labels.v1.Labels` service, bare and guarded by
+/// `GrpcOperation` (memory store), in process: the framed request built outside the timed
+/// region, the response read to its end, trailers included.
+fn grpc(c: &mut Criterion) {
+    use http_body::Body;
+    use prost::Message;
+    use tower::Layer;
+    use tower_idempotency::IdempotencyLayer;
+
+    async fn call<S, B>(service: &S, request: Request<Full<Bytes>>) -> Bytes
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible> + Clone,
+        B: Body<Data = Bytes>,
+        B::Error: std::fmt::Debug,
+    {
+        let response = service.clone().oneshot(request).await.unwrap();
+        let collected = response.into_body().collect().await.unwrap();
+        assert!(
+            collected.trailers().is_some(),
+            "a gRPC answer ends with its status"
+        );
+        collected.to_bytes()
+    }
+
+    fn create_label(key: &str) -> Request<Full<Bytes>> {
+        let message = grpc_labels::CreateLabelRequest {
+            request_id: key.to_owned(),
+            parcel_id: "parcel-42".to_owned(),
+        }
+        .encode_to_vec();
+        Request::post(grpc_labels::CREATE_LABEL)
+            .header(header::CONTENT_TYPE, "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", key)
+            .body(Full::new(grpc_labels::web::frame(&message).into()))
+            .expect("a valid request")
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("grpc");
+    let bare = grpc_labels::Labels::new(Duration::ZERO);
+    let guarded = IdempotencyLayer::with_operation(
+        MemoryStore::with_retention(Duration::from_secs(1)),
+        grpc_labels::operation(),
+    )
+    .global_keys()
+    .layer(grpc_labels::Labels::new(Duration::ZERO));
+    let next = AtomicU64::new(0);
+    group.bench_function("bare", |b| {
+        b.to_async(&runtime).iter_batched(
+            || create_label(&format!("g{}", next.fetch_add(1, Ordering::Relaxed))),
+            |request| async { black_box(call(&bare, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+    group.bench_function("new", |b| {
+        b.to_async(&runtime).iter_batched(
+            || create_label(&format!("g{}", next.fetch_add(1, Ordering::Relaxed))),
+            |request| async { black_box(call(&guarded, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+    runtime.block_on(call(&guarded, create_label("g-replay")));
+    group.bench_function("replay", |b| {
+        b.to_async(&runtime).iter_batched(
+            || create_label("g-replay"),
+            |request| async { black_box(call(&guarded, request).await) },
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
 /// What the canonical form (RFC 8785) costs next to parsing the same body with serde_json.
 fn canonical_json(c: &mut Criterion) {
     let mut group = c.benchmark_group("canonical_json");
@@ -204,6 +281,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = layer_paths, canonical_json, memory_contention
+    targets = layer_paths, canonical_json, memory_contention, grpc
 }
 criterion_main!(benches);

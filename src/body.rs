@@ -78,8 +78,19 @@ impl<B: Body<Data = Bytes>> Kind<B> {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            Kind::Full { data, trailers } => {
+                let len = data.as_ref().map_or(0, |d| d.len() as u64);
+                // A body with trailers is not of a known length: over HTTP/1.1 a length would
+                // leave no room for them (hyper sends trailers only when chunked), and
+                // tonic-web, which writes them into the body, keeps the hint it is given.
+                match trailers {
+                    None => SizeHint::with_exact(len),
+                    Some(_) => {
+                        let mut hint = SizeHint::new();
+                        hint.set_lower(len);
+                        hint
+                    }
+                }
             }
             Kind::Inner { body } => body.size_hint(),
         }

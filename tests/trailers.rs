@@ -146,3 +146,22 @@ async fn trailers_are_kept_whole_filtered_and_capped() {
     let (body, _) = read(response).await;
     assert_eq!(body, r#"{"error":"response_too_large"}"#);
 }
+
+#[tokio::test]
+async fn a_body_with_trailers_claims_no_exact_length_and_one_without_does() {
+    // An exact length would have HTTP/1.1 (and tonic-web, which writes the trailers into the
+    // body) send a `Content-Length` that leaves the trailers out.
+    let with = service(MemoryStore::new(), b"message", Some(grpc_trailers()));
+    for attempt in ["first", "replay"] {
+        let response = with.clone().oneshot(valid()).await.unwrap();
+        let hint = response.body().size_hint();
+        assert_eq!(hint.exact(), None, "{attempt}");
+        assert_eq!(hint.lower(), 7, "{attempt}");
+        assert_eq!(hint.upper(), None, "{attempt}");
+    }
+    let without = service(MemoryStore::new(), b"message", None);
+    for attempt in ["first", "replay"] {
+        let response = without.clone().oneshot(valid()).await.unwrap();
+        assert_eq!(response.body().size_hint().exact(), Some(7), "{attempt}");
+    }
+}

@@ -1,5 +1,7 @@
 //! [`GrpcOperation`]: unary gRPC calls of the methods it guards.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -54,9 +56,22 @@ const GRPC: &str = "application/grpc";
 /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
 /// # drop(layer);
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct GrpcOperation {
     methods: Arc<[String]>,
+    validate: Option<Arc<Validate>>,
+}
+
+/// A check of a call's key and message, as [`GrpcOperation::validate`] takes it.
+type Validate = dyn Fn(&str, &[u8]) -> Result<(), Cow<'static, str>> + Send + Sync;
+
+impl fmt::Debug for GrpcOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcOperation")
+            .field("methods", &self.methods)
+            .field("validate", &self.validate.is_some())
+            .finish()
+    }
 }
 
 impl GrpcOperation {
@@ -71,6 +86,37 @@ impl GrpcOperation {
         methods.push(path.into());
         Self {
             methods: methods.into(),
+            validate: self.validate,
+        }
+    }
+
+    /// Checks every guarded call's key and request message (its bytes, without the frame's
+    /// five-byte prefix) before anything is claimed: an `Err` refuses the call with
+    /// `INVALID_ARGUMENT` (`invalid_request`) and reaches neither the store nor the service.
+    /// Decode the message with the service's own types to check its fields, or that the key
+    /// names the operation. A compressed message (its flag set) is passed as it was sent.
+    ///
+    /// ```
+    /// use tower_idempotency::GrpcOperation;
+    ///
+    /// // The key must be the message's first bytes: a stand-in for decoding it.
+    /// let operation = GrpcOperation::new()
+    ///     .method("/labels.v1.Labels/CreateLabel")
+    ///     .validate(|key, message| {
+    ///         if message.starts_with(key.as_bytes()) { Ok(()) } else { Err("the key is not the message's") }
+    ///     });
+    /// # drop(operation);
+    /// ```
+    pub fn validate<F, E>(self, check: F) -> Self
+    where
+        F: Fn(&str, &[u8]) -> Result<(), E> + Send + Sync + 'static,
+        E: Into<Cow<'static, str>>,
+    {
+        let check: Arc<Validate> =
+            Arc::new(move |key: &str, message: &[u8]| check(key, message).map_err(Into::into));
+        Self {
+            validate: Some(check),
+            ..self
         }
     }
 }
@@ -117,12 +163,17 @@ impl Operation for GrpcOperation {
         parts: &'a Parts,
         body: &Bytes,
     ) -> Result<Parsed<'a, IdempotencyKey>, Rejection> {
-        one_message(body).ok_or_else(|| Rejection::invalid("not one gRPC message"))?;
+        let message =
+            one_message(body).ok_or_else(|| Rejection::invalid("not one gRPC message"))?;
         // The framed message: its compressed flag, its length and its bytes.
-        keyed(
+        let parsed = keyed(
             parts,
             Fingerprint::digest([parts.uri.path().as_bytes(), &body[..]]),
-        )
+        )?;
+        if let Some(validate) = &self.validate {
+            validate(&parsed.key, message).map_err(Rejection::InvalidRequest)?;
+        }
+        Ok(parsed)
     }
 
     /// 4 MiB, tonic's default for a decoded message.
