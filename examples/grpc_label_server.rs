@@ -86,7 +86,7 @@ async fn client(mut args: impl Iterator<Item = String>) -> i32 {
             over_web = true;
             continue;
         }
-        let Some(value) = args.next() else {
+        let Some(value) = args.next().filter(|value| !value.starts_with("--")) else {
             eprintln!("{flag} needs a value\n{USAGE}");
             return 2;
         };

@@ -235,7 +235,7 @@ pub use crate::layer::{
     DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses,
 };
 pub use crate::operation::{
-    DEFAULT_BODY_LIMIT, Fingerprint, GrpcOperation, IDEMPOTENCY_KEY, IdempotencyKey,
+    DEFAULT_BODY_LIMIT, Fingerprint, GrpcCall, GrpcOperation, IDEMPOTENCY_KEY, IdempotencyKey,
     InvalidOperation, JsonOperation, LabelContract, LabelOperation, Operation, RawOperation,
     fingerprint,
 };

@@ -252,3 +252,124 @@ async fn a_guarded_method_not_called_as_grpc_is_unimplemented() {
     assert_eq!(creates.load(Ordering::SeqCst), 0);
     assert!(store.is_empty());
 }
+
+/// The layer with `operation` over a create that counts its calls and answers one message.
+fn validated(
+    store: MemoryStore,
+    creates: Arc<AtomicUsize>,
+    operation: GrpcOperation,
+) -> impl tower::Service<
+    Request<Chunks>,
+    Response = Response<tower_idempotency::ResponseBody<Trailing>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+        creates.fetch_add(1, Ordering::SeqCst);
+        let body = Trailing {
+            data: Some(Bytes::from(framed(b"ok"))),
+            trailers: [trailers("0")].into(),
+        };
+        async move { Ok::<_, std::convert::Infallible>(Response::new(body)) }
+    });
+    tower::Layer::layer(
+        &IdempotencyLayer::with_operation(store, operation).global_keys(),
+        create,
+    )
+}
+
+#[tokio::test]
+async fn validate_sees_the_key_the_message_and_its_flag_and_its_refusal_claims_nothing() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let operation = GrpcOperation::new().method(CREATE).validate(
+        move |call: &tower_idempotency::GrpcCall<'_>| {
+            record.lock().unwrap().push((
+                call.key().to_owned(),
+                call.message().to_vec(),
+                call.is_compressed(),
+                call.parts().uri.path().to_owned(),
+            ));
+            if call.message() == b"good" {
+                Ok(())
+            } else {
+                Err("not good")
+            }
+        },
+    );
+    let store = MemoryStore::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = validated(store.clone(), creates.clone(), operation);
+
+    let (status, header, ..) = read(
+        service
+            .clone()
+            .oneshot(call(CREATE, Some("v-1"), framed(b"bad")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, header.as_deref()), (200, Some("3")));
+    assert_eq!(store.len(), 0, "a refused call claims nothing");
+
+    let mut compressed = framed(b"good");
+    compressed[0] = 1;
+    let (_, header, ..) = read(
+        service
+            .clone()
+            .oneshot(call(CREATE, Some("v-2"), compressed))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        header, None,
+        "accepted: a reply with trailers, not trailers-only"
+    );
+
+    let (_, header, ..) = read(
+        service
+            .oneshot(call(CREATE, Some("v-3"), framed(b"good")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(header, None);
+    assert_eq!(creates.load(Ordering::SeqCst), 2);
+    let seen = seen.lock().unwrap().clone();
+    let path = CREATE.to_owned();
+    assert_eq!(
+        seen,
+        [
+            ("v-1".to_owned(), b"bad".to_vec(), false, path.clone()),
+            ("v-2".to_owned(), b"good".to_vec(), true, path.clone()),
+            ("v-3".to_owned(), b"good".to_vec(), false, path),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_validation_that_panics_refuses_the_call_and_claims_nothing() {
+    let operation = GrpcOperation::new().method(CREATE).validate(
+        |call: &tower_idempotency::GrpcCall<'_>| -> Result<(), &'static str> {
+            // A check that indexes an empty message.
+            if call.message()[0] == 0 {
+                Ok(())
+            } else {
+                Err("no")
+            }
+        },
+    );
+    let store = MemoryStore::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = validated(store.clone(), creates.clone(), operation);
+    let response = service
+        .oneshot(call(CREATE, Some("e-1"), framed(b"")))
+        .await
+        .unwrap();
+    let (status, header, body, _) = read(response).await;
+    assert_eq!((status, header.as_deref()), (200, Some("3")));
+    assert!(body.is_empty());
+    assert_eq!(store.len(), 0);
+    assert_eq!(creates.load(Ordering::SeqCst), 0);
+}

@@ -171,14 +171,14 @@ async fn conflicts_missing_and_wrong_keys_are_grpc_statuses_and_create_nothing()
 
 #[tokio::test]
 async fn a_call_while_the_first_runs_is_aborted_on_both_transports() {
-    let server = start(MemoryStore::new(), Duration::from_millis(500)).await;
+    let server = start(MemoryStore::new(), Duration::from_secs(2)).await;
     let mut first_client = client(&server).await;
     let first = tokio::spawn(async move {
         first_client
             .create_label(Some("p-1"), "p-1", "parcel-42")
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.labels.begun(1).await; // claimed, and creating for two seconds
     let pending = client(&server)
         .await
         .create_label(Some("p-1"), "p-1", "parcel-42")
@@ -192,6 +192,7 @@ async fn a_call_while_the_first_runs_is_aborted_on_both_transports() {
     assert_eq!(pending.status(), Some("10"));
     assert_eq!(pending.trailer("grpc-message"), Some("request_pending"));
     assert!(pending.message.is_empty(), "trailers only");
+    assert_eq!(server.labels.creates(), 0, "both answered while it ran");
     first.await.unwrap().unwrap();
     assert_eq!(server.labels.creates(), 1);
 }
@@ -327,13 +328,15 @@ async fn a_thousand_concurrent_identical_calls_create_once() {
 async fn a_client_that_cancels_mid_create_leaves_a_create_the_retry_replays() {
     let server = start(MemoryStore::new(), Duration::from_millis(300)).await;
     let mut cancelled = client(&server).await;
-    let call = tokio::time::timeout(
-        Duration::from_millis(50),
-        cancelled.create_label(Some("x-1"), "x-1", "parcel-42"),
-    )
-    .await;
-    assert!(call.is_err(), "cancelled before its answer");
-    drop(cancelled);
+    let call = tokio::spawn(async move {
+        cancelled
+            .create_label(Some("x-1"), "x-1", "parcel-42")
+            .await
+    });
+    server.labels.begun(1).await;
+    call.abort(); // the client goes away mid-create: its stream is reset
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_eq!(server.labels.creates(), 0, "cancelled while the create ran");
     // The create runs to its end without its client; then the retry replays it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let retry = loop {
@@ -350,7 +353,11 @@ async fn a_client_that_cancels_mid_create_leaves_a_create_the_retry_replays() {
         }
     };
     assert_eq!(retry.get_ref().request_id, "x-1");
-    assert_eq!(server.labels.creates(), 1);
+    assert_eq!(
+        server.labels.creates(),
+        1,
+        "the retry replayed the first create"
+    );
     let again = web::create_label(server.addr, Some("x-1"), "x-1", "parcel-42")
         .await
         .unwrap();

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower::Service;
 use tower_idempotency::admission::Admission;
-use tower_idempotency::{GrpcOperation, IdempotencyKey, IdempotencyLayer, Store};
+use tower_idempotency::{GrpcCall, GrpcOperation, IdempotencyKey, IdempotencyLayer, Store};
 
 /// The guarded method's path.
 pub const CREATE_LABEL: &str = "/labels.v1.Labels/CreateLabel";
@@ -58,13 +58,17 @@ pub struct Label {
 pub fn operation() -> GrpcOperation {
     GrpcOperation::new()
         .method(CREATE_LABEL)
-        .validate(|key, message| {
-            let request = CreateLabelRequest::decode(message)
+        .validate(|call: &GrpcCall<'_>| {
+            // The service accepts no compressed message, so neither does its check.
+            if call.is_compressed() {
+                return Err("compressed messages are not accepted");
+            }
+            let request = CreateLabelRequest::decode(call.message())
                 .map_err(|_| "not a labels.v1.CreateLabelRequest")?;
             if request.request_id.is_empty() || request.parcel_id.is_empty() {
                 return Err("request_id and parcel_id are required");
             }
-            if request.request_id != key {
+            if request.request_id != call.key() {
                 return Err("the idempotency-key must equal request_id");
             }
             Ok(())
@@ -84,6 +88,9 @@ pub struct Labels {
 
 struct Inner {
     delay: Duration,
+    /// Creates begun.
+    begun: AtomicUsize,
+    /// Creates finished.
     creates: AtomicUsize,
     /// What makes ids unique across the processes of one store.
     prefix: String,
@@ -98,6 +105,7 @@ impl Labels {
         Self {
             inner: Arc::new(Inner {
                 delay,
+                begun: AtomicUsize::new(0),
                 creates: AtomicUsize::new(0),
                 prefix: format!("{:x}-{}", nanos, std::process::id()),
             }),
@@ -109,10 +117,20 @@ impl Labels {
         self.inner.creates.load(Ordering::SeqCst)
     }
 
+    /// Waits until `n` creates have begun (their calls claimed), for at most five seconds.
+    pub async fn begun(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.inner.begun.load(Ordering::SeqCst) < n {
+            assert!(tokio::time::Instant::now() < deadline, "no create began");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn create(
         inner: Arc<Inner>,
         request: Request<CreateLabelRequest>,
     ) -> Result<Response<Label>, Status> {
+        inner.begun.fetch_add(1, Ordering::SeqCst);
         if !inner.delay.is_zero() {
             tokio::time::sleep(inner.delay).await;
         }
@@ -324,12 +342,13 @@ pub mod web {
         let response = client.request(request).await.map_err(|e| e.to_string())?;
         let http = response.status().as_u16();
         // A trailers-only reply carries its status in the headers.
-        let mut trailers: String = response
+        let in_headers: String = response
             .headers()
             .iter()
             .filter(|(name, _)| name.as_str().starts_with("grpc-"))
             .map(|(name, value)| format!("{name}:{}\r\n", value.to_str().unwrap_or("")))
             .collect();
+        let mut trailers = String::new();
         let mut body = response
             .into_body()
             .collect()
@@ -337,18 +356,24 @@ pub mod web {
             .map_err(|e| e.to_string())?
             .to_bytes();
         let mut message = Vec::new();
-        while body.remaining() >= 5 {
+        while body.has_remaining() {
+            if body.remaining() < 5 {
+                return Err("a truncated gRPC-web frame header".to_owned());
+            }
             let flag = body.get_u8();
             let length = body.get_u32() as usize;
             if body.remaining() < length {
                 return Err("a truncated gRPC-web frame".to_owned());
             }
             let payload = body.split_to(length);
-            if flag & 0x80 != 0 {
-                trailers.push_str(&String::from_utf8_lossy(&payload));
-            } else {
-                message.extend_from_slice(&payload);
+            match flag {
+                0x80 => trailers.push_str(&String::from_utf8_lossy(&payload)),
+                0 => message.extend_from_slice(&payload),
+                _ => return Err(format!("a gRPC-web frame flagged {flag:#x}")),
             }
+        }
+        if trailers.is_empty() {
+            trailers = in_headers;
         }
         Ok(Answer {
             http,

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -45,7 +46,10 @@ const GRPC: &str = "application/grpc";
 /// keep the default (every answer stored) or release a failed create yourself.
 ///
 /// The created response (the message and its trailers, `grpc-status` included) is stored
-/// before it is written and replayed exactly, a non-OK status as any other. Put the layer
+/// before it is written and replayed exactly, a non-OK status as any other. Exactly means as
+/// the first call got it: a server that compresses its responses (tonic's `send_compressed`)
+/// replays the first caller's compressed reply to a retry that may not accept that
+/// encoding, so compress replies of guarded methods only where every client accepts it. Put the layer
 /// inside tonic-web's `GrpcWebLayer`, so that gRPC-web calls reach it as gRPC. The inner
 /// service gets the [`IdempotencyKey`] in the request extensions.
 ///
@@ -62,8 +66,41 @@ pub struct GrpcOperation {
     validate: Option<Arc<Validate>>,
 }
 
-/// A check of a call's key and message, as [`GrpcOperation::validate`] takes it.
-type Validate = dyn Fn(&str, &[u8]) -> Result<(), Cow<'static, str>> + Send + Sync;
+/// A check of a call, as [`GrpcOperation::validate`] takes it.
+type Validate = dyn Fn(&GrpcCall<'_>) -> Result<(), Cow<'static, str>> + Send + Sync;
+
+/// A guarded unary call as [`GrpcOperation::validate`] sees it: its key, its request message
+/// and its head.
+#[derive(Debug)]
+pub struct GrpcCall<'a> {
+    key: &'a str,
+    message: &'a [u8],
+    compressed: bool,
+    parts: &'a Parts,
+}
+
+impl<'a> GrpcCall<'a> {
+    /// The call's idempotency key, as the client meant it.
+    pub fn key(&self) -> &'a str {
+        self.key
+    }
+
+    /// The request message's bytes, without the frame's five-byte prefix, as sent: compressed
+    /// with the `grpc-encoding` of the call if [`is_compressed`](Self::is_compressed).
+    pub fn message(&self) -> &'a [u8] {
+        self.message
+    }
+
+    /// Whether the frame's compressed flag is set.
+    pub fn is_compressed(&self) -> bool {
+        self.compressed
+    }
+
+    /// The request's head: its path, its metadata (`grpc-encoding`, say).
+    pub fn parts(&self) -> &'a Parts {
+        self.parts
+    }
+}
 
 impl fmt::Debug for GrpcOperation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,30 +127,37 @@ impl GrpcOperation {
         }
     }
 
-    /// Checks every guarded call's key and request message (its bytes, without the frame's
-    /// five-byte prefix) before anything is claimed: an `Err` refuses the call with
-    /// `INVALID_ARGUMENT` (`invalid_request`) and reaches neither the store nor the service.
-    /// Decode the message with the service's own types to check its fields, or that the key
-    /// names the operation. A compressed message (its flag set) is passed as it was sent.
+    /// Checks every guarded call (its key, its request message, its head) before anything is
+    /// claimed: an `Err` refuses the call with `INVALID_ARGUMENT` (`invalid_request`) and it
+    /// reaches neither the store nor the service; so does a check that panics. Decode the
+    /// message with the service's own types to check its fields, or that the key names the
+    /// operation; a compressed message comes as it was sent, to decompress or refuse.
     ///
     /// ```
-    /// use tower_idempotency::GrpcOperation;
+    /// use tower_idempotency::{GrpcCall, GrpcOperation};
     ///
     /// // The key must be the message's first bytes: a stand-in for decoding it.
     /// let operation = GrpcOperation::new()
     ///     .method("/labels.v1.Labels/CreateLabel")
-    ///     .validate(|key, message| {
-    ///         if message.starts_with(key.as_bytes()) { Ok(()) } else { Err("the key is not the message's") }
+    ///     .validate(|call: &GrpcCall<'_>| {
+    ///         if call.is_compressed() {
+    ///             return Err("compressed messages are not accepted");
+    ///         }
+    ///         if call.message().starts_with(call.key().as_bytes()) {
+    ///             Ok(())
+    ///         } else {
+    ///             Err("the key is not the message's")
+    ///         }
     ///     });
     /// # drop(operation);
     /// ```
     pub fn validate<F, E>(self, check: F) -> Self
     where
-        F: Fn(&str, &[u8]) -> Result<(), E> + Send + Sync + 'static,
+        F: Fn(&GrpcCall<'_>) -> Result<(), E> + Send + Sync + 'static,
         E: Into<Cow<'static, str>>,
     {
         let check: Arc<Validate> =
-            Arc::new(move |key: &str, message: &[u8]| check(key, message).map_err(Into::into));
+            Arc::new(move |call: &GrpcCall<'_>| check(call).map_err(Into::into));
         Self {
             validate: Some(check),
             ..self
@@ -171,7 +215,21 @@ impl Operation for GrpcOperation {
             Fingerprint::digest([parts.uri.path().as_bytes(), &body[..]]),
         )?;
         if let Some(validate) = &self.validate {
-            validate(&parsed.key, message).map_err(Rejection::InvalidRequest)?;
+            let call = GrpcCall {
+                key: &parsed.key,
+                message,
+                compressed: body.first() == Some(&1),
+                parts,
+            };
+            // A check that panics refuses the call: nothing is claimed yet.
+            match panic::catch_unwind(AssertUnwindSafe(|| validate(&call))) {
+                Ok(Ok(())) => {}
+                Ok(Err(detail)) => return Err(Rejection::InvalidRequest(detail)),
+                Err(_) => {
+                    tracing::error!("the gRPC validation panicked; the call is refused");
+                    return Err(Rejection::invalid("the message could not be validated"));
+                }
+            }
         }
         Ok(parsed)
     }

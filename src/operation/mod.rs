@@ -70,7 +70,7 @@ mod label;
 pub(crate) mod media;
 mod raw;
 
-pub use self::grpc::GrpcOperation;
+pub use self::grpc::{GrpcCall, GrpcOperation};
 pub use self::json::{DEFAULT_JSON_BODY_LIMIT, JsonOperation};
 pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
 pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr, fingerprint};
