@@ -55,6 +55,23 @@ fn service(
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone {
+    let operation = GrpcOperation::new().method(CREATE);
+    service_with(operation, store, creates, grpc_status, gate)
+}
+
+/// [`service`] with `operation`.
+fn service_with(
+    operation: GrpcOperation,
+    store: MemoryStore,
+    creates: Arc<AtomicUsize>,
+    grpc_status: &'static str,
+    gate: Option<Arc<tokio::sync::Notify>>,
+) -> impl tower::Service<
+    Request<Chunks>,
+    Response = Response<tower_idempotency::ResponseBody<Trailing>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
     let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
         creates.fetch_add(1, Ordering::SeqCst);
         let gate = gate.clone();
@@ -73,7 +90,6 @@ fn service(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
-    let operation = GrpcOperation::new().method(CREATE);
     tower::Layer::layer(
         &IdempotencyLayer::with_operation(store, operation).global_keys(),
         create,
@@ -253,31 +269,6 @@ async fn a_guarded_method_not_called_as_grpc_is_unimplemented() {
     assert!(store.is_empty());
 }
 
-/// The layer with `operation` over a create that counts its calls and answers one message.
-fn validated(
-    store: MemoryStore,
-    creates: Arc<AtomicUsize>,
-    operation: GrpcOperation,
-) -> impl tower::Service<
-    Request<Chunks>,
-    Response = Response<tower_idempotency::ResponseBody<Trailing>>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone {
-    let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
-        creates.fetch_add(1, Ordering::SeqCst);
-        let body = Trailing {
-            data: Some(Bytes::from(framed(b"ok"))),
-            trailers: [trailers("0")].into(),
-        };
-        async move { Ok::<_, std::convert::Infallible>(Response::new(body)) }
-    });
-    tower::Layer::layer(
-        &IdempotencyLayer::with_operation(store, operation).global_keys(),
-        create,
-    )
-}
-
 #[tokio::test]
 async fn validate_sees_the_key_the_message_and_its_flag_and_its_refusal_claims_nothing() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -299,7 +290,7 @@ async fn validate_sees_the_key_the_message_and_its_flag_and_its_refusal_claims_n
     );
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = validated(store.clone(), creates.clone(), operation);
+    let service = service_with(operation, store.clone(), creates.clone(), "0", None);
 
     let (status, header, ..) = read(
         service
@@ -362,7 +353,7 @@ async fn a_validation_that_panics_refuses_the_call_and_claims_nothing() {
     );
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = validated(store.clone(), creates.clone(), operation);
+    let service = service_with(operation, store.clone(), creates.clone(), "0", None);
     let response = service
         .oneshot(call(CREATE, Some("e-1"), framed(b"")))
         .await
