@@ -21,7 +21,9 @@ use common::{Create, valid};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::store::{PostgresStore, RedisStore, SqliteStore};
+use tower_idempotency::store::{
+    PostgresStore, RedisStore, SqliteStore, TransactionalPostgresStore,
+};
 use tower_idempotency::{Idempotency, RequestBody, Store};
 
 fn run_id() -> String {
@@ -191,6 +193,15 @@ fn stores(c: &mut Criterion) {
     let postgres = postgres.table("tower_idempotency_bench").unwrap();
     runtime.block_on(postgres.migrate()).unwrap();
     paths(c, &runtime, "postgres", postgres.clone());
+    // The claim, the create and the complete in one transaction (the create here writes
+    // nothing of its own): four round trips new, three replay (counted by the test
+    // `postgres_store::transactional_round_trips_new_four_replay_three`).
+    paths(
+        c,
+        &runtime,
+        "postgres-transactional",
+        TransactionalPostgresStore::new(postgres.clone()),
+    );
     runtime.block_on(async {
         let client = postgres.pool().get().await.unwrap();
         client

@@ -32,11 +32,14 @@ use common::Ids;
 use tower::Layer;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
 use tower_idempotency::store::DynStore;
+#[cfg(feature = "postgres")]
+use tower_idempotency::store::PgTransaction;
 use tower_idempotency::{IdempotencyLayer, LabelOperation};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] \
-[--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
+[--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH] \
+[--transactional (with postgres://…: the create's row in the claim's transaction)]";
 
 /// Both optional policies in one: the in-flight limit first (503), then the rate (429).
 #[derive(Clone)]
@@ -86,11 +89,41 @@ async fn create_label(
     if !labels.create_delay.is_zero() {
         tokio::time::sleep(labels.create_delay).await;
     }
+    created(&op, &labels.ids.next())
+}
+
+/// With `--transactional`: the create inserts its row into `labels` in the claim's
+/// transaction, then waits the delay (a kill then finds the row written, not committed), so
+/// the row commits with the stored response or not at all.
+#[cfg(feature = "postgres")]
+async fn create_label_in_transaction(
+    State(labels): State<Arc<Labels>>,
+    axum::Extension(transaction): axum::Extension<PgTransaction>,
+    Json(op): Json<LabelOperation>,
+) -> Response {
     let label_id = labels.ids.next();
+    let inserted = transaction
+        .execute(
+            "INSERT INTO labels (label_id, request_id, parcel_id) VALUES ($1, $2, $3)",
+            &[&label_id, &&*op.request_id, &&*op.parcel_id],
+        )
+        .await;
+    if let Err(error) = inserted {
+        tracing::error!(%error, "inserting the label failed");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    if !labels.create_delay.is_zero() {
+        tokio::time::sleep(labels.create_delay).await;
+    }
+    created(&op, &label_id)
+}
+
+/// The lesson's 201 for `op`, labelled `label_id`.
+fn created(op: &LabelOperation, label_id: &str) -> Response {
     let body = Created {
         request_id: &op.request_id,
         state: "created",
-        label_id: &label_id,
+        label_id,
     };
     let body = serde_json::to_string(&body).unwrap_or_default();
     let mut response = (StatusCode::CREATED, body).into_response();
@@ -117,6 +150,9 @@ struct LabelApp {
     max_in_flight: Option<usize>,
     lease: Option<Duration>,
     pending_wait: Option<Duration>,
+    /// Whether the store is transactional: the create then writes its row in the claim's
+    /// transaction.
+    transactional: bool,
 }
 
 impl LabelApp {
@@ -126,9 +162,19 @@ impl LabelApp {
             ids: Ids::new("label"),
             create_delay: self.create_delay,
         });
-        let create = Router::new()
-            .route("/labels", post(create_label))
-            .with_state(labels);
+        #[cfg(feature = "postgres")]
+        let route = if self.transactional {
+            post(create_label_in_transaction)
+        } else {
+            post(create_label)
+        };
+        // Without PostgreSQL there is no transactional store: `--transactional` fails earlier.
+        #[cfg(not(feature = "postgres"))]
+        let route = {
+            debug_assert!(!self.transactional);
+            post(create_label)
+        };
+        let create = Router::new().route("/labels", route).with_state(labels);
         let policies = Policies {
             in_flight: self.max_in_flight.map(ConcurrencyLimit::new),
             rate: self.admit_rate.map(RateLimit::per_second),
@@ -149,8 +195,11 @@ impl LabelApp {
 async fn main() {
     common::init_tracing();
     let (mut admit_rate, mut max_in_flight, mut lease) = (None, None, None);
+    let transactional = std::env::args().any(|arg| arg == "--transactional");
     let options = common::options_or_exit(common::Options::parse(
-        std::env::args().skip(1),
+        std::env::args()
+            .skip(1)
+            .filter(|arg| arg != "--transactional"),
         SocketAddr::from(([127, 0, 0, 1], 3000)),
         USAGE,
         |flag, value| {
@@ -175,9 +224,13 @@ async fn main() {
         max_in_flight,
         lease,
         pending_wait: options.pending_wait,
+        transactional,
     };
-    let router = common::open_store(&options.store)
-        .await
-        .map(|store| app.build(store));
+    let store = if transactional {
+        common::open_transactional_store(&options.store).await
+    } else {
+        common::open_store(&options.store).await
+    };
+    let router = store.map(|store| app.build(store));
     common::serve("label server", &options, router).await;
 }

@@ -171,6 +171,8 @@
 //! | [`MemoryStore`] | (default) | no | no |
 //! | `RedisStore` | `redis` | yes | with Redis persistence on |
 //! | `PostgresStore` | `postgres` | yes | yes |
+//! | `TransactionalPostgresStore`: the create's writes and the complete in the claim's transaction, exactly once | `postgres` | yes | yes |
+//! | `SqliteStore` | `sqlite` | the processes of one host | yes |
 //!
 //! The header alone deduplicates nothing: only a registry shared by every replica, with an
 //! atomic claim, does. [`MemoryStore`] serves one process; the [`store`] module documents the
@@ -183,7 +185,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
-//! | `postgres` | `store::PostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
+//! | `postgres` | `store::PostgresStore`, `store::TransactionalPostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
 //! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //!

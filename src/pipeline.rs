@@ -181,6 +181,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             Ok(reservation) => reservation,
             Err(response) => return response,
         };
+        let mut parts = parts;
+        store.attach(key, &reservation, &mut parts.extensions);
         // Admission, the create and its response read whole, under one lease renewed as they
         // go; a release, when one is due, after the renewals stopped.
         let work = async {
@@ -188,8 +190,11 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 Ok(permit) => permit,
                 // Only a confirmed refusal releases the key (contract §5.2).
                 Err(rejection) => {
-                    let release = matches!(rejection, Rejection::NotAdmitted(_));
-                    return Err((rejection.into_response(operation), release));
+                    let then = match rejection {
+                        Rejection::NotAdmitted(_) => Then::Release,
+                        _ => Then::Abandon,
+                    };
+                    return Err((rejection.into_response(operation), then));
                 }
             };
             let response = match keep(
@@ -203,29 +208,34 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 settings.stored,
             ) {
                 Keep::Store(response) => response,
-                Keep::Release(response) => return Err((response, true)),
+                Keep::Release(response) => return Err((response, Then::Release)),
                 Keep::Pending(rejection) => {
-                    return Err((rejection.into_response(operation), false));
+                    return Err((rejection.into_response(operation), Then::Abandon));
                 }
             };
             match collect(response, &settings).await {
                 Ok(stored) => Ok((stored, permit)),
-                Err(rejection) => Err((rejection.into_response(operation), false)),
+                Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
             }
         };
         let lease = settings.lease.duration();
         let (stored, permit) = match renewing(work, &store, key, &reservation, lease).await {
             Ok(created) => created,
-            Err((response, release_key)) => {
-                if release_key {
-                    release(&store, key, &reservation).await;
+            Err((response, then)) => {
+                match then {
+                    Then::Release => release(&store, key, &reservation).await,
+                    Then::Abandon => store.abandon(key, &reservation).await,
                 }
                 return response;
             }
         };
         let outcome = complete(&store, key, &reservation, &stored).await;
         drop(permit);
-        reply::stored(stored, outcome)
+        match outcome {
+            // The create's writes may not have committed: its response is not the answer.
+            Outcome::StoreUnavailable => Rejection::StoreUnavailable.into_response(operation),
+            outcome => reply::stored(stored, outcome),
+        }
     }
 }
 
@@ -682,8 +692,19 @@ where
     Ok(stored.with_trailers(trailers))
 }
 
+/// What follows a create that ends without a stored response.
+enum Then {
+    /// Release the key: nothing was created (a confirmed admission refusal, or a create that
+    /// answered so).
+    Release,
+    /// Leave the key to the store ([`Store::abandon`]): the create may have taken effect.
+    Abandon,
+}
+
 /// Step 8, contract §5.4: the complete, before the reply is written. If its answer is lost,
 /// it is repeated later with the same reservation, so the key ends completed, not pending.
+/// A transaction that did not commit ([`StoreErrorKind::Uncommitted`]) is
+/// [`Outcome::StoreUnavailable`]: the create's writes went with it, or may have.
 async fn complete<St: Store>(
     store: &St,
     key: &str,
@@ -692,6 +713,10 @@ async fn complete<St: Store>(
 ) -> Outcome {
     match store.complete(key, reservation, stored).await {
         Ok(()) => Outcome::Created,
+        Err(error) if error.kind() == StoreErrorKind::Uncommitted => {
+            tracing::error!(%error, "the create's transaction did not commit");
+            Outcome::StoreUnavailable
+        }
         Err(error) => {
             tracing::error!(%error, "complete failed after the create");
             if is_unknown(&error) {

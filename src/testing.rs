@@ -188,6 +188,15 @@ impl<St: Store> Store for RecordingStore<St> {
         self.inner.release(key, reservation).await
     }
 
+    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
+        self.inner.attach(key, reservation, extensions);
+    }
+
+    async fn abandon(&self, key: &str, reservation: &Reservation) {
+        self.journal.record("abandon");
+        self.inner.abandon(key, reservation).await;
+    }
+
     async fn settle_claim(
         &self,
         key: &str,

@@ -453,7 +453,8 @@ async fn a_failed_create_is_500_and_the_key_stays_pending() {
             async { Err::<http::Response<_>, CreateError>("boom".into()) }
         })
     });
-    rig.send_expecting(valid(), &["claim", "admit", "create", "write"])
+    // The store is told the create ended without a response (a plain store keeps the key).
+    rig.send_expecting(valid(), &["claim", "admit", "create", "abandon", "write"])
         .await
         .exact(500, r#"{"error":"create_failed"}"#);
     assert!(
@@ -468,7 +469,7 @@ async fn a_failed_create_is_500_and_the_key_stays_pending() {
 #[tokio::test]
 async fn a_created_response_over_the_cap_is_500_and_the_key_stays_pending() {
     let rig = Rig::with_layer(|layer| layer.response_limit(16));
-    rig.send_expecting(valid(), &["claim", "admit", "create", "write"])
+    rig.send_expecting(valid(), &["claim", "admit", "create", "abandon", "write"])
         .await
         .exact(500, r#"{"error":"response_too_large"}"#);
     assert!(rig.memory.is_pending(&key_of(KEY)));

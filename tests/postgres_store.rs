@@ -308,6 +308,50 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
 }
 
 #[tokio::test]
+async fn transactional_round_trips_new_four_replay_three() {
+    let proxy = Proxy::start(database_addr().await, true).await;
+    let store =
+        tower_idempotency::store::TransactionalPostgresStore::new(store_through(&proxy).await);
+    let service = counting_service(store.clone(), Arc::default(), Duration::ZERO);
+    // Warm one connection and its prepared statements, as a long-running server has.
+    let warm = unique_key("tx-warm");
+    send_to(&service, operation(&warm, "p")).await;
+    send_to(&service, operation(&warm, "p")).await;
+
+    let key = unique_key("tx-counted");
+    let cases = [
+        (
+            operation(&key, "p"),
+            4,
+            201,
+            "new: begin and lock, claim, complete, commit",
+        ),
+        (
+            operation(&key, "p"),
+            3,
+            201,
+            "replay: begin and lock, claim, rollback",
+        ),
+        (
+            operation(&key, "q"),
+            3,
+            409,
+            "conflict: begin and lock, claim, rollback",
+        ),
+    ];
+    for (request, round_trips, status, what) in cases {
+        let before = proxy.round_trips.load(Ordering::SeqCst);
+        let reply = send_to(&service, request).await;
+        assert_eq!(reply.status, status, "{what}");
+        assert_eq!(
+            proxy.round_trips.load(Ordering::SeqCst) - before,
+            round_trips,
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn purge_deletes_expired_completed_records_only() {
     let store = make_store(Some(Duration::from_millis(50))).await;
     let done = unique_key("purge-done");

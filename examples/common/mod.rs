@@ -79,6 +79,40 @@ pub fn with_pending_wait<St, A, O>(
     }
 }
 
+/// The transactional PostgreSQL store on `url` (`postgres://…`), its table migrated, and the
+/// table `labels` the label server's creates insert into, created if missing.
+pub async fn open_transactional_store(url: &str) -> Result<DynStore, String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(format!(
+            "--transactional needs --store postgres://…, not {url}"
+        ));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        use tower_idempotency::store::{PostgresStore, TransactionalPostgresStore};
+        let store = PostgresStore::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        store.migrate().await.map_err(|e| e.to_string())?;
+        let client = store.pool().get().await.map_err(|e| e.to_string())?;
+        client
+            // Under a lock, so that replicas starting together create it once.
+            .batch_execute(
+                "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency example labels')); \
+                 CREATE TABLE IF NOT EXISTS labels (\
+                 label_id text PRIMARY KEY, \
+                 request_id text NOT NULL, \
+                 parcel_id text NOT NULL, \
+                 created_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(DynStore::new(TransactionalPostgresStore::new(store)))
+    }
+    #[cfg(not(feature = "postgres"))]
+    Err("build with --features postgres".to_owned())
+}
+
 /// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
 /// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
 /// crate's feature of that name), chosen at run time behind one type.

@@ -136,6 +136,10 @@ trait ObjectStore: Send + Sync + 'static {
         key: &'a str,
         reservation: &'a Reservation,
     ) -> Call<'a, Result<(), StoreError>>;
+
+    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions);
+
+    fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()>;
 }
 
 /// [`Operator`] with boxed futures.
@@ -238,6 +242,14 @@ impl<St: Store> ObjectStore for St {
     ) -> Call<'a, Result<(), StoreError>> {
         Box::pin(Store::release(self, key, reservation))
     }
+
+    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
+        Store::attach(self, key, reservation, extensions);
+    }
+
+    fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()> {
+        Box::pin(Store::abandon(self, key, reservation))
+    }
 }
 
 impl Store for DynStore {
@@ -291,6 +303,18 @@ impl Store for DynStore {
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         self.store.release(key, reservation).await
+    }
+
+    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
+        self.store.attach(key, reservation, extensions);
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        reservation: &'a Reservation,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        self.store.abandon(key, reservation)
     }
 }
 

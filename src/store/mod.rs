@@ -92,7 +92,7 @@ pub use dynamic::DynStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::PostgresStore;
+pub use postgres::{PgTransaction, PostgresStore, TransactionalPostgresStore};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
@@ -276,6 +276,26 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &str,
         reservation: &Reservation,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Puts what the create of `reservation` needs from the store into its request's
+    /// extensions, just before the inner service is called: a transactional store's handle to
+    /// the claim's open transaction, for the create's own writes. The default adds nothing.
+    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
+        let _ = (key, reservation, extensions);
+    }
+
+    /// The create of `reservation` ended without a response to store: it failed, panicked,
+    /// or its response was over the cap or broke off. In a plain store the key stays pending
+    /// (the create may have taken effect), so the default does nothing; a store whose create
+    /// writes commit with the complete rolls them back, and the key is free again.
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        reservation: &'a Reservation,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        let _ = (key, reservation);
+        async {}
+    }
 }
 
 /// What an operator does with keys a crash left pending: look one up, list the old ones,
@@ -739,6 +759,11 @@ pub enum StoreErrorKind {
     /// The store does not offer this call (an [`Operator`] call on a
     /// [`DynStore::without_operator`]).
     Unsupported,
+    /// A complete whose transaction did not commit, or may not have (its answer was lost):
+    /// the response is not stored and the create's own writes in that transaction are not
+    /// known to have happened. The layer answers `503 store_unavailable` instead of the
+    /// response, and a retry finds out which it was.
+    Uncommitted,
 }
 
 /// The one error type of every [`Store`].
@@ -789,6 +814,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::InvalidConfig => "invalid store configuration",
             StoreErrorKind::CapacityExceeded => "store full",
             StoreErrorKind::Unsupported => "not supported by this store",
+            StoreErrorKind::Uncommitted => "store transaction not committed",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

@@ -22,6 +22,10 @@ use super::{
 };
 use crate::operation::Fingerprint;
 
+mod transactional;
+
+pub use transactional::{PgTransaction, TransactionalPostgresStore};
+
 /// A registry in a PostgreSQL table, shared by every replica that uses the same database, and
 /// durable.
 ///
@@ -607,9 +611,13 @@ fn table_key(key: &str) -> Cow<'_, str> {
     }
 }
 
-impl Store for PostgresStore {
-    async fn claim_with(
+impl PostgresStore {
+    /// The claim, on `client`: one statement, rarely two (see [`CLAIM_ATTEMPTS`]), each
+    /// bounded by the timeout. Inside a transaction of `client`'s, the claim is that
+    /// transaction's.
+    pub(super) async fn claim_on(
         &self,
+        client: &deadpool_postgres::ClientWrapper,
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
@@ -631,7 +639,7 @@ impl Store for PostgresStore {
         // or when the record found had expired or was abandoned and another claim took it
         // over first.
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = self.query_opt(&self.sql.claim, &params).await?;
+            let row = on(client, self.timeout, &self.sql.claim, &params).await?;
             let Some(row) = row else { continue };
             let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
             let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
@@ -659,7 +667,7 @@ impl Store for PostgresStore {
                 None
             };
             if let Some(sql) = take_over_sql {
-                if self.execute(sql, &params).await? == 1 {
+                if execute_on(client, self.timeout, sql, &params).await? == 1 {
                     return Ok(Claim::New(reservation));
                 }
                 continue;
@@ -674,6 +682,56 @@ impl Store for PostgresStore {
             };
         }
         Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+}
+
+/// Runs one prepared (and cached) statement on `client` that returns at most one row, within
+/// `timeout`.
+async fn on(
+    client: &deadpool_postgres::ClientWrapper,
+    timeout: Duration,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, StoreError> {
+    within(timeout, async {
+        let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+        client
+            .query_opt(&statement, params)
+            .await
+            .map_err(unavailable)
+    })
+    .await
+}
+
+/// Runs one prepared (and cached) statement on `client` within `timeout`; the rows it
+/// affected.
+pub(super) async fn execute_on(
+    client: &deadpool_postgres::ClientWrapper,
+    timeout: Duration,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64, StoreError> {
+    within(timeout, async {
+        let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+        client
+            .execute(&statement, params)
+            .await
+            .map_err(unavailable)
+    })
+    .await
+}
+
+impl Store for PostgresStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let client = within(self.timeout, self.client()).await?;
+        self.claim_on(&client, key, fingerprint, reservation, lease)
+            .await
     }
 
     /// Ends when another process announces a change of `key` (the statements that complete,
