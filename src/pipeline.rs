@@ -181,6 +181,14 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             Ok(reservation) => reservation,
             Err(response) => return response,
         };
+        // Until the reservation is completed, released or abandoned below, a decision that
+        // unwinds (a panicking response body) or is dropped abandons it.
+        let mut unsettled = Unsettled {
+            store: &store,
+            key,
+            reservation,
+            armed: true,
+        };
         let mut parts = parts;
         store.attach(key, &reservation, &mut parts.extensions);
         // Admission, the create and its response read whole, under one lease renewed as they
@@ -222,6 +230,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         let (stored, permit) = match renewing(work, &store, key, &reservation, lease).await {
             Ok(created) => created,
             Err((response, then)) => {
+                unsettled.armed = false;
                 match then {
                     Then::Release => release(&store, key, &reservation).await,
                     Then::Abandon => store.abandon(key, &reservation).await,
@@ -229,6 +238,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 return response;
             }
         };
+        unsettled.armed = false;
         let outcome = complete(&store, key, &reservation, &stored).await;
         drop(permit);
         match outcome {
@@ -690,6 +700,31 @@ where
         return Err(Rejection::ResponseTooLarge);
     }
     Ok(stored.with_trailers(trailers))
+}
+
+/// A new reservation not yet completed, released or abandoned: if its decision unwinds or is
+/// dropped while armed, [`Store::abandon`] runs in a task of its own, so that a transactional
+/// store rolls back rather than keep its transaction open.
+struct Unsettled<'a, St: Store> {
+    store: &'a St,
+    key: &'a str,
+    reservation: Reservation,
+    armed: bool,
+}
+
+impl<St: Store> Drop for Unsettled<'_, St> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, key, reservation) = (self.store.clone(), self.key.to_owned(), self.reservation);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                store.abandon(&key, &reservation).await;
+            })),
+            Err(_) => tracing::error!("no Tokio runtime to abandon an unfinished create"),
+        }
+    }
 }
 
 /// What follows a create that ends without a stored response.

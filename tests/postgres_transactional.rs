@@ -17,7 +17,9 @@ use tower_idempotency::admission::{Admit, Refusal, admit_fn};
 use tower_idempotency::store::{
     Operator, PgTransaction, PostgresStore, TransactionalPostgresStore,
 };
-use tower_idempotency::{Idempotency, IdempotencyLayer, LabelOperation, RequestBody, store_key};
+use tower_idempotency::{
+    Claim, Idempotency, IdempotencyLayer, LabelOperation, RequestBody, Store, store_key,
+};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
@@ -84,7 +86,7 @@ type Guarded = Idempotency<Create, TransactionalPostgresStore>;
 
 /// A create that inserts its label in the claim's transaction, then does what its parcel
 /// says: `ok`, `fail` (an error), `panic`, `bad-sql` (a failed statement, then 201 all the
-/// same), `slow` (two seconds before inserting).
+/// same), `commit` (a `COMMIT` of its own, then 201), `slow` (two seconds before inserting).
 /// What [`create`] is, named.
 type Create = tower::util::BoxCloneSyncService<
     Request<RequestBody<Chunks>>,
@@ -121,6 +123,9 @@ fn create(labels: String) -> Create {
             match parcel.as_str() {
                 "fail" => return Err(std::io::Error::other("the create failed")),
                 "panic" => panic!("the create panicked"),
+                "commit" => {
+                    transaction.execute("COMMIT", &[]).await.unwrap();
+                }
                 "bad-sql" => {
                     let failed = transaction
                         .execute("SELECT * FROM no_such_table", &[])
@@ -274,4 +279,148 @@ async fn a_response_over_the_cap_rolls_back() {
     assert_eq!(db.rows("c-1").await, 0);
     assert!(!db.recorded("c-1").await);
     assert_eq!(db.store.open_transactions(), 0);
+}
+
+/// A response body that panics when read.
+struct Panicking;
+
+impl http_body::Body for Panicking {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        panic!("the created response's body panicked")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_that_panics_rolls_back_and_frees_the_key() {
+    let db = Db::new("body_panic").await;
+    let labels = db.labels.clone();
+    let create = tower::service_fn(move |request: Request<RequestBody<Chunks>>| {
+        let labels = labels.clone();
+        async move {
+            let transaction = request.extensions().get::<PgTransaction>().unwrap().clone();
+            transaction
+                .execute(
+                    &format!("INSERT INTO {labels} (label_id, request_id) VALUES ('l', 'z-1')"),
+                    &[],
+                )
+                .await
+                .map_err(std::io::Error::other)?;
+            Ok::<_, std::io::Error>(Response::new(Panicking))
+        }
+    });
+    let service = IdempotencyLayer::new(db.store.clone()).layer(create);
+    let sent = tokio::spawn(service.oneshot(operation("z-1", "ok")));
+    assert!(sent.await.is_err(), "the panic reached the caller");
+    // The transaction is rolled back, not left open holding the key and a connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.store.open_transactions() > 0 {
+        assert!(Instant::now() < deadline, "the transaction stayed open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(db.rows("z-1").await, 0);
+    assert!(!db.recorded("z-1").await);
+    assert_eq!(send(&db.service(), "z-1", "ok").await.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_and_conflicts_of_a_completed_key_are_never_pending() {
+    let db = Db::new("replays").await;
+    let service = db.service();
+    let first = send(&service, "r-1", "ok").await;
+    assert_eq!(first.status, 201);
+    let replays: Vec<_> = (0..50)
+        .map(|i| {
+            let service = service.clone();
+            let parcel = if i % 5 == 0 { "other" } else { "ok" };
+            tokio::spawn(async move { (parcel, send(&service, "r-1", parcel).await) })
+        })
+        .collect();
+    for replay in replays {
+        let (parcel, reply) = replay.await.unwrap();
+        if parcel == "ok" {
+            assert_eq!((reply.status.as_u16(), &reply.body), (201, &first.body));
+        } else {
+            assert_eq!(
+                (reply.status.as_u16(), &reply.body[..]),
+                (409, &br#"{"error":"idempotency_conflict"}"#[..])
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_create_that_commits_by_itself_is_never_answered_as_created() {
+    let db = Db::new("self_commit").await;
+    let service = db.service();
+    let reply = send(&service, "s-1", "commit").await;
+    assert_eq!(reply.status, 503, "{:?}", reply.body);
+    // Its own COMMIT made its row and the pending record durable: the key stays pending, as
+    // in the plain store, never created twice.
+    assert_eq!(db.rows("s-1").await, 1);
+    assert_eq!(send(&service, "s-1", "ok").await.status, 409);
+    assert_eq!(db.rows("s-1").await, 1);
+}
+
+#[tokio::test]
+async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
+    let db = Db::new("cancel").await;
+    use tower_idempotency::{deadpool_postgres, tokio_postgres};
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.application_name("tx-cancel-test");
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(1)
+        .build()
+        .unwrap();
+    let store = TransactionalPostgresStore::new(
+        PostgresStore::from_pool(pool)
+            .table("tx_records_cancel")
+            .unwrap(),
+    );
+    let fingerprint = tower_idempotency::fingerprint("c-1", "p");
+    let (mut cancelled, mut claimed) = (0, 0);
+    for attempt in 0..80 {
+        let key = format!("c-{attempt}");
+        // Cut short at various points: before, during and after the claim's statements (a
+        // connection cut short is closed, so some attempts open a new one).
+        let cut = Duration::from_micros(250 * (attempt % 40));
+        match tokio::time::timeout(cut, store.claim(&key, &fingerprint)).await {
+            Err(_) => cancelled += 1,
+            Ok(Ok(Claim::New(reservation))) => {
+                claimed += 1;
+                store.release(&key, &reservation).await.unwrap();
+            }
+            Ok(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        cancelled > 0 && claimed > 0,
+        "{cancelled} cut short, {claimed} claimed"
+    );
+    let idle_in_transaction = || async {
+        let client = db.store.store().pool().get().await.unwrap();
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tx-cancel-test' \
+                 AND state LIKE 'idle in transaction%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while idle_in_transaction().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a connection stayed in a transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

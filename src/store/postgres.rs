@@ -149,6 +149,7 @@ struct Sql {
     resolve: String,
     forget: String,
     complete: String,
+    complete_in_transaction: String,
     release: String,
     waited: String,
     mark_waited: String,
@@ -167,6 +168,12 @@ impl Sql {
         // A statement that changes records returns, for each, whether a request waits on it;
         // the change is then announced by a statement of its own (see `PostgresStore::change`).
         let announced = |statement: String| format!("{statement} RETURNING waited");
+        let complete = format!(
+            "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
+             changed_at = now(), expires_at = CASE \
+             WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
+             WHERE key = $1 AND token = $2"
+        );
         Self {
             table: table.to_owned(),
             claim: format!(
@@ -195,12 +202,12 @@ impl Sql {
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2"
             ),
-            complete: announced(format!(
-                "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
-                 changed_at = now(), expires_at = CASE \
-                 WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
-                 WHERE key = $1 AND token = $2"
-            )),
+            complete: announced(complete.clone()),
+            // In the claim's own transaction only: the record's version was written by this
+            // transaction (a `COMMIT` sent on it since would have ended it).
+            complete_in_transaction: format!(
+                "{complete} AND xmin::text::bigint = txid_current() % 4294967296"
+            ),
             release: announced(format!(
                 "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
             )),

@@ -11,7 +11,9 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::types::ToSql;
 
-use super::{PostgresStore, execute_on, table_key, unavailable};
+use bytes::Bytes;
+
+use super::{PostgresStore, execute_on, on, table_key, unavailable};
 use crate::operation::Fingerprint;
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
@@ -36,11 +38,13 @@ use crate::store::{
 ///
 /// While a transaction is open its record is invisible to other connections. A second attempt
 /// at the key does not wait on it: an advisory lock taken with the claim
-/// (`pg_try_advisory_xact_lock` on 64 bits of the key's SHA-256) tells it the key is in flight,
-/// and it answers `request_pending` at once (or waits, with
+/// (`pg_try_advisory_xact_lock` on 64 bits of the SHA-256 of the table and the key) tells it
+/// the key is in flight, and it answers from the committed record: a replay or a conflict if
+/// one is there, `request_pending` otherwise, at once (or it waits, with
 /// [`pending_wait`](crate::IdempotencyLayer::pending_wait), polling every
-/// [`CHANGE_POLL_INTERVAL`]). Two keys whose hashes collide share the lock: one answers
-/// pending while the other's transaction is open.
+/// [`CHANGE_POLL_INTERVAL`]). So while the first attempt runs, another body under its key is
+/// `request_pending` too, not a conflict: its fingerprint is not committed yet. Two keys whose
+/// lock numbers collide answer pending for each other while one's transaction is open.
 ///
 /// Each create in flight holds one pooled connection for its whole life: **the pool's size
 /// bounds the creates in flight**, and a claim that cannot get a connection within the
@@ -49,10 +53,18 @@ use crate::store::{
 /// size the pool for it. Every statement of the create runs under the pool's
 /// `statement_timeout` (the store's timeout) if the store built the pool.
 ///
-/// Replicas in this mode share the table with each other and with plain [`PostgresStore`]s.
-/// Keep a create's writes on the [`PgTransaction`]: a write made elsewhere is not part of
-/// the transaction, and a `COMMIT` or `ROLLBACK` sent on it ends the transaction early (the
-/// complete then fails: `503`).
+/// Replicas in this mode share the table with each other. A plain [`PostgresStore`] on the
+/// same table works too, but its claim of a key whose transaction is open waits on the
+/// uncommitted row, up to its timeout (then `503`). A reservation is not renewed (the open
+/// transaction holds the key), and the conformance suite's lost-claim cases do not apply: a
+/// claim whose answer is lost closes its connection, and the server rolls it back.
+///
+/// Keep a create's writes on the [`PgTransaction`], and never end it yourself: a write made
+/// elsewhere is not part of the transaction; after a `COMMIT` sent on it the complete finds no
+/// record of the claim's transaction, so the reply is `503` and the key stays pending (its
+/// record was committed by that `COMMIT`), as in the plain store; after a `ROLLBACK` the
+/// create's later writes are not in any transaction of the layer's. Use `SET LOCAL`, not
+/// `SET`: the connection goes back to the pool after the commit with its session settings.
 ///
 /// ```no_run
 /// use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
@@ -79,6 +91,26 @@ pub struct TransactionalPostgresStore {
     open: Arc<Mutex<HashMap<u128, PgTransaction>>>,
 }
 
+/// A pooled connection inside a transaction: back to the pool only once the transaction ended
+/// cleanly ([`end`]); dropped any other way (an error, a timeout, a future cancelled
+/// mid-call), it is closed instead, and the server rolls back whatever it had open.
+struct Connection(Option<Object>);
+
+impl Connection {
+    fn client(&self) -> &deadpool_postgres::ClientWrapper {
+        // Taken only by `Drop` and `end`, which consume it.
+        self.0.as_deref().expect("a connection until it ends")
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            drop(Object::take(object));
+        }
+    }
+}
+
 /// The transaction of a new claim of a [`TransactionalPostgresStore`], in the inner service's
 /// request extensions: the create's own writes go through it, and commit with its stored
 /// response, or not at all.
@@ -90,7 +122,7 @@ pub struct TransactionalPostgresStore {
 /// refuses the transaction's further statements, and the complete fails (`503`).
 #[derive(Clone)]
 pub struct PgTransaction {
-    connection: Arc<tokio::sync::Mutex<Option<Object>>>,
+    connection: Arc<tokio::sync::Mutex<Option<Connection>>>,
 }
 
 impl std::fmt::Debug for PgTransaction {
@@ -108,7 +140,7 @@ impl std::fmt::Debug for TransactionalPostgresStore {
 }
 
 impl PgTransaction {
-    fn new(connection: Object) -> Self {
+    fn new(connection: Connection) -> Self {
         Self {
             connection: Arc::new(tokio::sync::Mutex::new(Some(connection))),
         }
@@ -126,7 +158,7 @@ impl PgTransaction {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, StoreError> {
         let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?;
+        let client = connection.as_ref().ok_or_else(ended)?.client();
         client.execute(sql, params).await.map_err(unavailable)
     }
 
@@ -141,7 +173,7 @@ impl PgTransaction {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?;
+        let client = connection.as_ref().ok_or_else(ended)?.client();
         client.query(sql, params).await.map_err(unavailable)
     }
 
@@ -156,13 +188,17 @@ impl PgTransaction {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<tokio_postgres::Row>, StoreError> {
         let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?;
+        let client = connection.as_ref().ok_or_else(ended)?.client();
         client.query_opt(sql, params).await.map_err(unavailable)
     }
 
-    /// The connection, taken out: nobody can use the transaction after this.
-    async fn take(&self) -> Option<Object> {
-        self.connection.lock().await.take()
+    /// The connection, taken out: nobody can use the transaction after this. Waits, up to
+    /// `timeout`, for a statement of the create still running on it (a task it spawned).
+    async fn take(&self, timeout: Duration) -> Option<Connection> {
+        tokio::time::timeout(timeout, self.connection.lock())
+            .await
+            .ok()?
+            .take()
     }
 }
 
@@ -171,20 +207,24 @@ fn ended() -> StoreError {
 }
 
 /// Ends the transaction on `connection` with `statement` (`COMMIT` or `ROLLBACK`), within
-/// `timeout`; on any failure the connection is closed rather than pooled (the server then
-/// rolls back whatever is open).
-async fn end(connection: Object, statement: &str, timeout: Duration) -> Result<(), StoreError> {
-    let ended = within(timeout, async {
+/// `timeout`: the connection goes back to the pool if it did, and is closed otherwise (the
+/// server then rolls back whatever is open).
+async fn end(
+    mut connection: Connection,
+    statement: &str,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    within(timeout, async {
         connection
+            .client()
             .batch_execute(statement)
             .await
             .map_err(unavailable)
     })
-    .await;
-    if ended.is_err() {
-        drop(Object::take(connection));
-    }
-    ended
+    .await?;
+    // Ended cleanly: pooled again.
+    drop(connection.0.take());
+    Ok(())
 }
 
 impl TransactionalPostgresStore {
@@ -221,7 +261,7 @@ impl TransactionalPostgresStore {
         let Some(transaction) = self.remove(reservation) else {
             return false;
         };
-        if let Some(connection) = transaction.take().await
+        if let Some(connection) = transaction.take(self.store.timeout).await
             && let Err(error) = end(connection, "ROLLBACK", self.store.timeout).await
         {
             tracing::warn!(%error, "rollback failed; the connection was closed instead");
@@ -230,20 +270,26 @@ impl TransactionalPostgresStore {
     }
 
     /// Begins a transaction on `connection` and takes the key's lock, in one round trip, then
-    /// claims in it.
+    /// claims in it. A lock held by another transaction answers from the committed record:
+    /// a replay or a conflict if there is one, pending otherwise.
     async fn claim_in(
         &self,
-        connection: &Object,
+        connection: &Connection,
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
+        let timeout = self.store.timeout;
+        let client = connection.client();
         // The simple protocol runs both statements in one round trip; the lock's number is
-        // from the key's digest, so the statement holds no text of the client's.
-        let begin = format!("BEGIN; SELECT pg_try_advisory_xact_lock({})", lock_id(key));
-        let answers = within(self.store.timeout, async {
-            connection.simple_query(&begin).await.map_err(unavailable)
+        // from a digest, so the statement holds no text of the client's.
+        let begin = format!(
+            "BEGIN; SELECT pg_try_advisory_xact_lock({})",
+            lock_id(&self.store.sql.table, key)
+        );
+        let answers = within(timeout, async {
+            client.simple_query(&begin).await.map_err(unavailable)
         })
         .await?;
         let locked = answers.iter().find_map(|answer| match answer {
@@ -251,19 +297,48 @@ impl TransactionalPostgresStore {
             _ => None,
         });
         match locked {
-            Some("t") => {}
-            Some("f") => return Ok(Claim::Pending),
-            _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
+            Some("t") => {
+                self.store
+                    .claim_on(client, key, fingerprint, reservation, lease)
+                    .await
+            }
+            Some("f") => self.committed(client, key, fingerprint).await,
+            _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
-        self.store
-            .claim_on(connection, key, fingerprint, reservation, lease)
-            .await
+    }
+
+    /// What the committed record of `key` answers while another transaction holds its lock.
+    async fn committed(
+        &self,
+        client: &deadpool_postgres::ClientWrapper,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<Claim, StoreError> {
+        let key = &*table_key(key);
+        let Some(row) = on(client, self.store.timeout, &self.store.sql.inspect, &[&key]).await?
+        else {
+            return Ok(Claim::Pending);
+        };
+        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
+        let stored_fingerprint: &str = row.try_get(0).map_err(corrupt)?;
+        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+        if stored_fingerprint != fingerprint.as_str() {
+            return Ok(Claim::Conflict);
+        }
+        match response {
+            Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
+            None => Ok(Claim::Pending),
+        }
     }
 }
 
-/// The advisory lock of `key`: 64 bits of its digest.
-fn lock_id(key: &str) -> i64 {
-    let digest = Sha256::digest(key.as_bytes());
+/// The advisory lock of `key` in `table`: 64 bits of their digest.
+fn lock_id(table: &str, key: &str) -> i64 {
+    let mut digest = Sha256::new();
+    digest.update(table.as_bytes());
+    digest.update([0]);
+    digest.update(key.as_bytes());
+    let digest = digest.finalize();
     let mut first = [0; 8];
     first.copy_from_slice(&digest[..8]);
     i64::from_be_bytes(first)
@@ -277,25 +352,22 @@ impl Store for TransactionalPostgresStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let connection = within(self.store.timeout, self.store.client()).await?;
-        match self
+        let connection = Connection(Some(within(self.store.timeout, self.store.client()).await?));
+        // Any error or cancellation below drops the connection: closed, not pooled, so the
+        // server rolls back what the claim began.
+        let claim = self
             .claim_in(&connection, key, fingerprint, reservation, lease)
-            .await
-        {
-            Ok(Claim::New(reservation)) => {
+            .await?;
+        match claim {
+            Claim::New(reservation) => {
                 self.lock()
                     .insert(reservation.as_u128(), PgTransaction::new(connection));
                 Ok(Claim::New(reservation))
             }
-            Ok(claim) => {
+            claim => {
                 // Nothing was written: a replay, pending or conflicting claim only read.
                 end(connection, "ROLLBACK", self.store.timeout).await?;
                 Ok(claim)
-            }
-            Err(error) => {
-                // Closed, not pooled: the server rolls back what the claim began.
-                drop(Object::take(connection));
-                Err(error)
             }
         }
     }
@@ -322,11 +394,17 @@ impl Store for TransactionalPostgresStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let transaction = self.remove(reservation).ok_or_else(ended)?;
+        let uncommitted = |source: Option<StoreError>| match source {
+            Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
+            None => StoreError::new(StoreErrorKind::Uncommitted),
+        };
+        // No open transaction (never claimed here, or ended): nothing to commit.
+        let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
+        let timeout = self.store.timeout;
         let connection = transaction
-            .take()
+            .take(timeout)
             .await
-            .ok_or_else(|| StoreError::new(StoreErrorKind::Uncommitted))?;
+            .ok_or_else(|| uncommitted(None))?;
         let table_key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
@@ -336,13 +414,11 @@ impl Store for TransactionalPostgresStore {
             &&encoded[..],
             &self.store.retention_ms,
         ];
-        let timeout = self.store.timeout;
-        let stored = execute_on(&connection, timeout, &self.store.sql.complete, &params).await;
-        let uncommitted = |source: Option<StoreError>| match source {
-            Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
-            None => StoreError::new(StoreErrorKind::Uncommitted),
-        };
-        match stored {
+        // The record is updated only in the claim's own transaction: a failed statement of
+        // the create's aborted it (the update fails), and a `COMMIT` sent by the create ended
+        // it (the update finds no record of this transaction's).
+        let sql = &self.store.sql.complete_in_transaction;
+        match execute_on(connection.client(), timeout, sql, &params).await {
             Ok(1) => {}
             Ok(_) => {
                 drop(end(connection, "ROLLBACK", timeout).await);
