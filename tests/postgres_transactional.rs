@@ -120,6 +120,19 @@ fn create(labels: String) -> Create {
                 )
                 .await
                 .map_err(std::io::Error::other)?;
+            // Its own row is visible to it, in its transaction, and to nobody else yet.
+            let select = format!("SELECT label_id FROM {labels} WHERE request_id = $1");
+            let row = transaction
+                .query_opt(&select, &[&&*op.request_id])
+                .await
+                .map_err(std::io::Error::other)?
+                .expect("its own row");
+            let label_id: String = row.get(0);
+            let rows = transaction
+                .query(&select, &[&&*op.request_id])
+                .await
+                .map_err(std::io::Error::other)?;
+            assert_eq!(rows.len(), 1);
             match parcel.as_str() {
                 "fail" => return Err(std::io::Error::other("the create failed")),
                 "panic" => panic!("the create panicked"),
@@ -246,6 +259,12 @@ async fn a_second_attempt_while_the_first_is_open_is_pending_at_once() {
     // The first claims, then creates for two seconds in its open transaction.
     let deadline = Instant::now() + Duration::from_secs(5);
     while db.store.open_transactions() == 0 {
+        if first.is_finished() {
+            panic!(
+                "the first attempt ended before its create: {:?}",
+                first.await
+            );
+        }
         assert!(Instant::now() < deadline, "the first attempt never claimed");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -396,12 +415,24 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
             .unwrap();
         row.get::<_, i64>(0)
     };
+    // How long a whole claim takes here, on a warm connection.
+    let started = Instant::now();
+    let Ok(Claim::New(reservation)) = store.claim("c-warm", &fingerprint).await else {
+        panic!("a new claim")
+    };
+    store.release("c-warm", &reservation).await.unwrap();
+    let whole = started.elapsed();
     let (mut cancelled, mut claimed) = (0, 0);
-    for attempt in 0..80 {
+    for attempt in 0..80u32 {
         let key = format!("c-{attempt}");
-        // Cut short at various points: before, during and after the claim's statements (a
-        // connection cut short is closed, so some attempts open a new one).
-        let cut = Duration::from_micros(250 * (attempt % 40));
+        // Cut short at points spread over a claim's time: before, during and after its
+        // statements (a connection cut short is closed, so the next opens a new one); every
+        // tenth attempt runs whole.
+        let cut = if attempt % 10 == 9 {
+            Duration::from_secs(5)
+        } else {
+            whole * (attempt % 10) / 6
+        };
         match tokio::time::timeout(cut, store.claim(&key, &fingerprint)).await {
             Err(_) => cancelled += 1,
             Ok(Ok(Claim::New(reservation))) => {
