@@ -457,3 +457,66 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
         "{cancelled} cut short, {claimed} claimed"
     );
 }
+
+#[tokio::test]
+async fn renewing_holds_only_for_an_open_transaction() {
+    let db = Db::new("renew").await;
+    let store = &db.store;
+    let fingerprint = tower_idempotency::fingerprint("n-1", "p");
+    let lease = Duration::from_secs(5);
+    let stranger = tower_idempotency::Reservation::generate();
+    let lost = store.renew("n-1", &stranger, lease).await.unwrap_err();
+    assert_eq!(
+        lost.kind(),
+        tower_idempotency::StoreErrorKind::ReservationLost
+    );
+    let Ok(Claim::New(reservation)) = store.claim("n-1", &fingerprint).await else {
+        panic!("a new claim")
+    };
+    store.renew("n-1", &reservation, lease).await.unwrap();
+    store.release("n-1", &reservation).await.unwrap();
+    let ended = store.renew("n-1", &reservation, lease).await.unwrap_err();
+    assert_eq!(
+        ended.kind(),
+        tower_idempotency::StoreErrorKind::ReservationLost
+    );
+    // Released twice: the second finds no transaction.
+    let again = store.release("n-1", &reservation).await.unwrap_err();
+    assert_eq!(
+        again.kind(),
+        tower_idempotency::StoreErrorKind::ReservationLost
+    );
+}
+
+#[tokio::test]
+async fn an_operator_sees_resolves_and_forgets_a_stuck_key_through_the_store() {
+    use tower_idempotency::StoredResponse;
+    use tower_idempotency::store::RecordState;
+
+    let db = Db::new("operator").await;
+    let service = db.service();
+    // A create that commits by itself leaves its key pending for good: the operator's case.
+    assert_eq!(send(&service, "o-1", "commit").await.status, 503);
+    let key = store_key(None, &http::Method::POST, "/labels", "o-1");
+    let store = &db.store;
+    assert_eq!(
+        store.pending_older_than(Duration::ZERO).await.unwrap(),
+        [key.clone()]
+    );
+    let info = store.inspect(&key).await.unwrap().expect("its record");
+    assert_eq!(info.state, RecordState::Pending);
+    let resolved = StoredResponse::new(
+        StatusCode::CREATED,
+        http::HeaderMap::new(),
+        Bytes::from_static(b"resolved by hand"),
+    );
+    store.resolve(&key, &resolved).await.unwrap();
+    let replay = send(&service, "o-1", "commit").await;
+    assert_eq!(
+        (replay.status.as_u16(), &replay.body[..]),
+        (201, &b"resolved by hand"[..])
+    );
+    assert!(store.forget(&key).await.unwrap());
+    assert!(store.inspect(&key).await.unwrap().is_none());
+    assert!(!store.forget(&key).await.unwrap());
+}
