@@ -501,7 +501,7 @@ async fn an_operator_sees_resolves_and_forgets_a_stuck_key_through_the_store() {
     let store = &db.store;
     assert_eq!(
         store.pending_older_than(Duration::ZERO).await.unwrap(),
-        [key.clone()]
+        std::slice::from_ref(&key)
     );
     let info = store.inspect(&key).await.unwrap().expect("its record");
     assert_eq!(info.state, RecordState::Pending);
