@@ -42,24 +42,13 @@ fn trailers(status: &'static str) -> HeaderMap {
     trailers
 }
 
-/// The layer with `GrpcOperation` over a create that answers as tonic does (HTTP 200, one
-/// message, then trailers with `grpc-status`), after `gate` opens if given.
-fn service(
-    store: MemoryStore,
-    creates: Arc<AtomicUsize>,
-    grpc_status: &'static str,
-    gate: Option<Arc<tokio::sync::Notify>>,
-) -> impl tower::Service<
-    Request<Chunks>,
-    Response = Response<tower_idempotency::ResponseBody<Trailing>>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone {
-    let operation = GrpcOperation::new().method(CREATE);
-    service_with(operation, store, creates, grpc_status, gate)
+/// The operation guarding [`CREATE`].
+fn guarded() -> GrpcOperation {
+    GrpcOperation::new().method(CREATE)
 }
 
-/// [`service`] with `operation`.
+/// The layer with `operation` over a create that answers as tonic does (HTTP 200, one message,
+/// then trailers with `grpc-status`), after `gate` opens if given.
 fn service_with(
     operation: GrpcOperation,
     store: MemoryStore,
@@ -116,7 +105,7 @@ where
 async fn a_unary_create_is_stored_with_its_trailers_and_replayed_exactly() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = service(store.clone(), Arc::clone(&creates), "0", None);
+    let service = service_with(guarded(), store.clone(), Arc::clone(&creates), "0", None);
     let message = framed(b"\x0a\x0bk-1\x12\x03p-1");
     let first = read(
         service
@@ -158,7 +147,7 @@ async fn a_unary_create_is_stored_with_its_trailers_and_replayed_exactly() {
 async fn a_missing_key_or_an_invalid_message_is_invalid_argument_and_reaches_nothing() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = service(store.clone(), Arc::clone(&creates), "0", None);
+    let service = service_with(guarded(), store.clone(), Arc::clone(&creates), "0", None);
     let mut proto = call(CREATE, None, framed(b"m"));
     proto.headers_mut().insert(
         "content-type",
@@ -181,7 +170,8 @@ async fn a_missing_key_or_an_invalid_message_is_invalid_argument_and_reaches_not
 async fn a_call_while_the_first_runs_is_aborted_and_a_non_ok_status_is_replayed() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = service(
+    let service = service_with(
+        guarded(),
         MemoryStore::new(),
         Arc::clone(&creates),
         "5",
@@ -226,7 +216,7 @@ async fn a_call_while_the_first_runs_is_aborted_and_a_non_ok_status_is_replayed(
 async fn calls_that_are_not_guarded_pass_through_untouched() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = service(store.clone(), Arc::clone(&creates), "0", None);
+    let service = service_with(guarded(), store.clone(), Arc::clone(&creates), "0", None);
     for request in [
         call("/grpc.health.v1.Health/Check", None, framed(b"")),
         call("/labels.v1.Labels/WatchLabels", Some("k"), framed(b"m")),
@@ -244,7 +234,7 @@ async fn calls_that_are_not_guarded_pass_through_untouched() {
 async fn a_guarded_method_not_called_as_grpc_is_unimplemented() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = service(store.clone(), Arc::clone(&creates), "0", None);
+    let service = service_with(guarded(), store.clone(), Arc::clone(&creates), "0", None);
     let mut json = call(CREATE, Some("k"), framed(b"m"));
     json.headers_mut()
         .insert("content-type", HeaderValue::from_static("application/json"));

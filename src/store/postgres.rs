@@ -541,12 +541,7 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<tokio_postgres::Row>, StoreError> {
         within(self.timeout, async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-            client
-                .query_opt(&statement, params)
-                .await
-                .map_err(unavailable)
+            query_opt_on(&*self.client().await?, sql, params).await
         })
         .await
     }
@@ -554,12 +549,7 @@ impl PostgresStore {
     /// Runs one prepared (and cached) statement and returns the rows it affected.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         within(self.timeout, async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-            client
-                .execute(&statement, params)
-                .await
-                .map_err(unavailable)
+            execute_on(&*self.client().await?, sql, params).await
         })
         .await
     }
@@ -646,7 +636,7 @@ impl PostgresStore {
         // or when the record found had expired or was abandoned and another claim took it
         // over first.
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = on(client, self.timeout, &self.sql.claim, &params).await?;
+            let row = within(self.timeout, query_opt_on(client, &self.sql.claim, &params)).await?;
             let Some(row) = row else { continue };
             let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
             let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
@@ -674,7 +664,7 @@ impl PostgresStore {
                 None
             };
             if let Some(sql) = take_over_sql {
-                if execute_on(client, self.timeout, sql, &params).await? == 1 {
+                if within(self.timeout, execute_on(client, sql, &params)).await? == 1 {
                     return Ok(Claim::New(reservation));
                 }
                 continue;
@@ -692,40 +682,32 @@ impl PostgresStore {
     }
 }
 
-/// Runs one prepared (and cached) statement on `client` that returns at most one row, within
-/// `timeout`.
-async fn on(
+/// Runs one prepared (and cached) statement on `client` that returns at most one row; the
+/// caller bounds it with its timeout.
+async fn query_opt_on(
     client: &deadpool_postgres::ClientWrapper,
-    timeout: Duration,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Option<tokio_postgres::Row>, StoreError> {
-    within(timeout, async {
-        let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-        client
-            .query_opt(&statement, params)
-            .await
-            .map_err(unavailable)
-    })
-    .await
+    let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+    client
+        .query_opt(&statement, params)
+        .await
+        .map_err(unavailable)
 }
 
-/// Runs one prepared (and cached) statement on `client` within `timeout`; the rows it
-/// affected.
-pub(super) async fn execute_on(
+/// Runs one prepared (and cached) statement on `client`; the rows it affected. The caller
+/// bounds it with its timeout.
+async fn execute_on(
     client: &deadpool_postgres::ClientWrapper,
-    timeout: Duration,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64, StoreError> {
-    within(timeout, async {
-        let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-        client
-            .execute(&statement, params)
-            .await
-            .map_err(unavailable)
-    })
-    .await
+    let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
+    client
+        .execute(&statement, params)
+        .await
+        .map_err(unavailable)
 }
 
 impl Store for PostgresStore {

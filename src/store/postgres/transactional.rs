@@ -13,7 +13,7 @@ use tokio_postgres::types::ToSql;
 
 use bytes::Bytes;
 
-use super::{PostgresStore, execute_on, on, table_key, unavailable};
+use super::{PostgresStore, execute_on, query_opt_on, table_key, unavailable};
 use crate::operation::Fingerprint;
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
@@ -315,8 +315,9 @@ impl TransactionalPostgresStore {
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
-        let Some(row) = on(client, self.store.timeout, &self.store.sql.inspect, &[&key]).await?
-        else {
+        let params: [&(dyn ToSql + Sync); 1] = [&key];
+        let inspect = query_opt_on(client, &self.store.sql.inspect, &params);
+        let Some(row) = within(self.store.timeout, inspect).await? else {
             return Ok(Claim::Pending);
         };
         let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
@@ -418,7 +419,7 @@ impl Store for TransactionalPostgresStore {
         // the create's aborted it (the update fails), and a `COMMIT` sent by the create ended
         // it (the update finds no record of this transaction's).
         let sql = &self.store.sql.complete_in_transaction;
-        match execute_on(connection.client(), timeout, sql, &params).await {
+        match within(timeout, execute_on(connection.client(), sql, &params)).await {
             Ok(1) => {}
             Ok(_) => {
                 drop(end(connection, "ROLLBACK", timeout).await);
