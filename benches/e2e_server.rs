@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use tower::Layer;
 use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
 
 async fn create(
@@ -38,13 +37,13 @@ fn main() {
     let router = Router::new().route("/labels", post(create));
     let app = match mode.as_str() {
         "bare" => router,
+        // As the README puts it on a router: on its routes.
         "layered" | "retained" => {
             let store = match mode.as_str() {
                 "layered" => MemoryStore::new(),
                 _ => MemoryStore::with_retention(Duration::from_secs(1)),
             };
-            let layered = IdempotencyLayer::new(store).layer(router);
-            Router::new().fallback_service(layered)
+            router.route_layer(IdempotencyLayer::new(store))
         }
         other => {
             eprintln!("unknown mode {other}");

@@ -1,6 +1,7 @@
 //! The request body the inner service receives, the response body the layer returns, and the
 //! one loop that collects a body up to a limit.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -8,7 +9,6 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http::header::CONTENT_LENGTH;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
 use crate::reply::Outcome;
@@ -288,33 +288,62 @@ pub(crate) fn body_error(error: impl Into<BoxError>) -> ReadError {
     ReadError::Broken
 }
 
-/// Reads a whole body of at most `limit` bytes with a [`Collector`]: the created response.
-pub(crate) async fn read_limited<B>(
-    body: B,
-    limit: usize,
-) -> Result<(Bytes, Option<HeaderMap>), ReadError>
-where
-    B: Body<Data = Bytes>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut collector = Collector::new(limit);
-    let mut trailers: Option<HeaderMap> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| ReadError::Broken)?;
-        match frame.into_data() {
-            Ok(data) => collector.push(data)?,
-            Err(frame) => {
-                // Every value of every trailers frame, in order (an HTTP/2 server writes one).
-                if let Ok(more) = frame.into_trailers() {
-                    let trailers = trailers.get_or_insert_with(HeaderMap::new);
-                    for (name, value) in &more {
-                        trailers.append(name.clone(), value.clone());
+pin_project! {
+    /// Reads a whole body of at most `limit` bytes with a [`Collector`], and its trailers: the
+    /// created response. A future of its own rather than an `async fn`, so that the decision
+    /// that awaits it holds the body once.
+    pub(crate) struct ReadLimited<B> {
+        #[pin]
+        body: B,
+        collector: Option<Collector>,
+        // Boxed: only a gRPC reply has them, and every decision would hold room for a map.
+        trailers: Option<Box<HeaderMap>>,
+    }
+}
+
+impl<B> ReadLimited<B> {
+    pub(crate) fn new(body: B, limit: usize) -> Self {
+        Self {
+            body,
+            collector: Some(Collector::new(limit)),
+            trailers: None,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
+    type Output = Result<(Bytes, Option<HeaderMap>), ReadError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(collector) = this.collector.as_mut() else {
+            panic!("ReadLimited polled after completion");
+        };
+        loop {
+            let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) else {
+                break;
+            };
+            let frame = frame.map_err(|_| ReadError::Broken)?;
+            match frame.into_data() {
+                Ok(data) => collector.push(data)?,
+                Err(frame) => {
+                    // Every value of every trailers frame, in order (an HTTP/2 server writes one).
+                    if let Ok(more) = frame.into_trailers() {
+                        let trailers = this.trailers.get_or_insert_with(Box::default);
+                        for (name, value) in &more {
+                            trailers.append(name.clone(), value.clone());
+                        }
                     }
                 }
             }
         }
+        let body = this
+            .collector
+            .take()
+            .map(Collector::finish)
+            .unwrap_or_default();
+        Poll::Ready(Ok((body, this.trailers.take().map(|trailers| *trailers))))
     }
-    Ok((collector.finish(), trailers))
 }
 
 #[cfg(test)]

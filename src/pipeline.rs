@@ -154,7 +154,15 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
     }
 
     /// Steps 4 to 8, contract §4 and §5: claim, admit, create, complete, and only then reply.
-    pub(crate) async fn run<ReqBody, ResBody>(self) -> Response<ResponseBody<ResBody>>
+    ///
+    /// A plain function returning the decision, not an `async fn`: the request's pieces are
+    /// the decision's own captures, each held once (an `async fn` would hold its argument and
+    /// a copy of every piece taken out of it), and what the create takes is taken from its
+    /// place when the create starts. The decision is one allocation for the whole request, so
+    /// its size is what every guarded request allocates and moves.
+    pub(crate) fn run<ReqBody, ResBody>(
+        self,
+    ) -> impl Future<Output = Response<ResponseBody<ResBody>>>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
         St: Store,
@@ -175,78 +183,130 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             parts,
             body,
         } = self;
-        let operation = &settings.operation;
-        let key = key.as_str();
-        let reservation = match claim(&store, key, &fingerprint, &settings).await {
-            Ok(reservation) => reservation,
-            Err(response) => return response,
-        };
-        // Until the reservation is completed, released or abandoned below, a decision that
-        // unwinds (a panicking response body) or is dropped abandons it.
-        let mut unsettled = Unsettled {
-            store: &store,
-            key,
-            reservation,
-            armed: true,
-        };
-        let mut parts = parts;
-        store.attach(key, &reservation, &mut parts.extensions);
-        // Admission, the create and its response read whole, under one lease renewed as they
-        // go; a release, when one is due, after the renewals stopped.
-        let work = async {
-            let permit = match admit(&admission, &value).await {
-                Ok(permit) => permit,
-                // Only a confirmed refusal releases the key (contract §5.2).
-                Err(rejection) => {
-                    let then = match rejection {
-                        Rejection::NotAdmitted(_) => Then::Release,
-                        _ => Then::Abandon,
-                    };
-                    return Err((rejection.into_response(operation), then));
+        let mut input = Some(CreateInput {
+            inner,
+            parts,
+            body,
+            value,
+        });
+        async move {
+            let operation = &settings.operation;
+            let key = key.as_str();
+            let reservation = match claim(&store, key, &fingerprint, &settings).await {
+                Ok(reservation) => reservation,
+                Err(response) => return response,
+            };
+            // Until the reservation is completed, released or abandoned below, a decision that
+            // unwinds (a panicking response body) or is dropped abandons it.
+            let mut unsettled = Unsettled {
+                store: &store,
+                key,
+                reservation: &reservation,
+                armed: true,
+            };
+            if let Some(input) = &mut input {
+                store.attach(key, &reservation, &mut input.parts.extensions);
+            }
+            // Admission, the create and its response read whole, under one lease renewed as
+            // they go; a release, when one is due, after the renewals stopped.
+            let work = async {
+                let admitted = match &input {
+                    Some(input) => admit(&admission, &input.value).await,
+                    None => Err(Rejection::CreateFailed),
+                };
+                let permit = match admitted {
+                    Ok(permit) => permit,
+                    // Only a confirmed refusal releases the key (contract §5.2).
+                    Err(rejection) => {
+                        let then = match rejection {
+                            Rejection::NotAdmitted(_) => Then::Release,
+                            _ => Then::Abandon,
+                        };
+                        return Err((rejection.into_response(operation), then));
+                    }
+                };
+                let Some(input) = input.take() else {
+                    return Err((
+                        Rejection::CreateFailed.into_response(operation),
+                        Then::Abandon,
+                    ));
+                };
+                let response = match keep(
+                    create(input, settings.value_extension).await,
+                    settings.stored,
+                ) {
+                    Keep::Store(response) => response,
+                    Keep::Release(response) => return Err((response, Then::Release)),
+                    Keep::Pending(rejection) => {
+                        return Err((rejection.into_response(operation), Then::Abandon));
+                    }
+                };
+                match collect(response, &settings).await {
+                    Ok(stored) => Ok((stored, permit)),
+                    Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
                 }
             };
-            let response = match keep(
-                create(
-                    inner,
-                    parts,
-                    body,
-                    settings.value_extension.then_some(value),
-                )
-                .await,
-                settings.stored,
-            ) {
-                Keep::Store(response) => response,
-                Keep::Release(response) => return Err((response, Then::Release)),
-                Keep::Pending(rejection) => {
-                    return Err((rejection.into_response(operation), Then::Abandon));
-                }
-            };
-            match collect(response, &settings).await {
-                Ok(stored) => Ok((stored, permit)),
-                Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
-            }
-        };
-        let lease = settings.lease.duration();
-        let (stored, permit) = match renewing(work, &store, key, &reservation, lease).await {
-            Ok(created) => created,
-            Err((response, then)) => {
-                unsettled.armed = false;
-                match then {
-                    Then::Release => release(&store, key, &reservation).await,
-                    Then::Abandon => store.abandon(key, &reservation).await,
-                }
-                return response;
-            }
-        };
-        unsettled.armed = false;
-        let outcome = complete(&store, key, &reservation, &stored).await;
-        drop(permit);
-        match outcome {
-            // The create's writes may not have committed: its response is not the answer.
-            Outcome::StoreUnavailable => Rejection::StoreUnavailable.into_response(operation),
-            outcome => reply::stored(stored, outcome),
+            let lease = settings.lease.duration();
+            let created = renewing(work, &store, key, &reservation, lease).await;
+            unsettled.armed = false;
+            finish(created, &store, key, &reservation, operation).await
         }
     }
+}
+
+/// Step 8, or what follows a create that ended without a response to store: complete and
+/// reply, or settle the reservation (release or abandon it) and reply. One await either way,
+/// with the create's answer held in one place while it runs: a plain function returning the
+/// future, not an `async fn`, which would hold its argument twice.
+// Not an `async fn`: that would keep `created` in its state twice.
+#[allow(clippy::manual_async_fn)]
+fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
+    created: Created<P, B>,
+    store: &'a St,
+    key: &'a str,
+    reservation: &'a Reservation,
+    operation: &'a O,
+) -> impl Future<Output = Response<ResponseBody<B>>> + 'a {
+    async move {
+        let outcome = match &created {
+            Ok((stored, _)) => complete(store, key, reservation, stored).await,
+            Err((_, then)) => {
+                match then {
+                    Then::Release => release(store, key, reservation).await,
+                    Then::Abandon => store.abandon(key, reservation).await,
+                }
+                // Not read: the unstored answer carries its own outcome.
+                Outcome::Unstored
+            }
+        };
+        match created {
+            Ok((stored, permit)) => {
+                drop(permit);
+                match outcome {
+                    // The create's writes may not have committed: its response is not the
+                    // answer.
+                    Outcome::StoreUnavailable => {
+                        Rejection::StoreUnavailable.into_response(operation)
+                    }
+                    outcome => reply::stored(stored, outcome),
+                }
+            }
+            Err((response, _)) => response,
+        }
+    }
+}
+
+/// What the create ended with: the response to store and the admission's permit, or the
+/// response to give unstored and what to do with the reservation.
+type Created<P, B> = Result<(StoredResponse, P), (Response<ResponseBody<B>>, Then)>;
+
+/// What the create takes: the inner service and the request, taken from the decision when
+/// the create starts.
+struct CreateInput<S, T> {
+    inner: S,
+    parts: Parts,
+    body: Bytes,
+    value: T,
 }
 
 /// Step 4, contract §4: the claim decides; only a new claim goes on, with its reservation.
@@ -263,7 +323,17 @@ async fn claim<St: Store, O: Operation, B>(
         .claim_with(key, fingerprint, reservation, settings.lease)
         .await;
     if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.pending_wait) {
-        answer = wait_for_first(store, key, fingerprint, reservation, settings, wait).await;
+        // Boxed: the wait is rare and its future large, and every decision's state would
+        // otherwise hold room for it.
+        answer = Box::pin(wait_for_first(
+            store,
+            key,
+            fingerprint,
+            reservation,
+            settings,
+            wait,
+        ))
+        .await;
     }
     let rejection = match answer {
         Ok(Claim::New(reservation)) => return Ok(reservation),
@@ -492,23 +562,27 @@ async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
 }
 
 /// Step 6, contract §5.3: the create. The inner service gets the body bytes and the
-/// operation's value in the extensions. A panic in its `call` or its future is caught once
-/// and is a failed create (`None`): the create may have run.
+/// operation's value in the extensions (if `with_value`). A panic in its `call` or its future
+/// is caught once and is a failed create (`None`): the create may have run.
 ///
 /// A plain function returning the future, not an `async fn`, so that the request's parts are
 /// not kept in the future's state beside the call they went into.
 fn create<S, ReqBody, ResBody, T>(
-    mut inner: S,
-    parts: Parts,
-    body: Bytes,
-    value: Option<T>,
+    input: CreateInput<S, T>,
+    with_value: bool,
 ) -> CatchUnwind<S::Future>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     T: Clone + Send + Sync + 'static,
 {
+    let CreateInput {
+        mut inner,
+        parts,
+        body,
+        value,
+    } = input;
     let mut request = Request::from_parts(parts, RequestBody::full(body));
-    if let Some(value) = value {
+    if with_value {
         request.extensions_mut().insert(value);
     }
     CatchUnwind::new(move || inner.call(request))
@@ -517,67 +591,72 @@ where
 /// Runs `work` while renewing the lease of `reservation` every third of `lease`, on fixed
 /// deadlines (a slow renewal does not push the later ones back), so the key shows as in
 /// progress, not abandoned, however long `work` takes. The renewals start only once `work`
-/// waits: work that finishes at its first poll costs no timer.
-///
-/// A plain function, not an `async fn`: an `async fn` would keep `work` in its state twice
-/// (its argument and the combinator), and move it once more.
+/// waits: work that finishes at its first poll costs no timer, and no room: the renewing
+/// future is made, boxed, only then.
 fn renewing<'a, F: Future, St: Store>(
     work: F,
     store: &'a St,
     key: &'a str,
     reservation: &'a Reservation,
     lease: Duration,
-) -> WhileRenewing<F, impl Future<Output = ()> + 'a> {
-    let renew = async move {
-        let every = lease / 3;
-        let mut next = tokio::time::Instant::now() + every;
-        // Without Tokio's timer there is no heartbeat: the lease then lapses while the create
-        // runs, which only matters to a layer that takes over abandoned keys.
-        let Some(timer) = tokio_timer(next, "the lease of this create is not renewed") else {
-            return;
-        };
-        let mut timer = std::pin::pin!(timer);
-        loop {
-            timer.as_mut().await;
-            match store.renew(key, reservation, lease).await {
-                Ok(()) => {}
-                Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
-                    tracing::error!(
-                        "the reservation was taken over or resolved while its create ran; \
-                         this create's response will not be stored"
-                    );
-                    return;
-                }
-                Err(error) => tracing::warn!(%error, "renewing the lease failed"),
-            }
-            // The next deadline ahead; past one a renewal took longer than a third of the
-            // lease, skipped.
-            let now = tokio::time::Instant::now();
-            while next <= now {
-                next += every;
-            }
-            timer.as_mut().reset(next);
-        }
-    };
+) -> WhileRenewing<'a, F, impl FnOnce() -> Renewals<'a>> {
+    let start = move || -> Renewals<'a> { Box::pin(renew(store, key, reservation, lease)) };
     WhileRenewing {
         work,
-        renew,
-        renewing: true,
+        start: Some(start),
+        renew: None,
     }
 }
+
+/// Renews the lease of `reservation` every third of `lease` until it is lost.
+async fn renew<St: Store>(store: &St, key: &str, reservation: &Reservation, lease: Duration) {
+    let every = lease / 3;
+    let mut next = tokio::time::Instant::now() + every;
+    // Without Tokio's timer there is no heartbeat: the lease then lapses while the create
+    // runs, which only matters to a layer that takes over abandoned keys.
+    let Some(timer) = tokio_timer(next, "the lease of this create is not renewed") else {
+        return;
+    };
+    let mut timer = std::pin::pin!(timer);
+    loop {
+        timer.as_mut().await;
+        match store.renew(key, reservation, lease).await {
+            Ok(()) => {}
+            Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
+                tracing::error!(
+                    "the reservation was taken over or resolved while its create ran; \
+                     this create's response will not be stored"
+                );
+                return;
+            }
+            Err(error) => tracing::warn!(%error, "renewing the lease failed"),
+        }
+        // The next deadline ahead; past one a renewal took longer than a third of the
+        // lease, skipped.
+        let now = tokio::time::Instant::now();
+        while next <= now {
+            next += every;
+        }
+        timer.as_mut().reset(next);
+    }
+}
+
+/// The renewals of one lease, boxed: made only for work that waits.
+type Renewals<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 pin_project! {
-    /// Polls `work` to its end, and `renew` beside it while `work` waits, until `renew` ends.
-    struct WhileRenewing<F, R> {
+    /// Polls `work` to its end, and the renewals beside it once `work` waited, until they
+    /// end.
+    struct WhileRenewing<'a, F, S> {
         #[pin]
         work: F,
-        #[pin]
-        renew: R,
-        renewing: bool,
+        // Makes the renewals, the first time `work` waits.
+        start: Option<S>,
+        renew: Option<Renewals<'a>>,
     }
 }
 
-impl<F: Future, R: Future<Output = ()>> Future for WhileRenewing<F, R> {
+impl<'a, F: Future, S: FnOnce() -> Renewals<'a>> Future for WhileRenewing<'a, F, S> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -585,13 +664,17 @@ impl<F: Future, R: Future<Output = ()>> Future for WhileRenewing<F, R> {
         if let Poll::Ready(output) = this.work.poll(cx) {
             return Poll::Ready(output);
         }
-        if *this.renewing && this.renew.poll(cx).is_ready() {
-            *this.renewing = false;
+        if let Some(start) = this.start.take() {
+            *this.renew = Some(start());
+        }
+        if let Some(renew) = this.renew
+            && renew.as_mut().poll(cx).is_ready()
+        {
+            *this.renew = None;
         }
         Poll::Pending
     }
 }
-
 pin_project! {
     /// A future that catches a panic of the function that makes it and of every poll, once:
     /// it ends with `None` and never polls the panicked future again.
@@ -665,15 +748,48 @@ fn keep<ResBody, E>(
 }
 
 /// Step 7b: the created response read whole (up to the cap) into what the store keeps.
-async fn collect<ResBody, O>(
+///
+/// A future of its own, not an `async fn`: the body is read where it is, not moved out of the
+/// function's captures into a second place.
+fn collect<ResBody: Body<Data = Bytes>, O>(
     response: Response<ResBody>,
     settings: &Settings<O>,
-) -> Result<StoredResponse, Rejection>
-where
-    ResBody: Body<Data = Bytes>,
-{
-    let (mut parts, body) = response.into_parts();
-    let (body, trailers) = match body::read_limited(body, settings.response_limit).await {
+) -> Collect<'_, ResBody, O> {
+    let (head, body) = response.into_parts();
+    Collect {
+        read: body::ReadLimited::new(body, settings.response_limit),
+        head: Some(head),
+        settings,
+    }
+}
+
+pin_project! {
+    /// The future of [`collect`].
+    struct Collect<'a, B, O> {
+        #[pin]
+        read: body::ReadLimited<B>,
+        head: Option<http::response::Parts>,
+        settings: &'a Settings<O>,
+    }
+}
+
+impl<B: Body<Data = Bytes>, O> Future for Collect<'_, B, O> {
+    type Output = Result<StoredResponse, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let read = std::task::ready!(this.read.poll(cx));
+        Poll::Ready(stored(this.head.take(), read, this.settings))
+    }
+}
+
+/// What the store keeps of a created response read whole, or why it is not kept.
+fn stored<O>(
+    parts: Option<http::response::Parts>,
+    read: Result<(Bytes, Option<http::HeaderMap>), ReadError>,
+    settings: &Settings<O>,
+) -> Result<StoredResponse, Rejection> {
+    let (body, trailers) = match read {
         Ok(read) => read,
         Err(ReadError::TooLarge) => {
             tracing::error!("created response over the cap; the key stays pending");
@@ -683,6 +799,9 @@ where
             tracing::error!("created response body failed; the key stays pending");
             return Err(Rejection::CreateFailed);
         }
+    };
+    let Some(mut parts) = parts else {
+        return Err(Rejection::CreateFailed);
     };
     headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
     let stored = StoredResponse::new(parts.status, parts.headers, body);
@@ -708,7 +827,7 @@ where
 struct Unsettled<'a, St: Store> {
     store: &'a St,
     key: &'a str,
-    reservation: Reservation,
+    reservation: &'a Reservation,
     armed: bool,
 }
 
@@ -717,7 +836,8 @@ impl<St: Store> Drop for Unsettled<'_, St> {
         if !self.armed {
             return;
         }
-        let (store, key, reservation) = (self.store.clone(), self.key.to_owned(), self.reservation);
+        let (store, key, reservation) =
+            (self.store.clone(), self.key.to_owned(), *self.reservation);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(async move {
                 store.abandon(&key, &reservation).await;

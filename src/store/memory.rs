@@ -1,7 +1,10 @@
 //! The in-memory store: one process, lost on restart.
 
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -55,6 +58,10 @@ pub struct MemoryStore {
 
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
+    /// The keyed, flood-resistant hash of every key: computed once per call, it picks the
+    /// shard and is the key's hash in the shard's map, kept with the key so that a growing
+    /// table never hashes a key again.
+    hasher: RandomState,
     retention: Option<Duration>,
     /// The most records held at once, if bounded.
     max_records: Option<usize>,
@@ -85,22 +92,126 @@ impl Tick {
     }
 }
 
-/// A reservation token as two halves: a `u128` field would make every record 16-aligned.
+/// A reservation token as the record keeps it.
 fn token(reservation: &Reservation) -> [u64; 2] {
-    let value = reservation.as_u128();
-    [(value >> 64) as u64, value as u64]
+    reservation.halves()
 }
 
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Arc<str>, Record>,
+    records: HashMap<StoredKey, Record, Prehashed>,
     /// With a retention window: the completed records of this shard in the order they were
     /// completed, with when. An entry whose record was completed again, taken over or
     /// forgotten since is stale, and skipped.
-    expiry: VecDeque<(Tick, Arc<str>)>,
+    expiry: VecDeque<(Tick, StoredKey)>,
     /// Requests waiting for a pending key of this shard to change, by key: woken and
     /// removed when it does; removed by the last waiter that gives up.
     waiters: WaiterMap,
+}
+
+/// A key and its hash, as a shard's map holds it.
+#[derive(Clone)]
+struct StoredKey {
+    hash: u64,
+    key: Arc<str>,
+}
+
+/// A key looked up: its hash, computed once for the whole call.
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    hash: u64,
+    key: &'a str,
+}
+
+/// What a shard's map is looked up by: a stored key or a probe, compared by key, hashed by
+/// the hash they carry.
+trait Lookup {
+    fn hash(&self) -> u64;
+    fn key(&self) -> &str;
+}
+
+impl Lookup for StoredKey {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Lookup for Probe<'_> {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn key(&self) -> &str {
+        self.key
+    }
+}
+
+impl<'a> Borrow<dyn Lookup + 'a> for StoredKey {
+    fn borrow(&self) -> &(dyn Lookup + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Lookup + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(Lookup::hash(self));
+    }
+}
+
+impl PartialEq for dyn Lookup + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        Lookup::hash(self) == Lookup::hash(other) && self.key() == other.key()
+    }
+}
+
+impl Eq for dyn Lookup + '_ {}
+
+impl Hash for StoredKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Hash::hash(self as &dyn Lookup, state);
+    }
+}
+
+impl PartialEq for StoredKey {
+    fn eq(&self, other: &Self) -> bool {
+        (self as &dyn Lookup) == (other as &dyn Lookup)
+    }
+}
+
+impl Eq for StoredKey {}
+
+/// The hasher of a shard's map: the keys carry their hash, so it passes it through.
+#[derive(Clone, Copy, Default)]
+struct Prehashed;
+
+impl BuildHasher for Prehashed {
+    type Hasher = PassThrough;
+
+    fn build_hasher(&self) -> PassThrough {
+        PassThrough(0)
+    }
+}
+
+/// Passes through the one `u64` a key writes.
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Never called: keys write their hash with `write_u64`. Folded in all the same.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
 }
 
 struct Record {
@@ -148,6 +259,7 @@ impl MemoryStore {
         Self {
             shared: Arc::new(Shared {
                 shards,
+                hasher: RandomState::new(),
                 retention,
                 max_records: None,
                 records: AtomicUsize::new(0),
@@ -173,6 +285,7 @@ impl MemoryStore {
     pub fn max_records(self, max: usize) -> Self {
         let shared = Shared {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
             retention: self.shared.retention,
             max_records: Some(max),
             records: AtomicUsize::new(0),
@@ -191,47 +304,56 @@ impl MemoryStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let now = self.now();
-        let pending = Record {
-            fingerprint: fingerprint.to_bytes(),
-            state: State::pending(reservation, now, lease),
-        };
-        let mut shard = lock(self.shard(key));
+        let fingerprint = fingerprint.to_bytes();
+        let probe = self.probe(key);
+        // The clock is read only when the claim needs it: with a retention window, or to
+        // reserve. A replay, a conflict or a pending key read none.
+        let mut clock = None;
+        let mut now = || *clock.get_or_insert_with(|| self.now());
+        let mut shard = lock(self.shard_of(probe));
         if let Some(retention) = self.shared.retention {
-            let dropped = shard.sweep(now, retention, SWEEP_PER_CLAIM);
+            let dropped = shard.sweep(now(), retention, SWEEP_PER_CLAIM);
             self.give_room(dropped);
         }
-        if let Some(record) = shard.records.get_mut(key) {
-            let expired = self
-                .shared
-                .retention
-                .is_some_and(|retention| record.is_expired(now, retention));
-            if !expired {
-                if record.fingerprint != pending.fingerprint {
+        let retention = self.shared.retention;
+        let stored = match shard.records.get_mut(&probe as &dyn Lookup) {
+            Some(record) if !retention.is_some_and(|r| record.is_expired(now(), r)) => {
+                if record.fingerprint != fingerprint {
                     return Ok(Claim::Conflict);
                 }
-                return Ok(match &record.state {
+                match &record.state {
                     State::Pending {
                         reservation: held, ..
-                    } if *held == token(&reservation) => Claim::New(reservation),
+                    } if *held == token(&reservation) => return Ok(Claim::New(reservation)),
                     State::Pending {
                         until, take_over, ..
-                    } if *take_over && lease.takes_over() && now >= *until => {
-                        *record = pending;
-                        Claim::New(reservation)
+                    } if *take_over && lease.takes_over() && now() >= *until => {
+                        *record = Record::pending(fingerprint, reservation, now(), lease);
+                        return Ok(Claim::New(reservation));
                     }
-                    State::Pending { .. } => Claim::Pending,
-                    State::Completed { response, .. } => {
-                        Claim::Replay(codec::decode(response.clone())?)
-                    }
-                });
+                    State::Pending { .. } => return Ok(Claim::Pending),
+                    State::Completed { response, .. } => response.clone(),
+                }
             }
-            *record = pending;
-            return Ok(Claim::New(reservation));
-        }
-        self.take_room()?;
-        shard.records.insert(key.into(), pending);
-        Ok(Claim::New(reservation))
+            // Expired: a new operation.
+            Some(record) => {
+                *record = Record::pending(fingerprint, reservation, now(), lease);
+                return Ok(Claim::New(reservation));
+            }
+            None => {
+                self.take_room()?;
+                let key = StoredKey {
+                    hash: probe.hash,
+                    key: key.into(),
+                };
+                let record = Record::pending(fingerprint, reservation, now(), lease);
+                shard.records.insert(key, record);
+                return Ok(Claim::New(reservation));
+            }
+        };
+        drop(shard);
+        // Decoded outside the lock: the shard waits for nobody's header map.
+        Ok(Claim::Replay(codec::decode(stored)?))
     }
 
     /// Completes the pending `key`: under `reservation`, or under any reservation if `None`
@@ -245,8 +367,9 @@ impl MemoryStore {
         // Encoded before the lock: the copy of the body is not the shard's to wait for.
         let response = codec::encode(response);
         let reservation = reservation.map(token);
-        let mut shard = lock(self.shard(key));
-        let Some(record) = shard.records.get_mut(key) else {
+        let probe = self.probe(key);
+        let mut shard = lock(self.shard_of(probe));
+        let Some(record) = shard.records.get_mut(&probe as &dyn Lookup) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
         };
         let owned = match &record.state {
@@ -267,9 +390,9 @@ impl MemoryStore {
         shard.wake(key);
         // Only with a retention window: the queue shares the map's key.
         if self.shared.retention.is_some()
-            && let Some((key, _)) = shard.records.get_key_value(key)
+            && let Some((key, _)) = shard.records.get_key_value(&probe as &dyn Lookup)
         {
-            let key = Arc::clone(key);
+            let key = key.clone();
             shard.expiry.push_back((at, key));
         }
         Ok(())
@@ -338,8 +461,11 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn is_pending(&self, key: &str) -> bool {
+        let probe = self.probe(key);
         matches!(
-            lock(self.shard(key)).records.get(key),
+            lock(self.shard_of(probe))
+                .records
+                .get(&probe as &dyn Lookup),
             Some(Record {
                 state: State::Pending { .. },
                 ..
@@ -349,7 +475,11 @@ impl MemoryStore {
 
     /// The completed response stored for `key`, if any (expired ones included until purged).
     pub fn completed(&self, key: &str) -> Option<StoredResponse> {
-        match lock(self.shard(key)).records.get(key) {
+        let probe = self.probe(key);
+        match lock(self.shard_of(probe))
+            .records
+            .get(&probe as &dyn Lookup)
+        {
             Some(Record {
                 state: State::Completed { response, .. },
                 ..
@@ -379,14 +509,23 @@ impl MemoryStore {
         dropped
     }
 
+    /// `key` with its hash: one keyed hash for the whole call.
+    fn probe<'a>(&self, key: &'a str) -> Probe<'a> {
+        Probe {
+            hash: self.shared.hasher.hash_one(key),
+            key,
+        }
+    }
+
+    /// The shard of a key. Picked by bits of its hash that a shard's map does not use (it
+    /// takes the lowest for the slot and the highest seven for its tags), so that the keys of
+    /// one shard still spread over its whole table.
+    fn shard_of(&self, probe: Probe<'_>) -> &Mutex<Shard> {
+        &self.shared.shards[(probe.hash >> 32) as usize & (SHARDS - 1)]
+    }
+
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        // FNV-1a: fast, and not keyed. A client who steers keys into one shard only makes them
-        // share a lock; each shard's map keeps the keyed, flood-resistant std hasher.
-        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        // Fold the high bits in, then mask: the shard count is a power of two.
-        &self.shared.shards[((hash ^ (hash >> 32)) as usize) & (SHARDS - 1)]
+        self.shard_of(self.probe(key))
     }
 }
 
@@ -425,12 +564,12 @@ impl Shard {
             };
             // The record, unless completed again, taken over or forgotten since.
             let current = matches!(
-                self.records.get(&*key),
+                self.records.get(&key),
                 Some(Record { state: State::Completed { at: completed, .. }, .. })
                     if *completed == at
             );
             if current {
-                self.records.remove(&*key);
+                self.records.remove(&key);
                 dropped += 1;
             }
         }
@@ -451,6 +590,14 @@ impl State {
 }
 
 impl Record {
+    /// A record pending under `reservation` from `now`.
+    fn pending(fingerprint: [u8; 32], reservation: Reservation, now: Tick, lease: Lease) -> Self {
+        Self {
+            fingerprint,
+            state: State::pending(reservation, now, lease),
+        }
+    }
+
     fn is_expired(&self, now: Tick, retention: Duration) -> bool {
         matches!(self.state, State::Completed { at, .. } if at != Tick::NEVER && now.since(at) >= retention)
     }
@@ -501,8 +648,13 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let mut shard = lock(self.shard(key));
-        match shard.records.get_mut(key).map(|record| &mut record.state) {
+        let probe = self.probe(key);
+        let mut shard = lock(self.shard_of(probe));
+        match shard
+            .records
+            .get_mut(&probe as &dyn Lookup)
+            .map(|record| &mut record.state)
+        {
             Some(State::Pending {
                 reservation: held,
                 until,
@@ -525,15 +677,16 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        let mut shard = lock(self.shard(key));
-        match shard.records.get(key) {
+        let probe = self.probe(key);
+        let mut shard = lock(self.shard_of(probe));
+        match shard.records.get(&probe as &dyn Lookup) {
             Some(Record {
                 state: State::Pending {
                     reservation: held, ..
                 },
                 ..
             }) if *held == token(reservation) => {
-                shard.records.remove(key);
+                shard.records.remove(&probe as &dyn Lookup);
                 shard.wake(key);
                 self.give_room(1);
                 Ok(())
@@ -546,24 +699,28 @@ impl Store for MemoryStore {
 impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = self.now();
-        Ok(lock(self.shard(key)).records.get(key).map(|record| {
-            let (state, since, status, abandoned) = match &record.state {
-                State::Pending { since, until, .. } => {
-                    (RecordState::Pending, *since, None, now >= *until)
+        let probe = self.probe(key);
+        Ok(lock(self.shard_of(probe))
+            .records
+            .get(&probe as &dyn Lookup)
+            .map(|record| {
+                let (state, since, status, abandoned) = match &record.state {
+                    State::Pending { since, until, .. } => {
+                        (RecordState::Pending, *since, None, now >= *until)
+                    }
+                    State::Completed { response, at } => {
+                        let status = codec::decode(response.clone()).ok().map(|r| r.status());
+                        (RecordState::Completed, *at, status, false)
+                    }
+                };
+                RecordInfo {
+                    state,
+                    age: (since != Tick::NEVER).then(|| now.since(since)),
+                    fingerprint: Fingerprint::from_sha256(record.fingerprint),
+                    status,
+                    abandoned,
                 }
-                State::Completed { response, at } => {
-                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
-                    (RecordState::Completed, *at, status, false)
-                }
-            };
-            RecordInfo {
-                state,
-                age: (since != Tick::NEVER).then(|| now.since(since)),
-                fingerprint: Fingerprint::from_sha256(record.fingerprint),
-                status,
-                abandoned,
-            }
-        }))
+            }))
     }
 
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
@@ -577,7 +734,7 @@ impl Operator for MemoryStore {
                     .iter()
                     .filter_map(|(key, record)| match record.state {
                         State::Pending { since, .. } if now.since(since) >= age => {
-                            Some(key.to_string())
+                            Some(key.key.to_string())
                         }
                         _ => None,
                     }),
@@ -592,8 +749,9 @@ impl Operator for MemoryStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let mut shard = lock(self.shard(key));
-        let removed = shard.records.remove(key).is_some();
+        let probe = self.probe(key);
+        let mut shard = lock(self.shard_of(probe));
+        let removed = shard.records.remove(&probe as &dyn Lookup).is_some();
         shard.wake(key);
         drop(shard);
         self.give_room(usize::from(removed));
