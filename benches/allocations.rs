@@ -228,7 +228,11 @@ fn main() {
         .map(|i| count(&runtime, &lean, path_request("new", usize::MAX - 100 - i)))
         .collect();
     counts.sort_unstable();
-    println!("{:>12}: {} (value_extension(false))", "new", counts[counts.len() / 2]);
+    println!(
+        "{:>12}: {} (value_extension(false))",
+        "new",
+        counts[counts.len() / 2]
+    );
     println!("memory per completed key (memory store, no retention)");
     memory_per_key(&runtime, 100_000);
 }

@@ -323,18 +323,27 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
             let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) else {
                 break;
             };
-            let frame = frame.map_err(|_| ReadError::Broken)?;
-            match frame.into_data() {
-                Ok(data) => collector.push(data)?,
-                Err(frame) => {
-                    // Every value of every trailers frame, in order (an HTTP/2 server writes one).
-                    if let Ok(more) = frame.into_trailers() {
-                        let trailers = this.trailers.get_or_insert_with(Box::default);
-                        for (name, value) in &more {
-                            trailers.append(name.clone(), value.clone());
+            let pushed = match frame {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => collector.push(data),
+                    Err(frame) => {
+                        // Every value of every trailers frame, in order (an HTTP/2 server
+                        // writes one).
+                        if let Ok(more) = frame.into_trailers() {
+                            let trailers = this.trailers.get_or_insert_with(Box::default);
+                            for (name, value) in &more {
+                                trailers.append(name.clone(), value.clone());
+                            }
                         }
+                        Ok(())
                     }
-                }
+                },
+                Err(_) => Err(ReadError::Broken),
+            };
+            if let Err(error) = pushed {
+                // Done: a later poll is one after completion, not a second read.
+                *this.collector = None;
+                return Poll::Ready(Err(error));
             }
         }
         let body = this
@@ -387,6 +396,44 @@ mod tests {
             Some(trailers),
         );
         assert!(!only_trailers.is_end_stream());
+    }
+
+    /// A body of the given frames, in order.
+    struct Frames(std::collections::VecDeque<Result<Frame<Bytes>, std::io::Error>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    /// A body that fails is read once: polled again, the reading is over, not started anew.
+    #[test]
+    fn a_failed_read_is_over() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let failing = Frames(
+            [
+                Ok(Frame::data(Bytes::from_static(b"part"))),
+                Err(std::io::Error::other("cut")),
+                Ok(Frame::data(Bytes::from_static(b"more"))),
+            ]
+            .into(),
+        );
+        let mut read = std::pin::pin!(ReadLimited::new(failing, 100));
+        assert!(matches!(
+            read.as_mut().poll(&mut cx),
+            Poll::Ready(Err(ReadError::Broken))
+        ));
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            read.as_mut().poll(&mut cx).is_ready()
+        }));
+        assert!(again.is_err(), "a poll after completion");
     }
 
     #[test]

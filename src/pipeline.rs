@@ -218,6 +218,9 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     Ok(permit) => permit,
                     // Only a confirmed refusal releases the key (contract §5.2).
                     Err(rejection) => {
+                        // Let go of the inner service and the request before the store's
+                        // round trip: the service may hold a slot of its own.
+                        drop(input.take());
                         let then = match rejection {
                             Rejection::NotAdmitted(_) => Then::Release,
                             _ => Then::Abandon,

@@ -62,7 +62,8 @@ impl fmt::Debug for Scope {
 /// ```
 pub fn store_key(scope: Option<&str>, method: &Method, path: &str, key: &str) -> String {
     let mut store_key = String::with_capacity(key_len(scope, method, path, key));
-    write_key(&mut store_key, scope, method, path, key);
+    // Writing into a `String` cannot fail.
+    let _ = write_key(&mut store_key, scope, method, path, key);
     store_key
 }
 
@@ -71,23 +72,22 @@ fn key_len(scope: Option<&str>, method: &Method, path: &str, key: &str) -> usize
     method.as_str().len() + path.len() + key.len() + 2 + scope.map_or(0, |s| s.len() + 21)
 }
 
-/// Writes the parts of [`store_key`] into `out`.
+/// Writes the parts of [`store_key`] into `out`; fails only if `out` is full.
 fn write_key(
     out: &mut impl fmt::Write,
     scope: Option<&str>,
     method: &Method,
     path: &str,
     key: &str,
-) {
-    // Writing into a String, or into an `InlineKey` known to be large enough, cannot fail.
+) -> fmt::Result {
     if let Some(scope) = scope {
-        let _ = write!(out, "{}:{scope}", scope.len());
+        write!(out, "{}:{scope}", scope.len())?;
     }
-    let _ = out.write_str(method.as_str());
-    let _ = out.write_char(' ');
-    let _ = out.write_str(path);
-    let _ = out.write_char(' ');
-    let _ = out.write_str(key);
+    out.write_str(method.as_str())?;
+    out.write_char(' ')?;
+    out.write_str(path)?;
+    out.write_char(' ')?;
+    out.write_str(key)
 }
 
 /// The longest store key kept inline in a [`KeyBuf`]: a method, a path and a UUID key with
@@ -130,8 +130,12 @@ impl KeyBuf {
             bytes: [0; INLINE_KEY],
             len: 0,
         };
-        write_key(&mut inline, scope, method, path, key);
-        Self::Inline(inline)
+        // `key_len` counts at least what is written; were it ever short, the key goes to the
+        // heap whole rather than inline cut short.
+        match write_key(&mut inline, scope, method, path, key) {
+            Ok(()) => Self::Inline(inline),
+            Err(fmt::Error) => Self::Heap(store_key(scope, method, path, key)),
+        }
     }
 
     /// The key.

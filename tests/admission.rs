@@ -101,3 +101,58 @@ async fn a_rate_limit_refuses_with_429_beyond_its_rate() {
     .await;
     assert_eq!(later.status, 201);
 }
+
+/// An inner service that records in the journal when an instance of it is dropped.
+#[derive(Clone)]
+struct DropRecorded(tower_idempotency::testing::Journal);
+
+impl Drop for DropRecorded {
+    fn drop(&mut self) {
+        self.0.record("inner dropped");
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for DropRecorded {
+    type Response = http::Response<String>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<B>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new(String::new())))
+    }
+}
+
+/// A refused request lets go of the inner service it was given (and of its request) before
+/// the key is released: an inner service's slot (a `ConcurrencyLimit` of tower's, say) is not
+/// held across the store's round trip.
+#[tokio::test]
+async fn a_refused_request_drops_its_inner_service_before_the_release() {
+    use tower_idempotency::admission::Refusal;
+    use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
+
+    let journal = Journal::new();
+    let admission = ScriptedAdmission::new(journal.clone());
+    admission.refuse(Some(Refusal::TooManyRequests));
+    let store = RecordingStore::new(MemoryStore::new(), journal.clone());
+    let mut service = IdempotencyLayer::new(store)
+        .admission(admission)
+        .layer(DropRecorded(journal.clone()));
+    let future = tower::Service::call(&mut service, operation("op-1", "p"));
+    journal.take(); // the clones made to call
+    let refused = Reply::read(future.await.unwrap()).await;
+    assert_eq!(refused.status, 429);
+    let calls = journal.take();
+    let dropped = calls.iter().position(|c| *c == "inner dropped");
+    let released = calls.iter().position(|c| *c == "release");
+    assert!(
+        matches!((dropped, released), (Some(d), Some(r)) if d < r),
+        "{calls:?}"
+    );
+}
