@@ -372,6 +372,24 @@ mod tests {
     use super::*;
     use crate::{Idempotency, LabelOperation, MemoryStore};
 
+    /// The size of a guarded request's one allocation.
+    fn guarded_size<S, St, A, O, ReqBody, ResBody>(
+        future: &ResponseFuture<S, St, A, O, ReqBody, ResBody>,
+    ) -> usize
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+        ResBody: 'static,
+    {
+        let State::Reading {
+            guarded: Some(guarded),
+            ..
+        } = &future.state
+        else {
+            panic!("a guarded request starts by reading its body");
+        };
+        std::mem::size_of_val(&**guarded)
+    }
+
     /// The one allocation of a guarded request stays small: under glibc's per-thread cache
     /// limit (1,032 bytes), so that it is served without a trip into the allocator's bins,
     /// and cheap to move while the decision is built in its place.
@@ -385,14 +403,7 @@ mod tests {
             .attempt("/labels")
             .expect("a request");
         let future = service.ready().await.expect("ready").call(request);
-        let State::Reading {
-            guarded: Some(guarded),
-            ..
-        } = &future.state
-        else {
-            panic!("a guarded request starts by reading its body");
-        };
-        let size = std::mem::size_of_val(&**guarded);
+        let size = guarded_size(&future);
         assert!(size <= 1024, "the guarded state takes {size} bytes");
         assert!(std::mem::size_of_val(&future) <= 256);
         let response = future.await.expect("a response");
@@ -412,14 +423,7 @@ mod tests {
             .expect("a request")
             .map(axum::body::Body::from);
         let future = <_ as Service<Request<axum::body::Body>>>::call(&mut service, request);
-        let State::Reading {
-            guarded: Some(guarded),
-            ..
-        } = &future.state
-        else {
-            panic!("a guarded request starts by reading its body");
-        };
-        let size = std::mem::size_of_val(&**guarded);
+        let size = guarded_size(&future);
         assert!(size <= 1032, "the guarded state takes {size} bytes");
         let response = future.await.expect("a response");
         assert_eq!(response.status(), 200);

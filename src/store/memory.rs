@@ -758,3 +758,61 @@ impl Operator for MemoryStore {
         Ok(removed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key's hash in a shard's map is the hash it carries, computed once: stored keys and
+    /// probes hash alike, and a growing table never hashes a key's bytes again.
+    #[test]
+    fn a_key_hashes_as_the_hash_it_carries() {
+        let store = MemoryStore::new();
+        let probe = store.probe("POST /labels k-1");
+        let stored = StoredKey {
+            hash: probe.hash,
+            key: Arc::from("POST /labels k-1"),
+        };
+        assert_eq!(Prehashed.hash_one(&probe as &dyn Lookup), probe.hash);
+        assert_eq!(Prehashed.hash_one(&stored), probe.hash);
+        assert_ne!(store.probe("POST /labels k-2").hash, probe.hash);
+    }
+
+    /// Anything else hashed with the map's hasher is folded byte by byte, in order.
+    #[test]
+    fn other_bytes_are_folded_in_order() {
+        let hash = |bytes: &[u8]| {
+            let mut hasher = Prehashed.build_hasher();
+            hasher.write(bytes);
+            hasher.finish()
+        };
+        assert_eq!(hash(b"\x01\x02"), 0x0102);
+        assert_ne!(hash(b"ab"), hash(b"ba"));
+        // Past eight bytes the first comes round again, and is folded with the ninth.
+        assert_eq!(hash(&[1, 0, 0, 0, 0, 0, 0, 0, 1]), 0);
+    }
+
+    /// Keys compare by their bytes: two keys whose hashes collide are still two keys.
+    #[test]
+    fn colliding_hashes_are_different_keys() {
+        let a = Probe { hash: 7, key: "a" };
+        let b = Probe { hash: 7, key: "b" };
+        assert!((&a as &dyn Lookup) != (&b as &dyn Lookup));
+        assert!((&a as &dyn Lookup) == (&Probe { hash: 7, key: "a" } as &dyn Lookup));
+        let stored = StoredKey {
+            hash: 7,
+            key: Arc::from("a"),
+        };
+        let other = StoredKey {
+            hash: 7,
+            key: Arc::from("b"),
+        };
+        assert!(stored != other);
+        assert!(stored == stored.clone());
+        let mut map: HashMap<StoredKey, u8, Prehashed> = HashMap::default();
+        map.insert(stored, 1);
+        map.insert(other, 2);
+        assert_eq!(map.get(&a as &dyn Lookup), Some(&1));
+        assert_eq!(map.get(&b as &dyn Lookup), Some(&2));
+    }
+}

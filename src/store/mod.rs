@@ -837,3 +837,20 @@ impl std::error::Error for StoreError {
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Reservation;
+
+    /// A token's number is its high half, then its low half, both ways.
+    #[test]
+    fn a_reservation_is_its_two_halves() {
+        let value = (5_u128 << 64) | 7;
+        let reservation = Reservation::from_u128(value);
+        assert_eq!(reservation.halves(), [5, 7]);
+        assert_eq!(reservation.as_u128(), value);
+        let generated = Reservation::generate();
+        assert_eq!(Reservation::from_u128(generated.as_u128()), generated);
+        assert_eq!(generated.as_u128() >> 64, u128::from(generated.halves()[0]));
+    }
+}
