@@ -307,9 +307,15 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Deciding { guarded } => {
-                    let decision = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);
-                    let response = ready!(decision.as_mut().poll_decide(cx));
-                    *guarded = None; // finished: nothing to hand over on drop
+                    // Out of its place while polled: a decision that panics is dropped as the
+                    // panic unwinds, not handed to a task on drop to be polled (and panic)
+                    // again.
+                    let mut decision = guarded.take().expect(POLLED_AFTER_COMPLETION);
+                    let Poll::Ready(response) = decision.as_mut().poll_decide(cx) else {
+                        *guarded = Some(decision);
+                        return Poll::Pending;
+                    };
+                    // Finished: nothing to hand over on drop.
                     return Poll::Ready(Ok(finished(span, response, *this.extension)));
                 }
                 StateProj::Reading { mut body, guarded } => {

@@ -261,8 +261,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
 /// reply, or settle the reservation (release or abandon it) and reply. One await either way,
 /// with the create's answer held in one place while it runs: a plain function returning the
 /// future, not an `async fn`, which would hold its argument twice.
-// Not an `async fn`: that would keep `created` in its state twice.
-#[allow(clippy::manual_async_fn)]
+#[allow(clippy::manual_async_fn)] // see above: an `async fn` would hold `created` twice
 fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     created: Created<P, B>,
     store: &'a St,

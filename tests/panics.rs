@@ -115,3 +115,58 @@ where
 {
     Reply::read(service.clone().oneshot(request).await.unwrap()).await
 }
+
+/// A response body that panics when read.
+struct PanickingBody;
+
+impl http_body::Body for PanickingBody {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        panic!("the created response's body panicked")
+    }
+}
+
+std::thread_local! {
+    /// Panics on this thread, counted by the hook `a_response_body_that_panics_panics_once`
+    /// installs.
+    static PANICS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A created response whose body panics while the layer reads it: the panic reaches the
+/// caller once, and the decision it came from is not handed to a task to be polled again
+/// (which would panic a second time) when the response future is dropped.
+#[tokio::test(flavor = "current_thread")]
+async fn a_response_body_that_panics_panics_once() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.with(|panics| panics.set(panics.get() + 1));
+        previous(info);
+    }));
+    let create = tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(PanickingBody))
+    });
+    let store = MemoryStore::new();
+    let service = IdempotencyLayer::new(store.clone()).layer(create);
+    let mut future = Box::pin(service.oneshot(operation("p-1", "ok")));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let before = PANICS.with(std::cell::Cell::get);
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for _ in 0..100 {
+            if future.as_mut().poll(&mut cx).is_ready() {
+                return;
+            }
+        }
+    }));
+    assert!(polled.is_err(), "the panic reached the caller");
+    drop(future);
+    // Anything handed to a task runs on this thread: give it the chance.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(PANICS.with(std::cell::Cell::get) - before, 1);
+}
