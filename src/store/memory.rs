@@ -778,6 +778,16 @@ mod tests {
         assert_ne!(store.probe("POST /labels k-2").hash, probe.hash);
     }
 
+    /// Keys spread over every shard, so that distinct keys rarely share a lock.
+    #[test]
+    fn keys_spread_over_the_shards() {
+        let store = MemoryStore::new();
+        let shards: std::collections::HashSet<*const Mutex<Shard>> = (0..2_000)
+            .map(|i| std::ptr::from_ref(store.shard(&format!("POST /labels k-{i}"))))
+            .collect();
+        assert_eq!(shards.len(), SHARDS);
+    }
+
     /// Anything else hashed with the map's hasher is folded byte by byte, in order.
     #[test]
     fn other_bytes_are_folded_in_order() {
