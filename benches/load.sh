@@ -16,9 +16,11 @@ seconds=${1:-10}
 connections=${2:-32}
 rounds=${3:-3}
 last_core=$(($(nproc) - 1))
-pin() { # core command… : runs the command on that core when it can be pinned
+pin() { # core command… : becomes the command, on that core when it can be pinned
+  # `exec`: called in the background or in a pipeline (a subshell either way), the subshell
+  # becomes the command, so that `$!` is the server's own pid and the exit trap stops it.
   local core=$1; shift
-  if command -v taskset >/dev/null && ((last_core > 0)); then taskset -c "$core" "$@"; else "$@"; fi
+  if command -v taskset >/dev/null && ((last_core > 0)); then exec taskset -c "$core" "$@"; else exec "$@"; fi
 }
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install -y wrk"; exit 1; }
 
