@@ -92,11 +92,6 @@ impl Tick {
     }
 }
 
-/// A reservation token as the record keeps it.
-fn token(reservation: &Reservation) -> [u64; 2] {
-    reservation.halves()
-}
-
 #[derive(Default)]
 struct Shard {
     records: HashMap<StoredKey, Record, Prehashed>,
@@ -121,6 +116,13 @@ struct StoredKey {
 struct Probe<'a> {
     hash: u64,
     key: &'a str,
+}
+
+impl<'a> Probe<'a> {
+    /// The probe as the shard's map looks it up.
+    fn lookup(&self) -> &(dyn Lookup + 'a) {
+        self
+    }
 }
 
 /// What a shard's map is looked up by: a stored key or a probe, compared by key, hashed by
@@ -305,18 +307,17 @@ impl MemoryStore {
         lease: Lease,
     ) -> Result<Claim, StoreError> {
         let fingerprint = fingerprint.to_bytes();
-        let probe = self.probe(key);
         // The clock is read only when the claim needs it: with a retention window, or to
         // reserve. A replay, a conflict or a pending key read none.
         let mut clock = None;
         let mut now = || *clock.get_or_insert_with(|| self.now());
-        let mut shard = lock(self.shard_of(probe));
+        let (probe, mut shard) = self.locked(key);
         if let Some(retention) = self.shared.retention {
             let dropped = shard.sweep(now(), retention, SWEEP_PER_CLAIM);
             self.give_room(dropped);
         }
         let retention = self.shared.retention;
-        let stored = match shard.records.get_mut(&probe as &dyn Lookup) {
+        let stored = match shard.records.get_mut(probe.lookup()) {
             Some(record) if !retention.is_some_and(|r| record.is_expired(now(), r)) => {
                 if record.fingerprint != fingerprint {
                     return Ok(Claim::Conflict);
@@ -324,7 +325,7 @@ impl MemoryStore {
                 match &record.state {
                     State::Pending {
                         reservation: held, ..
-                    } if *held == token(&reservation) => return Ok(Claim::New(reservation)),
+                    } if *held == reservation.halves() => return Ok(Claim::New(reservation)),
                     State::Pending {
                         until, take_over, ..
                     } if *take_over && lease.takes_over() && now() >= *until => {
@@ -366,10 +367,9 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         // Encoded before the lock: the copy of the body is not the shard's to wait for.
         let response = codec::encode(response);
-        let reservation = reservation.map(token);
-        let probe = self.probe(key);
-        let mut shard = lock(self.shard_of(probe));
-        let Some(record) = shard.records.get_mut(&probe as &dyn Lookup) else {
+        let reservation = reservation.map(Reservation::halves);
+        let (probe, mut shard) = self.locked(key);
+        let Some(record) = shard.records.get_mut(probe.lookup()) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
         };
         let owned = match &record.state {
@@ -390,7 +390,7 @@ impl MemoryStore {
         shard.wake(key);
         // Only with a retention window: the queue shares the map's key.
         if self.shared.retention.is_some()
-            && let Some((key, _)) = shard.records.get_key_value(&probe as &dyn Lookup)
+            && let Some((key, _)) = shard.records.get_key_value(probe.lookup())
         {
             let key = key.clone();
             shard.expiry.push_back((at, key));
@@ -461,11 +461,9 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn is_pending(&self, key: &str) -> bool {
-        let probe = self.probe(key);
+        let (probe, shard) = self.locked(key);
         matches!(
-            lock(self.shard_of(probe))
-                .records
-                .get(&probe as &dyn Lookup),
+            shard.records.get(probe.lookup()),
             Some(Record {
                 state: State::Pending { .. },
                 ..
@@ -475,11 +473,8 @@ impl MemoryStore {
 
     /// The completed response stored for `key`, if any (expired ones included until purged).
     pub fn completed(&self, key: &str) -> Option<StoredResponse> {
-        let probe = self.probe(key);
-        match lock(self.shard_of(probe))
-            .records
-            .get(&probe as &dyn Lookup)
-        {
+        let (probe, shard) = self.locked(key);
+        match shard.records.get(probe.lookup()) {
             Some(Record {
                 state: State::Completed { response, .. },
                 ..
@@ -526,6 +521,12 @@ impl MemoryStore {
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
         self.shard_of(self.probe(key))
+    }
+
+    /// `key` with its hash, and its shard, locked.
+    fn locked<'a>(&self, key: &'a str) -> (Probe<'a>, MutexGuard<'_, Shard>) {
+        let probe = self.probe(key);
+        (probe, lock(self.shard_of(probe)))
     }
 }
 
@@ -581,7 +582,7 @@ impl State {
     /// A new reservation and its lease, from `now`.
     fn pending(reservation: Reservation, now: Tick, lease: Lease) -> Self {
         Self::Pending {
-            reservation: token(&reservation),
+            reservation: reservation.halves(),
             since: now,
             until: now.after(lease.duration()),
             take_over: lease.takes_over(),
@@ -648,18 +649,17 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let probe = self.probe(key);
-        let mut shard = lock(self.shard_of(probe));
+        let (probe, mut shard) = self.locked(key);
         match shard
             .records
-            .get_mut(&probe as &dyn Lookup)
+            .get_mut(probe.lookup())
             .map(|record| &mut record.state)
         {
             Some(State::Pending {
                 reservation: held,
                 until,
                 ..
-            }) if *held == token(reservation) => {
+            }) if *held == reservation.halves() => {
                 *until = now.after(lease);
                 Ok(())
             }
@@ -677,16 +677,15 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        let probe = self.probe(key);
-        let mut shard = lock(self.shard_of(probe));
-        match shard.records.get(&probe as &dyn Lookup) {
+        let (probe, mut shard) = self.locked(key);
+        match shard.records.get(probe.lookup()) {
             Some(Record {
                 state: State::Pending {
                     reservation: held, ..
                 },
                 ..
-            }) if *held == token(reservation) => {
-                shard.records.remove(&probe as &dyn Lookup);
+            }) if *held == reservation.halves() => {
+                shard.records.remove(probe.lookup());
                 shard.wake(key);
                 self.give_room(1);
                 Ok(())
@@ -699,28 +698,25 @@ impl Store for MemoryStore {
 impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = self.now();
-        let probe = self.probe(key);
-        Ok(lock(self.shard_of(probe))
-            .records
-            .get(&probe as &dyn Lookup)
-            .map(|record| {
-                let (state, since, status, abandoned) = match &record.state {
-                    State::Pending { since, until, .. } => {
-                        (RecordState::Pending, *since, None, now >= *until)
-                    }
-                    State::Completed { response, at } => {
-                        let status = codec::decode(response.clone()).ok().map(|r| r.status());
-                        (RecordState::Completed, *at, status, false)
-                    }
-                };
-                RecordInfo {
-                    state,
-                    age: (since != Tick::NEVER).then(|| now.since(since)),
-                    fingerprint: Fingerprint::from_sha256(record.fingerprint),
-                    status,
-                    abandoned,
+        let (probe, shard) = self.locked(key);
+        Ok(shard.records.get(probe.lookup()).map(|record| {
+            let (state, since, status, abandoned) = match &record.state {
+                State::Pending { since, until, .. } => {
+                    (RecordState::Pending, *since, None, now >= *until)
                 }
-            }))
+                State::Completed { response, at } => {
+                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
+                    (RecordState::Completed, *at, status, false)
+                }
+            };
+            RecordInfo {
+                state,
+                age: (since != Tick::NEVER).then(|| now.since(since)),
+                fingerprint: Fingerprint::from_sha256(record.fingerprint),
+                status,
+                abandoned,
+            }
+        }))
     }
 
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
@@ -749,9 +745,8 @@ impl Operator for MemoryStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let probe = self.probe(key);
-        let mut shard = lock(self.shard_of(probe));
-        let removed = shard.records.remove(&probe as &dyn Lookup).is_some();
+        let (probe, mut shard) = self.locked(key);
+        let removed = shard.records.remove(probe.lookup()).is_some();
         shard.wake(key);
         drop(shard);
         self.give_room(usize::from(removed));
@@ -773,7 +768,7 @@ mod tests {
             hash: probe.hash,
             key: Arc::from("POST /labels k-1"),
         };
-        assert_eq!(Prehashed.hash_one(&probe as &dyn Lookup), probe.hash);
+        assert_eq!(Prehashed.hash_one(probe.lookup()), probe.hash);
         assert_eq!(Prehashed.hash_one(&stored), probe.hash);
         assert_ne!(store.probe("POST /labels k-2").hash, probe.hash);
     }
