@@ -1,17 +1,19 @@
 //! The response future of [`Idempotency`](crate::Idempotency): a hand-written state machine.
 //!
-//! It drives the pipeline's steps and knows nothing of the service. A
-//! guarded request goes through two states before its reply. *Reading* collects the body (its
-//! state boxed, so that the future stays small to move) and, once the body is complete, has
-//! the operation parse it. *Deciding* is the claim and everything after it (admission, create,
-//! complete), one boxed future over the caller's store, admission and inner service. If the response future is dropped while
-//! deciding (a client that went away), the decision is not abandoned: it moves to a task of its
-//! own and runs to its end, so a disconnect can neither strand a reservation nor cause a
-//! second create. Dropping it while reading costs nothing: nothing is claimed yet.
+//! It drives the pipeline's steps and knows nothing of the service. A guarded request goes
+//! through two states before its reply. *Reading* collects the body in place and, once the
+//! body is complete, has the operation parse it and asks the store for an answer at once
+//! ([`Store::claim_now`]): a replay, a conflict or a pending key is the reply, with nothing
+//! allocated for the request. *Deciding* is the claim (where the store could not answer at
+//! once) and everything after it (admission, create, complete): one boxed future over the
+//! caller's store, admission and inner service, allocated only for a request that goes that
+//! far. If the response future is dropped while deciding (a client that went away), the
+//! decision is not abandoned: it moves to a task of its own and runs to its end, so a
+//! disconnect can neither strand a reservation nor cause a second create. Dropping it while
+//! reading costs nothing: nothing is claimed yet.
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -26,100 +28,19 @@ use tracing::{Instrument, Span};
 use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::operation::Operation;
-use crate::pipeline::{Claimed, Guard};
+use crate::pipeline::Guard;
 use crate::store::{BoxError, Store};
 
-/// A guarded request after its head, in one allocation for its whole life: the body's
-/// reading state, then the claim and what follows (admission, create, complete) in its place.
-/// Boxed, so that the response future stays small to move; type-erased over the decision's
-/// future, which spans several awaits over caller-chosen store, admission and inner-service
-/// futures.
-type Boxed<B> = Pin<Box<dyn Guarded<B> + Send>>;
-
-/// What the response future asks of its boxed guarded state.
-trait Guarded<B> {
-    /// Where the body's frames go; `None` once the body was read.
-    fn collector(self: Pin<&mut Self>) -> Option<&mut Collector>;
-
-    /// The body ended (or failed): parse it, and either start the decision in place, or give
-    /// the refusal to answer.
-    fn read(
-        self: Pin<&mut Self>,
-        read: Result<(), body::ReadError>,
-        span: &Span,
-    ) -> Option<Response<ResponseBody<B>>>;
-
-    /// Polls the decision.
-    fn poll_decide(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody<B>>>;
-}
-
-pin_project! {
-    /// The one allocation of a guarded request: `run` makes the decision from the claimed
-    /// request once the body is read.
-    #[project = PhaseProj]
-    enum Phase<S, St, A, O, R, F>
-    where
-        O: Operation,
-    {
-        Reading { reading: Option<Reading<S, St, A, O>>, run: R },
-        Deciding { #[pin] decision: F },
-    }
-}
+/// The decision of a guarded request: the claim onward, in the one allocation a request
+/// makes only if it goes that far. Type-erased over the decision's future, which spans several
+/// awaits over caller-chosen store, admission and inner-service futures.
+type Decision<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
 
 /// What a guarded request holds while its body is read.
 struct Reading<S, St, A, O> {
     parts: Parts,
     guard: Guard<S, St, A, O>,
     collector: Collector,
-}
-
-impl<S, St, A, O, R, F, B> Guarded<B> for Phase<S, St, A, O, R, F>
-where
-    O: Operation,
-    R: Fn(Claimed<S, St, A, O>) -> F,
-    F: Future<Output = Response<ResponseBody<B>>>,
-{
-    fn collector(self: Pin<&mut Self>) -> Option<&mut Collector> {
-        match self.project() {
-            PhaseProj::Reading { reading, .. } => reading.as_mut().map(|r| &mut r.collector),
-            PhaseProj::Deciding { .. } => None,
-        }
-    }
-
-    fn read(
-        mut self: Pin<&mut Self>,
-        read: Result<(), body::ReadError>,
-        span: &Span,
-    ) -> Option<Response<ResponseBody<B>>> {
-        // Read once, from a fresh reading state: anything else is a poll after completion.
-        let PhaseProj::Reading { reading, run } = self.as_mut().project() else {
-            panic!("{POLLED_AFTER_COMPLETION}");
-        };
-        let Reading {
-            parts,
-            guard,
-            collector,
-        } = reading.take().expect(POLLED_AFTER_COMPLETION);
-        match guard.read(parts, collector, read) {
-            Ok(claimed) => {
-                claimed.trace(span);
-                let decision = run(claimed);
-                self.set(Phase::Deciding { decision });
-                None
-            }
-            Err(response) => Some(response),
-        }
-    }
-
-    fn poll_decide(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody<B>>> {
-        match self.project() {
-            PhaseProj::Deciding { decision } => decision.poll(cx),
-            // `read` starts the decision before the response future polls it: never reached.
-            PhaseProj::Reading { .. } => {
-                unreachable!("a decision polled before its request's body was read")
-            }
-        }
-    }
 }
 
 pin_project! {
@@ -140,12 +61,10 @@ pin_project! {
         ResBody: 'static,
     {
         #[pin]
-        state: State<S, ReqBody, ResBody>,
+        state: State<S, St, A, O, ReqBody, ResBody>,
         span: Span,
         // Whether the outcome goes into the response's extensions too.
         extension: bool,
-        // The store, admission and operation live in the boxed guarded state.
-        erased: PhantomData<fn() -> (St, A, O)>,
     }
 
     impl<S, St, A, O, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, O, ReqBody, ResBody>
@@ -155,10 +74,10 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let StateProj::Deciding { guarded } = this.state.project()
-                && let Some(guarded) = guarded.take()
+            if let StateProj::Deciding { decision } = this.state.project()
+                && let Some(decision) = decision.take()
             {
-                hand_over(guarded, this.span.clone());
+                hand_over(decision, this.span.clone());
             }
         }
     }
@@ -166,23 +85,22 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody, ResBody>
+    enum State<S, St, A, O, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         Ready { response: Option<Response<ResponseBody<ResBody>>> },
         PassThrough { #[pin] future: S::Future },
-        Reading { #[pin] body: ReqBody, guarded: Option<Boxed<ResBody>> },
-        Deciding { guarded: Option<Boxed<ResBody>> },
+        Reading { #[pin] body: ReqBody, reading: Option<Reading<S, St, A, O>> },
+        Deciding { decision: Option<Decision<ResBody>> },
     }
 }
 
 /// Moves an abandoned decision to a task of its own, in the request's span.
-fn hand_over<B: 'static>(mut guarded: Boxed<B>, span: Span) {
+fn hand_over<B: 'static>(decision: Decision<B>, span: Span) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            let decision = std::future::poll_fn(move |cx| guarded.as_mut().poll_decide(cx));
             runtime.spawn(crate::pipeline::CLIENT_LEFT.scope((), async move {
                 drop(decision.instrument(span).await);
             }));
@@ -209,7 +127,6 @@ where
             },
             span,
             extension,
-            erased: PhantomData,
         }
     }
 
@@ -218,7 +135,6 @@ where
             state: State::PassThrough { future },
             span: Span::none(),
             extension: false,
-            erased: PhantomData,
         }
     }
 
@@ -229,32 +145,18 @@ where
         collector: Collector,
         span: Span,
         extension: bool,
-    ) -> Self
-    where
-        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        St: Store,
-        A: Admission<O::Value>,
-        O: Operation,
-        ReqBody: 'static,
-        ResBody: Body<Data = Bytes> + Send + 'static,
-    {
-        let phase = Phase::Reading {
-            reading: Some(Reading {
-                parts,
-                guard,
-                collector,
-            }),
-            run: Claimed::run::<ReqBody, ResBody>,
-        };
+    ) -> Self {
         Self {
             state: State::Reading {
                 body,
-                guarded: Some(Box::pin(phase)),
+                reading: Some(Reading {
+                    parts,
+                    guard,
+                    collector,
+                }),
             },
             span,
             extension,
-            erased: PhantomData,
         }
     }
 }
@@ -306,42 +208,57 @@ where
                     let response = ready!(future.poll(cx))?;
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
-                StateProj::Deciding { guarded } => {
+                StateProj::Deciding { decision } => {
                     // Out of its place while polled: a decision that panics is dropped as the
                     // panic unwinds, not handed to a task on drop to be polled (and panic)
                     // again.
-                    let mut decision = guarded.take().expect(POLLED_AFTER_COMPLETION);
-                    let Poll::Ready(response) = decision.as_mut().poll_decide(cx) else {
-                        *guarded = Some(decision);
+                    let mut taken = decision.take().expect(POLLED_AFTER_COMPLETION);
+                    let Poll::Ready(response) = taken.as_mut().poll(cx) else {
+                        *decision = Some(taken);
                         return Poll::Pending;
                     };
                     // Finished: nothing to hand over on drop.
                     return Poll::Ready(Ok(finished(span, response, *this.extension)));
                 }
-                StateProj::Reading { mut body, guarded } => {
-                    let boxed = guarded.as_mut().expect(POLLED_AFTER_COMPLETION);
-                    let read = loop {
-                        let collector = boxed.as_mut().collector().expect(POLLED_AFTER_COMPLETION);
-                        match ready!(body.as_mut().poll_frame(cx)) {
-                            None => break Ok(()),
-                            Some(Err(error)) => break Err(body::body_error(error)),
-                            Some(Ok(frame)) => {
-                                if let Ok(data) = frame.into_data()
-                                    && let Err(error) = collector.push(data)
-                                {
-                                    break Err(error);
+                StateProj::Reading { mut body, reading } => {
+                    let read = {
+                        let collector =
+                            &mut reading.as_mut().expect(POLLED_AFTER_COMPLETION).collector;
+                        loop {
+                            match ready!(body.as_mut().poll_frame(cx)) {
+                                None => break Ok(()),
+                                Some(Err(error)) => break Err(body::body_error(error)),
+                                Some(Ok(frame)) => {
+                                    if let Ok(data) = frame.into_data()
+                                        && let Err(error) = collector.push(data)
+                                    {
+                                        break Err(error);
+                                    }
                                 }
                             }
                         }
                     };
-                    let mut boxed = guarded.take().expect(POLLED_AFTER_COMPLETION);
-                    match boxed.as_mut().read(read, span) {
-                        None => State::Deciding {
-                            guarded: Some(boxed),
-                        },
-                        Some(response) => State::Ready {
-                            response: Some(response),
-                        },
+                    let Reading {
+                        parts,
+                        guard,
+                        collector,
+                    } = reading.take().expect(POLLED_AFTER_COMPLETION);
+                    let answered = |response| State::Ready {
+                        response: Some(response),
+                    };
+                    match guard.read(parts, collector, read) {
+                        Err(response) => answered(response),
+                        Ok(claimed) => {
+                            claimed.trace(span);
+                            match claimed.claim_now() {
+                                Err(response) => answered(response),
+                                Ok((first, reservation)) => State::Deciding {
+                                    decision: Some(Box::pin(
+                                        claimed.run::<ReqBody, ResBody>(first, reservation),
+                                    )),
+                                },
+                            }
+                        }
                     }
                 }
             };
@@ -378,49 +295,66 @@ mod tests {
     use super::*;
     use crate::{Idempotency, LabelOperation, MemoryStore};
 
-    /// The size of a guarded request's one allocation.
-    fn guarded_size<S, St, A, O, ReqBody, ResBody>(
-        future: &ResponseFuture<S, St, A, O, ReqBody, ResBody>,
+    /// Polls `future` once (its create never answers) and gives the size of its decision,
+    /// the one allocation of a guarded request that goes on to create.
+    fn decision_size<S, St, A, O, ReqBody, ResBody>(
+        future: ResponseFuture<S, St, A, O, ReqBody, ResBody>,
     ) -> usize
     where
-        S: Service<Request<RequestBody<ReqBody>>>,
-        ResBody: 'static,
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        St: Store,
+        A: Admission<O::Value>,
+        O: Operation,
+        ReqBody: Body<Data = Bytes> + Send + 'static,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes> + Send + 'static,
     {
-        let State::Reading {
-            guarded: Some(guarded),
-            ..
-        } = &future.state
+        let mut future = std::pin::pin!(future);
+        let waker = std::task::Waker::noop();
+        let polled = future.as_mut().poll(&mut Context::from_waker(waker));
+        assert!(polled.is_pending(), "the create never answers");
+        let State::Deciding {
+            decision: Some(decision),
+        } = &future.as_ref().get_ref().state
         else {
-            panic!("a guarded request starts by reading its body");
+            panic!("a guarded request that creates is deciding");
         };
-        std::mem::size_of_val(&**guarded)
+        std::mem::size_of_val(&**decision)
+    }
+
+    /// A create service that never answers.
+    fn never<B>() -> impl Service<
+        Request<RequestBody<String>>,
+        Response = Response<B>,
+        Error = Infallible,
+        Future = std::future::Pending<Result<Response<B>, Infallible>>,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(|_: Request<RequestBody<String>>| std::future::pending())
     }
 
     /// The one allocation of a guarded request stays small: under glibc's per-thread cache
     /// limit (1,032 bytes), so that it is served without a trip into the allocator's bins,
-    /// and cheap to move while the decision is built in its place.
+    /// and cheap to move into place.
     #[tokio::test]
-    async fn a_guarded_request_is_one_small_allocation() {
-        let create = tower::service_fn(|_: Request<RequestBody<String>>| {
-            std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
-        });
-        let mut service = Idempotency::new(create, MemoryStore::new());
+    async fn a_created_request_is_one_small_allocation() {
+        let mut service = Idempotency::new(never::<Full<Bytes>>(), MemoryStore::new());
         let request = LabelOperation::new("label-req-7", "parcel-42")
             .attempt("/labels")
             .expect("a request");
         let future = service.ready().await.expect("ready").call(request);
-        let size = guarded_size(&future);
-        assert!(size <= 1024, "the guarded state takes {size} bytes");
-        assert!(std::mem::size_of_val(&future) <= 256);
-        let response = future.await.expect("a response");
-        assert_eq!(response.status(), 200);
+        assert!(std::mem::size_of_val(&future) <= 512);
+        let size = decision_size(future);
+        assert!(size <= 1024, "the decision takes {size} bytes");
     }
 
     /// The same with an axum router inside, whose own future takes 320 bytes of it.
     #[tokio::test]
-    async fn a_guarded_axum_request_is_one_small_allocation() {
+    async fn a_created_axum_request_is_one_small_allocation() {
         async fn create() -> &'static str {
-            "{}"
+            std::future::pending().await
         }
         let router = axum::Router::new().route("/labels", axum::routing::post(create));
         let mut service = Idempotency::new(router, MemoryStore::new());
@@ -429,9 +363,56 @@ mod tests {
             .expect("a request")
             .map(axum::body::Body::from);
         let future = <_ as Service<Request<axum::body::Body>>>::call(&mut service, request);
-        let size = guarded_size(&future);
-        assert!(size <= 1032, "the guarded state takes {size} bytes");
-        let response = future.await.expect("a response");
+        let size = decision_size(future);
+        assert!(size <= 1032, "the decision takes {size} bytes");
+    }
+
+    /// A replay, a conflict and a pending key are answered as the body ends: no decision is
+    /// made, so nothing is allocated for them.
+    #[tokio::test]
+    async fn a_replay_a_conflict_and_a_pending_key_make_no_decision() {
+        let store = MemoryStore::new();
+        let created = tower::service_fn(|_: Request<RequestBody<String>>| {
+            std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
+        });
+        let first = LabelOperation::new("label-req-7", "parcel-42");
+        let mut service = Idempotency::new(created, store.clone());
+        let response = service
+            .ready()
+            .await
+            .expect("ready")
+            .call(first.attempt("/labels").expect("a request"))
+            .await
+            .expect("a response");
         assert_eq!(response.status(), 200);
+        // The same store behind a create that never answers: only a decision would wait.
+        let mut service = Idempotency::new(never::<Full<Bytes>>(), store);
+        let pending = LabelOperation::new("label-req-8", "parcel-42");
+        let waiting = service.call(pending.attempt("/labels").expect("a request"));
+        let mut waiting = std::pin::pin!(waiting);
+        let waker = std::task::Waker::noop();
+        assert!(
+            waiting
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        for (operation, status) in [
+            (first, 200),
+            (LabelOperation::new("label-req-7", "parcel-43"), 409),
+            (pending, 409),
+        ] {
+            let future = service.call(operation.attempt("/labels").expect("a request"));
+            let mut future = std::pin::pin!(future);
+            let polled = future.as_mut().poll(&mut Context::from_waker(waker));
+            assert!(
+                matches!(future.as_ref().get_ref().state, State::Ready { .. }),
+                "answered without a decision"
+            );
+            let Poll::Ready(Ok(response)) = polled else {
+                panic!("answered at its first poll");
+            };
+            assert_eq!(response.status(), status);
+        }
     }
 }

@@ -4,8 +4,10 @@
 //! 2. the body, read up to the limit by the response future ([`Collector`]), then
 //!    [`Guard::read`];
 //! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
-//! 4. [`Claimed::run`]: [`claim`](Claimed::claim) → [`admit`](Admitted::admit) (a refusal
-//!    releases) → [`create`](Admitted::create) → [`complete`](Created::complete) → the reply.
+//! 4. [`Claimed::claim_now`], where the store answers at once: a replay, a conflict or a
+//!    pending key is the reply, and no decision is made;
+//! 5. [`Claimed::run`], the decision: [`claim`] (unless claimed at once) → [`admit`] (a refusal
+//!    releases) → [`create`] → [`complete`] → the reply.
 //!
 //! Nothing refused before step 4 touches the store, admission or the inner service.
 
@@ -153,6 +155,32 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         }
     }
 
+    /// Step 4 at once, where the store answers without waiting ([`Store::claim_now`]): a
+    /// replay, a conflict, a pending key or a failure is the reply, with no decision made; a
+    /// new claim, or a pending key to wait for, is where the decision starts. A store that must
+    /// wait leaves the claim to the decision.
+    // The reply moves once, into the future's next state: boxing it would cost an allocation
+    // per replay.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn claim_now<B>(&self) -> Result<(First, Reservation), Response<ResponseBody<B>>>
+    where
+        St: Store,
+    {
+        let Guard {
+            store, settings, ..
+        } = &self.guard;
+        let (key, fingerprint) = (self.key.as_str(), &self.fingerprint);
+        let reservation = Reservation::generate();
+        let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.lease) else {
+            return Ok((First::Claim, reservation));
+        };
+        if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.pending_wait) {
+            return Ok((First::Wait, reservation));
+        }
+        answered(answer, store, key, fingerprint, reservation, settings)
+            .map(|reservation| (First::New, reservation))
+    }
+
     /// Steps 4 to 8, contract §4 and §5: claim, admit, create, complete, and only then reply.
     ///
     /// A plain function returning the decision, not an `async fn`: the request's pieces are
@@ -162,6 +190,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
     /// its size is what every guarded request allocates and moves.
     pub(crate) fn run<ReqBody, ResBody>(
         self,
+        first: First,
+        mut reservation: Reservation,
     ) -> impl Future<Output = Response<ResponseBody<ResBody>>>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
@@ -192,10 +222,14 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         async move {
             let operation = &settings.operation;
             let key = key.as_str();
-            let reservation = match claim(&store, key, &fingerprint, &settings).await {
-                Ok(reservation) => reservation,
-                Err(response) => return response,
-            };
+            // The reservation is the decision's own, where it stays: every step after the
+            // claim refers to it.
+            if !matches!(first, First::New) {
+                match claim(&store, key, &fingerprint, reservation, &settings, first).await {
+                    Ok(held) => reservation = held,
+                    Err(response) => return response,
+                }
+            }
             // Until the reservation is completed, released or abandoned below, a decision that
             // unwinds (a panicking response body) or is dropped abandons it.
             let mut unsettled = Unsettled {
@@ -311,19 +345,37 @@ struct CreateInput<S, T> {
     value: T,
 }
 
+/// Where the decision's claim starts, with the reservation it was made with.
+#[derive(Clone, Copy)]
+pub(crate) enum First {
+    /// From the start: the store answers only by waiting.
+    Claim,
+    /// Claimed already, new.
+    New,
+    /// Claimed already and pending: wait for the first attempt.
+    Wait,
+}
+
 /// Step 4, contract §4: the claim decides; only a new claim goes on, with its reservation.
-/// The reservation is chosen here, before the claim: if the claim's answer is lost, the claim
-/// may still take effect, and releasing the reservation settles it.
+/// The reservation is chosen before the claim: if the claim's answer is lost, the claim may
+/// still take effect, and releasing the reservation settles it.
 async fn claim<St: Store, O: Operation, B>(
     store: &St,
     key: &str,
     fingerprint: &Fingerprint,
+    reservation: Reservation,
     settings: &Settings<O>,
+    first: First,
 ) -> Result<Reservation, Response<ResponseBody<B>>> {
-    let reservation = Reservation::generate();
-    let mut answer = store
-        .claim_with(key, fingerprint, reservation, settings.lease)
-        .await;
+    let mut answer = match first {
+        First::New => return Ok(reservation),
+        First::Wait => Ok(Claim::Pending),
+        First::Claim => {
+            store
+                .claim_with(key, fingerprint, reservation, settings.lease)
+                .await
+        }
+    };
     if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.pending_wait) {
         // Boxed: the wait is rare and its future large, and every decision's state would
         // otherwise hold room for it.
@@ -337,6 +389,21 @@ async fn claim<St: Store, O: Operation, B>(
         ))
         .await;
     }
+    answered(answer, store, key, fingerprint, reservation, settings)
+}
+
+/// The claim's answer: a new claim's reservation, or the reply. A failure whose outcome is
+/// unknown is settled in a task of its own.
+// As `Claimed::claim_now`: the reply moves once.
+#[allow(clippy::result_large_err)]
+fn answered<St: Store, O: Operation, B>(
+    answer: Result<Claim, StoreError>,
+    store: &St,
+    key: &str,
+    fingerprint: &Fingerprint,
+    reservation: Reservation,
+    settings: &Settings<O>,
+) -> Result<Reservation, Response<ResponseBody<B>>> {
     let rejection = match answer {
         Ok(Claim::New(reservation)) => return Ok(reservation),
         Ok(Claim::Replay(stored)) => {

@@ -110,3 +110,27 @@ mod postgres {
 
     tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 }
+
+/// A claim the wrapped store answers at once is answered at once through the wrapper, so the
+/// layer answers its replays with nothing allocated; a store that does not stays `None`.
+#[tokio::test]
+async fn a_claim_at_once_is_forwarded() {
+    use tower_idempotency::{Claim, Lease, Reservation, Store, fingerprint};
+    let fp = fingerprint("k", "p");
+    let token = Reservation::generate();
+    let memory = DynStore::new(MemoryStore::new());
+    let claimed = memory.claim_now("k", &fp, token, Lease::default());
+    assert_eq!(claimed.map(Result::unwrap), Some(Claim::New(token)));
+    let again = memory.claim_now("k", &fp, Reservation::generate(), Lease::default());
+    assert_eq!(again.map(Result::unwrap), Some(Claim::Pending));
+    let recording = tower_idempotency::testing::RecordingStore::new(
+        MemoryStore::new(),
+        tower_idempotency::testing::Journal::new(),
+    );
+    let waiting = DynStore::without_operator(recording);
+    assert!(
+        waiting
+            .claim_now("k", &fp, token, Lease::default())
+            .is_none()
+    );
+}

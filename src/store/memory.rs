@@ -299,7 +299,7 @@ impl MemoryStore {
     }
 
     /// The claim, decided and reserved under one shard lock.
-    fn claim_now(
+    fn decide(
         &self,
         key: &str,
         fingerprint: &Fingerprint,
@@ -355,6 +355,26 @@ impl MemoryStore {
         drop(shard);
         // Decoded outside the lock: the shard waits for nobody's header map.
         Ok(Claim::Replay(codec::decode(stored)?))
+    }
+
+    /// The claim; when the store is full, once more after dropping every expired record (they
+    /// may hold the room in other shards).
+    fn claim_at_once(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        match self.decide(key, fingerprint, reservation, lease) {
+            Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
+                if self.purge_expired() == 0 {
+                    return Err(full);
+                }
+                self.decide(key, fingerprint, reservation, lease)
+            }
+            claimed => claimed,
+        }
     }
 
     /// Completes the pending `key`: under `reservation`, or under any reservation if `None`
@@ -624,16 +644,18 @@ impl Store for MemoryStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        match self.claim_now(key, fingerprint, reservation, lease) {
-            // Expired records in other shards may hold the room: drop them all, once.
-            Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
-                if self.purge_expired() == 0 {
-                    return Err(full);
-                }
-                self.claim_now(key, fingerprint, reservation, lease)
-            }
-            claimed => claimed,
-        }
+        self.claim_at_once(key, fingerprint, reservation, lease)
+    }
+
+    /// Answered at once: the claim takes a shard's lock and nothing else.
+    fn claim_now(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Option<Result<Claim, StoreError>> {
+        Some(self.claim_at_once(key, fingerprint, reservation, lease))
     }
 
     /// Ends on the change itself: a complete, release, resolve or forget of `key` wakes every

@@ -178,6 +178,38 @@ pub trait Store: Clone + Send + Sync + 'static {
         lease: Lease,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
+    /// [`claim_with`](Store::claim_with) answered at once, if this store can answer without
+    /// waiting: a store in this process, whose claim takes a lock and no I/O. The layer asks it
+    /// first, and answers a replay, a conflict or a pending key from it with no state
+    /// allocated for the request; only a new claim goes on to the create.
+    ///
+    /// The answer must be the one [`claim_with`](Store::claim_with) would give, with the same
+    /// effect on the store. The default is `None`, for a store that must wait for its backend:
+    /// the layer then awaits [`claim_with`](Store::claim_with). A store that wraps another
+    /// forwards it only if it adds nothing of its own to a claim; `None` is always correct.
+    ///
+    /// ```
+    /// use tower_idempotency::store::{Lease, Reservation};
+    /// use tower_idempotency::{fingerprint, Claim, MemoryStore, Store};
+    ///
+    /// let store = MemoryStore::new();
+    /// let fp = fingerprint("label-req-7", "parcel-42");
+    /// let claimed = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());
+    /// assert!(matches!(claimed, Some(Ok(Claim::New(_)))));
+    /// let again = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());
+    /// assert!(matches!(again, Some(Ok(Claim::Pending))));
+    /// ```
+    fn claim_now(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Option<Result<Claim, StoreError>> {
+        let _ = (key, fingerprint, reservation, lease);
+        None
+    }
+
     /// [`claim_with`](Store::claim_with) a new reservation and the default [`Lease`].
     ///
     /// # Errors

@@ -102,6 +102,50 @@ pub async fn all_four_claim_outcomes(store: impl Store) {
     assert_eq!(claim(&store, &key, &fp("b")).await, Claim::Conflict);
 }
 
+/// A claim answered at once ([`Store::claim_now`]) is the claim: the same answers as
+/// [`Store::claim_with`], with the same effect, whichever of the two each claim goes through.
+/// A store that answers no claim at once passes as it is; one that answers some at once and
+/// leaves others to [`Store::claim_with`] is held to the answers it gives.
+pub async fn a_claim_answered_at_once_is_the_claim(store: impl Store) {
+    /// The claim at once, or through `claim_with` where the store does not answer at once.
+    async fn either(store: &impl Store, key: &str, parcel: &str, token: Reservation) -> Claim {
+        let lease = Lease::default();
+        match store.claim_now(key, &fp(parcel), token, lease) {
+            Some(answer) => answer.unwrap(),
+            None => claim_with(store, key, parcel, token, lease).await,
+        }
+    }
+    let key = unique_key("at-once");
+    let token = Reservation::generate();
+    let Some(first) = store.claim_now(&key, &fp("a"), token, Lease::default()) else {
+        return;
+    };
+    assert_eq!(first.unwrap(), Claim::New(token));
+    // Its effect is the claim's, and the other way round.
+    assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending);
+    let answers = [
+        ("a", token, Claim::New(token)),
+        ("a", Reservation::generate(), Claim::Pending),
+        ("b", Reservation::generate(), Claim::Conflict),
+    ];
+    for (parcel, token, expected) in answers {
+        assert_eq!(either(&store, &key, parcel, token).await, expected);
+    }
+    let response = awkward_response();
+    store.complete(&key, &token, &response).await.unwrap();
+    let replay = either(&store, &key, "a", Reservation::generate()).await;
+    assert_eq!(replay, Claim::Replay(response));
+    let conflict = either(&store, &key, "b", Reservation::generate()).await;
+    assert_eq!(conflict, Claim::Conflict);
+    let other = unique_key("at-once-after");
+    let token = new(&store, &other, &fp("a")).await;
+    assert_eq!(
+        either(&store, &other, "a", token).await,
+        Claim::New(token),
+        "a claim made through claim_with is the same claim at once"
+    );
+}
+
 /// Keys of any length a request can carry (a 3,000-character `request_id` fits the label
 /// contract's body limit) work like short ones, and two long keys that differ only at the end
 /// are two records.
@@ -944,6 +988,11 @@ macro_rules! store_conformance {
             async fn conflict_is_decided_before_the_status_and_changes_nothing() {
                 suite::conflict_is_decided_before_the_status_and_changes_nothing($make(::core::option::Option::None).await)
                     .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_claim_answered_at_once_is_the_claim() {
+                suite::a_claim_answered_at_once_is_the_claim($make(::core::option::Option::None).await).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
