@@ -92,7 +92,10 @@ fn get_fields(bytes: &mut Bytes) -> Result<HeaderMap, StoreError> {
         if bytes.remaining() < len + 4 {
             return Err(corrupt());
         }
-        let name = HeaderName::from_bytes(&bytes.split_to(len)).map_err(|_| corrupt())?;
+        // Read in place: a name is parsed into its own form, so it needs no share of the
+        // buffer.
+        let name = HeaderName::from_bytes(&bytes[..len]).map_err(|_| corrupt())?;
+        bytes.advance(len);
         let len = bytes.get_u32() as usize;
         if bytes.remaining() < len {
             return Err(corrupt());
