@@ -198,6 +198,7 @@ fn main() {
     // store holds enough keys that its shards' tables seldom grow on the counted inserts.
     for i in 0..WARM {
         count(&runtime, &service, valid(&format!("warm-{i}")));
+        count(&runtime, &json, common::payment(&format!("warm-{i}")));
     }
     for _ in 0..100 {
         count(&runtime, &bare, valid("warm"));

@@ -3,8 +3,8 @@
 //! It drives the pipeline's steps and knows nothing of the service. A guarded request goes
 //! through two states before its reply. *Reading* collects the body in place and, once the
 //! body is complete, has the operation parse it and asks the store for an answer at once
-//! ([`Store::claim_now`]): a replay, a conflict or a pending key is the reply, with nothing
-//! allocated for the request. *Deciding* is the claim (where the store could not answer at
+//! ([`Store::claim_now`]): a replay, a conflict or a pending key (unless the layer waits for a
+//! pending first attempt) is the reply, with nothing allocated for the request. *Deciding* is the claim (where the store could not answer at
 //! once) and everything after it (admission, create, complete): one boxed future over the
 //! caller's store, admission and inner service, allocated only for a request that goes that
 //! far. If the response future is dropped while deciding (a client that went away), the
@@ -367,8 +367,8 @@ mod tests {
         assert!(size <= 1032, "the decision takes {size} bytes");
     }
 
-    /// A replay, a conflict and a pending key are answered as the body ends: no decision is
-    /// made, so nothing is allocated for them.
+    /// A replay, a conflict and a pending key (the layer not waiting for first attempts) are
+    /// answered as the body ends: no decision is made, so nothing is allocated for them.
     #[tokio::test]
     async fn a_replay_a_conflict_and_a_pending_key_make_no_decision() {
         let store = MemoryStore::new();

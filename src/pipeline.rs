@@ -4,10 +4,15 @@
 //! 2. the body, read up to the limit by the response future ([`Collector`]), then
 //!    [`Guard::read`];
 //! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
-//! 4. [`Claimed::claim_now`], where the store answers at once: a replay, a conflict or a
-//!    pending key is the reply, and no decision is made;
-//! 5. [`Claimed::run`], the decision: [`claim`] (unless claimed at once) → [`admit`] (a refusal
-//!    releases) → [`create`] → [`complete`] → the reply.
+//! 4. the claim: at once in [`Claimed::claim_now`] where the store answers without waiting (a
+//!    replay, a conflict or a pending key is then the reply, and no decision is made), else
+//!    [`claim`] (and the wait for a pending first attempt, if configured);
+//! 5. [`admit`] (a refusal releases);
+//! 6. [`create`];
+//! 7. [`keep`] and [`collect`]: the created response, read whole;
+//! 8. [`complete`], and only then the reply.
+//!
+//! Steps 4 (unless the claim was answered at once) to 8 are the decision, [`Claimed::run`].
 //!
 //! Nothing refused before step 4 touches the store, admission or the inner service.
 
@@ -156,9 +161,10 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
     }
 
     /// Step 4 at once, where the store answers without waiting ([`Store::claim_now`]): a
-    /// replay, a conflict, a pending key or a failure is the reply, with no decision made; a
-    /// new claim, or a pending key to wait for, is where the decision starts. A store that must
-    /// wait leaves the claim to the decision.
+    /// replay, a conflict, a pending key (unless the layer waits for pending first attempts)
+    /// or a failure is the reply, with no decision made; a new claim, or a pending key to wait
+    /// for, is where the decision starts. A store that must wait leaves the claim to the
+    /// decision.
     // The reply moves once, into the future's next state: boxing it would cost an allocation
     // per replay.
     #[allow(clippy::result_large_err)]
@@ -181,13 +187,14 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             .map(|reservation| (First::New, reservation))
     }
 
-    /// Steps 4 to 8, contract §4 and §5: claim, admit, create, complete, and only then reply.
+    /// Steps 4 (unless the claim was made at once) to 8, contract §4 and §5: claim, admit,
+    /// create, complete, and only then reply.
     ///
     /// A plain function returning the decision, not an `async fn`: the request's pieces are
     /// the decision's own captures, each held once (an `async fn` would hold its argument and
     /// a copy of every piece taken out of it), and what the create takes is taken from its
-    /// place when the create starts. The decision is one allocation for the whole request, so
-    /// its size is what every guarded request allocates and moves.
+    /// place when the create starts. The decision is the one allocation of a request that
+    /// goes on to create, so its size is what every such request allocates and moves.
     pub(crate) fn run<ReqBody, ResBody>(
         self,
         first: First,

@@ -647,7 +647,9 @@ impl Store for MemoryStore {
         self.claim_at_once(key, fingerprint, reservation, lease)
     }
 
-    /// Answered at once: the claim takes a shard's lock and nothing else.
+    /// Answered at once: the claim takes a shard's lock for in-memory work (with a retention
+    /// window, it drops a few expired records of its shard as it goes; a full store drops every
+    /// expired record once before it refuses), never I/O.
     fn claim_now(
         &self,
         key: &str,

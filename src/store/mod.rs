@@ -30,6 +30,10 @@
 //! - [`complete`](Store::complete) keeps the response exactly: status, every header value in
 //!   order (bytes that are not UTF-8 included), the body. A store that keeps bytes can keep
 //!   [`StoredResponse::to_bytes`] and read it back with [`StoredResponse::from_bytes`].
+//! - [`claim_now`](Store::claim_now), if a store answers claims at once, must answer as
+//!   [`claim_with`](Store::claim_with) would, with the same effect, and must not block: it runs
+//!   inside the response future's `poll`. A store that must wait for its backend leaves it
+//!   `None`.
 //! - [`settle_claim`](Store::settle_claim) must act after a claim whose answer was lost; the
 //!   default (a release) is right when one handle's calls reach the backend in order.
 //! - [`changed`](Store::changed) must see every change made after it is called; the default
@@ -181,7 +185,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`claim_with`](Store::claim_with) answered at once, if this store can answer without
     /// waiting: a store in this process, whose claim takes a lock and no I/O. The layer asks it
     /// first, and answers a replay, a conflict or a pending key from it with no state
-    /// allocated for the request; only a new claim goes on to the create.
+    /// allocated for the request; only a new claim goes on to the create (and a pending key to
+    /// the wait for its first attempt, where the layer waits). It runs inside the response
+    /// future's `poll`, so it must not block: take a lock held only for in-memory work, never
+    /// do I/O.
     ///
     /// The answer must be the one [`claim_with`](Store::claim_with) would give, with the same
     /// effect on the store. The default is `None`, for a store that must wait for its backend:

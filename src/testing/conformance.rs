@@ -109,7 +109,15 @@ pub async fn all_four_claim_outcomes(store: impl Store) {
 pub async fn a_claim_answered_at_once_is_the_claim(store: impl Store) {
     /// The claim at once, or through `claim_with` where the store does not answer at once.
     async fn either(store: &impl Store, key: &str, parcel: &str, token: Reservation) -> Claim {
-        let lease = Lease::default();
+        either_with(store, key, parcel, token, Lease::default()).await
+    }
+    async fn either_with(
+        store: &impl Store,
+        key: &str,
+        parcel: &str,
+        token: Reservation,
+        lease: Lease,
+    ) -> Claim {
         match store.claim_now(key, &fp(parcel), token, lease) {
             Some(answer) => answer.unwrap(),
             None => claim_with(store, key, parcel, token, lease).await,
@@ -117,10 +125,7 @@ pub async fn a_claim_answered_at_once_is_the_claim(store: impl Store) {
     }
     let key = unique_key("at-once");
     let token = Reservation::generate();
-    let Some(first) = store.claim_now(&key, &fp("a"), token, Lease::default()) else {
-        return;
-    };
-    assert_eq!(first.unwrap(), Claim::New(token));
+    assert_eq!(either(&store, &key, "a", token).await, Claim::New(token));
     // Its effect is the claim's, and the other way round.
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Pending);
     let answers = [
@@ -144,6 +149,18 @@ pub async fn a_claim_answered_at_once_is_the_claim(store: impl Store) {
         Claim::New(token),
         "a claim made through claim_with is the same claim at once"
     );
+    // An abandoned reservation is taken over at once only as `claim_with` takes it over.
+    let abandoned = unique_key("at-once-abandoned");
+    let short = Lease::new(Duration::from_millis(300)).take_over_abandoned();
+    let owner = Reservation::generate();
+    let claimed = either_with(&store, &abandoned, "a", owner, short).await;
+    assert_eq!(claimed, Claim::New(owner));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let strict = either(&store, &abandoned, "a", Reservation::generate()).await;
+    assert_eq!(strict, Claim::Pending, "at most once by default");
+    let next = Reservation::generate();
+    let taken = either_with(&store, &abandoned, "a", next, short).await;
+    assert_eq!(taken, Claim::New(next));
 }
 
 /// Keys of any length a request can carry (a 3,000-character `request_id` fits the label
