@@ -295,28 +295,25 @@ mod tests {
     use super::*;
     use crate::{Idempotency, LabelOperation, MemoryStore};
 
-    /// Polls `future` once (its create never answers) and gives the size of its decision,
-    /// the one allocation of a guarded request that goes on to create.
+    /// Polls `future` once: it waits (its create never answers).
+    fn poll_once<F: Future>(future: Pin<&mut F>) {
+        let waker = std::task::Waker::noop();
+        let polled = future.poll(&mut Context::from_waker(waker));
+        assert!(polled.is_pending(), "the create never answers");
+    }
+
+    /// The size of the decision of `future`, polled until it waits for its create: the one
+    /// allocation of a guarded request that goes on to create.
     fn decision_size<S, St, A, O, ReqBody, ResBody>(
-        future: ResponseFuture<S, St, A, O, ReqBody, ResBody>,
+        future: &ResponseFuture<S, St, A, O, ReqBody, ResBody>,
     ) -> usize
     where
-        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        St: Store,
-        A: Admission<O::Value>,
-        O: Operation,
-        ReqBody: Body<Data = Bytes> + Send + 'static,
-        ReqBody::Error: Into<BoxError>,
-        ResBody: Body<Data = Bytes> + Send + 'static,
+        S: Service<Request<RequestBody<ReqBody>>>,
+        ResBody: 'static,
     {
-        let mut future = std::pin::pin!(future);
-        let waker = std::task::Waker::noop();
-        let polled = future.as_mut().poll(&mut Context::from_waker(waker));
-        assert!(polled.is_pending(), "the create never answers");
         let State::Deciding {
             decision: Some(decision),
-        } = &future.as_ref().get_ref().state
+        } = &future.state
         else {
             panic!("a guarded request that creates is deciding");
         };
@@ -346,7 +343,9 @@ mod tests {
             .expect("a request");
         let future = service.ready().await.expect("ready").call(request);
         assert!(std::mem::size_of_val(&future) <= 512);
-        let size = decision_size(future);
+        let mut future = std::pin::pin!(future);
+        poll_once(future.as_mut());
+        let size = decision_size(future.as_ref().get_ref());
         assert!(size <= 1024, "the decision takes {size} bytes");
     }
 
@@ -363,7 +362,9 @@ mod tests {
             .expect("a request")
             .map(axum::body::Body::from);
         let future = <_ as Service<Request<axum::body::Body>>>::call(&mut service, request);
-        let size = decision_size(future);
+        let mut future = std::pin::pin!(future);
+        poll_once(future.as_mut());
+        let size = decision_size(future.as_ref().get_ref());
         assert!(size <= 1032, "the decision takes {size} bytes");
     }
 
@@ -390,13 +391,8 @@ mod tests {
         let pending = LabelOperation::new("label-req-8", "parcel-42");
         let waiting = service.call(pending.attempt("/labels").expect("a request"));
         let mut waiting = std::pin::pin!(waiting);
+        poll_once(waiting.as_mut());
         let waker = std::task::Waker::noop();
-        assert!(
-            waiting
-                .as_mut()
-                .poll(&mut Context::from_waker(waker))
-                .is_pending()
-        );
         for (operation, status) in [
             (first, 200),
             (LabelOperation::new("label-req-7", "parcel-43"), 409),
