@@ -237,9 +237,9 @@ pub use crate::layer::{
     DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses,
 };
 pub use crate::operation::{
-    DEFAULT_BODY_LIMIT, Fingerprint, GrpcCall, GrpcOperation, IDEMPOTENCY_KEY, IdempotencyKey,
-    InvalidOperation, JsonOperation, LabelContract, LabelOperation, Operation, RawOperation,
-    fingerprint,
+    DEFAULT_BODY_LIMIT, Fingerprint, FingerprintHex, GrpcCall, GrpcOperation, IDEMPOTENCY_KEY,
+    IdempotencyKey, InvalidOperation, JsonOperation, LabelContract, LabelOperation, Operation,
+    RawOperation, fingerprint,
 };
 pub use crate::reply::{IDEMPOTENT_REPLAYED, Outcome, Rejection, problem};
 pub use crate::scope::store_key;

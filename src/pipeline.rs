@@ -154,7 +154,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         if span.is_disabled() {
             return;
         }
-        span.record("fingerprint", self.fingerprint.as_str());
+        span.record("fingerprint", self.fingerprint.to_hex().as_str());
         if self.guard.settings.trace_keys {
             span.record("key", self.key.as_str());
         }

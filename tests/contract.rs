@@ -374,7 +374,7 @@ async fn the_first_failing_step_decides() {
 #[test]
 fn fingerprint_vector_and_normal_form() {
     assert_eq!(
-        fingerprint("label-req-7", "parcel-42").as_str(),
+        fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
         "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a"
     );
     let a = LabelOperation::from_json(br#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#)

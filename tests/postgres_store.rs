@@ -485,7 +485,7 @@ async fn migrate_upgrades_a_table_of_the_first_release() {
             "DROP TABLE \"{table}\"; CREATE TABLE \"{table}\" (key text PRIMARY KEY, \
              fingerprint text NOT NULL, token bytea, response bytea, expires_at timestamptz); \
              INSERT INTO \"{table}\" (key, fingerprint, token) VALUES ('old', '{}', '\\x00')",
-            fingerprint("old", "p").as_str()
+            fingerprint("old", "p").to_hex().as_str()
         ))
         .await
         .unwrap();

@@ -98,7 +98,7 @@ async fn an_unreadable_record_is_corrupt() {
         .execute(
             "INSERT INTO idempotency_records (key, fingerprint, token, response, take_over, \
              changed_at) VALUES (?1, ?2, NULL, x'00ff', 'yes', 0)",
-            rusqlite::params![key, fingerprint(&key, "p").as_str()],
+            rusqlite::params![key, fingerprint(&key, "p").to_hex().as_str()],
         )
         .unwrap();
     let error = store

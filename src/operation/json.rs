@@ -342,7 +342,7 @@ impl<T> JsonOperation<T> {
                     members.push(Fingerprint::digest([pointer.as_str().as_bytes(), &value]));
                 }
                 for member in members {
-                    canonical.extend_from_slice(member.as_str().as_bytes());
+                    canonical.extend_from_slice(member.to_hex().as_bytes());
                 }
             }
         }

@@ -17,7 +17,7 @@
 //! let parsed = LabelOperation::from_json(br#"{"parcel_id":"parcel-42", "request_id" : "label-req-7"}"#).unwrap();
 //! assert_eq!(parsed, op);
 //! assert_eq!(
-//!     fingerprint(&parsed.request_id, &parsed.parcel_id).as_str(),
+//!     fingerprint(&parsed.request_id, &parsed.parcel_id).to_hex().as_str(),
 //!     "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a",
 //! );
 //! ```
@@ -394,7 +394,7 @@ fn is_identifier(value: &str) -> bool {
 /// use tower_idempotency::fingerprint;
 ///
 /// assert_eq!(
-///     fingerprint("label-req-7", "parcel-42").as_str(),
+///     fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
 ///     "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a",
 /// );
 /// ```

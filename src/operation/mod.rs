@@ -183,28 +183,29 @@ pub struct Parsed<'a, T> {
     pub value: T,
 }
 
-/// The SHA-256 fingerprint of an operation, as 64 lowercase hexadecimal characters.
+/// The SHA-256 fingerprint of an operation: its 32-byte digest, shown as 64 lowercase
+/// hexadecimal characters ([`to_hex`](Fingerprint::to_hex), `Display`).
 ///
-/// Held inline: computing, comparing and storing it allocates nothing.
+/// Held inline as the digest itself: computing, comparing and storing it allocates nothing,
+/// and the hexadecimal form is written only where it is shown (a trace, a remote store's
+/// record).
 ///
 /// ```
 /// use tower_idempotency::Fingerprint;
 ///
 /// let fp = Fingerprint::digest([&b"POST /payments"[..], b"{}"]);
-/// assert_eq!(fp.as_str().len(), 64);
-/// assert_eq!(fp.to_string(), fp.as_str());
+/// assert_eq!(fp.to_hex().len(), 64);
+/// assert_eq!(fp.to_string(), fp.to_hex().as_str());
+/// assert_eq!(fp.as_bytes().len(), 32);
 /// assert_ne!(fp, Fingerprint::digest([&b"POST /payments{}"[..]]));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 64]);
+pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// The fingerprint of a SHA-256 digest.
     pub fn from_sha256(digest: [u8; 32]) -> Self {
-        let mut hex_digits = [0u8; 64];
-        // The buffer is exactly twice the digest length, so encoding cannot fail.
-        let _ = hex::encode_to_slice(digest, &mut hex_digits);
-        Self(hex_digits)
+        Self(digest)
     }
 
     /// SHA-256 over `parts`, each prefixed with its length so that no two lists of parts share
@@ -219,26 +220,31 @@ impl Fingerprint {
         Self::from_sha256(hasher.finalize().into())
     }
 
-    /// The SHA-256 digest the fingerprint shows, as a store may keep it.
-    pub(crate) fn to_bytes(self) -> [u8; 32] {
-        // Always 64 lowercase hexadecimal digits (`from_sha256`, `parse`): no validation
-        // needed, a few instructions a digit (a claim on the memory store makes this call).
-        fn nibble(digit: u8) -> u8 {
-            // '0'..='9' are 0x30..=0x39, 'a'..='f' are 0x61..=0x66.
-            (digit & 0x0f) + 9 * (digit >> 6)
-        }
-        let mut digest = [0; 32];
-        for (byte, pair) in digest.iter_mut().zip(self.0.chunks_exact(2)) {
-            *byte = (nibble(pair[0]) << 4) | nibble(pair[1]);
-        }
-        digest
+    /// The SHA-256 digest, as a store may keep it.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    ///
+    /// let fp = Fingerprint::from_sha256([7; 32]);
+    /// assert_eq!(fp.as_bytes(), &[7; 32]);
+    /// ```
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
     }
 
-    /// The fingerprint as 64 lowercase hexadecimal characters.
-    pub fn as_str(&self) -> &str {
-        // Only ever filled with ASCII hex digits, by `from_sha256` or `parse`, so this never
-        // falls back to the empty string.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+    /// The fingerprint as 64 lowercase hexadecimal characters, written on the stack.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    ///
+    /// let fp = Fingerprint::from_sha256([0xab; 32]);
+    /// assert_eq!(fp.to_hex().as_str(), "ab".repeat(32));
+    /// ```
+    pub fn to_hex(&self) -> FingerprintHex {
+        let mut digits = [0u8; 64];
+        // The buffer is exactly twice the digest length, so encoding cannot fail.
+        let _ = hex::encode_to_slice(self.0, &mut digits);
+        FingerprintHex(digits)
     }
 
     /// Parses a fingerprint from its 64-character lowercase hexadecimal form, as a store reads
@@ -248,27 +254,80 @@ impl Fingerprint {
     /// use tower_idempotency::{fingerprint, Fingerprint};
     ///
     /// let fp = fingerprint("a", "b");
-    /// assert_eq!(Fingerprint::parse(fp.as_str()), Some(fp));
+    /// assert_eq!(Fingerprint::parse(&fp.to_hex()), Some(fp));
+    /// assert_eq!(Fingerprint::parse(&fp.to_hex().to_uppercase()), None);
     /// assert_eq!(Fingerprint::parse("not hex"), None);
     /// ```
     pub fn parse(text: &str) -> Option<Self> {
-        let bytes: [u8; 64] = text.as_bytes().try_into().ok()?;
-        bytes
+        let digits: &[u8; 64] = text.as_bytes().try_into().ok()?;
+        if !digits
             .iter()
             .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-            .then_some(Self(bytes))
+        {
+            return None;
+        }
+        let mut digest = [0; 32];
+        hex::decode_to_slice(digits, &mut digest).ok()?;
+        Some(Self(digest))
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&self.to_hex())
     }
 }
 
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint({})", self.as_str())
+        write!(f, "Fingerprint({})", self.to_hex().as_str())
+    }
+}
+
+/// A [`Fingerprint`]'s 64 lowercase hexadecimal characters, held inline; it derefs to `str`.
+///
+/// ```
+/// use tower_idempotency::fingerprint;
+///
+/// let hex = fingerprint("label-req-7", "parcel-42").to_hex();
+/// assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+/// assert_eq!(&*hex, hex.as_str());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FingerprintHex([u8; 64]);
+
+impl FingerprintHex {
+    /// The characters.
+    pub fn as_str(&self) -> &str {
+        // Only ever filled with ASCII hex digits by `Fingerprint::to_hex`, so this never
+        // falls back to the empty string.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for FingerprintHex {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for FingerprintHex {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for FingerprintHex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for FingerprintHex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -280,7 +339,10 @@ mod tests {
     fn a_fingerprint_gives_back_its_digest_for_every_byte() {
         for start in [0u8, 32, 64, 96, 128, 160, 192, 224] {
             let digest: [u8; 32] = std::array::from_fn(|i| start.wrapping_add(i as u8));
-            assert_eq!(Fingerprint::from_sha256(digest).to_bytes(), digest);
+            let fp = Fingerprint::from_sha256(digest);
+            assert_eq!(fp.as_bytes(), &digest);
+            assert_eq!(fp.to_hex().as_str(), hex::encode(digest));
+            assert_eq!(Fingerprint::parse(&fp.to_hex()), Some(fp));
         }
     }
 }

@@ -306,7 +306,7 @@ impl MemoryStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let fingerprint = fingerprint.to_bytes();
+        let fingerprint = *fingerprint.as_bytes();
         // The clock is read only when the claim needs it: with a retention window, or to
         // reserve. A replay, a conflict or a pending key read none.
         let mut clock = None;

@@ -621,6 +621,7 @@ impl PostgresStore {
         lease: Lease,
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
+        let fingerprint = fingerprint.to_hex();
         let token = reservation.as_u128().to_be_bytes();
         let lease_ms = lease_millis(lease.duration());
         let take_over = lease.takes_over();
@@ -804,7 +805,7 @@ impl Store for PostgresStore {
             transaction
                 .execute(
                     &self.sql.wait_for_claim,
-                    &[&key, &fingerprint.as_str(), &&token[..]],
+                    &[&key, &fingerprint.to_hex().as_str(), &&token[..]],
                 )
                 .await
                 .map_err(unavailable)?;

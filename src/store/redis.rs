@@ -772,7 +772,7 @@ impl Store for RedisStore {
         let record = self.record_key(key);
         let token = token(&reservation);
         let claim = self.run(&self.scripts.claim, &record, |call| {
-            call.arg(fingerprint.as_str())
+            call.arg(fingerprint.to_hex().as_str())
                 .arg(&token[..])
                 .arg(retention_millis(lease.duration()))
                 .arg(u8::from(lease.takes_over()));

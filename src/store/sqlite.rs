@@ -447,7 +447,7 @@ impl Store for SqliteStore {
         lease: Lease,
     ) -> Result<Claim, StoreError> {
         let key = key.to_owned();
-        let fingerprint = fingerprint.as_str().to_owned();
+        let fingerprint = fingerprint.to_hex().as_str().to_owned();
         self.call_with(move |connection| {
             let token = reservation.as_u128().to_be_bytes();
             // A replay, a pending or a conflicting claim: decided on a read, nothing written.

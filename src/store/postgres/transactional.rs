@@ -323,7 +323,7 @@ impl TransactionalPostgresStore {
         let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
         let stored_fingerprint: &str = row.try_get(0).map_err(corrupt)?;
         let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
-        if stored_fingerprint != fingerprint.as_str() {
+        if stored_fingerprint != fingerprint.to_hex().as_str() {
             return Ok(Claim::Conflict);
         }
         match response {
