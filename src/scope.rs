@@ -100,7 +100,9 @@ pub(crate) enum KeyBuf {
     Heap(String),
 }
 
-/// The bytes of an inline key and how many are used.
+/// The bytes of an inline key and how many are used. Word-aligned, so that checking the
+/// key is UTF-8 (each time it is read as a `str`) runs a word at a time from its start.
+#[repr(C, align(8))]
 pub(crate) struct InlineKey {
     bytes: [u8; INLINE_KEY],
     len: u8,
