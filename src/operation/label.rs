@@ -212,12 +212,98 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     /// Contract §2 step 5: exactly the two fields, each an identifier.
     fn parse(body: &'a [u8]) -> Result<Self, InvalidOperation> {
+        if let Some(fields) = Self::plain(body) {
+            return Ok(fields);
+        }
         let fields: Self = serde_json::from_slice(body).map_err(|_| InvalidOperation(()))?;
         if is_identifier(&fields.request_id) && is_identifier(&fields.parcel_id) {
             Ok(fields)
         } else {
             Err(InvalidOperation(()))
         }
+    }
+}
+
+impl<'a> Fields<'a> {
+    /// The body every client sends, read without serde: one object, the two fields in either
+    /// order, each value a non-empty string of identifier characters (so valid as read), JSON
+    /// whitespace between the tokens. `None` for anything else (escapes, another field, a
+    /// second value...), which serde then reads: this accepts only what serde and the
+    /// identifier check accept, with the same fields, borrowed from the body.
+    fn plain(body: &'a [u8]) -> Option<Self> {
+        // One UTF-8 check of the whole body, a word at a time; the fields are slices of it.
+        let text = std::str::from_utf8(body).ok()?;
+        let mut reader = Plain { text, at: 0 };
+        reader.token(b'{')?;
+        let (first, first_value) = reader.member()?;
+        reader.token(b',')?;
+        let (second, second_value) = reader.member()?;
+        reader.token(b'}')?;
+        reader.space();
+        if reader.at != text.len() {
+            return None;
+        }
+        let (request_id, parcel_id) = match (first, second) {
+            ("request_id", "parcel_id") => (first_value, second_value),
+            ("parcel_id", "request_id") => (second_value, first_value),
+            _ => return None,
+        };
+        Some(Self {
+            request_id: Cow::Borrowed(request_id),
+            parcel_id: Cow::Borrowed(parcel_id),
+        })
+    }
+}
+
+/// A reader of [`Fields::plain`]'s shape.
+struct Plain<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Plain<'a> {
+    /// Skips JSON whitespace.
+    fn space(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.as_bytes().get(self.at) {
+            self.at += 1;
+        }
+    }
+
+    /// Whitespace, then `byte`.
+    fn token(&mut self, byte: u8) -> Option<()> {
+        self.space();
+        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
+    }
+
+    /// Whitespace, then a non-empty string of identifier characters (no escapes, no quote
+    /// inside).
+    fn string(&mut self) -> Option<&'a str> {
+        self.token(b'"')?;
+        let start = self.at;
+        let rest = self.text.as_bytes().get(start..)?;
+        let len = rest
+            .iter()
+            .position(|&b| !IDENTIFIER[usize::from(b)])
+            .unwrap_or(rest.len());
+        if len == 0 {
+            return None;
+        }
+        self.at += len;
+        let value = self.text.get(start..self.at)?;
+        self.token_here(b'"')?;
+        Some(value)
+    }
+
+    /// `byte`, with no whitespace before it.
+    fn token_here(&mut self, byte: u8) -> Option<()> {
+        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
+    }
+
+    /// A name, a colon and a value.
+    fn member(&mut self) -> Option<(&'a str, &'a str)> {
+        let name = self.string()?;
+        self.token(b':')?;
+        Some((name, self.string()?))
     }
 }
 
@@ -379,11 +465,25 @@ impl LabelOperation {
 
 /// A validated field: non-empty, only `[A-Za-z0-9_-]`.
 fn is_identifier(value: &str) -> bool {
-    !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !value.is_empty() && value.bytes().all(is_identifier_byte)
 }
+
+/// A byte of an identifier: `[A-Za-z0-9_-]`.
+fn is_identifier_byte(byte: u8) -> bool {
+    IDENTIFIER[usize::from(byte)]
+}
+
+/// [`is_identifier_byte`] for every byte, looked up rather than compared.
+const IDENTIFIER: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+        byte += 1;
+    }
+    table
+};
 
 /// `lowercase_hex(sha256(request_id + "\n" + parcel_id))`: the contract's fingerprint (§3).
 ///
@@ -551,6 +651,143 @@ mod tests {
         br#"{"request_id":"a","parcel_id":"b"} {}"#,
         br#"{"request_id":"\u00e9","parcel_id":"b"}"#,
     ];
+
+    /// What serde alone makes of a body: the answer [`Fields::plain`] must agree with.
+    fn by_serde(body: &[u8]) -> Option<(String, String)> {
+        let fields: Fields<'_> = serde_json::from_slice(body).ok()?;
+        (is_identifier(&fields.request_id) && is_identifier(&fields.parcel_id)).then(|| {
+            (
+                fields.request_id.into_owned(),
+                fields.parcel_id.into_owned(),
+            )
+        })
+    }
+
+    fn by_parse(body: &[u8]) -> Option<(String, String)> {
+        Fields::parse(body)
+            .ok()
+            .map(|f| (f.request_id.into_owned(), f.parcel_id.into_owned()))
+    }
+
+    #[test]
+    fn the_bodies_clients_send_are_read_without_serde() {
+        for (body, request_id, parcel_id) in [
+            (BODIES[0], "label-req-7", "parcel-42"),
+            (BODIES[1], "r", "p"),
+            (
+                &b"\r\n\t {\n\t\"request_id\"\t:\r\"A_9-z\"\n,\"parcel_id\":\"0\"}\n"[..],
+                "A_9-z",
+                "0",
+            ),
+        ] {
+            let fields = Fields::plain(body).expect("a plain body");
+            assert_eq!(fields.request_id, Cow::Borrowed(request_id));
+            assert_eq!(fields.parcel_id, Cow::Borrowed(parcel_id));
+        }
+        // Read by serde instead: escapes, extra or repeated fields, other values, trailing
+        // values, whitespace JSON does not have.
+        for body in [
+            BODIES[2],
+            BODIES[3],
+            BODIES[4],
+            BODIES[5],
+            BODIES[6],
+            BODIES[7],
+            BODIES[8],
+            BODIES[9],
+            br#"{"request_id":"a"}"#,
+            br#"{"request_id":"a","request_id":"b"}"#,
+            br#"{"request_id":"a","parcel_id":"b",}"#,
+            br#"{"request_id":"a""parcel_id":"b"}"#,
+            br#"{"request_id""a","parcel_id":"b"}"#,
+            br#"["request_id","a","parcel_id","b"]"#,
+            br#"{"request_id":"a","parcel_id":"b""#,
+            br#"{"request_id":"a","parcel_id":"b"}x"#,
+            b"\x0c{\"request_id\":\"a\",\"parcel_id\":\"b\"}",
+            br#"{"request_id":"a","parcel_id":"b
+"}"#,
+            b"{\"request_id\":\"a\",\"parcel_id\":\"\xff\"}",
+        ] {
+            assert!(
+                Fields::plain(body).is_none(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(1024))]
+        /// Plain bodies, and each with one fault (a name, a value, a separator, an extra or
+        /// missing member, what comes before or after): read with the plain reader first,
+        /// every one is accepted or refused as serde alone does, with the same fields.
+        #[test]
+        fn the_plain_reader_agrees_with_serde(
+            spaces in proptest::collection::vec(
+                proptest::sample::select(vec!["", " ", "\t", "\n", "\r\n"]),
+                8,
+            ),
+            values in proptest::collection::vec(
+                proptest::sample::select(vec!["a", "label-req-7", "_-", "Z9", "p-42"]),
+                2,
+            ),
+            parcel_first in proptest::bool::ANY,
+            at in 0..2usize,
+            fault in proptest::sample::select(vec![
+                "", "", "", "", "", "", "", "",
+                "name:request\\u005fid", "name:x", "name:", "name:Request_id", "name:parcel_id ",
+                "value:\"\"", "value:\"a b\"", "value:\"a\\\\b\"", "value:\"\\u0061\"",
+                "value:1", "value:null", "value:\"\u{e9}\"", "value:\"a", "value:a",
+                "extra", "repeat", "drop", "sep:,,", "sep:;", "sep:", "tail:{}", "tail:x",
+                "tail:,", "lead:\x0c", "lead:\u{a0}", "close:,}", "close:",
+            ]),
+        ) {
+            let mut members = vec![
+                ("request_id".to_owned(), format!("\"{}\"", values[0])),
+                ("parcel_id".to_owned(), format!("\"{}\"", values[1])),
+            ];
+            if parcel_first {
+                members.swap(0, 1);
+            }
+            let (mut separator, mut lead, mut tail, mut close) = (",", "", "", "}");
+            match fault.split_once(':') {
+                Some(("name", name)) => members[at].0 = name.to_owned(),
+                Some(("value", value)) => members[at].1 = value.to_owned(),
+                Some(("sep", text)) => separator = text,
+                Some(("tail", text)) => tail = text,
+                Some(("lead", text)) => lead = text,
+                Some(("close", text)) => close = text,
+                _ => match fault {
+                    "extra" => members.insert(at, ("x".to_owned(), "1".to_owned())),
+                    "repeat" => members.push(members[at].clone()),
+                    "drop" => {
+                        members.remove(at);
+                    }
+                    _ => {}
+                },
+            }
+            let inner: Vec<String> = members
+                .iter()
+                .enumerate()
+                .map(|(i, (name, value))| {
+                    let space = |k: usize| spaces[(i * 3 + k) % spaces.len()];
+                    format!("{}\"{name}\"{}:{}{value}", space(0), space(1), space(2))
+                })
+                .collect();
+            let body = format!(
+                "{lead}{}{{{}{}{close}{}{tail}",
+                spaces[6],
+                inner.join(separator),
+                spaces[7],
+                spaces[5],
+            );
+            let parsed = by_parse(body.as_bytes());
+            if fault.is_empty() {
+                proptest::prop_assert!(Fields::plain(body.as_bytes()).is_some(), "{}", body);
+            }
+            proptest::prop_assert_eq!(parsed, by_serde(body.as_bytes()), "{}", body);
+        }
+    }
 
     #[test]
     fn from_body_accepts_and_refuses_what_from_json_does() {
