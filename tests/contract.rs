@@ -273,6 +273,9 @@ async fn step_5_body_must_be_exactly_the_operation() {
         r#"{"request_id":"label-req-7","parcel_id":{"id":"parcel-42"}}"#,
         r#"{"request_id":"label-req-7","parcel_id":"parcel-42""#,
         r#"{"request_id":"label-req-7","parcel_id":"parcel-42",}"#,
+        // An array is not an object, even one whose items would fill the fields in order.
+        r#"["label-req-7","parcel-42"]"#,
+        r#" [ "label-req-7" , "parcel-42" ] "#,
     ] {
         refused(
             request("POST", "/labels", Some(KEY), Some("application/json"), body),
