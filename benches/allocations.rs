@@ -4,7 +4,8 @@
 //! `cargo bench --bench allocations` prints allocations, and the bytes per key of 100,000
 //! completed keys. `allocations memory <n>` measures `n` keys instead. `allocations <path> <n>`
 //! sends `n` requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
-//! `refuse_400`), for `benches/instructions.sh` to count under callgrind. Counts, not times:
+//! `refuse_400`, `json_new`, `json_replay`; `axum_bare` and `axum_new` through an axum
+//! router), for `benches/instructions.sh` to count under callgrind. Counts, not times:
 //! the same on every machine for the same binary.
 
 mod common;
@@ -71,10 +72,66 @@ where
     })
 }
 
+/// Allocations of one request through an axum router, the request's own construction
+/// excluded.
+fn count_axum(
+    runtime: &tokio::runtime::Runtime,
+    router: &axum::Router,
+    request: Request<Full<Bytes>>,
+) -> usize {
+    runtime.block_on(async {
+        let request = request.map(axum::body::Body::new);
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let response = router.clone().oneshot(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        std::hint::black_box(body);
+        ALLOCATIONS.load(Ordering::Relaxed) - before
+    })
+}
+
+/// The new path through axum, bare and behind the layer on the route (as the README puts
+/// it): what the layer adds where a router inserts extensions of its own before it, so that
+/// the operation's value takes one allocation rather than a map's three.
+fn axum_rows(runtime: &tokio::runtime::Runtime) {
+    let [bare, layered] = routers();
+    let median = |router: &axum::Router, tag: &str| {
+        for i in 0..WARM {
+            count_axum(runtime, router, valid(&format!("warm-{tag}-{i}")));
+        }
+        let mut counts: Vec<usize> = (0..9)
+            .map(|i| count_axum(runtime, router, valid(&format!("{tag}-{i}"))))
+            .collect();
+        counts.sort_unstable();
+        counts[counts.len() / 2]
+    };
+    let (bare, layered) = (median(&bare, "bare"), median(&layered, "layered"));
+    println!(
+        "{:>12}: {layered} (axum router; bare {bare}: the layer adds {})",
+        "new",
+        layered.saturating_sub(bare)
+    );
+}
+
+/// An axum router of the lesson's create, bare and with the layer on its route.
+fn routers() -> [axum::Router; 2] {
+    async fn create() -> Response<Full<Bytes>> {
+        common::created()
+    }
+    // `with_state(())`, as `axum::serve` does: each route is built once, not per request.
+    let bare = axum::Router::new()
+        .route("/labels", axum::routing::post(create))
+        .with_state(());
+    let layered = axum::Router::new()
+        .route("/labels", axum::routing::post(create))
+        .route_layer(tower_idempotency::IdempotencyLayer::new(MemoryStore::new()))
+        .with_state(());
+    [bare, layered]
+}
+
 /// One request of the named path.
 fn path_request(path: &str, i: usize) -> Request<Full<Bytes>> {
     match path {
-        "new" => valid(&format!("k{i}")),
+        "new" | "axum_new" | "axum_bare" => valid(&format!("k{i}")),
         "refuse_415" => request("k", "text/plain", "{}"),
         "refuse_413" => {
             let mut request = valid("k");
@@ -183,8 +240,14 @@ fn main() {
         count(&runtime, &service, valid("label-req-7"));
         count(&runtime, &json, common::payment("pay-1"));
         let requests: Vec<_> = (0..n).map(|i| path_request(path, i)).collect();
+        let [axum_bare, axum_layered] = routers();
+        count_axum(&runtime, &axum_layered, valid("label-req-7"));
         for request in requests {
-            if path == "bare" {
+            if path == "axum_bare" {
+                count_axum(&runtime, &axum_bare, request);
+            } else if path == "axum_new" {
+                count_axum(&runtime, &axum_layered, request);
+            } else if path == "bare" {
                 count(&runtime, &bare, request);
             } else if path.starts_with("json") {
                 count(&runtime, &json, request);
@@ -241,6 +304,7 @@ fn main() {
         "new",
         counts[counts.len() / 2]
     );
+    axum_rows(&runtime);
     println!("memory per completed key (memory store, no retention)");
     memory_per_key(&runtime, 100_000);
 }

@@ -30,6 +30,11 @@ impl<B> Service<Request<B>> for Create {
     }
 }
 
+/// The lesson's created response, as [`Create`] answers it.
+pub fn created() -> Response<Full<Bytes>> {
+    lesson::created_response()
+}
+
 /// `POST /labels` with a key, a content type and a body.
 pub fn request(
     key: &str,
