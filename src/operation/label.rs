@@ -217,9 +217,7 @@ impl<'a> Fields<'a> {
         }
         // serde fills a struct from an array of its fields in order too; the contract's body
         // is an object.
-        let first = body
-            .iter()
-            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+        let first = body.iter().find(|&&b| !is_json_space(b));
         if first != Some(&b'{') {
             return Err(InvalidOperation(()));
         }
@@ -263,6 +261,11 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// JSON's whitespace: space, tab, line feed, carriage return (RFC 8259), nothing else.
+fn is_json_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 /// A reader of [`Fields::plain`]'s shape.
 struct Plain<'a> {
     text: &'a str,
@@ -272,7 +275,12 @@ struct Plain<'a> {
 impl<'a> Plain<'a> {
     /// Skips JSON whitespace.
     fn space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.as_bytes().get(self.at) {
+        while self
+            .text
+            .as_bytes()
+            .get(self.at)
+            .is_some_and(|&b| is_json_space(b))
+        {
             self.at += 1;
         }
     }
@@ -280,7 +288,7 @@ impl<'a> Plain<'a> {
     /// Whitespace, then `byte`.
     fn token(&mut self, byte: u8) -> Option<()> {
         self.space();
-        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
+        self.token_here(byte)
     }
 
     /// Whitespace, then a non-empty string of identifier characters (no escapes, no quote

@@ -342,6 +342,7 @@ mod tests {
             let fp = Fingerprint::from_sha256(digest);
             assert_eq!(fp.as_bytes(), &digest);
             assert_eq!(fp.to_hex().as_str(), hex::encode(digest));
+            assert_eq!(fp.to_hex().as_ref(), hex::encode(digest));
             assert_eq!(Fingerprint::parse(&fp.to_hex()), Some(fp));
         }
     }
