@@ -10,6 +10,10 @@ pub(crate) fn media_type(headers: &HeaderMap) -> Option<&str> {
     let (Some(value), None) = (values.next(), values.next()) else {
         return None;
     };
+    // The value nearly every client sends, without the general parse.
+    if value.as_bytes() == b"application/json" {
+        return Some("application/json");
+    }
     let value = value.to_str().ok()?;
     let (media_type, mut parameters) = match value.split_once(';') {
         Some((media_type, parameters)) => (media_type, Some(parameters)),

@@ -94,7 +94,7 @@ fn get_fields(bytes: &mut Bytes) -> Result<HeaderMap, StoreError> {
         }
         // Read in place: a name is parsed into its own form, so it needs no share of the
         // buffer.
-        let name = HeaderName::from_bytes(&bytes[..len]).map_err(|_| corrupt())?;
+        let name = header_name(&bytes[..len]).map_err(|_| corrupt())?;
         bytes.advance(len);
         let len = bytes.get_u32() as usize;
         if bytes.remaining() < len {
@@ -104,6 +104,36 @@ fn get_fields(bytes: &mut Bytes) -> Result<HeaderMap, StoreError> {
         headers.try_append(name, value).map_err(|_| corrupt())?;
     }
     Ok(headers)
+}
+
+/// A header name read as [`HeaderName::from_bytes`] reads it. The names responses carry most
+/// are taken as they are written (lowercase, as [`put_fields`] writes every name), without
+/// the general parse: a replay reads every name of its record.
+fn header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    use http::header::{
+        CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_LENGTH, CONTENT_LOCATION,
+        CONTENT_TYPE, DATE, ETAG, EXPIRES, LAST_MODIFIED, LINK, LOCATION, RETRY_AFTER, SET_COOKIE,
+        VARY,
+    };
+    let known = match bytes {
+        b"content-type" => CONTENT_TYPE,
+        b"content-length" => CONTENT_LENGTH,
+        b"location" => LOCATION,
+        b"etag" => ETAG,
+        b"cache-control" => CACHE_CONTROL,
+        b"date" => DATE,
+        b"vary" => VARY,
+        b"last-modified" => LAST_MODIFIED,
+        b"link" => LINK,
+        b"retry-after" => RETRY_AFTER,
+        b"content-encoding" => CONTENT_ENCODING,
+        b"content-language" => CONTENT_LANGUAGE,
+        b"content-location" => CONTENT_LOCATION,
+        b"expires" => EXPIRES,
+        b"set-cookie" => SET_COOKIE,
+        _ => return HeaderName::from_bytes(bytes),
+    };
+    Ok(known)
 }
 
 /// Decodes a buffer made by [`encode`]; the body shares `bytes` without a copy.
@@ -158,6 +188,53 @@ mod tests {
             headers,
             Bytes::from_static(b"{}\0\xff"),
         )
+    }
+
+    #[test]
+    fn a_name_reads_as_the_general_parse_reads_it() {
+        let mut names: Vec<Vec<u8>> = [
+            "content-type",
+            "content-length",
+            "location",
+            "etag",
+            "cache-control",
+            "date",
+            "vary",
+            "last-modified",
+            "link",
+            "retry-after",
+            "content-encoding",
+            "content-language",
+            "content-location",
+            "expires",
+            "set-cookie",
+            "Content-Type",
+            "ETAG",
+            "x-request-id",
+            "idempotency-key",
+            "content-typ",
+            "content-typex",
+            "",
+            "bad name",
+        ]
+        .iter()
+        .map(|name| name.as_bytes().to_vec())
+        .collect();
+        names.push(b"etag\xff".to_vec());
+        names.push(b"\x00".to_vec());
+        for name in names {
+            let general = HeaderName::from_bytes(&name);
+            match header_name(&name) {
+                Ok(fast) => assert_eq!(Some(fast), general.ok(), "{name:?}"),
+                Err(_) => assert!(general.is_err(), "{name:?}"),
+            }
+        }
+        // The names taken as written are the standard names, not new ones.
+        assert_eq!(header_name(b"etag").unwrap(), http::header::ETAG);
+        assert_eq!(
+            header_name(b"set-cookie").unwrap(),
+            http::header::SET_COOKIE
+        );
     }
 
     #[test]
