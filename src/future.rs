@@ -199,7 +199,7 @@ where
             let span: &Span = this.span;
             let _entered = span.enter();
             let mut state = this.state;
-            let next = match state.as_mut().project() {
+            match state.as_mut().project() {
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_COMPLETION);
                     return Poll::Ready(Ok(finished(span, response, *this.extension)));
@@ -243,26 +243,28 @@ where
                         guard,
                         collector,
                     } = reading.take().expect(POLLED_AFTER_COMPLETION);
-                    let answered = |response| State::Ready {
-                        response: Some(response),
-                    };
-                    match guard.read(parts, collector, read) {
-                        Err(response) => answered(response),
+                    // A reply at once is returned from here, not moved into the state first.
+                    let answer = match guard.read(parts, collector, read) {
+                        Err(response) => response,
                         Ok(claimed) => {
                             claimed.trace(span);
                             match claimed.claim_now() {
-                                Err(response) => answered(response),
-                                Ok((first, reservation)) => State::Deciding {
-                                    decision: Some(Box::pin(
-                                        claimed.run::<ReqBody, ResBody>(first, reservation),
-                                    )),
-                                },
+                                Err(response) => response,
+                                Ok((first, reservation)) => {
+                                    state.set(State::Deciding {
+                                        decision: Some(Box::pin(
+                                            claimed.run::<ReqBody, ResBody>(first, reservation),
+                                        )),
+                                    });
+                                    continue;
+                                }
                             }
                         }
-                    }
+                    };
+                    state.set(State::Ready { response: None });
+                    return Poll::Ready(Ok(finished(span, answer, *this.extension)));
                 }
-            };
-            state.set(next);
+            }
         }
     }
 }
@@ -409,6 +411,16 @@ mod tests {
                 panic!("answered at its first poll");
             };
             assert_eq!(response.status(), status);
+            // Answered once: polled again, it panics rather than answer twice.
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _ = future.as_mut().poll(&mut Context::from_waker(waker));
+            }));
+            let message = again.expect_err("polled after its answer");
+            let message = message
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| message.downcast_ref::<&str>().copied());
+            assert_eq!(message, Some(POLLED_AFTER_COMPLETION));
         }
     }
 }
