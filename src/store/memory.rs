@@ -273,7 +273,8 @@ impl MemoryStore {
     /// Holds at most `max` records, pending and completed: when full, a claim of a new key
     /// fails with [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`,
     /// `store_unavailable`, and creates nothing) until releases or the retention make room.
-    /// Unbounded by default. Set it on a new store, before it is shared.
+    /// Unbounded by default. Set it on a new store, before it is shared; the room reserved
+    /// with [`MemoryStore::with_capacity`] is kept.
     ///
     /// ```
     /// use tower_idempotency::{fingerprint, MemoryStore, Store, StoreErrorKind};
@@ -285,8 +286,21 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn max_records(self, max: usize) -> Self {
+        // The room reserved with `with_capacity`, kept.
+        let shards = self
+            .shared
+            .shards
+            .iter()
+            .map(|shard| {
+                let shard = lock(shard);
+                let mut sized = Shard::default();
+                sized.records.reserve(shard.records.capacity());
+                sized.expiry.reserve(shard.expiry.capacity());
+                Mutex::new(sized)
+            })
+            .collect();
         let shared = Shared {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards,
             hasher: RandomState::new(),
             retention: self.shared.retention,
             max_records: Some(max),
@@ -296,6 +310,45 @@ impl MemoryStore {
         Self {
             shared: Arc::new(shared),
         }
+    }
+
+    /// Reserves room for `records` records, pending and completed, up front: a store sized
+    /// for what it holds at its fullest (the keys of one retention window) never grows a
+    /// table while it runs. A table grows under its shard's lock, moving every record of the
+    /// shard, so the claim that makes it grow waits for that, and so does every claim of the
+    /// shard behind it; on a store of millions of keys that is milliseconds, and the
+    /// allocator's work of the larger tables besides. With a retention window the shards'
+    /// expiry queues are sized alike. Without it, tables grow as they fill (amortised, as a
+    /// `HashMap`'s do).
+    ///
+    /// The room is spread over the shards with a margin for keys that do not spread evenly,
+    /// so a store sized for `records` holds that many without growing. It is memory held from
+    /// the start, whether the records come or not: a table's slot is 105 bytes, a table fills
+    /// at most 7/8 of its slots and rounds them up to a power of two (120 to 240 bytes a
+    /// record), and a queue's entry is 32 bytes more. The first write to each page of it
+    /// faults the page in, so the first claims into a sized store are a little slower, and
+    /// none waits for a table to grow (`cargo bench --bench claim_tail`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// // A day of retention at up to 100 creates a second.
+    /// let store = MemoryStore::with_retention(Duration::from_secs(24 * 60 * 60))
+    ///     .with_capacity(100 * 24 * 60 * 60);
+    /// let layer = IdempotencyLayer::new(store);
+    /// # drop(layer);
+    /// ```
+    pub fn with_capacity(self, records: usize) -> Self {
+        let room = shard_room(records);
+        for shard in self.shared.shards.iter() {
+            let mut shard = lock(shard);
+            shard.records.reserve(room);
+            if self.shared.retention.is_some() {
+                shard.expiry.reserve(room);
+            }
+        }
+        self
     }
 
     /// The claim, decided and reserved under one shard lock.
@@ -548,6 +601,14 @@ impl MemoryStore {
         let probe = self.probe(key);
         (probe, lock(self.shard_of(probe)))
     }
+}
+
+/// The records one shard makes room for, of `records` spread over the shards: its share,
+/// and four standard deviations of the share a shard gets of uniformly hashed keys beyond it
+/// (a shard over that is about one in 30,000), and a few more for small stores.
+fn shard_room(records: usize) -> usize {
+    let share = records.div_ceil(SHARDS);
+    share + 4 * share.isqrt() + 8
 }
 
 impl Default for MemoryStore {
@@ -819,6 +880,63 @@ mod tests {
         assert_ne!(hash(b"ab"), hash(b"ba"));
         // Past eight bytes the first comes round again, and is folded with the ninth.
         assert_eq!(hash(&[1, 0, 0, 0, 0, 0, 0, 0, 1]), 0);
+    }
+
+    /// The room of every table and queue of `store`, summed.
+    fn room(store: &MemoryStore) -> (usize, usize) {
+        let shards = store.shared.shards.iter().map(|shard| {
+            let shard = lock(shard);
+            (shard.records.capacity(), shard.expiry.capacity())
+        });
+        shards.fold((0, 0), |(r, q), (records, queue)| (r + records, q + queue))
+    }
+
+    /// A store sized for its records holds them without growing a table or a queue, and
+    /// takes no more than a few times the room it was asked for.
+    #[tokio::test]
+    async fn a_store_sized_for_its_records_never_grows() {
+        let records = 20_000;
+        let store = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        let sized = room(&store);
+        assert!(sized.0 >= records && sized.1 >= records, "{sized:?}");
+        assert!(
+            sized.0 <= 3 * records && sized.1 <= 3 * records,
+            "{sized:?}"
+        );
+        let response =
+            StoredResponse::new(http::StatusCode::CREATED, Default::default(), Bytes::new());
+        for i in 0..records {
+            let key = format!("POST /labels k-{i}");
+            let fingerprint = crate::fingerprint(&key, "p");
+            let Claim::New(reservation) = store.claim(&key, &fingerprint).await.unwrap() else {
+                panic!("a new key");
+            };
+            store.complete(&key, &reservation, &response).await.unwrap();
+        }
+        assert_eq!(store.len(), records);
+        assert_eq!(room(&store), sized, "no table or queue grew");
+        // Without a retention window there is no queue to size.
+        let store = MemoryStore::new().with_capacity(records);
+        let (tables, queues) = room(&store);
+        assert!(tables >= records);
+        assert_eq!(queues, 0);
+        // A bound set after the room keeps it, and the bound.
+        let store = MemoryStore::with_retention(Duration::from_secs(3600))
+            .with_capacity(records)
+            .max_records(records);
+        assert_eq!(room(&store), sized);
+        assert_eq!(store.shared.max_records, Some(records));
+        assert_eq!(store.shared.retention, Some(Duration::from_secs(3600)));
+    }
+
+    /// A shard's room is its share and a margin that grows as the share's square root.
+    #[test]
+    fn a_shard_makes_room_for_its_share_and_a_margin() {
+        assert_eq!(shard_room(0), 8);
+        assert_eq!(shard_room(1), 1 + 4 + 8);
+        assert_eq!(shard_room(64 * 100), 100 + 40 + 8);
+        assert_eq!(shard_room(64 * 100 + 1), 101 + 40 + 8);
+        assert_eq!(shard_room(64 * 10_000), 10_000 + 400 + 8);
     }
 
     /// Keys compare by their bytes: two keys whose hashes collide are still two keys.

@@ -1,0 +1,77 @@
+//! The slowest claims of a memory store filling up, on its default tables and sized up front
+//! with `MemoryStore::with_capacity`: a table that grows moves every record of its shard
+//! under the shard's lock, and the claim that makes it grow waits for that.
+//!
+//! `cargo bench --bench claim_tail [keys, default 1000000] [rounds, default 2]`: each round
+//! claims that many distinct keys on a fresh store of each kind, in turn, one at a time on a
+//! current-thread runtime, and prints the percentiles of one claim's time. The keys and
+//! fingerprints are made before the timed loop.
+
+use std::time::{Duration, Instant};
+
+use tower_idempotency::{Claim, Fingerprint, MemoryStore, Store, fingerprint};
+
+/// Every claim's time, in nanoseconds, sorted; and the whole run's.
+fn claims(
+    runtime: &tokio::runtime::Runtime,
+    store: &MemoryStore,
+    keys: &[(String, Fingerprint)],
+) -> (Vec<u64>, Duration) {
+    let mut times = Vec::with_capacity(keys.len());
+    let started = Instant::now();
+    runtime.block_on(async {
+        for (key, fingerprint) in keys {
+            let claimed = Instant::now();
+            let claim = store.claim(key, fingerprint).await.expect("a claim");
+            times.push(claimed.elapsed().as_nanos() as u64);
+            assert!(matches!(claim, Claim::New(_)), "every key is new");
+        }
+    });
+    let elapsed = started.elapsed();
+    times.sort_unstable();
+    (times, elapsed)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let keys: usize = args
+        .first()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let keys: Vec<(String, Fingerprint)> = (0..keys)
+        .map(|i| {
+            let key = format!("POST /labels k-{i}");
+            let fingerprint = fingerprint(&key, "parcel-42");
+            (key, fingerprint)
+        })
+        .collect();
+    let n = keys.len();
+    println!("| round | store | mean | p50 | p99 | p99.9 | p99.99 | slowest |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for round in 1..=rounds {
+        for (name, store) in [
+            ("default", MemoryStore::new()),
+            ("sized", MemoryStore::new().with_capacity(n)),
+        ] {
+            let (times, elapsed) = claims(&runtime, &store, &keys);
+            let at = |q: f64| times[((n as f64 * q) as usize).clamp(1, n) - 1];
+            let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1000.0);
+            println!(
+                "| {round} | {name} | {} | {} | {} | {} | {} | {} |",
+                us((elapsed.as_nanos() / n as u128) as u64),
+                us(at(0.5)),
+                us(at(0.99)),
+                us(at(0.999)),
+                us(at(0.9999)),
+                us(times[n - 1]),
+            );
+        }
+    }
+}
