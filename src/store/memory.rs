@@ -329,6 +329,11 @@ impl MemoryStore {
     /// faults the page in, so the first claims into a sized store are a little slower, and
     /// none waits for a table to grow (`cargo bench --bench claim_tail`).
     ///
+    /// # Panics
+    ///
+    /// If the room cannot be had (more than the address space holds, or memory the allocator
+    /// refuses), with a message that says so, as a `HashMap::with_capacity` that large would.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
@@ -341,11 +346,12 @@ impl MemoryStore {
     /// ```
     pub fn with_capacity(self, records: usize) -> Self {
         let room = shard_room(records);
+        let refused = |error| panic!("MemoryStore::with_capacity({records}): {error}");
         for shard in self.shared.shards.iter() {
             let mut shard = lock(shard);
-            shard.records.reserve(room);
+            shard.records.try_reserve(room).unwrap_or_else(refused);
             if self.shared.retention.is_some() {
-                shard.expiry.reserve(room);
+                shard.expiry.try_reserve(room).unwrap_or_else(refused);
             }
         }
         self
@@ -927,6 +933,16 @@ mod tests {
         assert_eq!(room(&store), sized);
         assert_eq!(store.shared.max_records, Some(records));
         assert_eq!(store.shared.retention, Some(Duration::from_secs(3600)));
+    }
+
+    /// Room beyond what can be had is a panic that names it, not an abort.
+    #[test]
+    fn room_that_cannot_be_had_is_a_panic_that_says_so() {
+        let refused = std::panic::catch_unwind(|| MemoryStore::new().with_capacity(usize::MAX))
+            .expect_err("no table holds that many");
+        let message = refused.downcast_ref::<String>().expect("a message");
+        let named = format!("MemoryStore::with_capacity({}): ", usize::MAX);
+        assert!(message.starts_with(&named), "{message}");
     }
 
     /// A shard's room is its share and a margin that grows as the share's square root.
