@@ -3,9 +3,9 @@
 //! under the shard's lock, and the claim that makes it grow waits for that.
 //!
 //! `cargo bench --bench claim_tail [keys, default 1000000] [rounds, default 2]`: each round
-//! claims that many distinct keys on a fresh store of each kind, in turn, one at a time on a
-//! current-thread runtime, and prints the percentiles of one claim's time. The keys and
-//! fingerprints are made before the timed loop.
+//! claims that many distinct keys on a fresh store of each kind, in turn (which goes first
+//! alternates round by round), one at a time on a current-thread runtime, and prints the
+//! percentiles of one claim's time. The keys and fingerprints are made before the timed loop.
 
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,8 @@ fn main() {
     let keys: usize = args
         .first()
         .and_then(|a| a.parse().ok())
-        .unwrap_or(1_000_000);
+        .unwrap_or(1_000_000)
+        .max(1);
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -56,10 +57,18 @@ fn main() {
     println!("| round | store | mean | p50 | p99 | p99.9 | p99.99 | slowest |");
     println!("|---|---|---|---|---|---|---|---|");
     for round in 1..=rounds {
-        for (name, store) in [
-            ("default", MemoryStore::new()),
-            ("sized", MemoryStore::new().with_capacity(n)),
-        ] {
+        // Each store made when its turn comes, and the order alternated round by round: the
+        // one measured second finds the heap the first one left.
+        let mut order = [false, true];
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for sized in order {
+            let (name, store) = if sized {
+                ("sized", MemoryStore::new().with_capacity(n))
+            } else {
+                ("default", MemoryStore::new())
+            };
             let (times, elapsed) = claims(&runtime, &store, &keys);
             let at = |q: f64| times[((n as f64 * q) as usize).clamp(1, n) - 1];
             let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1000.0);

@@ -285,8 +285,21 @@ impl MemoryStore {
     /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     /// # }
     /// ```
-    pub fn max_records(self, max: usize) -> Self {
-        // The room reserved with `with_capacity`, kept.
+    pub fn max_records(mut self, max: usize) -> Self {
+        // Not shared: bounded in place, a store made new (emptied) with the room reserved in
+        // its shards kept.
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            for shard in &mut shared.shards {
+                let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
+                shard.records.clear();
+                shard.expiry.clear();
+                shard.waiters.clear();
+            }
+            shared.max_records = Some(max);
+            *shared.records.get_mut() = 0;
+            return self;
+        }
+        // Shared: a new store, beside the one its clones hold, with the same room.
         let shards = self
             .shared
             .shards
@@ -313,21 +326,24 @@ impl MemoryStore {
     }
 
     /// Reserves room for `records` records, pending and completed, up front: a store sized
-    /// for what it holds at its fullest (the keys of one retention window) never grows a
-    /// table while it runs. A table grows under its shard's lock, moving every record of the
-    /// shard, so the claim that makes it grow waits for that, and so does every claim of the
-    /// shard behind it; on a store of millions of keys that is milliseconds, and the
+    /// for what it holds at its fullest (the keys of one retention window) does not grow a
+    /// table until it holds more. A table grows under its shard's lock, moving every record
+    /// of the shard, so the claim that makes it grow waits for that, and so does every claim
+    /// of the shard behind it; on a store of millions of keys that is milliseconds, and the
     /// allocator's work of the larger tables besides. With a retention window the shards'
-    /// expiry queues are sized alike. Without it, tables grow as they fill (amortised, as a
-    /// `HashMap`'s do).
+    /// expiry queues are sized alike. A store not sized grows its tables as they fill
+    /// (amortised, as a `HashMap`'s do).
     ///
-    /// The room is spread over the shards with a margin for keys that do not spread evenly,
-    /// so a store sized for `records` holds that many without growing. It is memory held from
+    /// The room is spread over the shards with a margin for keys that do not spread evenly
+    /// (six standard deviations of a shard's share), so a store sized for `records` holds that
+    /// many without growing, but for about one store in ten million. It is memory held from
     /// the start, whether the records come or not: a table's slot is 105 bytes, a table fills
     /// at most 7/8 of its slots and rounds them up to a power of two (120 to 240 bytes a
     /// record), and a queue's entry is 32 bytes more. The first write to each page of it
     /// faults the page in, so the first claims into a sized store are a little slower, and
-    /// none waits for a table to grow (`cargo bench --bench claim_tail`).
+    /// none waits for a table to grow (`cargo bench --bench claim_tail`). Call it on a new
+    /// store, after [`MemoryStore::max_records`] if both are set, so that the room is
+    /// reserved once.
     ///
     /// # Panics
     ///
@@ -338,9 +354,8 @@ impl MemoryStore {
     /// use std::time::Duration;
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
     ///
-    /// // A day of retention at up to 100 creates a second.
-    /// let store = MemoryStore::with_retention(Duration::from_secs(24 * 60 * 60))
-    ///     .with_capacity(100 * 24 * 60 * 60);
+    /// // An hour of retention at up to 25 creates a second.
+    /// let store = MemoryStore::with_retention(Duration::from_secs(60 * 60)).with_capacity(90_000);
     /// let layer = IdempotencyLayer::new(store);
     /// # drop(layer);
     /// ```
@@ -609,12 +624,16 @@ impl MemoryStore {
     }
 }
 
-/// The records one shard makes room for, of `records` spread over the shards: its share,
-/// and four standard deviations of the share a shard gets of uniformly hashed keys beyond it
-/// (a shard over that is about one in 30,000), and a few more for small stores.
+/// The records one shard makes room for, of `records` spread over the shards: none for none;
+/// else its share, six standard deviations of the share a shard gets of uniformly hashed keys
+/// beyond it, and a few more for small stores (a store with a shard over that, holding
+/// `records`, is under one in ten million at every size).
 fn shard_room(records: usize) -> usize {
     let share = records.div_ceil(SHARDS);
-    share + 4 * share.isqrt() + 8
+    if share == 0 {
+        return 0;
+    }
+    share + 6 * share.isqrt() + 16
 }
 
 impl Default for MemoryStore {
@@ -926,13 +945,32 @@ mod tests {
         let (tables, queues) = room(&store);
         assert!(tables >= records);
         assert_eq!(queues, 0);
-        // A bound set after the room keeps it, and the bound.
-        let store = MemoryStore::with_retention(Duration::from_secs(3600))
-            .with_capacity(records)
-            .max_records(records);
+        // A bound set after the room keeps it, and the bound; the store is made new.
+        let used = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        used.claim("k", &crate::fingerprint("k", "p"))
+            .await
+            .unwrap();
+        let store = used.max_records(records);
         assert_eq!(room(&store), sized);
+        assert!(store.is_empty());
         assert_eq!(store.shared.max_records, Some(records));
         assert_eq!(store.shared.retention, Some(Duration::from_secs(3600)));
+        let fingerprint = crate::fingerprint("k", "p");
+        assert!(matches!(
+            store.claim("k", &fingerprint).await,
+            Ok(Claim::New(_))
+        ));
+        // Bounded while shared: a new store with the same room, its clones' store unchanged.
+        let shared = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        shared.claim("k", &fingerprint).await.unwrap();
+        let bounded = shared.clone().max_records(1);
+        assert_eq!(room(&bounded), sized);
+        assert!(bounded.is_empty() && shared.is_pending("k"));
+        assert_eq!(bounded.shared.max_records, Some(1));
+        assert_eq!(shared.shared.max_records, None);
+        bounded.claim("a", &fingerprint).await.unwrap();
+        let full = bounded.claim("b", &fingerprint).await.unwrap_err();
+        assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     }
 
     /// Room beyond what can be had is a panic that names it, not an abort.
@@ -948,11 +986,11 @@ mod tests {
     /// A shard's room is its share and a margin that grows as the share's square root.
     #[test]
     fn a_shard_makes_room_for_its_share_and_a_margin() {
-        assert_eq!(shard_room(0), 8);
-        assert_eq!(shard_room(1), 1 + 4 + 8);
-        assert_eq!(shard_room(64 * 100), 100 + 40 + 8);
-        assert_eq!(shard_room(64 * 100 + 1), 101 + 40 + 8);
-        assert_eq!(shard_room(64 * 10_000), 10_000 + 400 + 8);
+        assert_eq!(shard_room(0), 0);
+        assert_eq!(shard_room(1), 1 + 6 + 16);
+        assert_eq!(shard_room(64 * 100), 100 + 60 + 16);
+        assert_eq!(shard_room(64 * 100 + 1), 101 + 60 + 16);
+        assert_eq!(shard_room(64 * 10_000), 10_000 + 600 + 16);
     }
 
     /// Keys compare by their bytes: two keys whose hashes collide are still two keys.
