@@ -416,11 +416,39 @@ mod tests {
                 let _ = future.as_mut().poll(&mut Context::from_waker(waker));
             }));
             let message = again.expect_err("polled after its answer");
-            let message = message
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| message.downcast_ref::<&str>().copied());
-            assert_eq!(message, Some(POLLED_AFTER_COMPLETION));
+            assert_polled_after_completion(&*message);
         }
+        // Refusals alike: a body refused once read (400), and a request refused by its head
+        // (415), answered before its body is read.
+        let attempt = LabelOperation::new("label-req-9", "parcel-42");
+        let mut invalid = attempt.attempt("/labels").expect("a request");
+        *invalid.body_mut() = "{".to_owned();
+        let mut unsupported = attempt.attempt("/labels").expect("a request");
+        unsupported.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain"),
+        );
+        for (request, status) in [(invalid, 400), (unsupported, 415)] {
+            let future = service.call(request);
+            let mut future = std::pin::pin!(future);
+            let polled = future.as_mut().poll(&mut Context::from_waker(waker));
+            let Poll::Ready(Ok(response)) = polled else {
+                panic!("refused at its first poll");
+            };
+            assert_eq!(response.status(), status);
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _ = future.as_mut().poll(&mut Context::from_waker(waker));
+            }));
+            assert_polled_after_completion(&*again.expect_err("polled after its answer"));
+        }
+    }
+
+    /// `panic` is the panic of a future polled after its answer.
+    fn assert_polled_after_completion(panic: &(dyn std::any::Any + Send)) {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied());
+        assert_eq!(message, Some(POLLED_AFTER_COMPLETION));
     }
 }
