@@ -205,8 +205,10 @@ where
                     return Poll::Ready(Ok(finished(span, response, *this.extension)));
                 }
                 StateProj::PassThrough { future } => {
-                    let response = ready!(future.poll(cx))?;
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    let answer = ready!(future.poll(cx));
+                    // Over: polled again, it panics rather than poll the inner future again.
+                    state.set(State::Ready { response: None });
+                    return Poll::Ready(answer.map(|response| response.map(ResponseBody::inner)));
                 }
                 StateProj::Deciding { decision } => {
                     // Out of its place while polled: a decision that panics is dropped as the
@@ -441,6 +443,45 @@ mod tests {
             }));
             assert_polled_after_completion(&*again.expect_err("polled after its answer"));
         }
+    }
+
+    /// A request the layer passes through is over with the inner service's answer: polled
+    /// again, it panics, and does not poll the inner future again.
+    #[tokio::test]
+    async fn a_passed_through_request_is_over_with_its_answer() {
+        use std::sync::Arc;
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&polls);
+        let inner = tower::service_fn(move |_: Request<RequestBody<String>>| {
+            let polls = Arc::clone(&counted);
+            std::future::poll_fn(move |_| {
+                polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Poll::Ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
+            })
+        });
+        // A JSON operation guards POST and passes other methods through.
+        let layer = crate::IdempotencyLayer::with_operation(
+            MemoryStore::new(),
+            crate::JsonOperation::new(),
+        )
+        .global_keys();
+        let mut service = tower::Layer::layer(&layer, inner);
+        let request = Request::get("/payments")
+            .body(String::new())
+            .expect("a request");
+        let future = service.call(request);
+        let mut future = std::pin::pin!(future);
+        let waker = std::task::Waker::noop();
+        let polled = future.as_mut().poll(&mut Context::from_waker(waker));
+        let Poll::Ready(Ok(response)) = polled else {
+            panic!("passed through and answered at once");
+        };
+        assert_eq!(response.status(), 200);
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = future.as_mut().poll(&mut Context::from_waker(waker));
+        }));
+        assert_polled_after_completion(&*again.expect_err("polled after its answer"));
+        assert_eq!(polls.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// `panic` is the panic of a future polled after its answer.
