@@ -336,7 +336,9 @@ impl MemoryStore {
     ///
     /// The room is spread over the shards with a margin for keys that do not spread evenly
     /// (six standard deviations of a shard's share), so a store sized for `records` holds that
-    /// many without growing, but for about one store in ten million. It is memory held from
+    /// many without growing a table, but for about one store in ten million. (An expiry queue
+    /// also keeps the entries of records forgotten, or expired and claimed again, until the
+    /// sweep passes them: under such churn a queue may still grow.) It is memory held from
     /// the start, whether the records come or not: a table's slot is 105 bytes, a table fills
     /// at most 7/8 of its slots and rounds them up to a power of two (120 to 240 bytes a
     /// record), and a queue's entry is 32 bytes more. The first write to each page of it
