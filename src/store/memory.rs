@@ -344,8 +344,7 @@ impl MemoryStore {
     /// record), and a queue's entry is 32 bytes more. The first write to each page of it
     /// faults the page in, so the first claims into a sized store are a little slower, and
     /// none waits for a table to grow (`cargo bench --bench claim_tail`). Call it on a new
-    /// store, after [`MemoryStore::max_records`] if both are set, so that the room is
-    /// reserved once.
+    /// store; with [`MemoryStore::max_records`], in either order.
     ///
     /// # Panics
     ///
