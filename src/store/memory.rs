@@ -336,15 +336,21 @@ impl MemoryStore {
     ///
     /// The room is spread over the shards with a margin for keys that do not spread evenly
     /// (six standard deviations of a shard's share), so a store sized for `records` holds that
-    /// many without growing a table, but for about one store in ten million. (An expiry queue
-    /// also keeps the entries of records forgotten, or expired and claimed again, until the
-    /// sweep passes them: under such churn a queue may still grow.) It is memory held from
-    /// the start, whether the records come or not: a table's slot is 105 bytes, a table fills
-    /// at most 7/8 of its slots and rounds them up to a power of two (120 to 240 bytes a
-    /// record), and a queue's entry is 32 bytes more. The first write to each page of it
-    /// faults the page in, so the first claims into a sized store are a little slower, and
-    /// none waits for a table to grow (`cargo bench --bench claim_tail`). Call it on a new
-    /// store; with [`MemoryStore::max_records`], in either order.
+    /// many without growing a table, but for about one store in ten million. Each table is
+    /// given twice that room, because records come and go: a record removed (expired,
+    /// forgotten, or released after a refused admission) leaves its slot marked deleted when
+    /// its neighbours are full, a table whose free slots are all used up so is rehashed, and
+    /// a table more than half full grows to twice its size instead. At most half full, a
+    /// table keeps almost every removed record's slot free, and under churn of many times
+    /// what it holds neither grows nor is rehashed. (An expiry queue also keeps the entries
+    /// of records forgotten, or expired and claimed again, until the sweep passes them:
+    /// under such churn a queue may still grow.) It is memory held from the start, whether
+    /// the records come or not: a table's slot is 105 bytes, and a table of twice the room
+    /// rounds its slots up to a power of two (240 to 480 bytes a record, about what a store
+    /// not sized reaches under churn); a queue's entry is 32 bytes more. The first write to
+    /// each page of it faults the page in, so the first claims into a sized store are a
+    /// little slower, and none waits for a table to grow (`cargo bench --bench claim_tail`).
+    /// Call it on a new store; with [`MemoryStore::max_records`], in either order.
     ///
     /// # Panics
     ///
@@ -365,7 +371,12 @@ impl MemoryStore {
         let refused = |error| panic!("MemoryStore::with_capacity({records}): {error}");
         for shard in self.shared.shards.iter() {
             let mut shard = lock(shard);
-            shard.records.try_reserve(room).unwrap_or_else(refused);
+            // Twice the room: a table at most half full keeps the slot of a record removed
+            // (expired, forgotten, released) empty rather than marked deleted, almost always;
+            // one fuller fills with deleted marks under churn and then grows to twice its
+            // size anyway, under the shard's lock.
+            let table = room.saturating_mul(2);
+            shard.records.try_reserve(table).unwrap_or_else(refused);
             if self.shared.retention.is_some() {
                 shard.expiry.try_reserve(room).unwrap_or_else(refused);
             }
@@ -972,6 +983,49 @@ mod tests {
         bounded.claim("a", &fingerprint).await.unwrap();
         let full = bounded.claim("b", &fingerprint).await.unwrap_err();
         assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
+    }
+
+    /// A store sized for its records holds them under churn too: records dropped and new
+    /// keys claimed in their place, ten times over what the store holds, grow no table and
+    /// leave almost every spare slot free (a table is rehashed when none is left).
+    #[tokio::test]
+    async fn a_store_sized_for_its_records_never_grows_under_churn() {
+        let records = 20_000;
+        let store = MemoryStore::new().with_capacity(records);
+        let tables = |store: &MemoryStore| {
+            let shards = store.shared.shards.iter();
+            shards
+                .map(|shard| lock(shard).records.capacity())
+                .collect::<Vec<_>>()
+        };
+        let sized = tables(&store);
+        let fingerprint = crate::fingerprint("k", "p");
+        for i in 0..10 * records {
+            let key = format!("POST /labels k-{i}");
+            assert!(matches!(
+                store.claim(&key, &fingerprint).await,
+                Ok(Claim::New(_))
+            ));
+            if let Some(old) = i.checked_sub(records - 1) {
+                let old = format!("POST /labels k-{old}");
+                assert!(store.forget(&old).await.unwrap());
+            }
+        }
+        assert_eq!(store.len(), records - 1);
+        let churned = tables(&store);
+        for (shard, (now, then)) in churned.iter().zip(&sized).enumerate() {
+            assert!(now <= then, "shard {shard}'s table grew: {then} to {now}");
+        }
+        // A table's capacity is its records and its free slots: a slot marked deleted is
+        // neither, and with none free the table is rehashed. Under one in twenty of the
+        // spare slots went to deleted marks.
+        let (before, after) = (sized.iter().sum::<usize>(), churned.iter().sum::<usize>());
+        let spare = before - store.len();
+        assert!(
+            (before - after) * 20 < spare,
+            "{} of {spare} slots deleted",
+            before - after
+        );
     }
 
     /// Room beyond what can be had is a panic that names it, not an abort.
