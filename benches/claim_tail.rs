@@ -2,6 +2,11 @@
 //! with `MemoryStore::with_capacity`: a table that grows moves every record of its shard
 //! under the shard's lock, and the claim that makes it grow waits for that.
 //!
+//! Then the same under churn: a store that holds a window of a quarter of the keys, filled
+//! before the timed loop, claims every key once more while the record a window back is
+//! dropped (as a retention window's sweep drops it), so that a table more than half full
+//! fills its free slots with deleted marks and grows.
+//!
 //! `cargo bench --bench claim_tail [keys, default 1000000] [rounds, default 2]`: each round
 //! claims that many distinct keys on a fresh store of each kind, in turn (which goes first
 //! alternates round by round), one at a time on a current-thread runtime, and prints the
@@ -9,27 +14,50 @@
 
 use std::time::{Duration, Instant};
 
+use tower_idempotency::store::Operator;
 use tower_idempotency::{Claim, Fingerprint, MemoryStore, Store, fingerprint};
 
-/// Every claim's time, in nanoseconds, sorted; and the whole run's.
+/// Every claim's time, in nanoseconds, sorted; and the whole run's. Under `churn`, each
+/// claim is followed, untimed, by forgetting the key that many claims back.
 fn claims(
     runtime: &tokio::runtime::Runtime,
     store: &MemoryStore,
     keys: &[(String, Fingerprint)],
+    churn: Option<usize>,
 ) -> (Vec<u64>, Duration) {
     let mut times = Vec::with_capacity(keys.len());
     let started = Instant::now();
     runtime.block_on(async {
-        for (key, fingerprint) in keys {
+        for (i, (key, fingerprint)) in keys.iter().enumerate() {
             let claimed = Instant::now();
             let claim = store.claim(key, fingerprint).await.expect("a claim");
             times.push(claimed.elapsed().as_nanos() as u64);
             assert!(matches!(claim, Claim::New(_)), "every key is new");
+            if let Some(window) = churn {
+                let old = &keys[(i + keys.len() - window) % keys.len()].0;
+                assert!(store.forget(old).await.expect("a forget"), "held");
+            }
         }
     });
     let elapsed = started.elapsed();
     times.sort_unstable();
     (times, elapsed)
+}
+
+/// A row of the percentiles of `times`, sorted, over a run of `elapsed`.
+fn row(round: usize, name: &str, times: &[u64], elapsed: Duration) -> String {
+    let n = times.len();
+    let at = |q: f64| times[((n as f64 * q) as usize).clamp(1, n) - 1];
+    let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1000.0);
+    format!(
+        "| {round} | {name} | {} | {} | {} | {} | {} | {} |",
+        us((elapsed.as_nanos() / n as u128) as u64),
+        us(at(0.5)),
+        us(at(0.99)),
+        us(at(0.999)),
+        us(at(0.9999)),
+        us(times[n - 1]),
+    )
 }
 
 fn main() {
@@ -54,8 +82,10 @@ fn main() {
         })
         .collect();
     let n = keys.len();
-    println!("| round | store | mean | p50 | p99 | p99.9 | p99.99 | slowest |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let header = "| round | store | mean | p50 | p99 | p99.9 | p99.99 | slowest |\n|---|---|---|---|---|---|---|---|";
+    println!("Filling up, {n} keys:\n\n{header}");
+    let window = (n / 4).max(1);
+    let mut churned = Vec::new();
     for round in 1..=rounds {
         // Each store made when its turn comes, and the order alternated round by round: the
         // one measured second finds the heap the first one left.
@@ -64,23 +94,28 @@ fn main() {
             order.reverse();
         }
         for sized in order {
-            let (name, store) = if sized {
+            let (name, make) = if sized {
                 ("sized", MemoryStore::new().with_capacity(n))
             } else {
                 ("default", MemoryStore::new())
             };
-            let (times, elapsed) = claims(&runtime, &store, &keys);
-            let at = |q: f64| times[((n as f64 * q) as usize).clamp(1, n) - 1];
-            let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1000.0);
-            println!(
-                "| {round} | {name} | {} | {} | {} | {} | {} | {} |",
-                us((elapsed.as_nanos() / n as u128) as u64),
-                us(at(0.5)),
-                us(at(0.99)),
-                us(at(0.999)),
-                us(at(0.9999)),
-                us(times[n - 1]),
-            );
+            let (times, elapsed) = claims(&runtime, &make, &keys, None);
+            println!("{}", row(round, name, &times, elapsed));
+            drop(make);
+            // Under churn: the window's keys claimed first, untimed, then every key once
+            // more, the first window's again after their records were dropped.
+            let store = if sized {
+                MemoryStore::new().with_capacity(window)
+            } else {
+                MemoryStore::new()
+            };
+            claims(&runtime, &store, &keys[n - window..], None);
+            let (times, elapsed) = claims(&runtime, &store, &keys, Some(window));
+            churned.push(row(round, name, &times, elapsed));
         }
+    }
+    println!("\nUnder churn, holding {window} keys, {n} claims:\n\n{header}");
+    for row in churned {
+        println!("{row}");
     }
 }
