@@ -69,7 +69,7 @@ fn main() {
         .first()
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000)
-        .max(1);
+        .max(2);
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
