@@ -8,27 +8,29 @@
 //! than [`MAX_DEPTH`] are refused. One departure from RFC 8785: an integer literal of 16 to 21
 //! digits keeps its exact digits ([`Node::Integer`]).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
 
 /// The deepest nesting of arrays and objects accepted.
 pub(crate) const MAX_DEPTH: usize = 128;
 
-/// A parsed JSON value, objects sorted canonically.
+/// A parsed JSON value, objects sorted canonically; its strings and member names borrowed
+/// from the body unless they had escapes.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Node {
+pub(crate) enum Node<'a> {
     Null,
     Bool(bool),
     Number(f64),
-    String(String),
-    Array(Vec<Node>),
+    String(Cow<'a, str>),
+    Array(Vec<Node<'a>>),
     /// Members sorted by the UTF-16 code units of their names, no name twice.
-    Object(Vec<(String, Node)>),
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
     /// An integer literal of 16 to 21 digits, kept exactly. Past 2^53 two such integers can
     /// share a double, and so RFC 8785's canonical form, while a body typed with `u64` reads
     /// two amounts; their own digits keep them apart. Up to 21 digits ECMAScript writes a
     /// double as plain digits too, so an integer a double holds exactly is written the same.
-    Integer(Box<str>),
+    Integer(&'a str),
     /// An array item dropped from the fingerprint: kept in place so that later pointers still
     /// name the items they named in the document, and skipped when written.
     Removed,
@@ -57,9 +59,9 @@ impl fmt::Display for Invalid {
 }
 
 /// Parses exactly one JSON value, surrounded by nothing but whitespace.
-pub(crate) fn parse(input: &[u8]) -> Result<Node, Invalid> {
-    std::str::from_utf8(input).map_err(|_| Invalid::Syntax)?;
-    let mut parser = Parser { input, at: 0 };
+pub(crate) fn parse(input: &[u8]) -> Result<Node<'_>, Invalid> {
+    let text = std::str::from_utf8(input).map_err(|_| Invalid::Syntax)?;
+    let mut parser = Parser { input, text, at: 0 };
     let node = parser.value(0)?;
     parser.whitespace();
     if parser.at == input.len() {
@@ -71,10 +73,12 @@ pub(crate) fn parse(input: &[u8]) -> Result<Node, Invalid> {
 
 struct Parser<'a> {
     input: &'a [u8],
+    /// The input, checked to be UTF-8 once.
+    text: &'a str,
     at: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn peek(&self) -> Option<u8> {
         self.input.get(self.at).copied()
     }
@@ -91,7 +95,7 @@ impl Parser<'_> {
         }
     }
 
-    fn literal(&mut self, word: &[u8], node: Node) -> Result<Node, Invalid> {
+    fn literal(&mut self, word: &[u8], node: Node<'a>) -> Result<Node<'a>, Invalid> {
         if self.input[self.at..].starts_with(word) {
             self.at += word.len();
             Ok(node)
@@ -100,7 +104,7 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<Node, Invalid> {
+    fn value(&mut self, depth: usize) -> Result<Node<'a>, Invalid> {
         self.whitespace();
         match self.peek().ok_or(Invalid::Syntax)? {
             b'{' => self.object(depth + 1),
@@ -114,7 +118,7 @@ impl Parser<'_> {
         }
     }
 
-    fn array(&mut self, depth: usize) -> Result<Node, Invalid> {
+    fn array(&mut self, depth: usize) -> Result<Node<'a>, Invalid> {
         if depth > MAX_DEPTH {
             return Err(Invalid::Depth);
         }
@@ -136,7 +140,7 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Node, Invalid> {
+    fn object(&mut self, depth: usize) -> Result<Node<'a>, Invalid> {
         if depth > MAX_DEPTH {
             return Err(Invalid::Depth);
         }
@@ -172,18 +176,29 @@ impl Parser<'_> {
         Ok(Node::Object(members))
     }
 
-    fn string(&mut self) -> Result<String, Invalid> {
-        self.at += 1; // "
-        let mut out = Vec::new();
-        loop {
-            let start = self.at;
-            while let Some(b) = self.peek() {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.at += 1;
+    /// The run of characters that need no unescaping, from here.
+    fn plain_run(&mut self) {
+        while let Some(b) = self.peek() {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
             }
-            out.extend_from_slice(&self.input[start..self.at]);
+            self.at += 1;
+        }
+    }
+
+    /// A string (at its opening quote): borrowed from the input unless it has escapes.
+    fn string(&mut self) -> Result<Cow<'a, str>, Invalid> {
+        self.at += 1; // "
+        let start = self.at;
+        self.plain_run();
+        if self.peek() == Some(b'"') {
+            // Between two quotes, so on character boundaries.
+            let text = self.text.get(start..self.at).ok_or(Invalid::Syntax)?;
+            self.at += 1;
+            return Ok(Cow::Borrowed(text));
+        }
+        let mut out = self.input[start..self.at].to_vec();
+        loop {
             match self.next()? {
                 b'"' => break,
                 b'\\' => {
@@ -204,9 +219,14 @@ impl Parser<'_> {
                 }
                 _ => return Err(Invalid::Syntax), // a control character
             }
+            let run = self.at;
+            self.plain_run();
+            out.extend_from_slice(&self.input[run..self.at]);
         }
         // The input is valid UTF-8 and escapes add whole characters.
-        String::from_utf8(out).map_err(|_| Invalid::Syntax)
+        String::from_utf8(out)
+            .map(Cow::Owned)
+            .map_err(|_| Invalid::Syntax)
     }
 
     /// The character of `\uXXXX` (the `\u` read), with its low surrogate if it is a high one.
@@ -242,7 +262,7 @@ impl Parser<'_> {
         u32::from_str_radix(text, 16).map_err(|_| Invalid::Syntax)
     }
 
-    fn number(&mut self) -> Result<Node, Invalid> {
+    fn number(&mut self) -> Result<Node<'a>, Invalid> {
         let start = self.at;
         if self.peek() == Some(b'-') {
             self.at += 1;
@@ -265,10 +285,10 @@ impl Parser<'_> {
             self.required_digits()?;
         }
         // The grammar above admits only ASCII.
-        let text = std::str::from_utf8(&self.input[start..self.at]).map_err(|_| Invalid::Syntax)?;
+        let text = self.text.get(start..self.at).ok_or(Invalid::Syntax)?;
         let digits = text.trim_start_matches('-').len();
         if is_integer && (16..=21).contains(&digits) {
-            return Ok(Node::Integer(text.into()));
+            return Ok(Node::Integer(text));
         }
         let value: f64 = text.parse().map_err(|_| Invalid::Syntax)?;
         if value.is_finite() {
@@ -298,7 +318,7 @@ fn utf16_order(a: &str, b: &str) -> Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
-impl Node {
+impl Node<'_> {
     /// Appends the canonical form of this value to `out`.
     pub(crate) fn write_canonical(&self, out: &mut Vec<u8>) {
         match self {
@@ -336,14 +356,14 @@ impl Node {
     }
 
     /// The value `pointer` names, if there is one.
-    pub(crate) fn get(&self, pointer: &Pointer) -> Option<&Node> {
+    pub(crate) fn get(&self, pointer: &Pointer) -> Option<&Self> {
         pointer
             .tokens
             .iter()
             .try_fold(self, |node, token| node.child(token))
     }
 
-    fn child(&self, token: &str) -> Option<&Node> {
+    fn child(&self, token: &str) -> Option<&Self> {
         match self {
             Self::Object(members) => members.iter().find(|(name, _)| name == token).map(|m| &m.1),
             Self::Array(items) => items
@@ -427,14 +447,40 @@ pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
     if value < 0.0 {
         out.push(b'-');
     }
-    // Rust writes the shortest digits that read back as the same double, as ECMAScript does.
-    let scientific = format!("{:e}", value.abs());
-    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
-    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let magnitude = value.abs();
+    // An integer below 2^53 is its own shortest digits: the digits of any shorter decimal
+    // that reads back as it would be another integer, at least 1 away.
+    if magnitude < 9_007_199_254_740_992.0 && magnitude.fract() == 0.0 {
+        write_decimal(magnitude as u64, out);
+        return;
+    }
+    // Rust writes the shortest digits that read back as the same double, as ECMAScript does:
+    // `d.ddde±x`, at most 17 digits and a three-digit exponent, written on the stack.
+    let mut scientific = StackText::default();
+    if fmt::write(&mut scientific, format_args!("{magnitude:e}")).is_err() {
+        return write_number_spilled(magnitude, out);
+    }
+    let (digits, n) = scientific_parts(scientific.as_str());
+    write_shortest(digits.as_bytes(), n, out);
+}
+
+/// The digits of a double's scientific form (`d.ddde±x`), and its decimal point's place
+/// after the first of them (`x + 1`).
+fn scientific_parts(scientific: &str) -> (StackText, i64) {
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((scientific, "0"));
+    let mut digits = StackText::default();
+    for digit in mantissa.bytes().filter(u8::is_ascii_digit) {
+        digits.push(digit);
+    }
+    (digits, exponent.parse::<i64>().unwrap_or(0) + 1)
+}
+
+/// The shortest `digits` of a double whose decimal point falls `n` digits after their start,
+/// as ECMAScript writes them: plain up to 21 digits, else in scientific form.
+fn write_shortest(digits: &[u8], n: i64, out: &mut Vec<u8>) {
     let k = digits.len() as i64;
-    let n = exponent.parse::<i64>().unwrap_or(0) + 1;
     if k <= n && n <= 21 {
-        out.extend_from_slice(&digits);
+        out.extend_from_slice(digits);
         out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
     } else if 0 < n && n <= 21 {
         let (int, frac) = digits.split_at(n as usize);
@@ -444,16 +490,73 @@ pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
     } else if -6 < n && n <= 0 {
         out.extend_from_slice(b"0.");
         out.extend(std::iter::repeat_n(b'0', (-n) as usize));
-        out.extend_from_slice(&digits);
+        out.extend_from_slice(digits);
     } else {
-        out.push(digits[0]);
+        out.extend_from_slice(digits.get(..1).unwrap_or_default());
         if k > 1 {
             out.push(b'.');
             out.extend_from_slice(&digits[1..]);
         }
         out.push(b'e');
         out.push(if n > 0 { b'+' } else { b'-' });
-        out.extend_from_slice((n - 1).abs().to_string().as_bytes());
+        write_decimal((n - 1).unsigned_abs(), out);
+    }
+}
+
+/// [`write_number`] where the scientific form does not fit on the stack, which a double's
+/// never does: the same through a `String`.
+#[cold]
+fn write_number_spilled(magnitude: f64, out: &mut Vec<u8>) {
+    let (digits, n) = scientific_parts(&format!("{magnitude:e}"));
+    write_shortest(digits.as_bytes(), n, out);
+}
+
+/// `value` in decimal digits.
+fn write_decimal(mut value: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// A few bytes of text on the stack: a double's scientific form or its digits.
+#[derive(Default)]
+struct StackText {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl StackText {
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl fmt::Write for StackText {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        let slot = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        slot.copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
@@ -558,6 +661,72 @@ mod tests {
             (0xbecb_f647_612f_3696, "-0.0000033333333333333333"),
         ] {
             assert_eq!(number(bits), text, "{bits:#018x}");
+        }
+    }
+
+    /// The number writer as it was, through `String`s: what the stack-only one must write.
+    fn reference(value: f64) -> String {
+        if value == 0.0 {
+            return "0".into();
+        }
+        let sign = if value < 0.0 { "-" } else { "" };
+        let scientific = format!("{:e}", value.abs());
+        let (mantissa, exponent) = scientific.split_once('e').unwrap();
+        let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+        let (k, n) = (digits.len() as i64, exponent.parse::<i64>().unwrap() + 1);
+        let body = if k <= n && n <= 21 {
+            format!("{digits}{}", "0".repeat((n - k) as usize))
+        } else if 0 < n && n <= 21 {
+            format!("{}.{}", &digits[..n as usize], &digits[n as usize..])
+        } else if -6 < n && n <= 0 {
+            format!("0.{}{digits}", "0".repeat((-n) as usize))
+        } else {
+            let rest = if k > 1 {
+                format!(".{}", &digits[1..])
+            } else {
+                String::new()
+            };
+            let sign = if n > 0 { '+' } else { '-' };
+            format!("{}{rest}e{sign}{}", &digits[..1], (n - 1).abs())
+        };
+        format!("{sign}{body}")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(4096))]
+        /// Every finite double, and every integer a double holds exactly, is written as the
+        /// reference writes it; the spilled path too.
+        #[test]
+        fn numbers_are_written_as_the_reference_writes_them(
+            bits in proptest::num::u64::ANY,
+            integer in -(1i64 << 53)..=(1i64 << 53),
+            shift in 0u32..64,
+        ) {
+            for value in [
+                f64::from_bits(bits),
+                integer as f64,
+                (integer >> (shift % 54)) as f64,
+                integer as f64 * 2f64.powi(shift as i32),
+                integer as f64 / 2f64.powi(shift as i32),
+            ] {
+                if !value.is_finite() {
+                    continue;
+                }
+                let mut out = Vec::new();
+                write_number(value, &mut out);
+                proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), reference(value));
+                let mut spilled = Vec::new();
+                if value < 0.0 {
+                    spilled.push(b'-');
+                }
+                if value != 0.0 {
+                    write_number_spilled(value.abs(), &mut spilled);
+                    proptest::prop_assert_eq!(
+                        String::from_utf8(spilled).unwrap(),
+                        reference(value)
+                    );
+                }
+            }
         }
     }
 
@@ -686,10 +855,41 @@ mod tests {
         assert_eq!(parse(over.as_bytes()), Err(Invalid::Depth));
     }
 
+    /// Strings and names without escapes are slices of the body; with escapes, their text.
+    #[test]
+    fn strings_without_escapes_are_borrowed_from_the_body() {
+        let body = br#"{"plain":"text","esc\u0061ped":"a\"b\ncd\u00e9f","n":12345678901234567}"#;
+        let Node::Object(members) = parse(body).unwrap() else {
+            panic!("an object");
+        };
+        let borrowed = |text: &Cow<'_, str>| matches!(text, Cow::Borrowed(_));
+        let [
+            (escaped, Node::String(value)),
+            (n, Node::Integer(digits)),
+            (plain, Node::String(text)),
+        ] = &members[..]
+        else {
+            panic!("{members:?}");
+        };
+        assert_eq!(
+            (escaped.as_ref(), value.as_ref()),
+            ("escaped", "a\"b\ncd\u{e9}f")
+        );
+        assert!(!borrowed(escaped) && !borrowed(value));
+        assert_eq!((plain.as_ref(), text.as_ref()), ("plain", "text"));
+        assert!(borrowed(plain) && borrowed(text) && borrowed(n));
+        assert_eq!(*digits, "12345678901234567");
+        // Within the body itself.
+        let within = |part: &str| body.as_ptr_range().contains(&part.as_ptr());
+        assert!(within(plain) && within(text) && within(digits));
+    }
+
     #[test]
     fn pointers_through_arrays_and_past_index_nine() {
         let mut doc = parse(br#"{"items":[0,1,2,3,4,5,6,7,8,9,{"ts":1,"sku":"a"}]}"#).unwrap();
-        let at = |doc: &Node, p: &str| doc.get(&Pointer::parse(p).unwrap()).cloned();
+        fn at<'a>(doc: &Node<'a>, p: &str) -> Option<Node<'a>> {
+            doc.get(&Pointer::parse(p).unwrap()).cloned()
+        }
         assert_eq!(at(&doc, "/items/10/sku"), Some(Node::String("a".into())));
         assert_eq!(at(&doc, "/items/9"), Some(Node::Number(9.0)));
         doc.remove(&Pointer::parse("/items/10/ts").unwrap());

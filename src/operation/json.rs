@@ -304,7 +304,7 @@ where
                 pointer.as_str()
             )));
         }
-        let fingerprint = self.fingerprint(parts, &mut document);
+        let fingerprint = self.fingerprint(parts, &mut document, body.len());
         Ok(Parsed {
             key,
             fingerprint,
@@ -314,16 +314,26 @@ where
 }
 
 impl<T> JsonOperation<T> {
-    fn fingerprint(&self, parts: &Parts, document: &mut Node) -> Fingerprint {
+    fn fingerprint(&self, parts: &Parts, document: &mut Node, body_len: usize) -> Fingerprint {
         let [method, path] = target(parts);
         // `application/merge-patch+json` and `application/json` bodies mean different things.
-        let media_type = media::media_type(&parts.headers)
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let media_type = media::media_type(&parts.headers).unwrap_or_default();
+        // Lowercase as nearly every client sends it: a copy only for one that is not.
+        let media_type: Cow<'_, str> = if media_type.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(media_type.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(media_type)
+        };
         let mut canonical = Vec::new();
         match &self.config.fingerprint {
-            Selection::Whole => document.write_canonical(&mut canonical),
+            Selection::Whole => {
+                // Room for the body's canonical form at once: it is the body less its
+                // whitespace, unless its escapes or numbers are written longer.
+                canonical.reserve(body_len);
+                document.write_canonical(&mut canonical);
+            }
             Selection::Except(pointers) => {
+                canonical.reserve(body_len);
                 for pointer in pointers {
                     document.remove(pointer);
                 }
@@ -332,15 +342,17 @@ impl<T> JsonOperation<T> {
             Selection::Only(pointers) => {
                 // Each pointer, then its value's canonical form or, if absent, a byte that no
                 // canonical JSON starts with.
-                let mut members = Vec::new();
+                let mut members = Vec::with_capacity(pointers.len());
+                let mut value = Vec::new();
                 for pointer in pointers {
-                    let mut value = Vec::new();
+                    value.clear();
                     match document.get(pointer) {
                         Some(node) => node.write_canonical(&mut value),
                         None => value.push(0xFF),
                     }
                     members.push(Fingerprint::digest([pointer.as_str().as_bytes(), &value]));
                 }
+                canonical.reserve(2 * 32 * members.len());
                 for member in members {
                     canonical.extend_from_slice(member.to_hex().as_bytes());
                 }
