@@ -2,10 +2,10 @@
 //! with `MemoryStore::with_capacity`: a table that grows moves every record of its shard
 //! under the shard's lock, and the claim that makes it grow waits for that.
 //!
-//! Then the same under churn: a store that holds a window of a quarter of the keys, filled
+//! Then the same under churn: a store that holds a window of a sixteenth of the keys, filled
 //! before the timed loop, claims every key once more while the record a window back is
-//! dropped (as a retention window's sweep drops it), so that a table more than half full
-//! fills its free slots with deleted marks and grows.
+//! dropped (as a retention window's sweep drops it): sixteen times its records of churn, in
+//! which a table more than half full fills its free slots with deleted marks and grows.
 //!
 //! `cargo bench --bench claim_tail [keys, default 1000000] [rounds, default 2]`: each round
 //! claims that many distinct keys on a fresh store of each kind, in turn (which goes first
@@ -18,7 +18,8 @@ use tower_idempotency::store::Operator;
 use tower_idempotency::{Claim, Fingerprint, MemoryStore, Store, fingerprint};
 
 /// Every claim's time, in nanoseconds, sorted; and the whole run's. Under `churn`, each
-/// claim is followed, untimed, by forgetting the key that many claims back.
+/// claim is followed by forgetting the key that many claims back: outside each claim's
+/// time, inside the whole run's (so a churn row's mean is a claim's and a forget's).
 fn claims(
     runtime: &tokio::runtime::Runtime,
     store: &MemoryStore,
@@ -84,7 +85,7 @@ fn main() {
     let n = keys.len();
     let header = "| round | store | mean | p50 | p99 | p99.9 | p99.99 | slowest |\n|---|---|---|---|---|---|---|---|";
     println!("Filling up, {n} keys:\n\n{header}");
-    let window = (n / 4).max(1);
+    let window = (n / 16).max(1);
     let mut churned = Vec::new();
     for round in 1..=rounds {
         // Each store made when its turn comes, and the order alternated round by round: the
