@@ -448,10 +448,8 @@ pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
         out.push(b'-');
     }
     let magnitude = value.abs();
-    // An integer below 2^53 is its own shortest digits: the digits of any shorter decimal
-    // that reads back as it would be another integer, at least 1 away.
-    if magnitude < 9_007_199_254_740_992.0 && magnitude.fract() == 0.0 {
-        write_decimal(magnitude as u64, out);
+    if let Some(integer) = small_integer(magnitude) {
+        write_decimal(integer, out);
         return;
     }
     // Rust writes the shortest digits that read back as the same double, as ECMAScript does:
@@ -462,6 +460,13 @@ pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
     }
     let (digits, n) = scientific_parts(scientific.as_str());
     write_shortest(digits.as_bytes(), n, out);
+}
+
+/// `magnitude` as an integer, if it is one below 2^53: such an integer is its own shortest
+/// digits, since the digits of any shorter decimal that read back as it would be another
+/// integer, at least 1 away.
+fn small_integer(magnitude: f64) -> Option<u64> {
+    (magnitude < 9_007_199_254_740_992.0 && magnitude.fract() == 0.0).then_some(magnitude as u64)
 }
 
 /// The digits of a double's scientific form (`d.ddde±x`), and its decimal point's place
@@ -662,6 +667,23 @@ mod tests {
         ] {
             assert_eq!(number(bits), text, "{bits:#018x}");
         }
+    }
+
+    /// Integers below 2^53 are written from their digits; 2^53 and past, and fractions, as
+    /// any other double.
+    #[test]
+    fn small_integers_are_their_digits() {
+        assert_eq!(small_integer(1.0), Some(1));
+        assert_eq!(small_integer(1250.0), Some(1250));
+        assert_eq!(
+            small_integer(9_007_199_254_740_991.0),
+            Some(9_007_199_254_740_991)
+        );
+        assert_eq!(small_integer(9_007_199_254_740_992.0), None);
+        assert_eq!(small_integer(1e300), None);
+        assert_eq!(small_integer(0.5), None);
+        assert_eq!(small_integer(2.5), None);
+        assert_eq!(small_integer(f64::INFINITY), None);
     }
 
     /// The number writer as it was, through `String`s: what the stack-only one must write.
