@@ -19,7 +19,9 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
+use tower_idempotency::LabelContract;
+use tower_idempotency::MemoryStore;
+use tower_idempotency::body::RequestBody;
 
 struct Counting;
 
@@ -61,7 +63,7 @@ static GLOBAL: Counting = Counting;
 fn count<S>(runtime: &tokio::runtime::Runtime, service: &S, request: Request<Full<Bytes>>) -> usize
 where
     S: Service<Request<Full<Bytes>>, Error = Infallible> + Clone,
-    S::Response: Into<Response<tower_idempotency::ResponseBody<Full<Bytes>>>>,
+    S::Response: Into<Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>>,
 {
     runtime.block_on(async {
         let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -123,7 +125,10 @@ fn routers() -> [axum::Router; 2] {
         .with_state(());
     let layered = axum::Router::new()
         .route("/labels", axum::routing::post(create))
-        .route_layer(tower_idempotency::IdempotencyLayer::new(MemoryStore::new()))
+        .route_layer(
+            tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+                .global_keys(),
+        )
         .with_state(());
     [bare, layered]
 }
@@ -173,7 +178,11 @@ fn resident() -> Option<usize> {
 /// the stored response's own bytes (status, header names and values, body).
 fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
     let store = MemoryStore::new();
-    let service = Idempotency::new(Create, store.clone());
+    let service = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store.clone(), tower_idempotency::LabelContract)
+            .global_keys(),
+        Create,
+    );
     let keys: Vec<String> = (0..n).map(|i| format!("label-req-{i:08}")).collect();
     let sample = runtime.block_on(async {
         let response = Create
@@ -217,12 +226,25 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let service = Idempotency::new(Create, MemoryStore::new());
+    let service = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(
+            MemoryStore::new(),
+            tower_idempotency::LabelContract,
+        )
+        .global_keys(),
+        Create,
+    );
     let json = common::json_service(MemoryStore::new());
     let bare = tower::service_fn(|request: Request<Full<Bytes>>| {
         let mut create = Create;
         let future = create.call(request.map(RequestBody::inner));
-        async move { Ok::<_, Infallible>(future.await?.map(tower_idempotency::ResponseBody::inner)) }
+        async move {
+            Ok::<_, Infallible>(
+                future
+                    .await?
+                    .map(tower_idempotency::body::ResponseBody::inner),
+            )
+        }
     });
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -289,7 +311,9 @@ fn main() {
     }
     // The layer with the operation's value left out of the request extensions.
     let lean = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new()).value_extension(false),
+        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+            .global_keys()
+            .value_extension(false),
         Create,
     );
     for i in 0..WARM {

@@ -14,8 +14,10 @@
 
 use std::time::{Duration, Instant};
 
+use tower_idempotency::operation::Fingerprint;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Operator;
-use tower_idempotency::{Claim, Fingerprint, MemoryStore, Store, fingerprint};
+use tower_idempotency::{LabelContract, MemoryStore, Store};
 
 /// Every claim's time, in nanoseconds, sorted; and the whole run's. Under `churn`, each
 /// claim is followed by forgetting the key that many claims back: outside each claim's
@@ -78,7 +80,7 @@ fn main() {
     let keys: Vec<(String, Fingerprint)> = (0..keys)
         .map(|i| {
             let key = format!("POST /labels k-{i}");
-            let fingerprint = fingerprint(&key, "parcel-42");
+            let fingerprint = LabelContract::fingerprint(&key, "parcel-42");
             (key, fingerprint)
         })
         .collect();

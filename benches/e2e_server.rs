@@ -9,7 +9,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
+use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 async fn create(
     Json(op): Json<LabelOperation>,
@@ -43,7 +45,7 @@ fn main() {
                 "layered" => MemoryStore::new(),
                 _ => MemoryStore::with_retention(Duration::from_secs(1)),
             };
-            router.route_layer(IdempotencyLayer::new(store))
+            router.route_layer(IdempotencyLayer::new(store, LabelContract).global_keys())
         }
         other => {
             eprintln!("unknown mode {other}");

@@ -18,8 +18,10 @@ use bytes::Bytes;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
-use tower::{Service, ServiceExt};
-use tower_idempotency::{Claim, Idempotency, MemoryStore, RequestBody, Store, fingerprint};
+use tower::{Layer, Service, ServiceExt};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::store::Claim;
+use tower_idempotency::{Idempotency, IdempotencyLayer, LabelContract, MemoryStore, Store};
 
 const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
 
@@ -27,7 +29,7 @@ async fn drive<S, B>(service: &S, request: Request<B>) -> Bytes
 where
     S: Service<
             Request<B>,
-            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
             Error = Infallible,
         > + Clone,
 {
@@ -55,7 +57,10 @@ fn layer_paths(c: &mut Criterion) {
     // A one-second retention keeps the store at a steady size, as in a long-running process;
     // without it the store grows by every measured request and its growth dominates.
     let store = MemoryStore::with_retention(Duration::from_secs(1));
-    let service: Idempotency<Create, MemoryStore> = Idempotency::new(Create, store);
+    let service: Idempotency<Create, MemoryStore, LabelContract> =
+        IdempotencyLayer::new(store, LabelContract)
+            .global_keys()
+            .layer(Create);
     let next = AtomicU64::new(0);
     group.bench_function("new", |b| {
         b.to_async(&runtime).iter_batched(
@@ -171,7 +176,7 @@ fn grpc(c: &mut Criterion) {
         .unwrap();
     let mut group = c.benchmark_group("grpc");
     let bare = grpc_labels::Labels::new(Duration::ZERO);
-    let guarded = IdempotencyLayer::with_operation(
+    let guarded = IdempotencyLayer::new(
         MemoryStore::with_retention(Duration::from_secs(1)),
         grpc_labels::operation(),
     )
@@ -193,7 +198,7 @@ fn grpc(c: &mut Criterion) {
         );
     });
     // Replays from a store that keeps its one record for good: every call a replay.
-    let replaying = IdempotencyLayer::with_operation(MemoryStore::new(), grpc_labels::operation())
+    let replaying = IdempotencyLayer::new(MemoryStore::new(), grpc_labels::operation())
         .global_keys()
         .layer(grpc_labels::Labels::new(Duration::ZERO));
     runtime.block_on(call(&replaying, create_label("g-replay")));
@@ -235,7 +240,7 @@ fn memory_contention(c: &mut Criterion) {
         .worker_threads(2)
         .build()
         .unwrap();
-    let fp = fingerprint("label-req-7", "parcel-42");
+    let fp = LabelContract::fingerprint("label-req-7", "parcel-42");
     for tasks in [1usize, 2, 8] {
         for hot in [false, true] {
             let name = format!(

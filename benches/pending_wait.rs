@@ -22,8 +22,10 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
+use tower_idempotency::LabelContract;
+use tower_idempotency::body::RequestBody;
 use tower_idempotency::store::{MemoryStore, PostgresStore, RedisStore};
-use tower_idempotency::{IdempotencyLayer, RequestBody, Store};
+use tower_idempotency::{IdempotencyLayer, Store};
 
 static RUN: AtomicU64 = AtomicU64::new(0);
 
@@ -37,8 +39,11 @@ fn unique(prefix: &str) -> String {
 
 /// The new path on the memory store without the setting and with it, nobody waiting.
 fn nobody_waits(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
-    let off = IdempotencyLayer::new(MemoryStore::new()).layer(Create);
-    let on = IdempotencyLayer::new(MemoryStore::new())
+    let off = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
+        .layer(Create);
+    let on = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
         .pending_wait(Duration::from_secs(5))
         .layer(Create);
     let mut group = c.benchmark_group("nobody waits (memory, new)");
@@ -96,7 +101,8 @@ async fn round<St: Store + Clone>(
     gated: &Gated,
     waited: &(impl Fn(&St) -> usize + Sync),
 ) -> (Duration, Duration) {
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .pending_wait(Duration::from_secs(5))
         .layer(gated.clone());
     let key = unique("w");
@@ -142,7 +148,9 @@ fn store_latency<St: Store + Clone>(
     waited: impl Fn(&St) -> usize + Sync,
 ) {
     let mut group = c.benchmark_group(name);
-    let service = IdempotencyLayer::new(store.clone()).layer(Create);
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
+        .layer(Create);
     common::replays(
         &mut group,
         runtime,

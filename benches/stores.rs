@@ -21,10 +21,11 @@ use common::{Create, valid};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+use tower_idempotency::Store;
+use tower_idempotency::body::RequestBody;
 use tower_idempotency::store::{
     PostgresStore, RedisStore, SqliteStore, TransactionalPostgresStore,
 };
-use tower_idempotency::{Idempotency, RequestBody, Store};
 
 fn run_id() -> String {
     format!(
@@ -37,7 +38,11 @@ fn run_id() -> String {
 }
 
 fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, store: St) {
-    let service = Idempotency::new(Create, store);
+    let service = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        Create,
+    );
     let run = run_id();
     let next = AtomicU64::new(0);
     let mut group = c.benchmark_group(name);
@@ -83,7 +88,11 @@ fn redis_round_trips(
             total
         })
     };
-    let service = Idempotency::new(Create, store);
+    let service = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        Create,
+    );
     let run = run_id();
     let n = 200u64;
     let before = total();

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_idempotency::LabelOperation;
+use tower_idempotency::operation::LabelOperation;
 
 const ATTEMPTS: u32 = 8;
 

@@ -52,7 +52,7 @@ async fn main() {
         }
     };
     // The key is the request's own id, shared by every client: the lesson's global keys.
-    let layer = IdempotencyLayer::with_operation(store, operation()).global_keys();
+    let layer = IdempotencyLayer::new(store, operation()).global_keys();
     let layer = common::with_pending_wait(layer, options.pending_wait);
     let listener = match tokio::net::TcpListener::bind(options.addr).await {
         Ok(listener) => listener,

@@ -16,7 +16,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tower::Layer;
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, RequestBody};
+use tower_idempotency::LabelContract;
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 static NEXT_LABEL: AtomicU64 = AtomicU64::new(1);
 
@@ -50,7 +53,9 @@ async fn main() -> std::io::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:3002".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    let service = IdempotencyLayer::new(MemoryStore::new()).layer(tower::service_fn(create));
+    let service = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
+        .layer(tower::service_fn(create));
     println!("hyper label server on http://{addr}");
     loop {
         let (stream, _) = listener.accept().await?;

@@ -33,8 +33,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tower_idempotency::scope::store_key;
 use tower_idempotency::store::{Operator, RecordState};
-use tower_idempotency::{StoreError, StoreErrorKind, StoredResponse, store_key};
+use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
 [--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \

@@ -30,11 +30,13 @@ use axum::routing::post;
 use axum::{Json, Router};
 use common::Ids;
 use tower::Layer;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
+use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::store::DynStore;
 #[cfg(feature = "postgres")]
 use tower_idempotency::store::PgTransaction;
-use tower_idempotency::{IdempotencyLayer, LabelOperation};
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] \
@@ -180,7 +182,8 @@ impl LabelApp {
             rate: self.admit_rate.map(RateLimit::per_second),
         };
         // The log middleware outside reads each outcome from the response extensions.
-        let mut layer = IdempotencyLayer::new(store)
+        let mut layer = IdempotencyLayer::new(store, LabelContract)
+            .global_keys()
             .admission(policies)
             .outcome_extension(true);
         if let Some(lease) = self.lease {

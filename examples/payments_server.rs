@@ -157,7 +157,7 @@ impl PaymentsApp {
         let payments_route = Router::new()
             .route("/payments", post(create_payment))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::with_operation(store.clone(), payment)
+                IdempotencyLayer::new(store.clone(), payment)
                     .global_keys()
                     .outcome_extension(true),
                 self.pending_wait,
@@ -165,7 +165,7 @@ impl PaymentsApp {
         let refunds_route = Router::new()
             .route("/payments/{payment_id}/refunds", post(create_refund))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::with_operation(store, refund)
+                IdempotencyLayer::new(store, refund)
                     .global_keys()
                     .outcome_extension(true),
                 self.pending_wait,

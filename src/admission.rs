@@ -7,14 +7,15 @@
 //!
 //! ```
 //! use tower_idempotency::admission::{admit_fn, Admit, ConcurrencyLimit, RateLimit, Refusal};
-//! use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+//! use tower_idempotency::operation::LabelOperation;
 //!
 //! // At most 8 creates at once (503 beyond), at most 100 admitted creates per second (429).
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(ConcurrencyLimit::new(8));
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(RateLimit::per_second(100));
+//! let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys().admission(ConcurrencyLimit::new(8));
+//! let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys().admission(RateLimit::per_second(100));
 //!
 //! // Any policy of your own.
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).admission(admit_fn(|op: &LabelOperation| {
+//! let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys().admission(admit_fn(|op: &LabelOperation| {
 //!     let busy = op.parcel_id.starts_with("blocked-");
 //!     async move { if busy { Admit::Refuse(Refusal::TooManyRequests) } else { Admit::Proceed(()) } }
 //! }));
@@ -30,7 +31,7 @@ use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A policy that admits or refuses a newly claimed operation of type `T` (the
-/// [`Operation::Value`](crate::Operation::Value): a [`LabelOperation`](crate::LabelOperation),
+/// [`Operation::Value`](crate::Operation::Value): a [`LabelOperation`](crate::operation::LabelOperation),
 /// your own body type, …).
 ///
 /// The built-in policies admit operations of every type.
@@ -80,9 +81,9 @@ impl Refusal {
 ///
 /// ```
 /// use tower_idempotency::admission::AlwaysAdmit;
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
 ///
-/// let layer = IdempotencyLayer::new(MemoryStore::new()).admission(AlwaysAdmit);
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys().admission(AlwaysAdmit);
 /// # drop(layer);
 /// ```
 #[derive(Debug, Clone, Copy, Default)]

@@ -168,13 +168,15 @@ impl<B> ResponseBody<B> {
     /// ```
     /// use http::{Request, Response};
     /// use tower::{ServiceExt, service_fn};
-    /// use tower_idempotency::{Idempotency, LabelOperation, MemoryStore, Outcome, RequestBody};
+    /// use tower_idempotency::{Idempotency, MemoryStore, Outcome};
+    /// use tower_idempotency::body::RequestBody;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let create = service_fn(|_: Request<RequestBody<String>>| async {
     ///     Ok::<_, std::convert::Infallible>(Response::builder().status(201).body(String::new()).unwrap())
     /// });
-    /// let service = Idempotency::new(create, MemoryStore::new());
+    /// let service = tower::Layer::layer(&tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), tower_idempotency::LabelContract).global_keys(), create);
     /// let op = LabelOperation::new("label-req-7", "parcel-42");
     /// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
     /// let again = service.oneshot(op.attempt("/labels").unwrap()).await.unwrap();

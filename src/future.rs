@@ -297,7 +297,10 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::{Idempotency, LabelOperation, MemoryStore};
+    use tower::Layer;
+
+    use crate::operation::LabelOperation;
+    use crate::{LabelContract, MemoryStore};
 
     /// Polls `future` once: it waits (its create never answers).
     fn poll_once<F: Future>(future: Pin<&mut F>) {
@@ -341,7 +344,9 @@ mod tests {
     /// and cheap to move into place.
     #[tokio::test]
     async fn a_created_request_is_one_small_allocation() {
-        let mut service = Idempotency::new(never::<Full<Bytes>>(), MemoryStore::new());
+        let mut service = crate::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+            .global_keys()
+            .layer(never::<Full<Bytes>>());
         let request = LabelOperation::new("label-req-7", "parcel-42")
             .attempt("/labels")
             .expect("a request");
@@ -360,7 +365,9 @@ mod tests {
             std::future::pending().await
         }
         let router = axum::Router::new().route("/labels", axum::routing::post(create));
-        let mut service = Idempotency::new(router, MemoryStore::new());
+        let mut service = crate::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+            .global_keys()
+            .layer(router);
         let request = LabelOperation::new("label-req-7", "parcel-42")
             .attempt("/labels")
             .expect("a request")
@@ -381,7 +388,9 @@ mod tests {
             std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
         });
         let first = LabelOperation::new("label-req-7", "parcel-42");
-        let mut service = Idempotency::new(created, store.clone());
+        let mut service = crate::IdempotencyLayer::new(store.clone(), LabelContract)
+            .global_keys()
+            .layer(created);
         let response = service
             .ready()
             .await
@@ -391,7 +400,9 @@ mod tests {
             .expect("a response");
         assert_eq!(response.status(), 200);
         // The same store behind a create that never answers: only a decision would wait.
-        let mut service = Idempotency::new(never::<Full<Bytes>>(), store);
+        let mut service = crate::IdempotencyLayer::new(store, LabelContract)
+            .global_keys()
+            .layer(never::<Full<Bytes>>());
         let pending = LabelOperation::new("label-req-8", "parcel-42");
         let waiting = service.call(pending.attempt("/labels").expect("a request"));
         let mut waiting = std::pin::pin!(waiting);
@@ -460,11 +471,8 @@ mod tests {
             })
         });
         // A JSON operation guards POST and passes other methods through.
-        let layer = crate::IdempotencyLayer::with_operation(
-            MemoryStore::new(),
-            crate::JsonOperation::new(),
-        )
-        .global_keys();
+        let layer = crate::IdempotencyLayer::new(MemoryStore::new(), crate::JsonOperation::new())
+            .global_keys();
         let mut service = tower::Layer::layer(&layer, inner);
         let request = Request::get("/payments")
             .body(String::new())

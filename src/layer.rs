@@ -1,7 +1,10 @@
 //! [`IdempotencyLayer`]: the configuration, and the [`Layer`] that builds the service.
 
+pub use crate::settings::{
+    DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, OtherPaths, StoredResponses,
+};
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::HeaderName;
@@ -9,217 +12,61 @@ use http::request::Parts;
 use tower::Layer;
 
 use crate::admission::AlwaysAdmit;
-use crate::operation::{LabelContract, Operation};
-use crate::scope::Scope;
+use crate::operation::Operation;
+use crate::scope::{GlobalKeys, KeySpace, Scope, Scoped, Unscoped};
 use crate::service::Idempotency;
+use crate::settings::{Config, PathSetting, Settings, Waiting};
 use crate::store::{Lease, Store};
-
-/// The default cap on requests of one layer waiting for a pending key at once
-/// ([`IdempotencyLayer::max_waiting`]).
-pub const DEFAULT_MAX_WAITING: usize = 1_000;
-
-/// The default cap on a created response the layer buffers and stores, in bytes.
-pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
-
-/// What the layer does with a request on a path other than the guarded one, when a path is set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OtherPaths {
-    /// Reply `404`, as the contract says. The default, for a layer that wraps only the create
-    /// endpoint.
-    #[default]
-    NotFound,
-    /// Hand the request to the inner service untouched, for a stack-wide `.layer()` where other
-    /// routes live.
-    PassThrough,
-}
-
-/// Which created responses the layer stores (and so replays).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum StoredResponses {
-    /// Every response of the create, whatever its status: the key is never free again. The
-    /// default, and the only safe choice when a failed create may still have had an effect.
-    #[default]
-    Every,
-    /// Only `2xx` responses. After any other response the key is released, so a retry creates
-    /// anew, and the response goes to the client as it is, unstored. For services whose
-    /// non-`2xx` answers provably leave no effect: nothing between the layer and the create
-    /// may answer for it (a timeout inside that answers `408` or `503` after the create ran
-    /// would let a retry create again). An error of the inner service is no answer: the key
-    /// stays taken, as with [`Every`](Self::Every).
-    Successful,
-}
-
-/// Which paths the layer guards.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum PathSetting {
-    /// The operation's [`default_path`](Operation::default_path).
-    OperationDefault,
-    /// Every path: the layer sits on a route.
-    Any,
-    /// Exactly this path.
-    Exact(String),
-}
-
-/// The configuration a layer holds before it builds services.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    path: PathSetting,
-    body_limit: Option<usize>,
-    response_limit: usize,
-    other_paths: OtherPaths,
-    scope: Option<Scope>,
-    global_keys: bool,
-    excluded_headers: Vec<HeaderName>,
-    mark_replays: bool,
-    outcome_extension: bool,
-    value_extension: bool,
-    trace_keys: bool,
-    stored: StoredResponses,
-    lease: Lease,
-    pending_wait: Option<Duration>,
-    /// Shared by every service the layer builds: the cap is the layer's.
-    waiting: Arc<Waiting>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            path: PathSetting::OperationDefault,
-            body_limit: None,
-            response_limit: DEFAULT_RESPONSE_LIMIT,
-            other_paths: OtherPaths::NotFound,
-            scope: None,
-            global_keys: false,
-            excluded_headers: Vec::new(),
-            mark_replays: false,
-            outcome_extension: false,
-            value_extension: true,
-            trace_keys: false,
-            stored: StoredResponses::Every,
-            lease: Lease::default(),
-            pending_wait: None,
-            waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITING)),
-        }
-    }
-}
-
-/// What every service of one layer shares: the operation and the settings, resolved.
-#[derive(Debug)]
-pub(crate) struct Settings<O> {
-    pub(crate) operation: O,
-    pub(crate) path: Option<String>,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: usize,
-    pub(crate) other_paths: OtherPaths,
-    pub(crate) scope: Option<Scope>,
-    pub(crate) excluded_headers: Vec<HeaderName>,
-    pub(crate) mark_replays: bool,
-    pub(crate) outcome_extension: bool,
-    pub(crate) value_extension: bool,
-    pub(crate) trace_keys: bool,
-    pub(crate) stored: StoredResponses,
-    pub(crate) lease: Lease,
-    /// How long a request whose key is pending waits for the first attempt, if at all.
-    pub(crate) pending_wait: Option<Duration>,
-    /// The requests of this layer waiting now, bounded.
-    pub(crate) waiting: Arc<Waiting>,
-}
-
-/// The requests of one layer waiting for a pending key, bounded.
-#[derive(Debug)]
-pub(crate) struct Waiting {
-    max: usize,
-    now: AtomicUsize,
-}
-
-impl Waiting {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            now: AtomicUsize::new(0),
-        }
-    }
-
-    /// A place among the waiting requests, if there is one.
-    pub(crate) fn enter(&self) -> Option<WaitingSlot<'_>> {
-        let taken = self.now.fetch_add(1, Ordering::AcqRel);
-        if taken < self.max {
-            Some(WaitingSlot(self))
-        } else {
-            self.now.fetch_sub(1, Ordering::AcqRel);
-            None
-        }
-    }
-}
-
-/// One place among a layer's waiting requests, given back when dropped.
-pub(crate) struct WaitingSlot<'a>(&'a Waiting);
-
-impl Drop for WaitingSlot<'_> {
-    fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl<O: Operation> Settings<O> {
-    /// Resolves `config` for `operation`.
-    ///
-    /// # Panics
-    ///
-    /// If the operation requires a scope and neither a scope nor global keys is configured.
-    pub(crate) fn new(operation: O, config: &Config) -> Self {
-        assert!(
-            !operation.requires_scope() || config.scope.is_some() || config.global_keys,
-            "this operation's keys are chosen by clients: set IdempotencyLayer::scope (a tenant \
-             per request) or opt into one key space for every client with \
-             IdempotencyLayer::global_keys"
-        );
-        let path = match &config.path {
-            PathSetting::OperationDefault => operation.default_path().map(str::to_owned),
-            PathSetting::Any => None,
-            PathSetting::Exact(path) => Some(path.clone()),
-        };
-        Self {
-            path,
-            body_limit: config
-                .body_limit
-                .unwrap_or_else(|| operation.default_body_limit()),
-            response_limit: config.response_limit,
-            other_paths: config.other_paths,
-            scope: config.scope.clone(),
-            excluded_headers: config.excluded_headers.clone(),
-            mark_replays: config.mark_replays,
-            outcome_extension: config.outcome_extension,
-            value_extension: config.value_extension,
-            trace_keys: config.trace_keys,
-            stored: config.stored,
-            lease: config.lease,
-            pending_wait: config.pending_wait,
-            waiting: Arc::clone(&config.waiting),
-            operation,
-        }
-    }
-}
 
 /// A [`Layer`] that makes a create endpoint idempotent.
 ///
-/// It holds only configuration: the [`Store`], the [`Admission`](crate::Admission) policy, the [`Operation`]
-/// (what a create request means: [`JsonOperation`](crate::JsonOperation) for your own JSON
-/// body, [`RawOperation`](crate::RawOperation), or the lesson's [`LabelContract`], the
-/// default), the guarded path, the request body limit, the cap on a created response (default
-/// 64 KiB), the key scope, and which responses are stored.
+/// It holds only configuration: the [`Store`], the [`Operation`] (what a create request means:
+/// [`JsonOperation`](crate::JsonOperation) for your own JSON body,
+/// [`RawOperation`](crate::RawOperation) for any bytes, [`GrpcOperation`](crate::GrpcOperation)
+/// for unary gRPC, or a strict contract such as [`LabelContract`](crate::LabelContract)), the
+/// [`Admission`](crate::admission::Admission) policy, the key space, the guarded path, the
+/// request body limit, the cap on a created response (default 64 KiB) and which responses are
+/// stored.
+///
+/// # The key space is chosen, never assumed
+///
+/// Keys are chosen by clients, so two clients may pick the same one. Every layer says whose
+/// keys they are before it can wrap a service: [`scope`](Self::scope) gives each tenant (or
+/// owner, or client) a key space of its own, and [`global_keys`](Self::global_keys) opts into
+/// one space for everyone. The choice is a type (the last parameter, `K`): a layer on which
+/// neither was called does not implement [`Layer`], so forgetting it fails to compile rather
+/// than at start-up.
+///
+/// ```compile_fail
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use tower::{ServiceBuilder, service_fn};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+/// use tower_idempotency::body::RequestBody;
+///
+/// let create = service_fn(|_: Request<RequestBody<String>>| async {
+///     Ok::<_, Infallible>(Response::new(String::new()))
+/// });
+/// // Neither `.scope(…)` nor `.global_keys()`: this does not compile.
+/// let service = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()))
+///     .service(create);
+/// ```
+///
+/// # Example
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, RequestBody};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+/// use tower_idempotency::body::RequestBody;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let create = service_fn(|_: Request<RequestBody<String>>| async move {
 ///     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(String::from("{}")).unwrap())
 /// });
-/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
 ///     .scope(|parts: &http::request::Parts| {
 ///         parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
 ///     })
@@ -237,86 +84,122 @@ impl<O: Operation> Settings<O> {
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct IdempotencyLayer<St, A = AlwaysAdmit, O = LabelContract> {
-    pub(crate) store: St,
-    pub(crate) admission: A,
-    pub(crate) operation: O,
-    pub(crate) config: Config,
+pub struct IdempotencyLayer<St, O, A = AlwaysAdmit, K = Unscoped> {
+    store: St,
+    operation: O,
+    admission: A,
+    keys: K,
+    config: Config,
 }
 
-impl<St: Store> IdempotencyLayer<St> {
-    /// A layer over `store` for the lesson's [`LabelContract`] (`POST /labels`, every byte
-    /// fixed), admitting every operation. For your own endpoint, use
-    /// [`with_operation`](Self::with_operation).
-    pub fn new(store: St) -> Self {
-        Self::with_operation(store, LabelContract)
-    }
-}
-
-impl<St: Store, O: Operation> IdempotencyLayer<St, AlwaysAdmit, O> {
-    /// A layer over `store` for `operation`, admitting every operation.
+impl<St: Store, O: Operation> IdempotencyLayer<St, O> {
+    /// A layer over `store` for `operation`, admitting every operation. Choose its key space
+    /// next: [`scope`](Self::scope) or [`global_keys`](Self::global_keys).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+    /// #[derive(Clone, serde::Deserialize)]
+    /// struct NewOrder { sku: String }
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::<NewOrder>::typed())
     ///     .global_keys();
     /// # drop(layer);
     /// ```
-    pub fn with_operation(store: St, operation: O) -> Self {
+    pub fn new(store: St, operation: O) -> Self {
         Self {
             store,
-            admission: AlwaysAdmit,
             operation,
+            admission: AlwaysAdmit,
+            keys: Unscoped,
             config: Config::default(),
         }
     }
 }
 
-impl<St, A, O> IdempotencyLayer<St, A, O> {
-    /// Sets the [`Admission`](crate::Admission) policy asked after every new claim.
+impl<St, O, A> IdempotencyLayer<St, O, A, Unscoped> {
+    /// Takes a key scope (a tenant, an owner) from each request, so that every scope has a key
+    /// space of its own; see the [`scope`](crate::scope) module. A request for which `scope`
+    /// returns `None` is refused with the operation's *scope required* answer (`403`; see its
+    /// reply table, e.g. [`JsonOperation`'s](crate::JsonOperation#what-it-answers)) before the
+    /// store is touched.
     ///
     /// ```
-    /// use tower_idempotency::admission::ConcurrencyLimit;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).admission(ConcurrencyLimit::new(4));
+    /// /// Put into the request extensions by an authentication layer in front.
+    /// #[derive(Clone)]
+    /// struct Tenant(String);
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+    ///     .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()));
     /// # drop(layer);
     /// ```
-    pub fn admission<B>(self, admission: B) -> IdempotencyLayer<St, B, O> {
+    pub fn scope<F>(mut self, scope: F) -> IdempotencyLayer<St, O, A, Scoped>
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.scope = Some(Scope(Arc::new(scope)));
+        self.with_keys(Scoped)
+    }
+
+    /// Opts into one key space for every client: a key sent by one client names the same
+    /// operation for every other. Only safe when keys cannot collide across clients (they are
+    /// random UUIDs, say) and a stored response may be read by anyone who knows its key.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys();
+    /// # drop(layer);
+    /// ```
+    pub fn global_keys(self) -> IdempotencyLayer<St, O, A, GlobalKeys> {
+        self.with_keys(GlobalKeys)
+    }
+
+    fn with_keys<K>(self, keys: K) -> IdempotencyLayer<St, O, A, K> {
         IdempotencyLayer {
             store: self.store,
-            admission,
             operation: self.operation,
+            admission: self.admission,
+            keys,
             config: self.config,
         }
     }
+}
 
-    /// Sets the [`Operation`]: what a create request means.
+impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
+    /// Sets the [`Admission`](crate::admission::Admission) policy asked after every new claim.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, RawOperation};
+    /// use tower_idempotency::admission::ConcurrencyLimit;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).operation(RawOperation::new()).global_keys();
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys()
+    ///     .admission(ConcurrencyLimit::new(4));
     /// # drop(layer);
     /// ```
-    pub fn operation<P: Operation>(self, operation: P) -> IdempotencyLayer<St, A, P> {
+    pub fn admission<B>(self, admission: B) -> IdempotencyLayer<St, O, B, K> {
         IdempotencyLayer {
             store: self.store,
-            admission: self.admission,
-            operation,
+            operation: self.operation,
+            admission,
+            keys: self.keys,
             config: self.config,
         }
     }
 
     /// Guards only `path`, compared exactly with the request's URI path; other paths get
-    /// [`OtherPaths`]. The [`LabelContract`] guards `/labels` unless told otherwise; the generic
-    /// operations guard every path (the layer sits on the route) unless a path is set.
+    /// [`OtherPaths`]. The generic operations guard every path (the layer sits on the route)
+    /// unless a path is set; a strict contract may have a path of its own
+    /// ([`LabelContract`](crate::LabelContract) guards `/labels` unless told otherwise).
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).path("/v2/labels");
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).path("/v2/labels");
     /// # drop(layer);
     /// ```
     pub fn path(mut self, path: impl Into<String>) -> Self {
@@ -328,9 +211,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// matched already. The key space still holds the method and the concrete path.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).any_path();
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).any_path();
     /// # drop(layer);
     /// ```
     pub fn any_path(mut self) -> Self {
@@ -338,16 +221,16 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
         self
     }
 
-    /// Sets the request body limit in bytes. Default: the operation's (4096 for the
-    /// [`LabelContract`], 16 KiB for the generic operations).
+    /// Sets the request body limit in bytes. Default: the operation's (16 KiB for the generic
+    /// operations, 4096 for the [`LabelContract`](crate::LabelContract)).
     ///
     /// A declared `Content-Length` over it is refused at once; otherwise at most one byte past
     /// it is read before the `413`.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).body_limit(1024);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).body_limit(1024);
     /// # drop(layer);
     /// ```
     pub fn body_limit(mut self, limit: usize) -> Self {
@@ -357,12 +240,13 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
 
     /// Sets the cap, in bytes, on a created response the layer buffers and stores. Default
     /// 64 KiB. A response over it is not stored: the key stays pending and the client gets
-    /// `500 {"error":"response_too_large"}`.
+    /// the operation's *response too large* answer (`500`; see its reply table, e.g.
+    /// [`JsonOperation`'s](crate::JsonOperation#what-it-answers)).
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).response_limit(16 * 1024);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).response_limit(16 * 1024);
     /// # drop(layer);
     /// ```
     pub fn response_limit(mut self, limit: usize) -> Self {
@@ -374,54 +258,13 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// [`OtherPaths::NotFound`].
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, OtherPaths};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).other_paths(OtherPaths::PassThrough);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).other_paths(OtherPaths::PassThrough);
     /// # drop(layer);
     /// ```
     pub fn other_paths(mut self, other_paths: OtherPaths) -> Self {
         self.config.other_paths = other_paths;
-        self
-    }
-
-    /// Takes a key scope (a tenant, an owner) from each request, so that every scope has a key
-    /// space of its own; see the [`scope`](crate::scope) module. A request for which `scope`
-    /// returns `None` is refused with `403 {"error":"scope_required"}` before the store is
-    /// touched.
-    ///
-    /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
-    ///
-    /// #[derive(Clone)]
-    /// struct Tenant(String);
-    ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new())
-    ///     .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()));
-    /// # drop(layer);
-    /// ```
-    pub fn scope<F>(mut self, scope: F) -> Self
-    where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    {
-        self.config.scope = Some(Scope(Arc::new(scope)));
-        self
-    }
-
-    /// Opts into one key space for every client: a key sent by one client names the same
-    /// operation for every other. Only safe when keys cannot collide across clients (they are
-    /// random UUIDs, say) and a stored response may be read by anyone who knows its key.
-    /// Operations with client-chosen keys require this or a [`scope`](Self::scope): without
-    /// either, building the service panics.
-    ///
-    /// ```
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-    ///
-    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
-    ///     .global_keys();
-    /// # drop(layer);
-    /// ```
-    pub fn global_keys(mut self) -> Self {
-        self.config.global_keys = true;
         self
     }
 
@@ -430,7 +273,7 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, StoredResponses};
     ///
-    /// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new())
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
     ///     .global_keys()
     ///     .store_responses(StoredResponses::Successful);
     /// # drop(layer);
@@ -445,9 +288,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     ///
     /// ```
     /// use http::header::SET_COOKIE;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).exclude_headers([SET_COOKIE]);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).exclude_headers([SET_COOKIE]);
     /// # drop(layer);
     /// ```
     pub fn exclude_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
@@ -459,9 +302,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// contract replays the stored headers exactly, and the marker is one header more.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).mark_replays(true);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).mark_replays(true);
     /// # drop(layer);
     /// ```
     pub fn mark_replays(mut self, mark: bool) -> Self {
@@ -472,13 +315,13 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// Also puts each guarded response's [`Outcome`](crate::Outcome) into its extensions, for
     /// an outer layer that sees the response after its body was replaced (an axum
     /// middleware, say). Off by default: the outcome is always on the layer's own body
-    /// ([`ResponseBody::outcome`](crate::ResponseBody::outcome)), for free, while the first
+    /// ([`ResponseBody::outcome`](crate::body::ResponseBody::outcome)), for free, while the first
     /// extension of a response costs three allocations.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).outcome_extension(true);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).outcome_extension(true);
     /// # drop(layer);
     /// ```
     pub fn outcome_extension(mut self, insert: bool) -> Self {
@@ -487,16 +330,16 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     }
 
     /// Whether the inner service gets the operation's value (a
-    /// [`LabelOperation`](crate::LabelOperation), a typed body) in the request extensions.
+    /// [`LabelOperation`](crate::operation::LabelOperation), a typed body) in the request extensions.
     /// On by default; an inner service that reads the body itself (axum's `Json`, say) can
     /// turn it off and save the three allocations of a request's first extension. An inner
     /// service that still expects the value (axum's `Extension`) then fails its create: a
     /// `500 create_failed`, the key left pending.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).value_extension(false);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).value_extension(false);
     /// # drop(layer);
     /// ```
     pub fn value_extension(mut self, insert: bool) -> Self {
@@ -508,9 +351,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     /// personal data, so traces carry only the fingerprint, never the body.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).trace_keys(true);
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).trace_keys(true);
     /// # drop(layer);
     /// ```
     pub fn trace_keys(mut self, trace: bool) -> Self {
@@ -529,9 +372,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_secs(10));
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).lease(Duration::from_secs(10));
     /// # drop(layer);
     /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
@@ -554,9 +397,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
     ///     .lease(Duration::from_secs(10))
     ///     .take_over_abandoned();
     /// # drop(layer);
@@ -585,9 +428,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).pending_wait(Duration::from_secs(5));
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).pending_wait(Duration::from_secs(5));
     /// # drop(layer);
     /// ```
     pub fn pending_wait(mut self, wait: Duration) -> Self {
@@ -601,9 +444,9 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
     ///     .pending_wait(Duration::from_secs(5))
     ///     .max_waiting(100);
     /// # drop(layer);
@@ -619,13 +462,16 @@ impl<St, A, O> IdempotencyLayer<St, A, O> {
     }
 }
 
-/// # Panics
-///
-/// If the operation requires a scope and the layer has neither a [scope](IdempotencyLayer::scope)
-/// nor [global keys](IdempotencyLayer::global_keys): a configuration error, found when the
-/// service is built (at start-up), never on a request.
-impl<S, St: Clone, A: Clone, O: Operation> Layer<S> for IdempotencyLayer<St, A, O> {
-    type Service = Idempotency<S, St, A, O>;
+/// Only a layer whose key space was chosen ([`scope`](IdempotencyLayer::scope) or
+/// [`global_keys`](IdempotencyLayer::global_keys)) wraps services.
+impl<S, St, O, A, K> Layer<S> for IdempotencyLayer<St, O, A, K>
+where
+    St: Clone,
+    O: Operation,
+    A: Clone,
+    K: KeySpace,
+{
+    type Service = Idempotency<S, St, O, A>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::from_parts(

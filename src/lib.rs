@@ -38,7 +38,8 @@
 //! use http_body_util::BodyExt;
 //! use serde::Deserialize;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, RequestBody};
+//! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+//! use tower_idempotency::body::RequestBody;
 //!
 //! #[derive(Clone, Deserialize)]
 //! struct NewPayment { amount: u64, currency: String }
@@ -54,7 +55,7 @@
 //!     .validate(|p| if p.amount >= 1 { Ok(()) } else { Err("amount must be at least 1".into()) });
 //! let service = ServiceBuilder::new()
 //!     .layer(
-//!         IdempotencyLayer::with_operation(MemoryStore::new(), operation)
+//!         IdempotencyLayer::new(MemoryStore::new(), operation)
 //!             // Each tenant its own key space, from what authentication put in front.
 //!             .scope(|parts: &http::request::Parts| {
 //!                 parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
@@ -95,7 +96,9 @@
 //! use std::convert::Infallible;
 //! use http::{Request, Response, StatusCode};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, RequestBody};
+//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+//! use tower_idempotency::body::RequestBody;
+//! use tower_idempotency::operation::LabelOperation;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let create = service_fn(|request: Request<RequestBody<String>>| async move {
@@ -104,7 +107,7 @@
 //!     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(body).unwrap())
 //! });
 //! let service = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys())
 //!     .service(create);
 //!
 //! // The client stores the operation, then builds every attempt from it.
@@ -216,52 +219,23 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-mod body;
-mod future;
+pub mod body;
+pub mod future;
 mod headers;
-mod layer;
+pub mod layer;
 pub mod operation;
 mod pipeline;
-mod reply;
+pub mod reply;
 pub mod scope;
-mod service;
+pub mod service;
+mod settings;
 pub mod store;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 
-pub use crate::admission::Admission;
-pub use crate::body::{RequestBody, ResponseBody};
-pub use crate::future::ResponseFuture;
-pub use crate::layer::{
-    DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, IdempotencyLayer, OtherPaths, StoredResponses,
-};
-pub use crate::operation::{
-    DEFAULT_BODY_LIMIT, Fingerprint, FingerprintHex, GrpcCall, GrpcOperation, IDEMPOTENCY_KEY,
-    IdempotencyKey, InvalidOperation, JsonOperation, LabelContract, LabelOperation, Operation,
-    RawOperation, fingerprint,
-};
-pub use crate::reply::{IDEMPOTENT_REPLAYED, Outcome, Rejection, problem};
-pub use crate::scope::store_key;
+pub use crate::layer::{IdempotencyLayer, OtherPaths, StoredResponses};
+pub use crate::operation::{GrpcOperation, JsonOperation, LabelContract, Operation, RawOperation};
+pub use crate::reply::Outcome;
 pub use crate::service::Idempotency;
-/// The Redis driver the [`RedisStore`](store::RedisStore) is built on, re-exported so you get a
-/// matching version.
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis;
-
-/// The PostgreSQL driver and pool the [`PostgresStore`](store::PostgresStore) is built on,
-/// re-exported so you get matching versions.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use {deadpool_postgres, tokio_postgres};
-
-/// The SQLite binding the [`SqliteStore`](store::SqliteStore) is built on, re-exported so you
-/// get the matching version (to open its file for a look, say).
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use rusqlite;
-
-pub use crate::store::{
-    Claim, Lease, MemoryStore, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
-};
+pub use crate::store::{MemoryStore, Store};

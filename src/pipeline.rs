@@ -34,10 +34,10 @@ use tower::Service;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::headers;
-use crate::layer::{OtherPaths, Settings, StoredResponses};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
+use crate::settings::{OtherPaths, Settings, StoredResponses};
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// What step 1 decided.

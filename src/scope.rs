@@ -7,27 +7,64 @@
 //! own:
 //!
 //! ```
-//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 //!
 //! /// Put into the request extensions by an authentication layer in front.
 //! #[derive(Clone)]
 //! struct Tenant(String);
 //!
-//! let layer = IdempotencyLayer::new(MemoryStore::new())
+//! let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
 //!     .scope(|parts: &http::request::Parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()));
 //! # drop(layer);
 //! ```
 //!
-//! A request whose scope is missing where one is configured is refused with `403`
-//! (`scope_required`) before the store is touched. Operations whose keys clients choose
-//! ([`JsonOperation`](crate::JsonOperation), [`RawOperation`](crate::RawOperation)) require a
-//! scope, or an explicit [`global_keys`](crate::IdempotencyLayer::global_keys).
+//! A request whose scope is missing is refused with the operation's *scope required* answer
+//! (`403`) before the store is touched. Every layer chooses its key space before it wraps a
+//! service: a scope, or an explicit [`global_keys`](crate::IdempotencyLayer::global_keys)
+//! ([`KeySpace`]); forgetting both does not compile.
 
 use std::fmt;
 use std::sync::Arc;
 
 use http::Method;
 use http::request::Parts;
+
+/// Whose keys a layer guards, chosen once on the
+/// [`IdempotencyLayer`](crate::IdempotencyLayer): only a layer with a key space wraps services.
+///
+/// Sealed: [`Scoped`] and [`GlobalKeys`] are the only key spaces.
+#[diagnostic::on_unimplemented(
+    message = "the IdempotencyLayer has no key space",
+    label = "neither `.scope(…)` nor `.global_keys()` was called on this layer",
+    note = "keys are chosen by clients: call `.scope(|parts| …)` to give each tenant its own key \
+            space, or `.global_keys()` to share one among all clients"
+)]
+pub trait KeySpace: sealed::Sealed + Clone + Send + Sync + 'static {}
+
+/// A layer whose key space is not chosen yet: it does not wrap services until
+/// [`scope`](crate::IdempotencyLayer::scope) or
+/// [`global_keys`](crate::IdempotencyLayer::global_keys) is called.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unscoped;
+
+/// Each request's key space is its scope
+/// ([`IdempotencyLayer::scope`](crate::IdempotencyLayer::scope)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scoped;
+
+/// One key space for every client
+/// ([`IdempotencyLayer::global_keys`](crate::IdempotencyLayer::global_keys)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKeys;
+
+impl KeySpace for Scoped {}
+impl KeySpace for GlobalKeys {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Scoped {}
+    impl Sealed for super::GlobalKeys {}
+}
 
 /// Takes the key scope from a request; see the [module docs](self).
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -51,7 +88,7 @@ impl fmt::Debug for Scope {
 ///
 /// ```
 /// use http::Method;
-/// use tower_idempotency::store_key;
+/// use tower_idempotency::scope::store_key;
 ///
 /// assert_eq!(store_key(None, &Method::POST, "/labels", "label-req-7"), "POST /labels label-req-7");
 /// assert_eq!(store_key(Some("acme"), &Method::POST, "/labels", "label-req-7"), "4:acmePOST /labels label-req-7");

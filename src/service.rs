@@ -11,12 +11,12 @@ use tower::Service;
 use crate::admission::{Admission, AlwaysAdmit};
 use crate::body::{Collector, RequestBody, ResponseBody};
 use crate::future::ResponseFuture;
-use crate::layer::{Config, IdempotencyLayer, Settings};
-use crate::operation::{LabelContract, Operation};
+use crate::operation::Operation;
 use crate::pipeline::{self, Guard, Start};
+use crate::settings::Settings;
 use crate::store::{BoxError, Store};
 
-/// The middleware service built by [`IdempotencyLayer`].
+/// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///
 /// It checks the request head, reads the body up to the limit, has the [`Operation`] parse it
 /// into a key, a fingerprint and a value, claims the key in the store, asks admission, calls
@@ -36,14 +36,18 @@ use crate::store::{BoxError, Store};
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tower::{ServiceExt, service_fn};
-/// use tower_idempotency::{Idempotency, LabelOperation, MemoryStore, RequestBody};
+/// use tower::{Layer, ServiceExt, service_fn};
+/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::operation::LabelOperation;
+/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let create = service_fn(|_: Request<RequestBody<String>>| async {
 ///     Ok::<_, Infallible>(Response::builder().status(201).body(String::from("{}")).unwrap())
 /// });
-/// let service = Idempotency::new(create, MemoryStore::new());
+/// let service = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+///     .global_keys()
+///     .layer(create);
 ///
 /// let op = LabelOperation::new("label-req-7", "parcel-42");
 /// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
@@ -53,14 +57,14 @@ use crate::store::{BoxError, Store};
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct Idempotency<S, St, A = AlwaysAdmit, O = LabelContract> {
+pub struct Idempotency<S, St, O, A = AlwaysAdmit> {
     inner: S,
     store: St,
     admission: A,
     settings: Arc<Settings<O>>,
 }
 
-impl<S: Clone, St: Clone, A: Clone, O> Clone for Idempotency<S, St, A, O> {
+impl<S: Clone, St: Clone, O, A: Clone> Clone for Idempotency<S, St, O, A> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -71,24 +75,7 @@ impl<S: Clone, St: Clone, A: Clone, O> Clone for Idempotency<S, St, A, O> {
     }
 }
 
-impl<S, St: Store> Idempotency<S, St> {
-    /// Wraps `inner` with the lesson's [`LabelContract`] over `store`.
-    pub fn new(inner: S, store: St) -> Self {
-        Self::from_parts(
-            inner,
-            store,
-            AlwaysAdmit,
-            Arc::new(Settings::new(LabelContract, &Config::default())),
-        )
-    }
-
-    /// A layer that wraps services over `store`; see [`IdempotencyLayer`].
-    pub fn layer(store: St) -> IdempotencyLayer<St> {
-        IdempotencyLayer::new(store)
-    }
-}
-
-impl<S, St, A, O> Idempotency<S, St, A, O> {
+impl<S, St, O, A> Idempotency<S, St, O, A> {
     pub(crate) fn from_parts(
         inner: S,
         store: St,
@@ -119,7 +106,7 @@ impl<S, St, A, O> Idempotency<S, St, A, O> {
     }
 }
 
-impl<S, St, A, O, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St, A, O>
+impl<S, St, O, A, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St, O, A>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
         + Clone

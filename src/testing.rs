@@ -10,12 +10,13 @@
 //! use tower::{ServiceExt, service_fn};
 //! use tower_idempotency::admission::Refusal;
 //! use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
-//! use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+//! use tower_idempotency::operation::LabelOperation;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let journal = Journal::new();
 //! let admission = ScriptedAdmission::new(journal.clone());
-//! let layer = IdempotencyLayer::new(RecordingStore::new(MemoryStore::new(), journal.clone()))
+//! let layer = IdempotencyLayer::new(RecordingStore::new(MemoryStore::new(), journal.clone()), LabelContract).global_keys()
 //!     .admission(admission.clone());
 //! let create = {
 //!     let journal = journal.clone();
@@ -85,13 +86,14 @@ impl Journal {
 ///
 /// ```
 /// use tower_idempotency::testing::{Journal, RecordingStore};
-/// use tower_idempotency::{fingerprint, MemoryStore, Store, StoreErrorKind};
+/// use tower_idempotency::{LabelContract, MemoryStore, Store};
+/// use tower_idempotency::store::StoreErrorKind;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let journal = Journal::new();
 /// let store = RecordingStore::new(MemoryStore::new(), journal.clone());
 /// store.fail("claim");
-/// let error = store.claim("k", &fingerprint("k", "p")).await.unwrap_err();
+/// let error = store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap_err();
 /// assert_eq!(error.kind(), StoreErrorKind::Unavailable);
 /// assert_eq!(journal.take(), ["claim"]);
 /// # }

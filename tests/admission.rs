@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use common::*;
 use tower::Layer;
+use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{ConcurrencyLimit, RateLimit};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
@@ -15,7 +16,8 @@ async fn a_concurrency_limit_refuses_with_503_while_creates_are_in_flight() {
     let (rig, creates) = rig_with_gated_create(Arc::clone(&gate));
     let limit = ConcurrencyLimit::new(1);
     let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .admission(limit.clone())
         .layer(rig.service.get_ref().clone());
 
@@ -62,7 +64,8 @@ async fn a_concurrency_limit_refuses_with_503_while_creates_are_in_flight() {
 async fn a_rate_limit_refuses_with_429_beyond_its_rate() {
     let rig = Rig::new();
     let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .admission(RateLimit::per_second(3))
         .layer(rig.service.get_ref().clone());
     let mut statuses = Vec::new();
@@ -141,7 +144,8 @@ async fn a_refused_request_drops_its_inner_service_before_the_release() {
     let admission = ScriptedAdmission::new(journal.clone());
     admission.refuse(Some(Refusal::TooManyRequests));
     let store = RecordingStore::new(MemoryStore::new(), journal.clone());
-    let mut service = IdempotencyLayer::new(store)
+    let mut service = IdempotencyLayer::new(store, LabelContract)
+        .global_keys()
         .admission(admission)
         .layer(DropRecorded(journal.clone()));
     let future = tower::Service::call(&mut service, operation("op-1", "p"));

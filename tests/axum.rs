@@ -8,7 +8,9 @@ use axum::routing::{get, post};
 use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, OtherPaths};
+use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
 
 fn attempt() -> Request<Body> {
     Request::post("/labels")
@@ -24,7 +26,11 @@ async fn route_layer_guards_the_create_route_and_leaves_others_alone() {
     // The README's example, with the outcome in the extensions, where axum keeps it.
     let app: Router = Router::new()
         .route("/labels", post(create_label))
-        .route_layer(IdempotencyLayer::new(store.clone()).outcome_extension(true))
+        .route_layer(
+            IdempotencyLayer::new(store.clone(), LabelContract)
+                .global_keys()
+                .outcome_extension(true),
+        )
         .route("/health", get(|| async { "ok" }));
 
     let first = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
@@ -52,7 +58,11 @@ async fn stack_wide_layer_in_pass_through_mode() {
     let app: Router = Router::new()
         .route("/labels", post(create_label))
         .route("/health", get(|| async { "ok" }))
-        .layer(IdempotencyLayer::new(MemoryStore::new()).other_paths(OtherPaths::PassThrough));
+        .layer(
+            IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+                .global_keys()
+                .other_paths(OtherPaths::PassThrough),
+        );
     Reply::read_any(app.clone().oneshot(attempt()).await.unwrap())
         .await
         .exact(201, CREATED_BODY);
@@ -82,7 +92,7 @@ async fn a_handler_can_read_the_operation_from_the_extensions() {
     }
     let app: Router = Router::new()
         .route("/labels", post(from_extensions))
-        .route_layer(IdempotencyLayer::new(MemoryStore::new()));
+        .route_layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys());
     let reply = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     assert_eq!(reply.status, 201);
     assert_eq!(reply.body, "created label-req-7 for parcel-42");
@@ -96,7 +106,7 @@ async fn in_a_nested_router_the_layer_sees_the_path_axum_passes_in() {
     // Nested under /v1, the inner router (and the layer on its route) sees /labels.
     let api: Router = Router::new()
         .route("/labels", post(create_label))
-        .route_layer(IdempotencyLayer::new(store.clone()));
+        .route_layer(IdempotencyLayer::new(store.clone(), LabelContract).global_keys());
     let app: Router = Router::new().nest("/v1", api);
     let request = Request::post("/v1/labels")
         .header("content-type", "application/json")
@@ -120,7 +130,7 @@ async fn in_a_nested_router_the_layer_sees_the_path_axum_passes_in() {
 #[tokio::test]
 async fn as_the_fallback_service_every_path_gets_the_contracts_replies() {
     let guarded = tower::Layer::layer(
-        &IdempotencyLayer::new(MemoryStore::new()),
+        &IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys(),
         Router::new().route("/labels", post(create_label)),
     );
     let app: Router = Router::new().fallback_service(guarded);

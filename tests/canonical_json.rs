@@ -264,7 +264,7 @@ proptest! {
     fn through_the_layer_a_rewriting_replays_and_a_change_conflicts(value in value(), at: prop::sample::Index, a: u64, b: u64) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         runtime.block_on(async {
-            let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new()).global_keys();
+            let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys();
             let service = tower::Layer::layer(&layer, payment_create(Arc::new(AtomicUsize::new(0)), Duration::ZERO));
             let first = send(&service, json_request("POST", "/documents", Some("doc"), &written(&value, a))).await;
             assert_eq!(first.outcome, Some(Outcome::Created), "{:?}", first.body);

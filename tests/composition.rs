@@ -15,7 +15,9 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore};
+use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 fn attempt(body: impl Into<Body>) -> Request<Body> {
     Request::post("/labels")
@@ -42,7 +44,7 @@ async fn the_contract_holds_inside_a_stack_of_tower_http_layers() {
                     Duration::from_secs(5),
                 ))
                 .layer(CompressionLayer::new())
-                .layer(IdempotencyLayer::new(store.clone())),
+                .layer(IdempotencyLayer::new(store.clone(), LabelContract).global_keys()),
         );
     let first = Reply::read_any(app.clone().oneshot(attempt(BODY)).await.unwrap()).await;
     first.exact(201, CREATED_BODY);
@@ -70,7 +72,7 @@ async fn a_body_limit_outside_the_layer_decides_first_and_one_inside_applies_to_
         .route_layer(
             ServiceBuilder::new()
                 .layer(RequestBodyLimitLayer::new(16))
-                .layer(IdempotencyLayer::new(MemoryStore::new())),
+                .layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys()),
         );
     let response = outer_small.oneshot(attempt(BODY)).await.unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
@@ -81,7 +83,7 @@ async fn a_body_limit_outside_the_layer_decides_first_and_one_inside_applies_to_
         .route_layer(
             ServiceBuilder::new()
                 .layer(RequestBodyLimitLayer::new(1 << 20))
-                .layer(IdempotencyLayer::new(MemoryStore::new())),
+                .layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys()),
         );
     let big = format!("{BODY}{}", " ".repeat(5000));
     Reply::read_any(outer_large.clone().oneshot(attempt(big)).await.unwrap())
@@ -107,7 +109,7 @@ async fn a_timeout_outside_the_layer_answers_the_client_but_the_create_still_com
                     StatusCode::GATEWAY_TIMEOUT,
                     Duration::from_millis(50),
                 ))
-                .layer(IdempotencyLayer::new(store.clone())),
+                .layer(IdempotencyLayer::new(store.clone(), LabelContract).global_keys()),
         );
     let timed_out = app.clone().oneshot(attempt(BODY)).await.unwrap();
     assert_eq!(timed_out.status(), StatusCode::GATEWAY_TIMEOUT);
@@ -128,7 +130,7 @@ async fn compression_outside_the_layer_compresses_the_replay_too() {
         .route_layer(
             ServiceBuilder::new()
                 .layer(CompressionLayer::new().gzip(true))
-                .layer(IdempotencyLayer::new(MemoryStore::new())),
+                .layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys()),
         );
     let gzip = |body: &'static str| {
         let mut request = attempt(body);
@@ -151,7 +153,7 @@ async fn compression_outside_the_layer_compresses_the_replay_too() {
 async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
     use common::{Chunks, CreateError, created_response, valid};
     use std::sync::Arc;
-    use tower_idempotency::RequestBody;
+    use tower_idempotency::body::RequestBody;
     for (insert, expected) in [
         (true, Some(LabelOperation::new(KEY, "parcel-42"))),
         (false, None),
@@ -162,7 +164,9 @@ async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
             *saw.lock().unwrap() = Some(request.extensions().get::<LabelOperation>().cloned());
             async move { Ok::<_, CreateError>(created_response()) }
         });
-        let layer = IdempotencyLayer::new(MemoryStore::new()).value_extension(insert);
+        let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+            .global_keys()
+            .value_extension(insert);
         let service = tower::Layer::layer(&layer, create);
         Reply::read(service.oneshot(valid()).await.unwrap())
             .await

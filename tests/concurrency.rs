@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use tower_idempotency::LabelContract;
 use tower_idempotency::{MemoryStore, Outcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -121,15 +122,15 @@ async fn a_client_that_disconnects_while_admission_waits_still_gets_an_answer_st
     let admitted = Arc::clone(&gate);
     let rig = Rig::new();
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(rig.memory.clone()).admission(
-            tower_idempotency::admission::admit_fn(move |_| {
+        &tower_idempotency::IdempotencyLayer::new(rig.memory.clone(), LabelContract)
+            .global_keys()
+            .admission(tower_idempotency::admission::admit_fn(move |_| {
                 let gate = Arc::clone(&admitted);
                 async move {
                     gate.notified().await;
                     tower_idempotency::admission::Admit::Proceed(())
                 }
-            }),
-        ),
+            })),
         rig.service.get_ref().clone(),
     );
     let mut held = service.clone();

@@ -3,7 +3,8 @@
 mod common;
 
 use common::*;
-use tower_idempotency::{LabelOperation, Outcome, fingerprint};
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{LabelContract, Outcome};
 
 // §6: admission refuses, then proceeds, then replays.
 
@@ -377,7 +378,9 @@ async fn the_first_failing_step_decides() {
 #[test]
 fn fingerprint_vector_and_normal_form() {
     assert_eq!(
-        fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
+        LabelContract::fingerprint("label-req-7", "parcel-42")
+            .to_hex()
+            .as_str(),
         "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a"
     );
     let a = LabelOperation::from_json(br#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#)
@@ -386,7 +389,10 @@ fn fingerprint_vector_and_normal_form() {
         LabelOperation::from_json(br#"{"parcel_id":"parcel-42", "request_id" : "label-req-7"}"#)
             .unwrap();
     assert_eq!(a.fingerprint(), b.fingerprint());
-    assert_ne!(fingerprint("ab", "cd"), fingerprint("a", "bcd"));
+    assert_ne!(
+        LabelContract::fingerprint("ab", "cd"),
+        LabelContract::fingerprint("a", "bcd")
+    );
 }
 
 // §4: the claim.
@@ -588,7 +594,7 @@ async fn the_guarded_path_is_configurable() {
 async fn the_inner_service_gets_the_validated_body_and_the_operation() {
     let rig = Rig::around(|journal| {
         tower::service_fn(
-            move |request: http::Request<tower_idempotency::RequestBody<Chunks>>| {
+            move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
                 journal.record("create");
                 async move {
                     use http_body_util::BodyExt;

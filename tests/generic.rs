@@ -17,20 +17,23 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service as _, ServiceBuilder, ServiceExt};
 use tower_idempotency::admission::Refusal;
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::IdempotencyKey;
+use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::{
-    IdempotencyKey, IdempotencyLayer, JsonOperation, MemoryStore, Outcome, RawOperation,
-    RequestBody, StoredResponses,
+    IdempotencyLayer, JsonOperation, MemoryStore, Outcome, RawOperation, StoredResponses,
 };
 
 const BODY: &str = r#"{"amount":1250,"currency":"EUR"}"#;
 const CREATED: &str = r#"{"payment_id":"pay_1","amount":1250,"currency":"EUR"}"#;
 
-type Layer = IdempotencyLayer<RecordingStore, ScriptedAdmission, JsonOperation<NewPayment>>;
+type Layer =
+    IdempotencyLayer<RecordingStore, JsonOperation<NewPayment>, ScriptedAdmission, GlobalKeys>;
 type Service = tower_idempotency::Idempotency<
     Inner,
     RecordingStore,
-    ScriptedAdmission,
     JsonOperation<NewPayment>,
+    ScriptedAdmission,
 >;
 
 /// The typed payment operation over a recording store and a scripted admission: the service,
@@ -49,7 +52,7 @@ fn rig(
     let admission = ScriptedAdmission::new(journal.clone());
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = configure(
-        IdempotencyLayer::with_operation(store.clone(), payment_operation())
+        IdempotencyLayer::new(store.clone(), payment_operation())
             .admission(admission.clone())
             .global_keys(),
     );
@@ -205,7 +208,7 @@ async fn conflict_pending_admission_and_store_failures_are_problems() {
     let journal = Journal::new();
     let store = RecordingStore::new(MemoryStore::new(), journal.clone());
     let admission = ScriptedAdmission::new(journal.clone());
-    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation())
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation())
         .admission(admission.clone())
         .global_keys();
     let held = {
@@ -272,8 +275,7 @@ async fn a_failed_or_oversized_create_is_a_500_problem_and_the_key_stays_taken()
     let failing = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
         Err::<Response<Full<Bytes>>, _>(CreateError("down"))
     }));
-    let layer =
-        IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys();
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation()).global_keys();
     let service = tower::Layer::layer(&layer, failing);
     send(&service, post(Some("f"), BODY))
         .await
@@ -419,7 +421,7 @@ async fn the_key_space_holds_the_method_and_the_concrete_path_and_the_fingerprin
 #[tokio::test]
 async fn a_path_restricts_the_layer_and_other_paths_get_a_404_problem_or_pass() {
     let creates = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation())
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
         .global_keys()
         .path("/payments");
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
@@ -468,7 +470,7 @@ async fn key_member_and_fingerprint_selections() {
     );
 
     let operation = JsonOperation::new().fingerprint_only(["/amount", "/currency"]);
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
     let body = |note: &str, amount: u32| {
         format!(r#"{{"amount":{amount},"currency":"EUR","note":"{note}"}}"#)
@@ -526,7 +528,7 @@ async fn storing_only_successful_responses_releases_the_key_after_any_other_answ
         }))
     };
     let store = MemoryStore::new();
-    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation())
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation())
         .global_keys()
         .store_responses(StoredResponses::Successful);
     let service = tower::Layer::layer(&layer, create);
@@ -544,7 +546,7 @@ async fn storing_only_successful_responses_releases_the_key_after_any_other_answ
         store.is_pending("POST /payments s"),
         "an error is no answer: kept"
     );
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation())
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
         .global_keys()
         .store_responses(StoredResponses::Successful);
     let service = tower::Layer::layer(&layer, service.into_inner());
@@ -557,23 +559,14 @@ async fn storing_only_successful_responses_releases_the_key_after_any_other_answ
     assert_eq!(creates.load(Ordering::SeqCst), 3);
 }
 
-#[test]
-#[should_panic(expected = "IdempotencyLayer::scope")]
-fn client_chosen_keys_need_a_scope_or_an_explicit_global_key_space() {
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), JsonOperation::new());
-    let _ = tower::Layer::layer(
-        &layer,
-        tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-        }),
-    );
-}
+// A layer without a key space does not compile: the `compile_fail` example on
+// `IdempotencyLayer` holds it.
 
 #[tokio::test]
 async fn a_scope_gives_each_tenant_its_key_space_and_a_missing_one_is_a_403_problem() {
     let creates = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::new();
-    let layer = IdempotencyLayer::with_operation(store.clone(), payment_operation()).scope(
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation()).scope(
         |parts: &http::request::Parts| {
             parts
                 .headers
@@ -599,7 +592,7 @@ async fn a_scope_gives_each_tenant_its_key_space_and_a_missing_one_is_a_403_prob
     );
     assert!(
         store
-            .completed(&tower_idempotency::store_key(
+            .completed(&tower_idempotency::scope::store_key(
                 Some("acme"),
                 &Method::POST,
                 "/payments",
@@ -639,9 +632,7 @@ async fn readiness_is_the_inner_services() {
         })
     };
     let mut service = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys(),
-        )
+        .layer(IdempotencyLayer::new(MemoryStore::new(), payment_operation()).global_keys())
         .concurrency_limit(1)
         .service(create);
     let first = service.ready().await.unwrap().call(post(Some("one"), BODY));
@@ -673,9 +664,7 @@ async fn a_typed_axum_handler_gets_the_value_and_the_body() {
     }
     let app: Router = Router::new()
         .route("/payments", axum_post(create).get(|| async { "list" }))
-        .route_layer(
-            IdempotencyLayer::with_operation(MemoryStore::new(), payment_operation()).global_keys(),
-        );
+        .route_layer(IdempotencyLayer::new(MemoryStore::new(), payment_operation()).global_keys());
     let request = Request::post("/payments")
         .header("content-type", "application/json")
         .header("idempotency-key", "ax-1")
@@ -725,7 +714,7 @@ async fn a_raw_operation_fingerprints_the_exact_bytes_and_content_type() {
     };
     let operation =
         RawOperation::new().media_types(["application/x-www-form-urlencoded", "text/plain"]);
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
     let service = tower::Layer::layer(&layer, create);
     let form = |key: &str, content_type: &str, body: &'static str| {
         request("POST", "/upload", Some(key), Some(content_type), body)
@@ -809,8 +798,7 @@ async fn integers_past_two_to_the_53_keep_their_digits_and_the_media_type_is_fin
 
 #[tokio::test]
 async fn a_raw_body_without_a_content_type_is_not_one_with_an_empty_one() {
-    let layer =
-        IdempotencyLayer::with_operation(MemoryStore::new(), RawOperation::new()).global_keys();
+    let layer = IdempotencyLayer::new(MemoryStore::new(), RawOperation::new()).global_keys();
     let creates = Arc::new(AtomicUsize::new(0));
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
     let none = send(&service, request("POST", "/u", Some("r"), None, "x")).await;
@@ -828,7 +816,7 @@ async fn the_default_body_limit_of_the_generic_operations_is_16_kib() {
         let filler = "x".repeat(len - r#"{"p":""}"#.len());
         format!(r#"{{"p":"{filler}"}}"#)
     };
-    assert_eq!(tower_idempotency::DEFAULT_BODY_LIMIT, 16 * 1024);
+    assert_eq!(tower_idempotency::operation::DEFAULT_BODY_LIMIT, 16 * 1024);
     let fits = json_request("POST", "/any", Some("fits"), &padded(16 * 1024));
     assert_eq!(send(&service, fits).await.status, 201);
     let over = json_request("POST", "/any", Some("over"), &padded(16 * 1024 + 1));

@@ -12,7 +12,8 @@ use common::{Chunks, Trailing};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore, RequestBody};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
 
 const CREATE: &str = "/labels.v1.Labels/CreateLabel";
 
@@ -57,7 +58,7 @@ fn service_with(
     gate: Option<Arc<tokio::sync::Notify>>,
 ) -> impl tower::Service<
     Request<Chunks>,
-    Response = Response<tower_idempotency::ResponseBody<Trailing>>,
+    Response = Response<tower_idempotency::body::ResponseBody<Trailing>>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone {
@@ -80,7 +81,7 @@ fn service_with(
         }
     });
     tower::Layer::layer(
-        &IdempotencyLayer::with_operation(store, operation).global_keys(),
+        &IdempotencyLayer::new(store, operation).global_keys(),
         create,
     )
 }
@@ -264,7 +265,7 @@ async fn validate_sees_the_key_the_message_and_its_flag_and_its_refusal_claims_n
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = seen.clone();
     let operation = GrpcOperation::new().method(CREATE).validate(
-        move |call: &tower_idempotency::GrpcCall<'_>| {
+        move |call: &tower_idempotency::operation::GrpcCall<'_>| {
             record.lock().unwrap().push((
                 call.key().to_owned(),
                 call.message().to_vec(),
@@ -332,7 +333,7 @@ async fn validate_sees_the_key_the_message_and_its_flag_and_its_refusal_claims_n
 #[tokio::test]
 async fn a_validation_that_panics_refuses_the_call_and_claims_nothing() {
     let operation = GrpcOperation::new().method(CREATE).validate(
-        |call: &tower_idempotency::GrpcCall<'_>| -> Result<(), &'static str> {
+        |call: &tower_idempotency::operation::GrpcCall<'_>| -> Result<(), &'static str> {
             // A check that indexes an empty message.
             if call.message()[0] == 0 {
                 Ok(())

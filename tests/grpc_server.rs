@@ -13,6 +13,7 @@ use grpc_labels::{Labels, LabelsClient, UNKNOWN_PARCEL, operation, web};
 use tokio::sync::oneshot;
 use tonic::Code;
 use tower_idempotency::admission::{Admission, AlwaysAdmit, Refusal};
+use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
 use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore, Store};
 
@@ -23,10 +24,13 @@ struct Server {
     _stop: oneshot::Sender<()>,
 }
 
-async fn start_with<St, A>(layer: IdempotencyLayer<St, A, GrpcOperation>, delay: Duration) -> Server
+async fn start_with<St, A>(
+    layer: IdempotencyLayer<St, GrpcOperation, A, GlobalKeys>,
+    delay: Duration,
+) -> Server
 where
     St: Store,
-    A: Admission<tower_idempotency::IdempotencyKey> + Clone,
+    A: Admission<tower_idempotency::operation::IdempotencyKey> + Clone,
 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -51,7 +55,7 @@ where
 /// The example's layer on `store`, with `delay` per create.
 async fn start(store: MemoryStore, delay: Duration) -> Server {
     start_with(
-        IdempotencyLayer::with_operation(store, operation()).global_keys(),
+        IdempotencyLayer::new(store, operation()).global_keys(),
         delay,
     )
     .await
@@ -200,7 +204,7 @@ async fn a_call_while_the_first_runs_is_aborted_on_both_transports() {
 #[tokio::test]
 async fn admission_refusals_release_the_key_and_name_the_case() {
     let admission = ScriptedAdmission::new(Journal::new());
-    let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation())
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation())
         .global_keys()
         .admission(admission.clone());
     let server = start_with(layer, Duration::ZERO).await;
@@ -239,7 +243,7 @@ async fn admission_refusals_release_the_key_and_name_the_case() {
 async fn a_store_that_fails_is_unavailable_and_nothing_is_created() {
     let store = RecordingStore::new(MemoryStore::new(), Journal::new());
     store.fail("claim");
-    let layer = IdempotencyLayer::with_operation(store.clone(), operation())
+    let layer = IdempotencyLayer::new(store.clone(), operation())
         .global_keys()
         .admission(AlwaysAdmit);
     let server = start_with(layer, Duration::ZERO).await;

@@ -11,13 +11,21 @@ use std::time::Duration;
 
 use common::*;
 use tower::ServiceExt;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::scope::GlobalKeys;
+use tower_idempotency::store::Lease;
 use tower_idempotency::store::Operator;
-use tower_idempotency::{IdempotencyLayer, LabelOperation, Lease};
+use tower_idempotency::{IdempotencyLayer, LabelContract};
 
 fn rig(
     configure: impl FnOnce(
-        IdempotencyLayer<RecordingStore, ScriptedAdmission>,
-    ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+        IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+    ) -> IdempotencyLayer<
+        RecordingStore,
+        LabelContract,
+        ScriptedAdmission,
+        GlobalKeys,
+    >,
 ) -> Rig {
     let journal = Journal::default();
     let creates = Arc::new(AtomicUsize::new(0));
@@ -117,7 +125,8 @@ async fn a_layer_that_allows_it_takes_over_an_abandoned_key_once() {
 /// complete changes nothing.
 #[tokio::test]
 async fn an_owner_whose_lease_lapsed_is_fenced_out() {
-    use tower_idempotency::{Claim, Reservation, Store, fingerprint};
+    use tower_idempotency::store::{Claim, Reservation};
+    use tower_idempotency::{LabelContract, Store};
     let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
     rig.store.fail("renew");
     let late = spawn_send(&rig.service, operation("late", "slow-300"));
@@ -125,7 +134,7 @@ async fn an_owner_whose_lease_lapsed_is_fenced_out() {
     // Another replica takes the abandoned key over, straight in the shared store.
     let next = Reservation::generate();
     let take_over = Lease::default().take_over_abandoned();
-    let fp = fingerprint("late", "slow-300");
+    let fp = LabelContract::fingerprint("late", "slow-300");
     let key = key_of("late");
     let claim = rig.memory.claim_with(&key, &fp, next, take_over);
     assert_eq!(claim.await.unwrap(), Claim::New(next));
@@ -142,7 +151,7 @@ async fn an_owner_whose_lease_lapsed_is_fenced_out() {
         rig.memory.is_pending(&key_of("late")),
         "the take-over's, untouched"
     );
-    let stored = tower_idempotency::StoredResponse::new(
+    let stored = tower_idempotency::store::StoredResponse::new(
         http::StatusCode::CREATED,
         http::HeaderMap::new(),
         "taken over".into(),
@@ -186,7 +195,8 @@ async fn a_slow_admission_is_covered_by_the_lease() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         Admit::Proceed(())
     });
-    let service = IdempotencyLayer::new(MemoryStore::new())
+    let service = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
         .lease(Duration::from_millis(150))
         .take_over_abandoned()
         .admission(slow)

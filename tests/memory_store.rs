@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use tower_idempotency::{MemoryStore, Store, fingerprint};
+use tower_idempotency::{LabelContract, MemoryStore, Store};
 
 async fn make_store(retention: Option<Duration>) -> MemoryStore {
     match retention {
@@ -18,8 +18,9 @@ tower_idempotency::store_conformance!(make_store, retention = Duration::from_mil
 #[tokio::test]
 async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {
     let store = MemoryStore::with_retention(Duration::from_millis(20));
-    let fp = fingerprint("a", "b");
-    let tower_idempotency::Claim::New(reservation) = store.claim("done", &fp).await.unwrap() else {
+    let fp = LabelContract::fingerprint("a", "b");
+    let tower_idempotency::store::Claim::New(reservation) = store.claim("done", &fp).await.unwrap()
+    else {
         panic!()
     };
     store.claim("open", &fp).await.unwrap();
@@ -68,22 +69,23 @@ async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
     assert_eq!(store.len(), 2);
 
     // A release gives its room back.
-    let fp = fingerprint("x", "p");
+    let fp = LabelContract::fingerprint("x", "p");
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(store.purge_expired(), 2, "both completed records expired");
-    let tower_idempotency::Claim::New(reservation) = store.claim("a", &fp).await.unwrap() else {
+    let tower_idempotency::store::Claim::New(reservation) = store.claim("a", &fp).await.unwrap()
+    else {
         panic!()
     };
     store.claim("b", &fp).await.unwrap();
     let full = store.claim("c", &fp).await.unwrap_err();
     assert_eq!(
         full.kind(),
-        tower_idempotency::StoreErrorKind::CapacityExceeded
+        tower_idempotency::store::StoreErrorKind::CapacityExceeded
     );
     store.release("a", &reservation).await.unwrap();
     assert!(matches!(
         store.claim("c", &fp).await,
-        Ok(tower_idempotency::Claim::New(_))
+        Ok(tower_idempotency::store::Claim::New(_))
     ));
 }
 
@@ -92,8 +94,9 @@ async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
 #[tokio::test]
 async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
     let store = MemoryStore::with_retention(Duration::from_millis(30)).max_records(1);
-    let fp = fingerprint("x", "p");
-    let tower_idempotency::Claim::New(reservation) = store.claim("a", &fp).await.unwrap() else {
+    let fp = LabelContract::fingerprint("x", "p");
+    let tower_idempotency::store::Claim::New(reservation) = store.claim("a", &fp).await.unwrap()
+    else {
         panic!()
     };
     store
@@ -104,12 +107,12 @@ async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
     // "b" falls in another shard than "a"; the expired "a" makes room all the same.
     assert!(matches!(
         store.claim("b", &fp).await,
-        Ok(tower_idempotency::Claim::New(_))
+        Ok(tower_idempotency::store::Claim::New(_))
     ));
     let full = store.claim("z", &fp).await.unwrap_err();
     assert_eq!(
         full.kind(),
-        tower_idempotency::StoreErrorKind::CapacityExceeded
+        tower_idempotency::store::StoreErrorKind::CapacityExceeded
     );
 }
 
@@ -118,11 +121,12 @@ async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
 #[tokio::test]
 async fn claims_drop_expired_records_as_they_go() {
     let store = MemoryStore::with_retention(Duration::from_millis(30));
-    let fp = fingerprint("x", "p");
+    let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();
     for i in 0..64 {
         let key = format!("old-{i}");
-        let tower_idempotency::Claim::New(reservation) = store.claim(&key, &fp).await.unwrap()
+        let tower_idempotency::store::Claim::New(reservation) =
+            store.claim(&key, &fp).await.unwrap()
         else {
             panic!()
         };
@@ -146,12 +150,13 @@ async fn claims_drop_expired_records_as_they_go() {
 async fn a_record_completed_again_expires_from_its_last_completion() {
     use tower_idempotency::store::Operator;
     let store = MemoryStore::with_retention(Duration::from_millis(150));
-    let fp = fingerprint("x", "p");
+    let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();
     let complete = |store: MemoryStore| {
         let response = response.clone();
         async move {
-            let tower_idempotency::Claim::New(reservation) = store.claim("k", &fp).await.unwrap()
+            let tower_idempotency::store::Claim::New(reservation) =
+                store.claim("k", &fp).await.unwrap()
             else {
                 panic!()
             };
@@ -180,11 +185,12 @@ async fn a_record_completed_again_expires_from_its_last_completion() {
 async fn an_expired_record_not_yet_dropped_is_absent_to_a_claim() {
     let store = MemoryStore::with_retention(Duration::from_millis(30));
     assert!(store.is_empty());
-    let fp = fingerprint("x", "p");
+    let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();
     for i in 0..400 {
         let key = format!("k{i}");
-        let tower_idempotency::Claim::New(reservation) = store.claim(&key, &fp).await.unwrap()
+        let tower_idempotency::store::Claim::New(reservation) =
+            store.claim(&key, &fp).await.unwrap()
         else {
             panic!()
         };
@@ -197,7 +203,7 @@ async fn an_expired_record_not_yet_dropped_is_absent_to_a_claim() {
     for i in (0..400).rev() {
         let claim = store.claim(&format!("k{i}"), &fp).await.unwrap();
         assert!(
-            matches!(claim, tower_idempotency::Claim::New(_)),
+            matches!(claim, tower_idempotency::store::Claim::New(_)),
             "k{i}: {claim:?}"
         );
     }

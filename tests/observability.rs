@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex, Once};
 
 use common::*;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::LabelContract;
+use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::{IdempotencyLayer, Outcome};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -72,8 +74,13 @@ fn install() {
 
 async fn traced(
     configure: impl FnOnce(
-        IdempotencyLayer<RecordingStore, ScriptedAdmission>,
-    ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+        IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+    ) -> IdempotencyLayer<
+        RecordingStore,
+        LabelContract,
+        ScriptedAdmission,
+        GlobalKeys,
+    >,
 ) -> (Rig, Recorded) {
     install();
     Recorded.take();
@@ -87,7 +94,7 @@ async fn every_request_has_a_span_with_its_outcome_and_fingerprint_never_its_bod
     let lines = recorded.take();
     let fingerprint = format!(
         "fingerprint={}",
-        tower_idempotency::fingerprint(KEY, "parcel-42")
+        tower_idempotency::LabelContract::fingerprint(KEY, "parcel-42")
     );
     for expected in [
         "outcome=created",
@@ -149,7 +156,7 @@ async fn outcomes_seen_by_an_outer_layer(rig: &Rig) -> (Outcomes, Outcomes) {
     let seen = Arc::clone(&counted);
     let service = ServiceBuilder::new()
         .map_response(
-            move |response: http::Response<tower_idempotency::ResponseBody<_>>| {
+            move |response: http::Response<tower_idempotency::body::ResponseBody<_>>| {
                 let mut seen = seen.lock().unwrap();
                 seen.0.push(response.body().outcome());
                 seen.1.push(response.extensions().get::<Outcome>().copied());

@@ -10,8 +10,11 @@ use std::time::Duration;
 use common::*;
 use http::Request;
 use tower::{Layer, ServiceExt};
+use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, ConcurrencyLimit, admit_fn};
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, Outcome, RequestBody};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
 /// A create that panics in its future for `parcel_id` "boom", in its `call` for "bang", and
 /// otherwise answers the lesson's 201 after `delay`.
@@ -39,7 +42,8 @@ async fn a_create_that_panics_is_a_500_once_and_the_key_stays_pending() {
     let calls = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::new();
     let limit = ConcurrencyLimit::new(1);
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .admission(limit.clone())
         .layer(panicking_create(Arc::clone(&calls), Duration::ZERO));
     for parcel in ["boom", "bang"] {
@@ -63,10 +67,12 @@ async fn a_create_that_panics_is_a_500_once_and_the_key_stays_pending() {
 async fn a_create_that_panics_after_its_client_left_is_caught_in_the_task() {
     let calls = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone()).layer(panicking_create(
-        Arc::clone(&calls),
-        Duration::from_millis(50),
-    ));
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
+        .layer(panicking_create(
+            Arc::clone(&calls),
+            Duration::from_millis(50),
+        ));
     let mut held = service.clone();
     let future = call(&mut held, operation("left", "boom")).await;
     let mut future = Box::pin(future);
@@ -94,7 +100,8 @@ async fn an_admission_that_panics_is_a_500_and_creates_nothing() {
             Admit::Proceed(())
         }
     });
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .admission(admission)
         .layer(panicking_create(Arc::clone(&calls), Duration::ZERO));
     let reply = send_to_service(&service, operation("adm", "boom")).await;
@@ -108,7 +115,7 @@ where
     S: tower::Service<
             Request<Chunks>,
             Response = http::Response<
-                tower_idempotency::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+                tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
             >,
         > + Clone,
     S::Error: std::fmt::Debug,
@@ -151,7 +158,9 @@ async fn a_response_body_that_panics_panics_once() {
         Ok::<_, std::convert::Infallible>(http::Response::new(PanickingBody))
     });
     let store = MemoryStore::new();
-    let service = IdempotencyLayer::new(store.clone()).layer(create);
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
+        .layer(create);
     let mut future = Box::pin(service.oneshot(operation("p-1", "ok")));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let before = PANICS.with(std::cell::Cell::get);

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tower::{Layer, ServiceExt};
+use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
-use tower_idempotency::{IdempotencyLayer, LabelOperation, MemoryStore, Outcome};
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
 fn rig(wait: Duration) -> Rig {
     let journal = Journal::default();
@@ -139,8 +141,8 @@ fn first_refused<St: tower_idempotency::Store>(
     tower_idempotency::Idempotency<
         Inner,
         St,
-        impl tower_idempotency::Admission<LabelOperation>,
         tower_idempotency::LabelContract,
+        impl tower_idempotency::admission::Admission<LabelOperation>,
     >,
     Arc<AtomicUsize>,
 ) {
@@ -157,7 +159,8 @@ fn first_refused<St: tower_idempotency::Store>(
         }
     });
     let creates = Arc::new(AtomicUsize::new(0));
-    let service = IdempotencyLayer::new(store)
+    let service = IdempotencyLayer::new(store, LabelContract)
+        .global_keys()
         .pending_wait(Duration::from_secs(5))
         .admission(first_refused)
         .layer(timed_create(Journal::default(), Arc::clone(&creates)));
@@ -258,7 +261,8 @@ async fn a_waiter_whose_client_left_never_creates() {
 #[tokio::test]
 async fn the_cap_holds_across_the_services_of_one_layer() {
     let creates = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(MemoryStore::new())
+    let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
         .pending_wait(Duration::from_secs(5))
         .max_waiting(1);
     let a = layer.layer(timed_create(Journal::default(), Arc::clone(&creates)));
@@ -334,10 +338,10 @@ impl tower_idempotency::Store for HoldingStore {
     async fn claim_with(
         &self,
         key: &str,
-        fingerprint: &tower_idempotency::Fingerprint,
-        reservation: tower_idempotency::Reservation,
-        lease: tower_idempotency::Lease,
-    ) -> Result<tower_idempotency::Claim, tower_idempotency::StoreError> {
+        fingerprint: &tower_idempotency::operation::Fingerprint,
+        reservation: tower_idempotency::store::Reservation,
+        lease: tower_idempotency::store::Lease,
+    ) -> Result<tower_idempotency::store::Claim, tower_idempotency::store::StoreError> {
         let claim = self
             .inner
             .claim_with(key, fingerprint, reservation, lease)
@@ -355,26 +359,26 @@ impl tower_idempotency::Store for HoldingStore {
     async fn renew(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
+        reservation: &tower_idempotency::store::Reservation,
         lease: Duration,
-    ) -> Result<(), tower_idempotency::StoreError> {
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.inner.renew(key, reservation, lease).await
     }
 
     async fn complete(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
-        response: &tower_idempotency::StoredResponse,
-    ) -> Result<(), tower_idempotency::StoreError> {
+        reservation: &tower_idempotency::store::Reservation,
+        response: &tower_idempotency::store::StoredResponse,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.inner.complete(key, reservation, response).await
     }
 
     async fn release(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
-    ) -> Result<(), tower_idempotency::StoreError> {
+        reservation: &tower_idempotency::store::Reservation,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.inner.release(key, reservation).await
     }
 }
@@ -420,10 +424,10 @@ impl tower_idempotency::Store for PollingStore {
     async fn claim_with(
         &self,
         key: &str,
-        fingerprint: &tower_idempotency::Fingerprint,
-        reservation: tower_idempotency::Reservation,
-        lease: tower_idempotency::Lease,
-    ) -> Result<tower_idempotency::Claim, tower_idempotency::StoreError> {
+        fingerprint: &tower_idempotency::operation::Fingerprint,
+        reservation: tower_idempotency::store::Reservation,
+        lease: tower_idempotency::store::Lease,
+    ) -> Result<tower_idempotency::store::Claim, tower_idempotency::store::StoreError> {
         self.0
             .claim_with(key, fingerprint, reservation, lease)
             .await
@@ -432,26 +436,26 @@ impl tower_idempotency::Store for PollingStore {
     async fn renew(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
+        reservation: &tower_idempotency::store::Reservation,
         lease: Duration,
-    ) -> Result<(), tower_idempotency::StoreError> {
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.0.renew(key, reservation, lease).await
     }
 
     async fn complete(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
-        response: &tower_idempotency::StoredResponse,
-    ) -> Result<(), tower_idempotency::StoreError> {
+        reservation: &tower_idempotency::store::Reservation,
+        response: &tower_idempotency::store::StoredResponse,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.0.complete(key, reservation, response).await
     }
 
     async fn release(
         &self,
         key: &str,
-        reservation: &tower_idempotency::Reservation,
-    ) -> Result<(), tower_idempotency::StoreError> {
+        reservation: &tower_idempotency::store::Reservation,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
         self.0.release(key, reservation).await
     }
 }

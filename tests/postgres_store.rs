@@ -14,7 +14,8 @@ use common::conformance::{awkward_response, unique_key};
 use common::servers::Proxy;
 use common::*;
 use tower_idempotency::store::PostgresStore;
-use tower_idempotency::{Claim, Store, StoreErrorKind, fingerprint};
+use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::{LabelContract, Store};
 
 const TABLE: &str = "tower_idempotency_test";
 
@@ -137,7 +138,7 @@ async fn listening(store: &PostgresStore) {
 async fn store_on_own_table() -> PostgresStore {
     let table = format!(
         "tidem_listen_{:x}",
-        tower_idempotency::Reservation::generate().as_u128()
+        tower_idempotency::store::Reservation::generate().as_u128()
     );
     let store = PostgresStore::connect(&database_url())
         .await
@@ -228,7 +229,7 @@ async fn completed_and_pending_records_survive_a_new_pool() {
         send_to(&service, operation(&key, "parcel-42"))
             .await
             .exact(201, CREATED_BODY);
-        let fp = fingerprint(&pending_key, "parcel-42");
+        let fp = LabelContract::fingerprint(&pending_key, "parcel-42");
         assert!(matches!(
             store.claim(&key_of(&pending_key), &fp).await,
             Ok(Claim::New(_))
@@ -263,20 +264,26 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
     let warm = unique_key("warm");
     send_to(&service, operation(&warm, "p")).await;
     send_to(&service, operation(&warm, "p")).await;
-    let fp = fingerprint(&warm, "q");
+    let fp = LabelContract::fingerprint(&warm, "q");
     let Ok(Claim::Conflict) = store.claim(&key_of(&warm), &fp).await else {
         panic!()
     };
     let pending = unique_key("pending");
     let Ok(Claim::New(reservation)) = store
-        .claim(&key_of(&pending), &fingerprint(&pending, "p"))
+        .claim(
+            &key_of(&pending),
+            &LabelContract::fingerprint(&pending, "p"),
+        )
         .await
     else {
         panic!()
     };
     let _ = store.release(&key_of(&pending), &reservation).await;
     let Ok(Claim::New(_)) = store
-        .claim(&key_of(&pending), &fingerprint(&pending, "p"))
+        .claim(
+            &key_of(&pending),
+            &LabelContract::fingerprint(&pending, "p"),
+        )
         .await
     else {
         panic!()
@@ -356,7 +363,7 @@ async fn purge_deletes_expired_completed_records_only() {
     let store = make_store(Some(Duration::from_millis(50))).await;
     let done = unique_key("purge-done");
     let open = unique_key("purge-open");
-    let fp = fingerprint("x", "y");
+    let fp = LabelContract::fingerprint("x", "y");
     let Ok(Claim::New(reservation)) = store.claim(&done, &fp).await else {
         panic!()
     };
@@ -441,7 +448,7 @@ async fn pooled_connections_carry_the_store_timeout_as_statement_timeout() {
         .unwrap_err();
     assert_eq!(
         slow.code(),
-        Some(&tower_idempotency::tokio_postgres::error::SqlState::QUERY_CANCELED)
+        Some(&tower_idempotency::store::postgres::tokio_postgres::error::SqlState::QUERY_CANCELED)
     );
 }
 
@@ -485,17 +492,19 @@ async fn migrate_upgrades_a_table_of_the_first_release() {
             "DROP TABLE \"{table}\"; CREATE TABLE \"{table}\" (key text PRIMARY KEY, \
              fingerprint text NOT NULL, token bytea, response bytea, expires_at timestamptz); \
              INSERT INTO \"{table}\" (key, fingerprint, token) VALUES ('old', '{}', '\\x00')",
-            fingerprint("old", "p").to_hex().as_str()
+            LabelContract::fingerprint("old", "p").to_hex().as_str()
         ))
         .await
         .unwrap();
     drop(client);
     store.migrate().await.unwrap();
     assert!(matches!(
-        store.claim("old", &fingerprint("old", "p")).await,
+        store
+            .claim("old", &LabelContract::fingerprint("old", "p"))
+            .await,
         Ok(Claim::Pending)
     ));
-    let fp = fingerprint("new", "p");
+    let fp = LabelContract::fingerprint("new", "p");
     let Ok(Claim::New(reservation)) = store.claim("new", &fp).await else {
         panic!("a new claim");
     };
@@ -541,7 +550,7 @@ async fn a_notification_that_cannot_be_sent_fails_no_change() {
     let admin = make_store(None).await;
     let database = format!(
         "tower_idempotency_quiet_{:x}",
-        tower_idempotency::Reservation::generate().as_u128()
+        tower_idempotency::store::Reservation::generate().as_u128()
     );
     let client = admin.pool().get().await.unwrap();
     client
@@ -575,7 +584,7 @@ async fn a_notification_that_cannot_be_sent_fails_no_change() {
     store.migrate().await.unwrap();
     for complete in [true, false] {
         let key = unique_key("quiet");
-        let fp = fingerprint(&key, "p");
+        let fp = LabelContract::fingerprint(&key, "p");
         let Ok(Claim::New(reservation)) = store.claim(&key, &fp).await else {
             panic!("a new claim");
         };

@@ -13,13 +13,16 @@ use common::{Chunks, Reply, operation};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Layer, ServiceExt};
+use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::scope::store_key;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::{
     Operator, PgTransaction, PostgresStore, TransactionalPostgresStore,
 };
-use tower_idempotency::{
-    Claim, Idempotency, IdempotencyLayer, LabelOperation, RequestBody, Store, store_key,
-};
+use tower_idempotency::{Idempotency, IdempotencyLayer, Store};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
@@ -77,12 +80,19 @@ impl Db {
 
     /// The layer over [`create`] on this store.
     fn service(&self) -> Guarded {
-        Idempotency::new(create(self.labels.clone()), self.store.clone())
+        tower::Layer::layer(
+            &tower_idempotency::IdempotencyLayer::new(
+                self.store.clone(),
+                tower_idempotency::LabelContract,
+            )
+            .global_keys(),
+            create(self.labels.clone()),
+        )
     }
 }
 
 /// The layer over [`create`].
-type Guarded = Idempotency<Create, TransactionalPostgresStore>;
+type Guarded = Idempotency<Create, TransactionalPostgresStore, LabelContract>;
 
 /// A create that inserts its label in the claim's transaction, then does what its parcel
 /// says: `ok`, `fail` (an error), `panic`, `bad-sql` (a failed statement, then 201 all the
@@ -161,7 +171,7 @@ async fn send<S>(service: &S, request_id: &str, parcel: &str) -> Reply
 where
     S: tower::Service<
             Request<Chunks>,
-            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
             Error = std::io::Error,
         > + Clone,
 {
@@ -237,7 +247,8 @@ async fn an_admission_refusal_rolls_the_claim_back() {
             }
         }
     });
-    let service = IdempotencyLayer::new(db.store.clone())
+    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
+        .global_keys()
         .admission(admission)
         .layer(create(db.labels.clone()));
     let refused = send(&service, "a-1", "ok").await;
@@ -290,7 +301,8 @@ async fn a_second_attempt_while_the_first_is_open_is_pending_at_once() {
 #[tokio::test]
 async fn a_response_over_the_cap_rolls_back() {
     let db = Db::new("cap").await;
-    let service = IdempotencyLayer::new(db.store.clone())
+    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
+        .global_keys()
         .response_limit(4)
         .layer(create(db.labels.clone()));
     let over = send(&service, "c-1", "ok").await;
@@ -333,7 +345,9 @@ async fn a_response_body_that_panics_rolls_back_and_frees_the_key() {
             Ok::<_, std::io::Error>(Response::new(Panicking))
         }
     });
-    let service = IdempotencyLayer::new(db.store.clone()).layer(create);
+    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
+        .global_keys()
+        .layer(create);
     let sent = tokio::spawn(service.oneshot(operation("z-1", "ok")));
     assert!(sent.await.is_err(), "the panic reached the caller");
     // The transaction is rolled back, not left open holding the key and a connection.
@@ -389,7 +403,7 @@ async fn a_create_that_commits_by_itself_is_never_answered_as_created() {
 #[tokio::test]
 async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
     let db = Db::new("cancel").await;
-    use tower_idempotency::{deadpool_postgres, tokio_postgres};
+    use tower_idempotency::store::postgres::{deadpool_postgres, tokio_postgres};
     let mut config: tokio_postgres::Config = database_url().parse().unwrap();
     config.application_name("tx-cancel-test");
     let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
@@ -402,7 +416,7 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
             .table("tx_records_cancel")
             .unwrap(),
     );
-    let fingerprint = tower_idempotency::fingerprint("c-1", "p");
+    let fingerprint = tower_idempotency::LabelContract::fingerprint("c-1", "p");
     let idle_in_transaction = || async {
         let client = db.store.store().pool().get().await.unwrap();
         let row = client
@@ -462,13 +476,13 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
 async fn renewing_holds_only_for_an_open_transaction() {
     let db = Db::new("renew").await;
     let store = &db.store;
-    let fingerprint = tower_idempotency::fingerprint("n-1", "p");
+    let fingerprint = tower_idempotency::LabelContract::fingerprint("n-1", "p");
     let lease = Duration::from_secs(5);
-    let stranger = tower_idempotency::Reservation::generate();
+    let stranger = tower_idempotency::store::Reservation::generate();
     let lost = store.renew("n-1", &stranger, lease).await.unwrap_err();
     assert_eq!(
         lost.kind(),
-        tower_idempotency::StoreErrorKind::ReservationLost
+        tower_idempotency::store::StoreErrorKind::ReservationLost
     );
     let Ok(Claim::New(reservation)) = store.claim("n-1", &fingerprint).await else {
         panic!("a new claim")
@@ -478,20 +492,20 @@ async fn renewing_holds_only_for_an_open_transaction() {
     let ended = store.renew("n-1", &reservation, lease).await.unwrap_err();
     assert_eq!(
         ended.kind(),
-        tower_idempotency::StoreErrorKind::ReservationLost
+        tower_idempotency::store::StoreErrorKind::ReservationLost
     );
     // Released twice: the second finds no transaction.
     let again = store.release("n-1", &reservation).await.unwrap_err();
     assert_eq!(
         again.kind(),
-        tower_idempotency::StoreErrorKind::ReservationLost
+        tower_idempotency::store::StoreErrorKind::ReservationLost
     );
 }
 
 #[tokio::test]
 async fn an_operator_sees_resolves_and_forgets_a_stuck_key_through_the_store() {
-    use tower_idempotency::StoredResponse;
     use tower_idempotency::store::RecordState;
+    use tower_idempotency::store::StoredResponse;
 
     let db = Db::new("operator").await;
     let service = db.service();

@@ -136,7 +136,7 @@ async fn cluster_with_created_keys(
     timeout: Duration,
 ) -> (
     RedisCluster,
-    tower_idempotency::Idempotency<Inner, RedisStore>,
+    tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::LabelContract>,
     Arc<AtomicUsize>,
     Vec<(String, u16)>,
 ) {

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use common::servers::{RedisServer, pause_redis};
 use common::*;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
-use tower_idempotency::{Claim, Store, fingerprint};
+use tower_idempotency::{LabelContract, Store};
 
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -79,7 +80,7 @@ async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
     created.is_created();
     // A pending reservation, as a crash between create and complete leaves it.
     let pending = operation("pending-op", "parcel-42");
-    let fp = fingerprint("pending-op", "parcel-42");
+    let fp = LabelContract::fingerprint("pending-op", "parcel-42");
     assert!(matches!(
         store.claim(&key_of("pending-op"), &fp).await,
         Ok(Claim::New(_))
@@ -163,7 +164,7 @@ impl CommandCounter {
     /// Asserts that `request` costs exactly `expected` commands.
     async fn expect<St: Store>(
         &mut self,
-        service: &tower_idempotency::Idempotency<Inner, St>,
+        service: &tower_idempotency::Idempotency<Inner, St, tower_idempotency::LabelContract>,
         request: http::Request<Chunks>,
         expected: u64,
         what: &str,
@@ -197,7 +198,7 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
         .expect(&service, operation(KEY, "parcel-43"), 1, "conflict: claim")
         .await
         .exact(409, r#"{"error":"idempotency_conflict"}"#);
-    let fp = fingerprint("pending-op", "parcel-42");
+    let fp = LabelContract::fingerprint("pending-op", "parcel-42");
     assert!(matches!(
         store.claim(&key_of("pending-op"), &fp).await,
         Ok(Claim::New(_))
@@ -243,7 +244,7 @@ async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
         .await
         .unwrap()
         .timeout(Duration::from_secs(4));
-    let fp = fingerprint("timeout", "p");
+    let fp = LabelContract::fingerprint("timeout", "p");
     pause(1_500);
     let started = std::time::Instant::now();
     let claim = patient.claim("patient", &fp).await;
@@ -259,7 +260,10 @@ async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
         .timeout(Duration::from_millis(300));
     pause(1_000);
     let error = hasty.claim("hasty", &fp).await.unwrap_err();
-    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Timeout);
+    assert_eq!(
+        error.kind(),
+        tower_idempotency::store::StoreErrorKind::Timeout
+    );
 }
 
 /// A claim queued behind `CLIENT PAUSE … WRITE` runs after its caller timed out, with a token
@@ -288,7 +292,7 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
         let error = RedisStore::connect(&server.url()).await.unwrap_err();
         assert_eq!(
             error.kind(),
-            tower_idempotency::StoreErrorKind::InvalidConfig
+            tower_idempotency::store::StoreErrorKind::InvalidConfig
         );
         assert!(error.to_string().contains(policy), "{error}");
         let allowed = RedisStore::connect_allowing_eviction(&server.url())
@@ -302,7 +306,9 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
     let safe = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
     let store = RedisStore::connect(&safe.url()).await.unwrap();
     assert!(matches!(
-        store.claim("k", &fingerprint("k", "p")).await,
+        store
+            .claim("k", &LabelContract::fingerprint("k", "p"))
+            .await,
         Ok(Claim::New(_))
     ));
 }
@@ -315,7 +321,9 @@ async fn a_server_without_config_is_accepted() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     assert_eq!(store.eviction_policy().await.unwrap(), None);
     assert!(matches!(
-        store.claim("k", &fingerprint("k", "p")).await,
+        store
+            .claim("k", &LabelContract::fingerprint("k", "p"))
+            .await,
         Ok(Claim::New(_))
     ));
     // A server that cannot be reached does not say "nothing": it fails.
@@ -329,7 +337,7 @@ async fn a_server_without_config_is_accepted() {
 async fn a_failing_script_is_sent_once() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let fp = fingerprint("warm", "p");
+    let fp = LabelContract::fingerprint("warm", "p");
     // The script loaded, as on a long-running server.
     assert!(matches!(store.claim("warm", &fp).await, Ok(Claim::New(_))));
     let client = redis::Client::open(server.url()).unwrap();
@@ -343,7 +351,10 @@ async fn a_failing_script_is_sent_once() {
     let mut counter = CommandCounter::new(&server.url()).await;
     let before = counter.total().await;
     let error = store.claim("not-a-hash", &fp).await.unwrap_err();
-    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
+    assert_eq!(
+        error.kind(),
+        tower_idempotency::store::StoreErrorKind::Unavailable
+    );
     assert_eq!(
         counter.total().await - before,
         1,
@@ -379,7 +390,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
         .await
         .unwrap()
         .wait_for_replicas(1, Duration::from_secs(2));
-    let fp = fingerprint("replicated", "p");
+    let fp = LabelContract::fingerprint("replicated", "p");
     let Claim::New(reservation) = one.claim("replicated", &fp).await.unwrap() else {
         panic!("a new claim")
     };
@@ -402,7 +413,10 @@ async fn writes_wait_for_the_replicas_asked_for() {
         .unwrap()
         .wait_for_replicas(2, Duration::from_millis(200));
     let error = two.claim("short", &fp).await.unwrap_err();
-    assert_eq!(error.kind(), tower_idempotency::StoreErrorKind::Unavailable);
+    assert_eq!(
+        error.kind(),
+        tower_idempotency::store::StoreErrorKind::Unavailable
+    );
     assert!(error.to_string().contains("1 of 2 replicas"), "{error}");
 }
 
@@ -432,10 +446,10 @@ async fn a_claim_answer_lost_after_the_send_strands_no_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_lease_deadline_is_pending_not_an_error() {
     use tower_idempotency::store::Operator;
-    use tower_idempotency::{Lease, Reservation};
+    use tower_idempotency::store::{Lease, Reservation};
     let store = make_store(None).await;
     let key = common::conformance::unique_key("bad-deadline");
-    let fp = fingerprint("bad", "deadline");
+    let fp = LabelContract::fingerprint("bad", "deadline");
     let take_over = Lease::new(Duration::from_millis(50)).take_over_abandoned();
     let owner = Reservation::generate();
     let claimed = store.claim_with(&key, &fp, owner, take_over).await.unwrap();
@@ -548,7 +562,7 @@ async fn a_user_without_channel_rights_still_completes_releases_and_forgets() {
         .unwrap();
     let url = server.url().replacen("redis://", "redis://app:secret@", 1);
     let store = RedisStore::connect(&url).await.unwrap();
-    let fp = fingerprint("acl", "p");
+    let fp = LabelContract::fingerprint("acl", "p");
     let Claim::New(done) = store.claim("done", &fp).await.unwrap() else {
         panic!("new")
     };

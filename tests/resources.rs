@@ -14,7 +14,9 @@ use bytes::Bytes;
 use common::*;
 use http_body::{Body, Frame, SizeHint};
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, RequestBody};
+use tower_idempotency::LabelContract;
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// An endless body of 64 KiB chunks that counts the bytes it handed out.
 struct Endless {
@@ -59,7 +61,7 @@ fn create_service<B>(
     creates: Arc<AtomicUsize>,
 ) -> impl tower::Service<
     http::Request<B>,
-    Response = http::Response<tower_idempotency::ResponseBody<http_body_util::Full<Bytes>>>,
+    Response = http::Response<tower_idempotency::body::ResponseBody<http_body_util::Full<Bytes>>>,
     Error = CreateError,
     Future: Send,
 > + Clone
@@ -67,7 +69,7 @@ where
     B: Body<Data = Bytes, Error = Infallible> + Send + 'static,
 {
     tower::Layer::layer(
-        &IdempotencyLayer::new(store),
+        &IdempotencyLayer::new(store, LabelContract).global_keys(),
         tower::service_fn(move |_: http::Request<RequestBody<B>>| {
             creates.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, CreateError>(created_response()) }

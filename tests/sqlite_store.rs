@@ -18,7 +18,7 @@ fn path() -> &'static PathBuf {
         let dir = std::env::temp_dir().join(format!(
             "tower-idempotency-sqlite-{}-{}",
             std::process::id(),
-            tower_idempotency::Reservation::generate()
+            tower_idempotency::store::Reservation::generate()
         ));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         dir.join("records.sqlite3")
@@ -39,10 +39,14 @@ tower_idempotency::store_conformance!(make_store, retention = Duration::from_mil
 /// as separate processes have), released together: exactly one is new, over many keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_from_separate_connections_give_exactly_one_new() {
-    use tower_idempotency::{Claim, Store, fingerprint};
+    use tower_idempotency::store::Claim;
+    use tower_idempotency::{LabelContract, Store};
     let stores = futures_stores(8).await;
     for round in 0..20 {
-        let key = format!("{}-{round}", tower_idempotency::Reservation::generate());
+        let key = format!(
+            "{}-{round}",
+            tower_idempotency::store::Reservation::generate()
+        );
         let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(stores.len()));
         let tasks: Vec<_> = stores
             .iter()
@@ -50,7 +54,10 @@ async fn claims_from_separate_connections_give_exactly_one_new() {
                 let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.claim(&key, &fingerprint(&key, "p")).await.unwrap()
+                    store
+                        .claim(&key, &LabelContract::fingerprint(&key, "p"))
+                        .await
+                        .unwrap()
                 })
             })
             .collect();
@@ -78,11 +85,14 @@ async fn futures_stores(n: usize) -> Vec<SqliteStore> {
 /// the store's thread panic, and every later call failed. Any timeout is accepted.
 #[tokio::test]
 async fn any_timeout_is_accepted() {
-    use tower_idempotency::{Claim, Store, fingerprint};
+    use tower_idempotency::store::Claim;
+    use tower_idempotency::{LabelContract, Store};
     let store = make_store(None).await.timeout(Duration::MAX);
-    let key = tower_idempotency::Reservation::generate().to_string();
+    let key = tower_idempotency::store::Reservation::generate().to_string();
     assert!(matches!(
-        store.claim(&key, &fingerprint(&key, "p")).await,
+        store
+            .claim(&key, &LabelContract::fingerprint(&key, "p"))
+            .await,
         Ok(Claim::New(_))
     ));
 }
@@ -90,19 +100,23 @@ async fn any_timeout_is_accepted() {
 /// Found in review: a record the store cannot read is `Corrupt`, not `Unavailable`.
 #[tokio::test]
 async fn an_unreadable_record_is_corrupt() {
-    use tower_idempotency::{Store, StoreErrorKind, fingerprint};
+    use tower_idempotency::store::StoreErrorKind;
+    use tower_idempotency::{LabelContract, Store};
     let store = make_store(None).await;
-    let key = format!("corrupt-{}", tower_idempotency::Reservation::generate());
+    let key = format!(
+        "corrupt-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
     let connection = rusqlite::Connection::open(path()).unwrap();
     connection
         .execute(
             "INSERT INTO idempotency_records (key, fingerprint, token, response, take_over, \
              changed_at) VALUES (?1, ?2, NULL, x'00ff', 'yes', 0)",
-            rusqlite::params![key, fingerprint(&key, "p").to_hex().as_str()],
+            rusqlite::params![key, LabelContract::fingerprint(&key, "p").to_hex().as_str()],
         )
         .unwrap();
     let error = store
-        .claim(&key, &fingerprint(&key, "p"))
+        .claim(&key, &LabelContract::fingerprint(&key, "p"))
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Corrupt);

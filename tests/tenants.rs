@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use tower::Layer;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome, store_key};
+use tower_idempotency::LabelContract;
+use tower_idempotency::scope::store_key;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
 #[derive(Clone)]
 struct Tenant(&'static str);
@@ -22,9 +24,9 @@ fn as_tenant(tenant: &'static str, mut request: http::Request<Chunks>) -> http::
 fn scoped(
     store: MemoryStore,
     creates: Arc<AtomicUsize>,
-) -> tower_idempotency::Idempotency<Inner, MemoryStore> {
+) -> tower_idempotency::Idempotency<Inner, MemoryStore, tower_idempotency::LabelContract> {
     let inner = counting_service(store.clone(), creates, Duration::ZERO).into_inner();
-    IdempotencyLayer::new(store)
+    IdempotencyLayer::new(store, LabelContract)
         .scope(|parts: &http::request::Parts| {
             parts.extensions.get::<Tenant>().map(|t| t.0.to_owned())
         })
@@ -81,7 +83,7 @@ async fn a_pending_operation_in_one_scope_does_not_block_another() {
     let store = MemoryStore::new();
     let gate = Arc::new(tokio::sync::Notify::new());
     let (rig, creates) = rig_with_gated_create(Arc::clone(&gate));
-    let service = IdempotencyLayer::new(store.clone())
+    let service = IdempotencyLayer::new(store.clone(), LabelContract)
         .scope(|parts: &http::request::Parts| {
             parts.extensions.get::<Tenant>().map(|t| t.0.to_owned())
         })
@@ -141,10 +143,12 @@ async fn two_endpoints_on_one_store_have_separate_keys() {
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let inner = counting_service(store.clone(), Arc::clone(&creates), Duration::ZERO).into_inner();
-    let labels = IdempotencyLayer::new(store.clone())
+    let labels = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .path("/labels")
         .layer(inner.clone());
-    let returns = IdempotencyLayer::new(store.clone())
+    let returns = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .path("/returns")
         .layer(inner);
     send_to(&labels, valid()).await.is_created();

@@ -16,6 +16,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::LabelContract;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
 
 /// The health service next to the JSON create route, as one router.
@@ -34,7 +35,11 @@ async fn grpc_routes_pass_through_and_the_create_route_is_guarded() {
     let store = MemoryStore::new();
     // Stack-wide, in pass-through mode: it guards /labels and hands every other path on.
     let app = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(store.clone()).other_paths(OtherPaths::PassThrough))
+        .layer(
+            IdempotencyLayer::new(store.clone(), LabelContract)
+                .global_keys()
+                .other_paths(OtherPaths::PassThrough),
+        )
         .service(routes().await);
 
     // A gRPC call of Health/Check: an empty request message in one frame.
@@ -96,7 +101,11 @@ async fn a_tonic_server_with_tonic_web_and_the_layer_answers_grpc_clients() {
     let server = tonic::transport::Server::builder()
         .accept_http1(true)
         .layer(tonic_web::GrpcWebLayer::new())
-        .layer(IdempotencyLayer::new(store.clone()).other_paths(OtherPaths::PassThrough))
+        .layer(
+            IdempotencyLayer::new(store.clone(), LabelContract)
+                .global_keys()
+                .other_paths(OtherPaths::PassThrough),
+        )
         .add_service(health)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     let server = tokio::spawn(server);
@@ -112,7 +121,11 @@ async fn a_tonic_server_serves_grpc_and_the_guarded_json_route_side_by_side() {
     let addr = listener.local_addr().unwrap();
     let server = tonic::transport::Server::builder()
         .accept_http1(true)
-        .layer(IdempotencyLayer::new(store.clone()).other_paths(OtherPaths::PassThrough))
+        .layer(
+            IdempotencyLayer::new(store.clone(), LabelContract)
+                .global_keys()
+                .other_paths(OtherPaths::PassThrough),
+        )
         .add_routes(tonic::service::Routes::from(routes().await))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     let server = tokio::spawn(server);

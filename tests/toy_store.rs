@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tower_idempotency::store::{Operator, RecordInfo};
-use tower_idempotency::{
-    Claim, Fingerprint, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+use tower_idempotency::Store;
+use tower_idempotency::operation::Fingerprint;
+use tower_idempotency::store::{
+    Claim, Lease, Reservation, StoreError, StoreErrorKind, StoredResponse,
 };
+use tower_idempotency::store::{Operator, RecordInfo};
 
 enum State {
     /// Claimed and creating, its lease lapsing at `until`; `take_over` if its owner allows a

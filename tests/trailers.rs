@@ -11,7 +11,9 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::{Idempotency, MemoryStore, RequestBody};
+use tower_idempotency::LabelContract;
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::{Idempotency, MemoryStore};
 
 fn grpc_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::new();
@@ -37,6 +39,7 @@ fn service(
     + Send
     + 'static,
     MemoryStore,
+    LabelContract,
 > {
     let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
         let body = Trailing {
@@ -49,7 +52,11 @@ fn service(
             Ok::<_, Infallible>(response)
         }
     });
-    Idempotency::new(create, store)
+    tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        create,
+    )
 }
 
 /// The body and the trailers of a response, read to its end.
@@ -123,7 +130,8 @@ async fn trailers_are_kept_whole_filtered_and_capped() {
             async move { Ok::<_, Infallible>(Response::new(body)) }
         })
     };
-    let layer = IdempotencyLayer::new(MemoryStore::new())
+    let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
         .exclude_headers([http::header::SET_COOKIE])
         .response_limit(100);
     let service = tower::Layer::layer(&layer, create(0));
@@ -139,7 +147,9 @@ async fn trailers_are_kept_whole_filtered_and_capped() {
     }
 
     // A trailer that takes the response over the cap is refused as a body would be.
-    let layer = IdempotencyLayer::new(MemoryStore::new()).response_limit(100);
+    let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        .global_keys()
+        .response_limit(100);
     let service = tower::Layer::layer(&layer, create(200));
     let response = service.oneshot(valid()).await.unwrap();
     assert_eq!(response.status(), 500);

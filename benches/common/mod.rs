@@ -82,8 +82,8 @@ pub fn json_service<St: tower_idempotency::Store>(
 ) -> tower_idempotency::Idempotency<
     Create,
     St,
-    tower_idempotency::admission::AlwaysAdmit,
     tower_idempotency::JsonOperation<NewPayment>,
+    tower_idempotency::admission::AlwaysAdmit,
 > {
     let operation = tower_idempotency::JsonOperation::<NewPayment>::typed().validate(|p| {
         if p.amount >= 1 {
@@ -92,7 +92,7 @@ pub fn json_service<St: tower_idempotency::Store>(
             Err("amount must be at least 1".into())
         }
     });
-    let layer = tower_idempotency::IdempotencyLayer::with_operation(store, operation).global_keys();
+    let layer = tower_idempotency::IdempotencyLayer::new(store, operation).global_keys();
     tower::Layer::layer(&layer, Create)
 }
 

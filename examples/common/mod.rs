@@ -10,8 +10,9 @@ use axum::Router;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
+use tower_idempotency::operation::IDEMPOTENCY_KEY;
 use tower_idempotency::store::DynStore;
-use tower_idempotency::{IDEMPOTENCY_KEY, MemoryStore, Outcome};
+use tower_idempotency::{MemoryStore, Outcome};
 
 /// The flags every example server takes; `extra` gets the others, with their value.
 pub struct Options {
@@ -69,10 +70,10 @@ impl Options {
 }
 
 /// `layer` with the `--pending-wait-ms` setting, if one was given.
-pub fn with_pending_wait<St, A, O>(
-    layer: tower_idempotency::IdempotencyLayer<St, A, O>,
+pub fn with_pending_wait<St, O, A, K>(
+    layer: tower_idempotency::IdempotencyLayer<St, O, A, K>,
     wait: Option<Duration>,
-) -> tower_idempotency::IdempotencyLayer<St, A, O> {
+) -> tower_idempotency::IdempotencyLayer<St, O, A, K> {
     match wait {
         Some(wait) => layer.pending_wait(wait),
         None => layer,

@@ -27,7 +27,9 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower::Service;
 use tower_idempotency::admission::Admission;
-use tower_idempotency::{GrpcCall, GrpcOperation, IdempotencyKey, IdempotencyLayer, Store};
+use tower_idempotency::operation::{GrpcCall, IdempotencyKey};
+use tower_idempotency::scope::GlobalKeys;
+use tower_idempotency::{GrpcOperation, IdempotencyLayer, Store};
 
 /// The guarded method's path.
 pub const CREATE_LABEL: &str = "/labels.v1.Labels/CreateLabel";
@@ -193,7 +195,7 @@ impl NamedService for Labels {
 /// tonic-web's layer outside, so that gRPC-web calls reach the idempotency layer as gRPC.
 pub async fn serve<St, A>(
     listener: tokio::net::TcpListener,
-    layer: IdempotencyLayer<St, A, GrpcOperation>,
+    layer: IdempotencyLayer<St, GrpcOperation, A, GlobalKeys>,
     labels: Labels,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error>

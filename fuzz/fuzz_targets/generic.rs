@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     runtime.block_on(async {
         let store = MemoryStore::new();
         let (creates, create) = counting_create(b"");
-        let layer = IdempotencyLayer::with_operation(store.clone(), JsonOperation::new())
+        let layer = IdempotencyLayer::new(store.clone(), JsonOperation::new())
             .global_keys()
             .body_limit(4096);
         let guarded = request.method() == http::Method::POST;

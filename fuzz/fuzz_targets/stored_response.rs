@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tower_idempotency::StoredResponse;
+use tower_idempotency::store::StoredResponse;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(response) = StoredResponse::from_bytes(Bytes::copy_from_slice(data)) {

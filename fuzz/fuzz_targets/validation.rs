@@ -8,6 +8,7 @@ use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
+use tower_idempotency::LabelContract;
 
 const REPLIES: [(u16, &str); 6] = [
     (404, r#"{"error":"not_found"}"#),
@@ -30,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     runtime.block_on(async {
         let store = MemoryStore::new();
         let (creates, create) = counting_create(b"created");
-        let service = tower::Layer::layer(&IdempotencyLayer::new(store.clone()), create);
+        let service = tower::Layer::layer(&IdempotencyLayer::new(store.clone(), LabelContract).global_keys(), create);
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();
         let body = response.into_body().collect().await.unwrap().to_bytes();

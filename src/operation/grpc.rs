@@ -57,7 +57,7 @@ const GRPC: &str = "application/grpc";
 /// use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
 ///
 /// let operation = GrpcOperation::new().method("/labels.v1.Labels/CreateLabel");
-/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
 /// # drop(layer);
 /// ```
 #[derive(Clone, Default)]
@@ -134,7 +134,8 @@ impl GrpcOperation {
     /// operation; a compressed message comes as it was sent, to decompress or refuse.
     ///
     /// ```
-    /// use tower_idempotency::{GrpcCall, GrpcOperation};
+    /// use tower_idempotency::GrpcOperation;
+    /// use tower_idempotency::operation::GrpcCall;
     ///
     /// // The key must be the message's first bytes: a stand-in for decoding it.
     /// let operation = GrpcOperation::new()

@@ -15,10 +15,6 @@ use super::key::key_in;
 use super::{Fingerprint, Head, Operation, Parsed, media};
 use crate::reply::Rejection;
 
-/// The default request body limit of the generic operations ([`JsonOperation`],
-/// [`RawOperation`](crate::RawOperation)): 16 KiB.
-pub const DEFAULT_JSON_BODY_LIMIT: usize = super::DEFAULT_BODY_LIMIT;
-
 type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync>;
 
 /// Any JSON create endpoint, as draft-ietf-httpapi-idempotency-key-header describes it.
@@ -26,7 +22,7 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync
 /// - **Guarded methods**: `POST` by default ([`methods`](Self::methods) adds `PATCH`, say);
 ///   other methods pass through untouched, so a `GET` on the same route is not guarded.
 /// - **The key**: one `Idempotency-Key` header, 1 to 255 visible ASCII characters, bare or as a
-///   Structured Field string ([`IdempotencyKey`](crate::IdempotencyKey)); checked before the body is read.
+///   Structured Field string ([`IdempotencyKey`](crate::operation::IdempotencyKey)); checked before the body is read.
 /// - **The body**: `Content-Type: application/json` or `application/…+json`, at most the body
 ///   limit (16 KiB unless the layer sets another), one JSON value with no member name twice.
 ///   With a type ([`JsonOperation::typed`]) it must deserialize into it and pass the
@@ -49,7 +45,8 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync
 /// use http::{Request, Response, StatusCode};
 /// use serde::Deserialize;
 /// use tower::{ServiceExt, service_fn};
-/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, RequestBody};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+/// use tower_idempotency::body::RequestBody;
 ///
 /// #[derive(Clone, Deserialize)]
 /// struct NewPayment { amount: u64, currency: String }
@@ -57,7 +54,7 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let operation = JsonOperation::<NewPayment>::typed()
 ///     .validate(|p| if p.amount >= 1 { Ok(()) } else { Err("amount must be at least 1".into()) });
-/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
 /// let service = tower::Layer::layer(&layer, service_fn(|request: Request<RequestBody<String>>| async move {
 ///     let payment = request.extensions().get::<NewPayment>().unwrap();
 ///     let body = format!(r#"{{"amount":{},"currency":"{}"}}"#, payment.amount, payment.currency);

@@ -7,7 +7,8 @@
 //! compares intents with [`fingerprint`].
 //!
 //! ```
-//! use tower_idempotency::{fingerprint, LabelOperation};
+//! use tower_idempotency::LabelContract;
+//! use tower_idempotency::operation::LabelOperation;
 //!
 //! let op = LabelOperation::new("label-req-7", "parcel-42");
 //! let attempt = op.attempt("/labels").unwrap();
@@ -17,7 +18,7 @@
 //! let parsed = LabelOperation::from_json(br#"{"parcel_id":"parcel-42", "request_id" : "label-req-7"}"#).unwrap();
 //! assert_eq!(parsed, op);
 //! assert_eq!(
-//!     fingerprint(&parsed.request_id, &parsed.parcel_id).to_hex().as_str(),
+//!     LabelContract::fingerprint(&parsed.request_id, &parsed.parcel_id).to_hex().as_str(),
 //!     "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a",
 //! );
 //! ```
@@ -45,7 +46,7 @@ use crate::reply::Rejection;
 /// the inner service can read it without parsing the body again.
 ///
 /// ```
-/// use tower_idempotency::LabelOperation;
+/// use tower_idempotency::operation::LabelOperation;
 ///
 /// let op = LabelOperation::new("label-req-7", "parcel-42");
 /// assert_eq!(
@@ -332,7 +333,7 @@ impl<'a> Plain<'a> {
 /// The body or key of a request is not a valid operation (contract §2, steps 5 and 6).
 ///
 /// ```
-/// use tower_idempotency::LabelOperation;
+/// use tower_idempotency::operation::LabelOperation;
 ///
 /// assert!(LabelOperation::from_json(br#"{"request_id":"","parcel_id":"p"}"#).is_err());
 /// ```
@@ -353,7 +354,7 @@ impl LabelOperation {
     /// No validation happens here; a server validates with [`LabelOperation::from_json`].
     ///
     /// ```
-    /// use tower_idempotency::LabelOperation;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// let op = LabelOperation::new("label-req-7", "parcel-42");
     /// assert_eq!(op.request_id, "label-req-7");
@@ -377,7 +378,7 @@ impl LabelOperation {
     /// boolean, an empty string, a character outside the alphabet, a second JSON value.
     ///
     /// ```
-    /// use tower_idempotency::LabelOperation;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// assert!(LabelOperation::from_json(br#"{"request_id":"a","parcel_id":"b"}"#).is_ok());
     /// assert!(LabelOperation::from_json(br#"{"request_id":"a","parcel_id":"b","x":1}"#).is_err());
@@ -401,7 +402,7 @@ impl LabelOperation {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use tower_idempotency::LabelOperation;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// let body = Bytes::from_static(br#"{"request_id":"a","parcel_id":"b"}"#);
     /// assert_eq!(LabelOperation::from_body(&body).unwrap(), LabelOperation::new("a", "b"));
@@ -421,19 +422,20 @@ impl LabelOperation {
     /// The fingerprint of this operation; see [`fingerprint`].
     ///
     /// ```
-    /// use tower_idempotency::{fingerprint, LabelOperation};
+    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// let op = LabelOperation::new("a", "b");
-    /// assert_eq!(op.fingerprint(), fingerprint("a", "b"));
+    /// assert_eq!(op.fingerprint(), LabelContract::fingerprint("a", "b"));
     /// ```
     pub fn fingerprint(&self) -> Fingerprint {
-        fingerprint(&self.request_id, &self.parcel_id)
+        LabelContract::fingerprint(&self.request_id, &self.parcel_id)
     }
 
     /// The JSON body of every attempt: `{"request_id":"…","parcel_id":"…"}`.
     ///
     /// ```
-    /// use tower_idempotency::LabelOperation;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// assert_eq!(
     ///     LabelOperation::new("r", "p").to_json(),
@@ -457,7 +459,7 @@ impl LabelOperation {
     /// value.
     ///
     /// ```
-    /// use tower_idempotency::LabelOperation;
+    /// use tower_idempotency::operation::LabelOperation;
     ///
     /// let op = LabelOperation::new("label-req-7", "parcel-42");
     /// let first = op.attempt("http://127.0.0.1:3000/labels").unwrap();
@@ -507,29 +509,6 @@ const IDENTIFIER: [bool; 256] = {
     table
 };
 
-/// `sha256(request_id + "\n" + parcel_id)`: the contract's fingerprint (§3), shown as its 64
-/// lowercase hexadecimal digits ([`Fingerprint::to_hex`], `Display`).
-///
-/// It is computed from validated field values, not from the raw body, so field order and
-/// whitespace do not change it. It compares intents; it proves nothing about who sent them.
-///
-/// ```
-/// use tower_idempotency::fingerprint;
-///
-/// assert_eq!(
-///     fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
-///     "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a",
-/// );
-/// ```
-pub fn fingerprint(request_id: &str, parcel_id: &str) -> Fingerprint {
-    let digest = Sha256::new()
-        .chain_update(request_id.as_bytes())
-        .chain_update(b"\n")
-        .chain_update(parcel_id.as_bytes())
-        .finalize();
-    Fingerprint::from_sha256(digest.into())
-}
-
 /// The lesson's label contract as an [`Operation`]: `POST /labels` with exactly
 /// `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to `request_id`, every
 /// refusal `{"error":"…"}` byte for byte. The worked example of a strict operation.
@@ -543,7 +522,7 @@ pub fn fingerprint(request_id: &str, parcel_id: &str) -> Fingerprint {
 /// ```
 /// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
 ///
-/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), LabelContract);
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract);
 /// # drop(layer);
 /// ```
 ///
@@ -552,6 +531,31 @@ pub fn fingerprint(request_id: &str, parcel_id: &str) -> Fingerprint {
 #[doc = include_str!("../reply/label.md")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LabelContract;
+
+impl LabelContract {
+    /// `sha256(request_id + "\n" + parcel_id)`: the contract's fingerprint (§3), shown as its 64
+    /// lowercase hexadecimal digits ([`Fingerprint::to_hex`], `Display`).
+    ///
+    /// It is computed from validated field values, not from the raw body, so field order and
+    /// whitespace do not change it. It compares intents; it proves nothing about who sent them.
+    ///
+    /// ```
+    /// use tower_idempotency::LabelContract;
+    ///
+    /// assert_eq!(
+    ///     LabelContract::fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
+    ///     "9c2dc67e4c22f75bcc63a19e384876bc7f83fd8f117cb45df4aa1ec13e49ae3a",
+    /// );
+    /// ```
+    pub fn fingerprint(request_id: &str, parcel_id: &str) -> Fingerprint {
+        let digest = Sha256::new()
+            .chain_update(request_id.as_bytes())
+            .chain_update(b"\n")
+            .chain_update(parcel_id.as_bytes())
+            .finalize();
+        Fingerprint::from_sha256(digest.into())
+    }
+}
 
 impl Operation for LabelContract {
     type Value = LabelOperation;
@@ -576,7 +580,7 @@ impl Operation for LabelContract {
         let key = matching_key(&parts.headers, &fields.request_id).ok_or(Rejection::InvalidKey)?;
         Ok(Parsed {
             key: Cow::Borrowed(key),
-            fingerprint: fingerprint(&fields.request_id, &fields.parcel_id),
+            fingerprint: LabelContract::fingerprint(&fields.request_id, &fields.parcel_id),
             value: LabelOperation::within(body, fields),
         })
     }
@@ -641,10 +645,6 @@ impl Operation for LabelContract {
 
     fn default_body_limit(&self) -> usize {
         4096
-    }
-
-    fn requires_scope(&self) -> bool {
-        false
     }
 }
 

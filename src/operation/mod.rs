@@ -20,7 +20,8 @@
 //! use http::request::Parts;
 //! use http::{Method, Response};
 //! use tower_idempotency::operation::{Head, Operation, Parsed};
-//! use tower_idempotency::{Fingerprint, Rejection};
+//! use tower_idempotency::operation::Fingerprint;
+//! use tower_idempotency::reply::Rejection;
 //!
 //! /// Orders keyed by an `Order-Id` header, fingerprinted by their exact body.
 //! #[derive(Clone)]
@@ -48,7 +49,7 @@
 //!         })
 //!     }
 //! }
-//! # let _ = tower_idempotency::IdempotencyLayer::with_operation(
+//! # let _ = tower_idempotency::IdempotencyLayer::new(
 //! #     tower_idempotency::MemoryStore::new(), Orders).global_keys();
 //! ```
 
@@ -71,9 +72,9 @@ pub(crate) mod media;
 mod raw;
 
 pub use self::grpc::{GrpcCall, GrpcOperation};
-pub use self::json::{DEFAULT_JSON_BODY_LIMIT, JsonOperation};
+pub use self::json::JsonOperation;
 pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
-pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr, fingerprint};
+pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr};
 pub use self::raw::RawOperation;
 
 /// The canonical form (RFC 8785, JCS) of a JSON text, as [`JsonOperation`] fingerprints it:
@@ -99,7 +100,8 @@ pub fn canonical_json(input: &[u8]) -> Result<Vec<u8>, Rejection> {
 /// The name of the header that carries the idempotency key: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: header::HeaderName = header::HeaderName::from_static("idempotency-key");
 
-/// The default request body limit of an operation that does not set its own, in bytes.
+/// The default request body limit of an operation that does not set its own, in bytes: 16 KiB,
+/// the limit of the generic operations ([`JsonOperation`], [`RawOperation`]).
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 
 /// A kind of create request: how the layer tells whether a request is guarded, valid, which key
@@ -113,7 +115,7 @@ pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 /// See the [module docs](self) for the built-in operations and an example of your own.
 pub trait Operation: Clone + Send + Sync + 'static {
     /// What the inner service receives in the request extensions, and what
-    /// [`Admission`](crate::Admission) sees: the parsed operation.
+    /// [`Admission`](crate::admission::Admission) sees: the parsed operation.
     type Value: Clone + Send + Sync + 'static;
 
     /// Decides from the request head alone, before the body is read: guard the request, pass
@@ -148,14 +150,6 @@ pub trait Operation: Clone + Send + Sync + 'static {
     fn default_body_limit(&self) -> usize {
         DEFAULT_BODY_LIMIT
     }
-
-    /// Whether keys must be scoped (by tenant, by client) unless the layer opts into global
-    /// keys with [`IdempotencyLayer::global_keys`](crate::IdempotencyLayer::global_keys).
-    /// Defaults to `true`: client-chosen keys in one shared space let one client see another's
-    /// stored response.
-    fn requires_scope(&self) -> bool {
-        true
-    }
 }
 
 /// What [`Operation::head`] decided.
@@ -175,7 +169,7 @@ pub enum Head {
 pub struct Parsed<'a, T> {
     /// The idempotency key as the client meant it, borrowed from the request head where it
     /// can be. The layer claims it within the scope, the method and the path
-    /// ([`store_key`](crate::store_key)).
+    /// ([`store_key`](crate::scope::store_key)).
     pub key: Cow<'a, str>,
     /// What two attempts must share to be the same operation.
     pub fingerprint: Fingerprint,
@@ -191,7 +185,7 @@ pub struct Parsed<'a, T> {
 /// record).
 ///
 /// ```
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::operation::Fingerprint;
 ///
 /// let fp = Fingerprint::digest([&b"POST /payments"[..], b"{}"]);
 /// assert_eq!(fp.to_hex().len(), 64);
@@ -223,7 +217,7 @@ impl Fingerprint {
     /// The SHA-256 digest, as a store may keep it.
     ///
     /// ```
-    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency::operation::Fingerprint;
     ///
     /// let fp = Fingerprint::from_sha256([7; 32]);
     /// assert_eq!(fp.as_bytes(), &[7; 32]);
@@ -235,7 +229,7 @@ impl Fingerprint {
     /// The fingerprint as 64 lowercase hexadecimal characters, written on the stack.
     ///
     /// ```
-    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency::operation::Fingerprint;
     ///
     /// let fp = Fingerprint::from_sha256([0xab; 32]);
     /// assert_eq!(fp.to_hex().as_str(), "ab".repeat(32));
@@ -251,9 +245,10 @@ impl Fingerprint {
     /// it back.
     ///
     /// ```
-    /// use tower_idempotency::{fingerprint, Fingerprint};
+    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::Fingerprint;
     ///
-    /// let fp = fingerprint("a", "b");
+    /// let fp = LabelContract::fingerprint("a", "b");
     /// assert_eq!(Fingerprint::parse(&fp.to_hex()), Some(fp));
     /// assert_eq!(Fingerprint::parse(&fp.to_hex().to_uppercase()), None);
     /// assert_eq!(Fingerprint::parse("not hex"), None);
@@ -287,9 +282,9 @@ impl fmt::Debug for Fingerprint {
 /// A [`Fingerprint`]'s 64 lowercase hexadecimal characters, held inline; it derefs to `str`.
 ///
 /// ```
-/// use tower_idempotency::fingerprint;
+/// use tower_idempotency::LabelContract;
 ///
-/// let hex = fingerprint("label-req-7", "parcel-42").to_hex();
+/// let hex = LabelContract::fingerprint("label-req-7", "parcel-42").to_hex();
 /// assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
 /// assert_eq!(&*hex, hex.as_str());
 /// ```

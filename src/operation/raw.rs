@@ -27,7 +27,7 @@ use crate::reply::Rejection;
 /// let operation = RawOperation::new()
 ///     .methods([Method::POST, Method::PUT])
 ///     .media_types(["application/x-www-form-urlencoded"]);
-/// let layer = IdempotencyLayer::with_operation(MemoryStore::new(), operation).global_keys();
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
 /// # drop(layer);
 /// ```
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use crate::operation::Operation;
 pub mod problem;
 
 /// What the layer did with a request, on the body of every response it returns
-/// ([`ResponseBody::outcome`](crate::ResponseBody::outcome)), and in its extensions with
+/// ([`ResponseBody::outcome`](crate::body::ResponseBody::outcome)), and in its extensions with
 /// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension), so an
 /// outer layer (metrics, logs) can count it.
 ///
@@ -91,7 +91,8 @@ pub const IDEMPOTENT_REPLAYED: http::HeaderName =
 /// [`Operation::reply`]: crate::Operation::reply
 ///
 /// ```
-/// use tower_idempotency::{JsonOperation, LabelContract, Operation, Rejection};
+/// use tower_idempotency::{JsonOperation, LabelContract, Operation};
+/// use tower_idempotency::reply::Rejection;
 ///
 /// let label = LabelContract.reply(&Rejection::Conflict);
 /// assert_eq!((label.status().as_u16(), &label.body()[..]), (409, &br#"{"error":"idempotency_conflict"}"#[..]));
@@ -134,7 +135,7 @@ impl Rejection {
     /// An invalid request with a detail for the client.
     ///
     /// ```
-    /// use tower_idempotency::Rejection;
+    /// use tower_idempotency::reply::Rejection;
     /// assert_eq!(Rejection::invalid("amount must be positive"), Rejection::InvalidRequest("amount must be positive".into()));
     /// ```
     pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
@@ -231,7 +232,7 @@ pub(crate) fn table(operation: &impl Operation) -> String {
 
 /// A stored response as a reply, value for value.
 pub(crate) fn stored<B>(
-    stored: crate::StoredResponse,
+    stored: crate::store::StoredResponse,
     outcome: Outcome,
 ) -> Response<ResponseBody<B>> {
     let (status, headers, body, trailers) = stored.into_parts_with_trailers();

@@ -27,7 +27,7 @@ type Call<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// ```
 /// use tower_idempotency::store::DynStore;
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 ///
 /// fn store_from(url: &str) -> DynStore {
 ///     match url {
@@ -37,7 +37,7 @@ type Call<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///     }
 /// }
 ///
-/// let layer = IdempotencyLayer::new(store_from("memory"));
+/// let layer = IdempotencyLayer::new(store_from("memory"), JsonOperation::new()).global_keys();
 /// # drop(layer);
 /// ```
 #[derive(Clone)]
@@ -65,7 +65,8 @@ impl DynStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use tower_idempotency::store::{DynStore, Operator};
-    /// use tower_idempotency::{MemoryStore, StoreErrorKind};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::StoreErrorKind;
     ///
     /// let store = DynStore::without_operator(MemoryStore::new());
     /// let error = store.forget("k").await.unwrap_err();

@@ -44,10 +44,10 @@ const SWEEP_PER_CLAIM: usize = 4;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 ///
 /// let store = MemoryStore::with_retention(Duration::from_secs(24 * 60 * 60));
-/// let layer = IdempotencyLayer::new(store.clone());
+/// let layer = IdempotencyLayer::new(store.clone(), JsonOperation::new()).global_keys();
 /// assert_eq!(store.len(), 0);
 /// # drop(layer);
 /// ```
@@ -282,11 +282,12 @@ impl MemoryStore {
     /// with [`MemoryStore::with_capacity`] is kept.
     ///
     /// ```
-    /// use tower_idempotency::{fingerprint, MemoryStore, Store, StoreErrorKind};
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::store::StoreErrorKind;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::new().max_records(1);
-    /// store.claim("a", &fingerprint("a", "p")).await.unwrap();
-    /// let full = store.claim("b", &fingerprint("b", "p")).await.unwrap_err();
+    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
+    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
     /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     /// # }
     /// ```
@@ -349,11 +350,11 @@ impl MemoryStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
     /// // An hour of retention at up to 25 creates a second.
     /// let store = MemoryStore::with_retention(Duration::from_secs(60 * 60)).with_capacity(90_000);
-    /// let layer = IdempotencyLayer::new(store);
+    /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
     /// # drop(layer);
     /// ```
     pub fn with_capacity(self, records: usize) -> Self {
@@ -550,10 +551,10 @@ impl MemoryStore {
     /// Whether `key` is held by a pending reservation.
     ///
     /// ```
-    /// use tower_idempotency::{fingerprint, MemoryStore, Store};
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::new();
-    /// store.claim("k", &fingerprint("k", "p")).await.unwrap();
+    /// store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap();
     /// assert!(store.is_pending("k"));
     /// # }
     /// ```
@@ -936,7 +937,7 @@ mod tests {
             StoredResponse::new(http::StatusCode::CREATED, Default::default(), Bytes::new());
         for i in 0..records {
             let key = format!("POST /labels k-{i}");
-            let fingerprint = crate::fingerprint(&key, "p");
+            let fingerprint = crate::LabelContract::fingerprint(&key, "p");
             let Claim::New(reservation) = store.claim(&key, &fingerprint).await.unwrap() else {
                 panic!("a new key");
             };
@@ -951,7 +952,7 @@ mod tests {
         assert_eq!(queues, 0);
         // A bound set after the room keeps it, and the bound; the store is made new.
         let used = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
-        used.claim("k", &crate::fingerprint("k", "p"))
+        used.claim("k", &crate::LabelContract::fingerprint("k", "p"))
             .await
             .unwrap();
         let store = used.max_records(records);
@@ -959,7 +960,7 @@ mod tests {
         assert!(store.is_empty());
         assert_eq!(store.shared.max_records, Some(records));
         assert_eq!(store.shared.retention, Some(Duration::from_secs(3600)));
-        let fingerprint = crate::fingerprint("k", "p");
+        let fingerprint = crate::LabelContract::fingerprint("k", "p");
         assert!(matches!(
             store.claim("k", &fingerprint).await,
             Ok(Claim::New(_))
@@ -1003,7 +1004,7 @@ mod tests {
         };
         let sized = tables(&store);
         let capacity = |key: &str| lock(store.shard(key)).records.capacity();
-        let fingerprint = crate::fingerprint("k", "p");
+        let fingerprint = crate::LabelContract::fingerprint("k", "p");
         for i in 0..10 * records {
             let key = format!("POST /labels k-{i}");
             let before = capacity(&key);

@@ -48,12 +48,13 @@
 //! store written that way, with the public API alone.
 //!
 //! ```
-//! use tower_idempotency::{fingerprint, Claim, MemoryStore, Store, StoredResponse};
+//! use tower_idempotency::{LabelContract, MemoryStore, Store};
+//! use tower_idempotency::store::{Claim, StoredResponse};
 //! use http::{HeaderMap, StatusCode};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = MemoryStore::new();
-//! let fp = fingerprint("label-req-7", "parcel-42");
+//! let fp = LabelContract::fingerprint("label-req-7", "parcel-42");
 //!
 //! let Ok(Claim::New(reservation)) = store.claim("label-req-7", &fp).await else { panic!() };
 //! assert!(matches!(store.claim("label-req-7", &fp).await, Ok(Claim::Pending)));
@@ -82,11 +83,14 @@ mod memory;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod notifier;
 #[cfg(feature = "postgres")]
-mod postgres;
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(feature = "redis")]
-mod redis;
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
 mod waiting;
 
 #[cfg(feature = "redis")]
@@ -197,10 +201,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// ```
     /// use tower_idempotency::store::{Lease, Reservation};
-    /// use tower_idempotency::{fingerprint, Claim, MemoryStore, Store};
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::store::Claim;
     ///
     /// let store = MemoryStore::new();
-    /// let fp = fingerprint("label-req-7", "parcel-42");
+    /// let fp = LabelContract::fingerprint("label-req-7", "parcel-42");
     /// let claimed = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());
     /// assert!(matches!(claimed, Some(Ok(Claim::New(_)))));
     /// let again = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());
@@ -342,18 +347,19 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// becomes free). Every built-in store implements it; the `idempotency_keys` example is a
 /// command line over it.
 ///
-/// Keys are store keys, as [`store_key`](crate::store_key) derives them from what a client
+/// Keys are store keys, as [`store_key`](crate::scope::store_key) derives them from what a client
 /// sends.
 ///
 /// ```
 /// use std::time::Duration;
 /// use http::{HeaderMap, StatusCode};
 /// use tower_idempotency::store::{Operator, RecordState};
-/// use tower_idempotency::{fingerprint, MemoryStore, Store, StoredResponse};
+/// use tower_idempotency::{LabelContract, MemoryStore, Store};
+/// use tower_idempotency::store::StoredResponse;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let store = MemoryStore::new();
-/// store.claim("k", &fingerprint("k", "p")).await.unwrap(); // then the process crashed
+/// store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap(); // then the process crashed
 /// assert_eq!(store.pending_older_than(Duration::ZERO).await.unwrap(), ["k"]);
 /// assert_eq!(store.inspect("k").await.unwrap().unwrap().state, RecordState::Pending);
 ///
@@ -450,10 +456,10 @@ impl RecordInfo {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::fingerprint;
+    /// use tower_idempotency::LabelContract;
     /// use tower_idempotency::store::{RecordInfo, RecordState};
     ///
-    /// let info = RecordInfo::pending(fingerprint("k", "p"), Some(Duration::from_secs(5)), false);
+    /// let info = RecordInfo::pending(LabelContract::fingerprint("k", "p"), Some(Duration::from_secs(5)), false);
     /// assert_eq!((info.state, info.status, info.abandoned), (RecordState::Pending, None, false));
     /// ```
     pub fn pending(fingerprint: Fingerprint, age: Option<Duration>, abandoned: bool) -> Self {
@@ -471,10 +477,10 @@ impl RecordInfo {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use tower_idempotency::fingerprint;
+    /// use tower_idempotency::LabelContract;
     /// use tower_idempotency::store::{RecordInfo, RecordState};
     ///
-    /// let info = RecordInfo::completed(fingerprint("k", "p"), None, StatusCode::CREATED);
+    /// let info = RecordInfo::completed(LabelContract::fingerprint("k", "p"), None, StatusCode::CREATED);
     /// assert_eq!((info.state, info.status), (RecordState::Completed, Some(StatusCode::CREATED)));
     /// ```
     pub fn completed(fingerprint: Fingerprint, age: Option<Duration>, status: StatusCode) -> Self {
@@ -498,7 +504,7 @@ impl RecordInfo {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::Lease;
+/// use tower_idempotency::store::Lease;
 ///
 /// let lease = Lease::new(Duration::from_secs(10)).take_over_abandoned();
 /// assert_eq!(lease.duration(), Duration::from_secs(10));
@@ -570,7 +576,7 @@ pub enum Claim {
 /// this token. Tokens are unique within a process and random across processes.
 ///
 /// ```
-/// use tower_idempotency::Reservation;
+/// use tower_idempotency::store::Reservation;
 ///
 /// let a = Reservation::generate();
 /// let b = Reservation::generate();
@@ -640,7 +646,7 @@ impl fmt::Debug for Reservation {
 /// `ETag`s, say) is replayed with both, in order.
 ///
 /// ```
-/// use tower_idempotency::StoredResponse;
+/// use tower_idempotency::store::StoredResponse;
 /// use http::{header, HeaderMap, HeaderValue, StatusCode};
 ///
 /// let mut headers = HeaderMap::new();
@@ -691,7 +697,7 @@ impl StoredResponse {
     ///
     /// ```
     /// use http::{HeaderMap, HeaderValue, StatusCode};
-    /// use tower_idempotency::StoredResponse;
+    /// use tower_idempotency::store::StoredResponse;
     ///
     /// let mut trailers = HeaderMap::new();
     /// trailers.insert("grpc-status", HeaderValue::from_static("0"));
@@ -750,7 +756,7 @@ impl StoredResponse {
     ///
     /// ```
     /// use http::{HeaderMap, HeaderValue, StatusCode, header};
-    /// use tower_idempotency::StoredResponse;
+    /// use tower_idempotency::store::StoredResponse;
     ///
     /// let mut headers = HeaderMap::new();
     /// headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -774,7 +780,7 @@ impl StoredResponse {
     /// panics, whatever the bytes.
     ///
     /// ```
-    /// use tower_idempotency::{StoreErrorKind, StoredResponse};
+    /// use tower_idempotency::store::{StoreErrorKind, StoredResponse};
     ///
     /// let error = StoredResponse::from_bytes(bytes::Bytes::from_static(b"\x09junk")).unwrap_err();
     /// assert_eq!(error.kind(), StoreErrorKind::Corrupt);
@@ -818,7 +824,7 @@ pub enum StoreErrorKind {
 /// [`source`](std::error::Error::source).
 ///
 /// ```
-/// use tower_idempotency::{StoreError, StoreErrorKind};
+/// use tower_idempotency::store::{StoreError, StoreErrorKind};
 ///
 /// let error = StoreError::new(StoreErrorKind::Timeout);
 /// assert_eq!(error.kind(), StoreErrorKind::Timeout);

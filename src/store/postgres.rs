@@ -1,5 +1,9 @@
 //! The PostgreSQL store: shared by every replica and durable.
 
+/// The PostgreSQL driver and pool the [`PostgresStore`] is built on, re-exported so you get
+/// matching versions.
+pub use {::deadpool_postgres, ::tokio_postgres};
+
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
@@ -59,15 +63,15 @@ pub use transactional::{PgTransaction, TransactionalPostgresStore};
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_idempotency::store::PostgresStore;
-/// use tower_idempotency::IdempotencyLayer;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test")
 ///     .await?
 ///     .table("label_idempotency")?
 ///     .retention(Duration::from_secs(24 * 60 * 60));
 /// store.migrate().await?;
-/// let layer = IdempotencyLayer::new(store);
+/// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -426,7 +430,7 @@ impl PostgresStore {
     /// counts once however many wait on it, and a request that stops waiting leaves nothing.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
     /// let store =
     ///     tower_idempotency::store::PostgresStore::connect("postgres://postgres@127.0.0.1/test")
     ///         .await?;

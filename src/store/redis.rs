@@ -1,5 +1,8 @@
 //! The Redis store: shared by every replica, durable only with Redis persistence on.
 
+/// The Redis driver the [`RedisStore`] is built on, re-exported so you get a matching version.
+pub use ::redis;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -134,14 +137,14 @@ return 1
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_idempotency::store::RedisStore;
-/// use tower_idempotency::IdempotencyLayer;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379")
 ///     .await?
 ///     .prefix("labels:idempotency:")
 ///     .retention(Duration::from_secs(24 * 60 * 60));
-/// let layer = IdempotencyLayer::new(store);
+/// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -463,7 +466,7 @@ impl RedisStore {
     /// ```no_run
     /// use tower_idempotency::store::RedisStore;
     ///
-    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
     /// let store = RedisStore::connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
     ///     .await?;
     /// # Ok(()) }
@@ -627,7 +630,7 @@ impl RedisStore {
     /// counts once however many wait on it, and a request that stops waiting leaves nothing.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
     /// let store = tower_idempotency::store::RedisStore::connect("redis://127.0.0.1:6379").await?;
     /// assert_eq!(store.waited_keys(), 0);
     /// # Ok(()) }

@@ -1,5 +1,9 @@
 //! The SQLite store: durable and embedded, one file shared by the processes of one host.
 
+/// The SQLite binding the [`SqliteStore`] is built on, re-exported so you get the matching
+/// version (to open its file for a look, say).
+pub use ::rusqlite;
+
 use std::future::Future;
 use std::path::Path;
 use std::sync::mpsc;
@@ -39,11 +43,11 @@ use crate::operation::Fingerprint;
 ///
 /// ```no_run
 /// use tower_idempotency::store::SqliteStore;
-/// use tower_idempotency::IdempotencyLayer;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = SqliteStore::open("idempotency.sqlite3").await?;
-/// let layer = IdempotencyLayer::new(store);
+/// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -27,10 +27,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
+use crate::operation::Fingerprint;
 use crate::store::Operator;
-use crate::{
-    Claim, Fingerprint, Lease, Reservation, Store, StoreErrorKind, StoredResponse, fingerprint,
-};
+use crate::store::{Claim, Lease, Reservation, StoreErrorKind, StoredResponse};
+use crate::{LabelContract, Store};
 
 /// A key no other test (or earlier run) uses.
 pub fn unique_key(name: &str) -> String {
@@ -38,7 +38,7 @@ pub fn unique_key(name: &str) -> String {
 }
 
 fn fp(parcel: &str) -> Fingerprint {
-    fingerprint("conformance", parcel)
+    LabelContract::fingerprint("conformance", parcel)
 }
 
 /// A response with every awkward part a store must keep: two values of one header, a
@@ -382,7 +382,7 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(store: impl Operator
     assert_eq!(claim_key(next, "a", take_over).await, Claim::New(next));
     assert!(!store.inspect(&key).await.unwrap().unwrap().abandoned);
 
-    let lost = |error: crate::StoreError| error.kind();
+    let lost = |error: crate::store::StoreError| error.kind();
     let response = awkward_response();
     assert_eq!(
         store
@@ -430,7 +430,7 @@ pub async fn renewing_keeps_a_lease_alive(store: impl Operator) {
         Claim::Pending,
         "renewed past its first lease: still in progress"
     );
-    let kind = |result: Result<(), crate::StoreError>| result.map_err(|e| e.kind());
+    let kind = |result: Result<(), crate::store::StoreError>| result.map_err(|e| e.kind());
     assert_eq!(
         kind(store.renew(&key, &other, lease).await),
         Err(StoreErrorKind::ReservationLost)
@@ -876,7 +876,7 @@ fn label_request(key: &str) -> http::Request<http_body_util::Full<Bytes>> {
         HeaderValue::from_static("application/json"),
     );
     if let Ok(value) = HeaderValue::try_from(key) {
-        headers.insert(crate::IDEMPOTENCY_KEY, value);
+        headers.insert(crate::operation::IDEMPOTENCY_KEY, value);
     }
     request
 }
@@ -934,10 +934,13 @@ pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store>(stor
             Ok::<_, std::convert::Infallible>(response)
         }
     });
-    let waiting = IdempotencyLayer::new(store.clone())
+    let waiting = IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
         .pending_wait(Duration::from_millis(200))
         .layer(create.clone());
-    let at_once = IdempotencyLayer::new(store).layer(create);
+    let at_once = IdempotencyLayer::new(store, LabelContract)
+        .global_keys()
+        .layer(create);
     let key = unique_key("runs-out");
     let first = tokio::spawn(waiting.clone().oneshot(label_request(&key)));
     tokio::time::sleep(Duration::from_millis(50)).await;

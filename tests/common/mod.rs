@@ -20,10 +20,12 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::{
-    Claim, Fingerprint, Idempotency, IdempotencyLayer, LabelOperation, Lease, MemoryStore,
-    RequestBody, Reservation, Store, StoreError, StoredResponse,
-};
+use tower_idempotency::LabelContract;
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::{Fingerprint, LabelOperation};
+use tower_idempotency::scope::GlobalKeys;
+use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResponse};
+use tower_idempotency::{Idempotency, IdempotencyLayer, MemoryStore, Store};
 
 pub use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
 
@@ -56,7 +58,7 @@ pub struct Rig {
     pub creates: Arc<AtomicUsize>,
     /// The store, to fail its calls on demand.
     pub store: RecordingStore,
-    pub service: Idempotency<Inner, RecordingStore, ScriptedAdmission>,
+    pub service: Idempotency<Inner, RecordingStore, LabelContract, ScriptedAdmission>,
 }
 
 impl Rig {
@@ -67,8 +69,13 @@ impl Rig {
     /// A rig whose layer the caller may configure further.
     pub fn with_layer(
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, ScriptedAdmission>,
-        ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+            IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+        ) -> IdempotencyLayer<
+            RecordingStore,
+            LabelContract,
+            ScriptedAdmission,
+            GlobalKeys,
+        >,
     ) -> Self {
         let journal = Journal::default();
         let creates = Arc::new(AtomicUsize::new(0));
@@ -108,13 +115,22 @@ impl Rig {
         creates: Arc<AtomicUsize>,
         create: Inner,
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, ScriptedAdmission>,
-        ) -> IdempotencyLayer<RecordingStore, ScriptedAdmission>,
+            IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+        ) -> IdempotencyLayer<
+            RecordingStore,
+            LabelContract,
+            ScriptedAdmission,
+            GlobalKeys,
+        >,
     ) -> Self {
         let memory = MemoryStore::new();
         let store = RecordingStore::new(memory.clone(), journal.clone());
         let admission = ScriptedAdmission::new(journal.clone());
-        let layer = configure(IdempotencyLayer::new(store.clone()).admission(admission.clone()));
+        let layer = configure(
+            IdempotencyLayer::new(store.clone(), LabelContract)
+                .global_keys()
+                .admission(admission.clone()),
+        );
         let service = tower::Layer::layer(&layer, create);
         Self {
             journal,
@@ -158,7 +174,7 @@ pub struct Reply {
 
 impl Reply {
     /// A response of the layer, its outcome read from its body.
-    pub async fn read<B>(response: Response<tower_idempotency::ResponseBody<B>>) -> Self
+    pub async fn read<B>(response: Response<tower_idempotency::body::ResponseBody<B>>) -> Self
     where
         B: Body<Data = Bytes>,
         B::Error: std::fmt::Debug,
@@ -340,7 +356,7 @@ pub fn counting_service<St: Store>(
     store: St,
     creates: Arc<AtomicUsize>,
     delay: std::time::Duration,
-) -> Idempotency<Inner, St> {
+) -> Idempotency<Inner, St, LabelContract> {
     let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
         creates.fetch_add(1, Ordering::SeqCst);
         async move {
@@ -348,12 +364,16 @@ pub fn counting_service<St: Store>(
             Ok::<_, CreateError>(created_response())
         }
     });
-    Idempotency::new(Inner::new(create), store)
+    tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        Inner::new(create),
+    )
 }
 
 /// Sends one request through `service` and reads the reply.
 pub async fn send_to<St: Store>(
-    service: &Idempotency<Inner, St>,
+    service: &Idempotency<Inner, St, LabelContract>,
     request: Request<Chunks>,
 ) -> Reply {
     Reply::read(service.clone().oneshot(request).await.unwrap()).await
@@ -395,7 +415,7 @@ pub async fn replicas_create_once<St: Store>(a: St, b: St, n: usize) {
 
 /// The store key the layer claims for `request_id` on `/labels`, without a scope.
 pub fn key_of(request_id: &str) -> String {
-    tower_idempotency::store_key(None, &http::Method::POST, "/labels", request_id)
+    tower_idempotency::scope::store_key(None, &http::Method::POST, "/labels", request_id)
 }
 
 /// A gate that holds the first call that reaches it, and no later one.
@@ -481,7 +501,10 @@ pub async fn crash_between_create_and_complete<St: Store>(
     // first claim through a cold pool can outlast a short timeout on a loaded machine.
     let warm = conformance::unique_key("crash-warm");
     if let Ok(Claim::New(reservation)) = store
-        .claim(&warm, &tower_idempotency::fingerprint(&warm, "p"))
+        .claim(
+            &warm,
+            &tower_idempotency::LabelContract::fingerprint(&warm, "p"),
+        )
         .await
     {
         let _ = store.release(&warm, &reservation).await;
@@ -494,7 +517,11 @@ pub async fn crash_between_create_and_complete<St: Store>(
         cut(); // the store is gone before the complete
         async { Ok::<_, CreateError>(created_response()) }
     });
-    let service = Idempotency::new(Inner::new(create), store);
+    let service = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        Inner::new(create),
+    );
     let key = conformance::unique_key("crash");
     let first = send_to(&service, operation(&key, "parcel-42")).await;
     assert_eq!(
@@ -593,7 +620,7 @@ pub async fn outage_fails_closed_and_recovers<St: Store>(
 /// Sends until the store answers again (a reconnect takes a moment): the first reply that is
 /// not `503`, or the last one after ten seconds.
 pub async fn send_until_answered<St: Store>(
-    service: &Idempotency<Inner, St>,
+    service: &Idempotency<Inner, St, LabelContract>,
     request: impl Fn() -> Request<Chunks>,
 ) -> Reply {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -752,7 +779,7 @@ where
     S: tower::Service<
             Request<Chunks>,
             Response = http::Response<
-                tower_idempotency::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+                tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
             >,
         > + Clone
         + Send
@@ -776,7 +803,8 @@ pub async fn waiting_retries_get_the_first_attempts_bytes<St: Store>(
     use tower::Layer;
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = |store: St| {
-        IdempotencyLayer::new(store)
+        IdempotencyLayer::new(store, LabelContract)
+            .global_keys()
             .pending_wait(Duration::from_secs(5))
             .layer(timed_create(Journal::default(), Arc::clone(&creates)))
     };
@@ -810,7 +838,8 @@ pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
     use tower::Layer;
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = |store: St| {
-        IdempotencyLayer::new(store)
+        IdempotencyLayer::new(store, LabelContract)
+            .global_keys()
             .pending_wait(Duration::from_secs(5))
             .layer(timed_create(Journal::default(), Arc::clone(&creates)))
     };

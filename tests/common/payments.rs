@@ -11,9 +11,8 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::ServiceExt;
 use tower_idempotency::admission::AlwaysAdmit;
-use tower_idempotency::{
-    Idempotency, IdempotencyLayer, JsonOperation, Outcome, RequestBody, Store,
-};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::{Idempotency, IdempotencyLayer, JsonOperation, Outcome, Store};
 
 use super::{Chunks, CreateError, Inner, Reply};
 
@@ -42,7 +41,7 @@ pub fn payment_operation() -> JsonOperation<NewPayment> {
     })
 }
 
-pub type PaymentService<St, O = JsonOperation<NewPayment>> = Idempotency<Inner, St, AlwaysAdmit, O>;
+pub type PaymentService<St, O = JsonOperation<NewPayment>> = Idempotency<Inner, St, O, AlwaysAdmit>;
 
 /// A create that counts, takes `delay`, and answers 201 with the payment it got in the
 /// extensions (or the path, for an untyped operation), numbered by its count.
@@ -76,7 +75,7 @@ pub fn payment_create(creates: Arc<AtomicUsize>, delay: Duration) -> Inner {
 /// The typed payment layer over `store` (global keys) around a counting create.
 pub fn payments<St: Store>(store: St, delay: Duration) -> (PaymentService<St>, Arc<AtomicUsize>) {
     let creates = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::with_operation(store, payment_operation()).global_keys();
+    let layer = IdempotencyLayer::new(store, payment_operation()).global_keys();
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), delay));
     (service, creates)
 }
@@ -91,7 +90,7 @@ pub async fn send<S>(service: &S, request: Request<Chunks>) -> Reply
 where
     S: tower::Service<
             Request<Chunks>,
-            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
         > + Clone,
     S::Error: std::fmt::Debug,
 {
@@ -230,8 +229,8 @@ pub fn guarded<O: tower_idempotency::Operation>(
     Arc<AtomicUsize>,
 ) {
     let creates = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::with_operation(tower_idempotency::MemoryStore::new(), operation)
-        .global_keys();
+    let layer =
+        IdempotencyLayer::new(tower_idempotency::MemoryStore::new(), operation).global_keys();
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
     (service, creates)
 }
@@ -241,7 +240,7 @@ pub async fn outcome<S>(service: &S, request: Request<Chunks>) -> Option<Outcome
 where
     S: tower::Service<
             Request<Chunks>,
-            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
         > + Clone,
     S::Error: std::fmt::Debug,
 {

@@ -28,7 +28,7 @@ impl TempDir {
     pub fn new(name: &str) -> Self {
         let path = std::env::temp_dir().join(format!(
             "tower-idempotency-{name}-{}",
-            tower_idempotency::Reservation::generate()
+            tower_idempotency::store::Reservation::generate()
         ));
         std::fs::create_dir_all(&path).unwrap();
         Self(path)

@@ -22,6 +22,7 @@ use tower::{Layer, Service, ServiceExt};
 #[path = "../../common/mod.rs"]
 mod common;
 use common::Create;
+use tower_idempotency::LabelContract;
 
 /// Attempt `n` of the shared workload.
 fn request(n: usize) -> Request<Full<Bytes>> {
@@ -83,7 +84,7 @@ where
 }
 
 fn ours() -> Bench {
-    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new());
+    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new(), LabelContract).global_keys();
     bench(layer.layer(Create))
 }
 
@@ -197,7 +198,7 @@ fn throughput(rounds: usize, per_task: usize) {
         let mut create = Create;
         create.call(request)
     });
-    let ours = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
+    let ours = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new(), LabelContract).global_keys()
         .layer(Create);
     let theirs = runtime.block_on(async {
         let store = idempotent::memory::MemoryStore::builder()

@@ -68,14 +68,14 @@ use crate::store::{
 ///
 /// ```no_run
 /// use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
-/// use tower_idempotency::IdempotencyLayer;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/test").await?;
 /// store.migrate().await?;
-/// let layer = IdempotencyLayer::new(TransactionalPostgresStore::new(store));
+/// let layer = IdempotencyLayer::new(TransactionalPostgresStore::new(store), JsonOperation::new()).global_keys();
 /// // In the create: its writes in the claim's transaction.
-/// async fn create(transaction: &PgTransaction) -> Result<(), tower_idempotency::StoreError> {
+/// async fn create(transaction: &PgTransaction) -> Result<(), tower_idempotency::store::StoreError> {
 ///     transaction
 ///         .execute("INSERT INTO labels (label_id) VALUES ($1)", &[&"label-1"])
 ///         .await?;

@@ -1,0 +1,187 @@
+//! What a layer is configured with, and what every service it builds shares: the settings the
+//! pipeline reads, apart from the layer that collects them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::HeaderName;
+
+use crate::operation::Operation;
+use crate::scope::Scope;
+use crate::store::Lease;
+
+/// The default cap on requests of one layer waiting for a pending key at once
+/// ([`IdempotencyLayer::max_waiting`](crate::IdempotencyLayer::max_waiting)).
+pub const DEFAULT_MAX_WAITING: usize = 1_000;
+
+/// The default cap on a created response the layer buffers and stores, in bytes.
+pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
+
+/// What the layer does with a request on a path other than the guarded one, when a path is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OtherPaths {
+    /// Reply `404`, as the contract says. The default, for a layer that wraps only the create
+    /// endpoint.
+    #[default]
+    NotFound,
+    /// Hand the request to the inner service untouched, for a stack-wide `.layer()` where other
+    /// routes live.
+    PassThrough,
+}
+
+/// Which created responses the layer stores (and so replays).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StoredResponses {
+    /// Every response of the create, whatever its status: the key is never free again. The
+    /// default, and the only safe choice when a failed create may still have had an effect.
+    #[default]
+    Every,
+    /// Only `2xx` responses. After any other response the key is released, so a retry creates
+    /// anew, and the response goes to the client as it is, unstored. For services whose
+    /// non-`2xx` answers provably leave no effect: nothing between the layer and the create
+    /// may answer for it (a timeout inside that answers `408` or `503` after the create ran
+    /// would let a retry create again). An error of the inner service is no answer: the key
+    /// stays taken, as with [`Every`](Self::Every).
+    Successful,
+}
+
+/// Which paths the layer guards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathSetting {
+    /// The operation's [`default_path`](Operation::default_path).
+    OperationDefault,
+    /// Every path: the layer sits on a route.
+    Any,
+    /// Exactly this path.
+    Exact(String),
+}
+
+/// The configuration a layer holds before it builds services.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) path: PathSetting,
+    pub(crate) body_limit: Option<usize>,
+    pub(crate) response_limit: usize,
+    pub(crate) other_paths: OtherPaths,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) excluded_headers: Vec<HeaderName>,
+    pub(crate) mark_replays: bool,
+    pub(crate) outcome_extension: bool,
+    pub(crate) value_extension: bool,
+    pub(crate) trace_keys: bool,
+    pub(crate) stored: StoredResponses,
+    pub(crate) lease: Lease,
+    pub(crate) pending_wait: Option<Duration>,
+    /// Shared by every service the layer builds: the cap is the layer's.
+    pub(crate) waiting: Arc<Waiting>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            path: PathSetting::OperationDefault,
+            body_limit: None,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            other_paths: OtherPaths::NotFound,
+            scope: None,
+            excluded_headers: Vec::new(),
+            mark_replays: false,
+            outcome_extension: false,
+            value_extension: true,
+            trace_keys: false,
+            stored: StoredResponses::Every,
+            lease: Lease::default(),
+            pending_wait: None,
+            waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITING)),
+        }
+    }
+}
+
+/// What every service of one layer shares: the operation and the settings, resolved.
+#[derive(Debug)]
+pub(crate) struct Settings<O> {
+    pub(crate) operation: O,
+    pub(crate) path: Option<String>,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) other_paths: OtherPaths,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) excluded_headers: Vec<HeaderName>,
+    pub(crate) mark_replays: bool,
+    pub(crate) outcome_extension: bool,
+    pub(crate) value_extension: bool,
+    pub(crate) trace_keys: bool,
+    pub(crate) stored: StoredResponses,
+    pub(crate) lease: Lease,
+    /// How long a request whose key is pending waits for the first attempt, if at all.
+    pub(crate) pending_wait: Option<Duration>,
+    /// The requests of this layer waiting now, bounded.
+    pub(crate) waiting: Arc<Waiting>,
+}
+
+/// The requests of one layer waiting for a pending key, bounded.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    max: usize,
+    now: AtomicUsize,
+}
+
+impl Waiting {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max,
+            now: AtomicUsize::new(0),
+        }
+    }
+
+    /// A place among the waiting requests, if there is one.
+    pub(crate) fn enter(&self) -> Option<WaitingSlot<'_>> {
+        let taken = self.now.fetch_add(1, Ordering::AcqRel);
+        if taken < self.max {
+            Some(WaitingSlot(self))
+        } else {
+            self.now.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
+/// One place among a layer's waiting requests, given back when dropped.
+pub(crate) struct WaitingSlot<'a>(&'a Waiting);
+
+impl Drop for WaitingSlot<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<O: Operation> Settings<O> {
+    /// Resolves `config` for `operation`.
+    pub(crate) fn new(operation: O, config: &Config) -> Self {
+        let path = match &config.path {
+            PathSetting::OperationDefault => operation.default_path().map(str::to_owned),
+            PathSetting::Any => None,
+            PathSetting::Exact(path) => Some(path.clone()),
+        };
+        Self {
+            path,
+            body_limit: config
+                .body_limit
+                .unwrap_or_else(|| operation.default_body_limit()),
+            response_limit: config.response_limit,
+            other_paths: config.other_paths,
+            scope: config.scope.clone(),
+            excluded_headers: config.excluded_headers.clone(),
+            mark_replays: config.mark_replays,
+            outcome_extension: config.outcome_extension,
+            value_extension: config.value_extension,
+            trace_keys: config.trace_keys,
+            stored: config.stored,
+            lease: config.lease,
+            pending_wait: config.pending_wait,
+            waiting: Arc::clone(&config.waiting),
+            operation,
+        }
+    }
+}
