@@ -11,8 +11,9 @@
 //! 2. **The [`Operation`]**: it validates the request and yields its key, its fingerprint and
 //!    the value the inner service gets. [`JsonOperation`] serves any JSON body, typed or not,
 //!    as draft-ietf-httpapi-idempotency-key-header describes it (the fingerprint over the body
-//!    in canonical JSON, RFC 8785); [`RawOperation`] any bytes; [`LabelContract`] is the
-//!    lesson's strict `POST /labels`, every byte fixed.
+//!    in canonical JSON, RFC 8785); [`RawOperation`] any bytes; [`GrpcOperation`] unary gRPC calls;
+//!    [`LabelContract`] is the worked example of a strict contract (`POST /labels`, every byte
+//!    fixed).
 //! 3. **The claim** of the key in a [`Store`], atomic: *new*, *pending*, *conflict* (another
 //!    payload under the key) or *replay* (the stored response, value for value).
 //! 4. **Admission** of a new claim ([`admission`]): a refusal (429 or 503) releases the key and
@@ -27,7 +28,7 @@
 #![doc = include_str!("reply/problem.md")]
 //!
 //! What the layer did is on the body of every response it produces
-//! ([`ResponseBody::outcome`], an [`Outcome`]), and in its extensions with
+//! ([`ResponseBody::outcome`](body::ResponseBody::outcome), an [`Outcome`]), and in its extensions with
 //! [`IdempotencyLayer::outcome_extension`].
 //!
 //! # Example: your own JSON body
@@ -86,11 +87,13 @@
 //! # }
 //! ```
 //!
-//! # Example: a strict operation, the lesson's labels
+//! # Example: a strict contract, the labels
 //!
-//! [`IdempotencyLayer::new`] guards the lesson's contract, [`LabelContract`]: `POST /labels`
+//! Where an API's contract fixes every status and byte, the operation says so. The crate's
+//! worked example is [`LabelContract`], a shipping-label create specified to the byte: `POST /labels`
 //! with exactly `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to
-//! `request_id`, every refusal `{"error":"…"}`. The inner service gets the [`LabelOperation`].
+//! `request_id`, every refusal `{"error":"…"}`. The inner service gets the
+//! [`LabelOperation`](operation::LabelOperation).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -127,7 +130,7 @@
 //! The generic operations guard `POST` (or the methods they are given) on every path: put the
 //! layer on the route (axum's `route_layer`), where the router has matched already; other
 //! methods pass through. [`IdempotencyLayer::path`] restricts it to one path. The key space
-//! always holds the method and the concrete path ([`store_key`]), so the same key on
+//! always holds the method and the concrete path ([`store_key`](scope::store_key)), so the same key on
 //! `/payments/a/refunds` and `/payments/b/refunds` is two operations, and the [`scope`]
 //! (a tenant) when one is set. Operations whose keys clients choose require a scope or an
 //! explicit [`IdempotencyLayer::global_keys`].
@@ -135,10 +138,13 @@
 //! # Testing a service behind the layer
 //!
 //! Drive it with [`tower::ServiceExt::oneshot`] as above, assert statuses and exact bytes, and
-//! read what the layer did from the response body's [`Outcome`]
-//! ([`ResponseBody::outcome`]). [`MemoryStore`] lets a test
-//! look into the registry ([`MemoryStore::is_pending`], [`MemoryStore::completed`]). With the
-//! `test-util` feature, the `testing` module records the calls in order (claim, admit,
+//! read what the layer did, an [`Outcome`]. The layer's own response body carries it
+//! ([`ResponseBody::outcome`](body::ResponseBody::outcome)(body::ResponseBody::outcome)), for a test that calls the layered
+//! service directly. An axum `Router` (or any middleware that maps the body) replaces that
+//! body: behind one, turn on [`IdempotencyLayer::outcome_extension`] and read the outcome from
+//! the response extensions, `response.extensions().get::<Outcome>()`. [`MemoryStore`] lets a
+//! test look into the registry ([`MemoryStore::is_pending`], [`MemoryStore::completed`]). With
+//! the `test-util` feature, the `testing` module records the calls in order (claim, admit,
 //! release, create, complete), fails store calls on demand and scripts admission, so the
 //! contract's call traces are one assertion each.
 //!
@@ -225,6 +231,7 @@ mod headers;
 pub mod layer;
 pub mod operation;
 mod pipeline;
+pub mod problem;
 pub mod reply;
 pub mod scope;
 pub mod service;
@@ -239,3 +246,8 @@ pub use crate::operation::{GrpcOperation, JsonOperation, LabelContract, Operatio
 pub use crate::reply::Outcome;
 pub use crate::service::Idempotency;
 pub use crate::store::{MemoryStore, Store};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -419,7 +419,7 @@ impl LabelOperation {
         }
     }
 
-    /// The fingerprint of this operation; see [`fingerprint`].
+    /// The fingerprint of this operation; see [`LabelContract::fingerprint`].
     ///
     /// ```
     /// use tower_idempotency::LabelContract;

@@ -137,7 +137,7 @@ pub trait Operation: Clone + Send + Sync + 'static {
     /// The response for a refusal or failure of the layer. The default writes RFC 9457
     /// `application/problem+json`, as [`JsonOperation`] does.
     fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
-        crate::reply::problem::reply(rejection)
+        crate::problem::reply(rejection)
     }
 
     /// The path the layer guards when none is configured: `None` guards every path (the layer

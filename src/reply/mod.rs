@@ -9,8 +9,6 @@ use crate::admission::Refusal;
 use crate::body::ResponseBody;
 use crate::operation::Operation;
 
-pub mod problem;
-
 /// What the layer did with a request, on the body of every response it returns
 /// ([`ResponseBody::outcome`](crate::body::ResponseBody::outcome)), and in its extensions with
 /// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension), so an
@@ -85,7 +83,7 @@ pub const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
 /// A refusal or failure the layer answers itself, in the words of the contract. Each
-/// [`Operation`](crate::Operation) writes it in its own format ([`Operation::reply`]): the
+/// [`Operation`] writes it in its own format ([`Operation::reply`]): the
 /// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
 ///
 /// [`Operation::reply`]: crate::Operation::reply
@@ -189,7 +187,7 @@ impl Rejection {
 pub(crate) fn table(operation: &impl Operation) -> String {
     use std::fmt::Write;
     let problems = operation.reply(&Rejection::Conflict).headers()[http::header::CONTENT_TYPE]
-        == problem::PROBLEM_JSON;
+        == crate::problem::PROBLEM_JSON;
     let mut table = if problems {
         String::from(
             "| case | status | `type` (after `#`) | `title` | headers |\n|---|---|---|---|---|\n",

@@ -7,7 +7,7 @@
 //! `Content-Type: application/problem+json`. The `type` of each case is this page with the
 //! case's name as its fragment, one of the headings below.
 //!
-#![doc = include_str!("problem.md")]
+#![doc = include_str!("reply/problem.md")]
 //!
 //! # not_found
 //! No create endpoint is guarded at the request's path (a layer with a path set).
