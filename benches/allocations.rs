@@ -126,8 +126,11 @@ fn routers() -> [axum::Router; 2] {
     let layered = axum::Router::new()
         .route("/labels", axum::routing::post(create))
         .route_layer(
-            tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
-                .global_keys(),
+            tower_idempotency::IdempotencyLayer::new(
+                MemoryStore::new().keep_forever(),
+                LabelContract,
+            )
+            .global_keys(),
         )
         .with_state(());
     [bare, layered]
@@ -228,13 +231,13 @@ fn main() {
         .unwrap();
     let service = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(
-            MemoryStore::new(),
+            MemoryStore::new().keep_forever(),
             tower_idempotency::LabelContract,
         )
         .global_keys(),
         Create,
     );
-    let json = common::json_service(MemoryStore::new());
+    let json = common::json_service(MemoryStore::new().keep_forever());
     let bare = tower::service_fn(|request: Request<Full<Bytes>>| {
         let mut create = Create;
         let future = create.call(request.map(RequestBody::inner));
@@ -311,7 +314,7 @@ fn main() {
     }
     // The layer with the operation's value left out of the request extensions.
     let lean = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new().keep_forever(), LabelContract)
             .global_keys()
             .value_extension(false),
         Create,

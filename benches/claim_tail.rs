@@ -98,9 +98,9 @@ fn main() {
         }
         for sized in order {
             let (name, make) = if sized {
-                ("sized", MemoryStore::new().with_capacity(n))
+                ("sized", MemoryStore::new().keep_forever().with_capacity(n))
             } else {
-                ("default", MemoryStore::new())
+                ("default", MemoryStore::new().keep_forever())
             };
             let (times, elapsed) = claims(&runtime, &make, &keys, None);
             println!("{}", row(round, name, &times, elapsed));
@@ -108,9 +108,9 @@ fn main() {
             // Under churn: the window's keys claimed first, untimed, then every key once
             // more, the first window's again after their records were dropped.
             let store = if sized {
-                MemoryStore::new().with_capacity(window)
+                MemoryStore::new().keep_forever().with_capacity(window)
             } else {
-                MemoryStore::new()
+                MemoryStore::new().keep_forever()
             };
             claims(&runtime, &store, &keys[n - window..], None);
             let (times, elapsed) = claims(&runtime, &store, &keys, Some(window));

@@ -659,3 +659,58 @@ fn the_listener_starts_again_from_the_next_runtime() {
             .unwrap();
     });
 }
+
+/// A store not told otherwise keeps a completed record for [`DEFAULT_RETENTION`]: its
+/// `expires_at` is the window away, a claim within it replays, and one past it (the record's
+/// expiry moved back by the window, as the clock moving on would) is new. `keep_forever`
+/// gives no expiry.
+#[tokio::test]
+async fn a_completed_record_lives_for_the_default_window() {
+    use tower_idempotency::store::DEFAULT_RETENTION;
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(TABLE)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let left = |key: String| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM {TABLE} \
+                         WHERE key = $1"
+                    ),
+                    &[&key],
+                )
+                .await
+                .unwrap();
+            row.get::<_, Option<f64>>(0)
+        }
+    };
+    let key = unique_key("default-window");
+    complete_new(&store, &key).await;
+    let window = DEFAULT_RETENTION.as_secs_f64();
+    let seconds = left(key.clone()).await.expect("an expiry");
+    assert!(seconds > window - 60.0 && seconds <= window, "{seconds}");
+    assert_eq!(claimed_again(&store, &key).await, "replay");
+    client
+        .execute(
+            &format!("UPDATE {TABLE} SET expires_at = expires_at - interval '24 hours 1 second' WHERE key = $1"),
+            &[&key],
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed_again(&store, &key).await, "new");
+
+    let forever = store.clone().keep_forever();
+    let key = unique_key("forever");
+    complete_new(&forever, &key).await;
+    assert_eq!(left(key.clone()).await, None);
+    assert_eq!(claimed_again(&forever, &key).await, "replay");
+}

@@ -121,3 +121,56 @@ async fn an_unreadable_record_is_corrupt() {
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Corrupt);
 }
+
+/// A store not told otherwise keeps a completed record for the default window: its
+/// `expires_at` is the window away, a claim within it replays, and one past it (the record's
+/// expiry moved back by the window, as the clock moving on would) is new. `keep_forever`
+/// gives no expiry.
+#[tokio::test]
+async fn a_completed_record_lives_for_the_default_window() {
+    use common::{claimed_again, complete_new};
+    use tower_idempotency::store::DEFAULT_RETENTION;
+    let store = SqliteStore::open(path()).await.expect("the SQLite file");
+    let window = i64::try_from(DEFAULT_RETENTION.as_millis()).unwrap();
+    let expiry = |key: &str| -> (Option<i64>, i64) {
+        let connection = rusqlite::Connection::open(path()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let expires: Option<i64> = connection
+            .query_row(
+                "SELECT expires_at FROM idempotency_records WHERE key = ?1",
+                [key],
+                |row| row.get(0),
+            )
+            .unwrap();
+        (expires, i64::try_from(now).unwrap())
+    };
+    let key = format!(
+        "window-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    complete_new(&store, &key).await;
+    let (expires, now) = expiry(&key);
+    let left = expires.expect("an expiry") - now;
+    assert!(left > window - 60_000 && left <= window, "{left}");
+    assert_eq!(claimed_again(&store, &key).await, "replay");
+    rusqlite::Connection::open(path())
+        .unwrap()
+        .execute(
+            "UPDATE idempotency_records SET expires_at = expires_at - ?2 - 1000 WHERE key = ?1",
+            rusqlite::params![key, window],
+        )
+        .unwrap();
+    assert_eq!(claimed_again(&store, &key).await, "new");
+
+    let forever = store.keep_forever();
+    let key = format!(
+        "forever-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    complete_new(&forever, &key).await;
+    assert_eq!(expiry(&key).0, None);
+    assert_eq!(claimed_again(&forever, &key).await, "replay");
+}

@@ -22,6 +22,9 @@ pub struct Options {
     /// `--pending-wait-ms N`: how long a retry waits for a first attempt still running; 0
     /// (the default) answers `409` at once, as the contract says.
     pub pending_wait: Option<Duration>,
+    /// `--retention-s N`: how long a completed key replays; 0 keeps every key for good.
+    /// Default 86400, a day, the stores' own default.
+    pub retention: Option<Duration>,
 }
 
 impl Options {
@@ -38,6 +41,7 @@ impl Options {
             create_delay: Duration::ZERO,
             store: "memory".to_owned(),
             pending_wait: None,
+            retention: Some(tower_idempotency::store::DEFAULT_RETENTION),
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -57,6 +61,10 @@ impl Options {
                 "--pending-wait-ms" => {
                     let millis: u64 = value.parse().map_err(|e| bad(&e))?;
                     options.pending_wait = (millis > 0).then(|| Duration::from_millis(millis));
+                }
+                "--retention-s" => {
+                    let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
+                    options.retention = (seconds > 0).then(|| Duration::from_secs(seconds));
                 }
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
@@ -82,7 +90,10 @@ pub fn with_pending_wait<St, O, A, K>(
 
 /// The transactional PostgreSQL store on `url` (`postgres://…`), its table migrated, and the
 /// table `labels` the label server's creates insert into, created if missing.
-pub async fn open_transactional_store(url: &str) -> Result<DynStore, String> {
+pub async fn open_transactional_store(
+    url: &str,
+    retention: Option<Duration>,
+) -> Result<DynStore, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(format!(
             "--transactional needs --store postgres://…, not {url}"
@@ -94,6 +105,10 @@ pub async fn open_transactional_store(url: &str) -> Result<DynStore, String> {
         let store = PostgresStore::connect(url)
             .await
             .map_err(|e| e.to_string())?;
+        let store = match retention {
+            Some(retention) => store.retention(retention),
+            None => store.keep_forever(),
+        };
         store.migrate().await.map_err(|e| e.to_string())?;
         let client = store.pool().get().await.map_err(|e| e.to_string())?;
         client
@@ -111,15 +126,22 @@ pub async fn open_transactional_store(url: &str) -> Result<DynStore, String> {
         Ok(DynStore::new(TransactionalPostgresStore::new(store)))
     }
     #[cfg(not(feature = "postgres"))]
-    Err("build with --features postgres".to_owned())
+    {
+        let _ = retention;
+        Err("build with --features postgres".to_owned())
+    }
 }
 
 /// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
 /// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
-/// crate's feature of that name), chosen at run time behind one type.
-pub async fn open_store(url: &str) -> Result<DynStore, String> {
+/// crate's feature of that name), chosen at run time behind one type, keeping completed keys
+/// for `retention` (`None`: for good).
+pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynStore, String> {
     if url == "memory" {
-        return Ok(DynStore::new(MemoryStore::new()));
+        return Ok(DynStore::new(match retention {
+            Some(retention) => MemoryStore::with_retention(retention),
+            None => MemoryStore::new().keep_forever(),
+        }));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]
@@ -127,6 +149,10 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
             let store = tower_idempotency::store::RedisStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
+            let store = match retention {
+                Some(retention) => store.retention(retention),
+                None => store.keep_forever(),
+            };
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -139,6 +165,10 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
             let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
                 .await
                 .map_err(|e| e.to_string())?;
+            let store = match retention {
+                Some(retention) => store.retention(retention),
+                None => store.keep_forever(),
+            };
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -150,6 +180,10 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
             let store = tower_idempotency::store::PostgresStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
+            let store = match retention {
+                Some(retention) => store.retention(retention),
+                None => store.keep_forever(),
+            };
             store.migrate().await.map_err(|e| e.to_string())?;
             return Ok(DynStore::new(store));
         }
@@ -162,6 +196,10 @@ pub async fn open_store(url: &str) -> Result<DynStore, String> {
             let store = tower_idempotency::store::SqliteStore::open(path)
                 .await
                 .map_err(|e| e.to_string())?;
+            let store = match retention {
+                Some(retention) => store.retention(retention),
+                None => store.keep_forever(),
+            };
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "sqlite"))]

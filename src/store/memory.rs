@@ -14,8 +14,8 @@ use bytes::Bytes;
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, Lease, Operator, RecordInfo, RecordState, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_RETENTION, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
+    StoreError, StoreErrorKind, StoredResponse,
 };
 use crate::operation::Fingerprint;
 
@@ -36,9 +36,10 @@ const SWEEP_PER_CLAIM: usize = 4;
 /// It is **not** shared between replicas and does **not** survive a restart: use it for one
 /// process, tests and examples, and a shared store (Redis, PostgreSQL) in a real deployment.
 ///
-/// Pending records never expire. With [`MemoryStore::with_retention`], *completed* records
-/// older than the window are dropped, so a long-running process does not grow without bound;
-/// a retry after that is a new operation. Expiry is amortised: each shard keeps its completed
+/// Pending records never expire. *Completed* records older than the retention window
+/// ([`DEFAULT_RETENTION`], 24 hours, unless [`MemoryStore::with_retention`] sets another or
+/// [`MemoryStore::keep_forever`] none) are dropped, so a long-running process does not grow
+/// with every key it ever saw; a retry after that is a new operation. Expiry is amortised: each shard keeps its completed
 /// records in completion order, and every claim drops the few oldest that expired, so no
 /// claim ever scans a shard.
 ///
@@ -73,6 +74,9 @@ struct Shared {
     sized_for: AtomicUsize,
     /// The moment every [`Tick`] counts from.
     epoch: Instant,
+    /// How far a test moved this store's clock on, in nanoseconds.
+    #[cfg(test)]
+    skew: std::sync::atomic::AtomicU64,
 }
 
 /// A moment, as nanoseconds since the store's epoch: half the size of an `Instant`, and
@@ -248,9 +252,44 @@ enum State {
 }
 
 impl MemoryStore {
-    /// An empty store that keeps every record for the life of the process.
+    /// An empty store that drops completed records after [`DEFAULT_RETENTION`] (24 hours).
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::DEFAULT_RETENTION;
+    ///
+    /// assert_eq!(MemoryStore::new().retention(), Some(DEFAULT_RETENTION));
+    /// assert_eq!(MemoryStore::new().keep_forever().retention(), None);
+    /// ```
     pub fn new() -> Self {
-        Self::build(None)
+        Self::build(Some(DEFAULT_RETENTION))
+    }
+
+    /// Keeps every completed record for the life of the process, rather than for the
+    /// retention window: the store then grows with every key it is sent (bound it with
+    /// [`max_records`](Self::max_records)). Set it on a new store, before it is shared, as
+    /// [`max_records`](Self::max_records); its bound and reserved room are kept.
+    pub fn keep_forever(mut self) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.retention = None;
+            for shard in &mut shared.shards {
+                let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
+                shard.expiry.clear();
+            }
+            return self;
+        }
+        let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
+        let store = Self::build(None);
+        match self.shared.max_records {
+            Some(max) => store.max_records(max),
+            None => store,
+        }
+        .with_capacity(sized_for)
+    }
+
+    /// How long completed records are kept, `None` for the life of the process.
+    pub fn retention(&self) -> Option<Duration> {
+        self.shared.retention
     }
 
     /// An empty store that drops completed records older than `retention`.
@@ -271,6 +310,8 @@ impl MemoryStore {
                 records: AtomicUsize::new(0),
                 sized_for: AtomicUsize::new(0),
                 epoch: Instant::now(),
+                #[cfg(test)]
+                skew: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -498,7 +539,13 @@ impl MemoryStore {
 
     /// Now, as a tick of this store.
     fn now(&self) -> Tick {
-        Tick(u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1))
+        let now =
+            Tick(u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1));
+        #[cfg(test)]
+        let now = now.after(Duration::from_nanos(
+            self.shared.skew.load(Ordering::Relaxed),
+        ));
+        now
     }
 
     /// Takes room for one more record, if the store is bounded and has it.
@@ -872,6 +919,53 @@ impl Operator for MemoryStore {
 mod tests {
     use super::*;
 
+    /// Moves `store`'s clock on to `at` after its epoch's now.
+    fn skew(store: &MemoryStore, by: Duration) {
+        let nanos = u64::try_from(by.as_nanos()).unwrap();
+        store.shared.skew.store(nanos, Ordering::Relaxed);
+    }
+
+    /// A new store keeps a completed record for the default window: a claim within it
+    /// replays, one past it is new; a store told to keep records forever replays years later.
+    #[tokio::test]
+    async fn a_new_store_keeps_a_completed_record_for_the_default_window() {
+        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+        );
+        for (store, forever) in [
+            (MemoryStore::new(), false),
+            (MemoryStore::new().keep_forever(), true),
+        ] {
+            let Ok(Claim::New(reservation)) = store.claim("k", &fingerprint).await else {
+                panic!("a new key is new");
+            };
+            store.complete("k", &reservation, &response).await.unwrap();
+            skew(&store, DEFAULT_RETENTION - Duration::from_secs(1));
+            assert!(matches!(
+                store.claim("k", &fingerprint).await,
+                Ok(Claim::Replay(_))
+            ));
+            skew(&store, DEFAULT_RETENTION + Duration::from_secs(1));
+            let past = store.claim("k", &fingerprint).await;
+            if forever {
+                skew(&store, Duration::from_secs(10 * 365 * 24 * 3600));
+                assert!(matches!(past, Ok(Claim::Replay(_))));
+                assert!(matches!(
+                    store.claim("k", &fingerprint).await,
+                    Ok(Claim::Replay(_))
+                ));
+            } else {
+                assert!(
+                    matches!(past, Ok(Claim::New(_))),
+                    "past the window: a new operation"
+                );
+            }
+        }
+    }
+
     /// A key's hash in a shard's map is the hash it carries, computed once: stored keys and
     /// probes hash alike, and a growing table never hashes a key's bytes again.
     #[test]
@@ -946,7 +1040,7 @@ mod tests {
         assert_eq!(store.len(), records);
         assert_eq!(room(&store), sized, "no table or queue grew");
         // Without a retention window there is no queue to size.
-        let store = MemoryStore::new().with_capacity(records);
+        let store = MemoryStore::new().keep_forever().with_capacity(records);
         let (tables, queues) = room(&store);
         assert!(tables >= records);
         assert_eq!(queues, 0);

@@ -124,6 +124,12 @@ pub(crate) async fn within<T>(
         .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout)))
 }
 
+/// How long every store keeps a completed record unless told otherwise: 24 hours, the retry
+/// window of Stripe's API and of most peers. A retry within it replays; after it, the key is
+/// a new operation. Set another window with each store's `retention` (or
+/// [`MemoryStore::with_retention`]), or keep records for good with its `keep_forever`.
+pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
 /// The longest retention a remote store keeps: a hundred years. A longer one (up to
 /// `Duration::MAX`) is clamped to it, since backends cannot add more to the current time.
 pub const MAX_RETENTION: std::time::Duration =

@@ -360,7 +360,8 @@ impl PostgresStore {
         Self {
             pool,
             sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
-            retention_ms: 0,
+            retention_ms: i64::try_from(retention_millis(super::DEFAULT_RETENTION))
+                .unwrap_or(i64::MAX),
             timeout: DEFAULT_TIMEOUT,
             statement_timeout: None,
             notifier: None,
@@ -393,10 +394,18 @@ impl PostgresStore {
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
     /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
-    /// deletes them. Default: never. Pending records never expire. Any duration is accepted;
-    /// past [`MAX_RETENTION`](super::MAX_RETENTION) (a hundred years) it is clamped.
+    /// deletes them. Default: [`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 24 hours.
+    /// Pending records never expire. Any duration is accepted; past
+    /// [`MAX_RETENTION`](super::MAX_RETENTION) (a hundred years) it is clamped.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention_ms = i64::try_from(retention_millis(retention)).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// Keeps completed records until they are forgotten (no `expires_at`), rather than for
+    /// the retention window: the table then grows with every key it is sent.
+    pub fn keep_forever(mut self) -> Self {
+        self.retention_ms = 0;
         self
     }
 

@@ -576,7 +576,7 @@ impl RedisStore {
                 resolve: Lua::new(RESOLVE),
             }),
             prefix: Arc::from(Self::DEFAULT_PREFIX),
-            retention_ms: 0,
+            retention_ms: retention_millis(super::DEFAULT_RETENTION),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
             channel: Arc::from(CHANGED_CHANNEL),
@@ -590,11 +590,20 @@ impl RedisStore {
         self
     }
 
-    /// Lets completed records expire `retention` after they were completed. Default: never.
-    /// Pending records never expire. Any duration is accepted; past
-    /// [`MAX_RETENTION`](super::MAX_RETENTION) (a hundred years) it is clamped.
+    /// Lets completed records expire `retention` after they were completed. Default:
+    /// [`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 24 hours. Pending records never
+    /// expire. Any duration is accepted; past [`MAX_RETENTION`](super::MAX_RETENTION) (a
+    /// hundred years) it is clamped.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention_ms = retention_millis(retention);
+        self
+    }
+
+    /// Keeps completed records until they are forgotten, rather than for the retention
+    /// window: Redis then holds every key it is sent (and refuses writes when full, with
+    /// `noeviction`).
+    pub fn keep_forever(mut self) -> Self {
+        self.retention_ms = 0;
         self
     }
 

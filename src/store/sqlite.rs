@@ -295,16 +295,24 @@ impl SqliteStore {
                 jobs,
                 waiters: Mutex::default(),
             }),
-            retention_ms: 0,
+            retention_ms: millis(super::DEFAULT_RETENTION),
             timeout: DEFAULT_TIMEOUT,
         })
     }
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
     /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
-    /// deletes them. Default: never. Pending records never expire.
+    /// deletes them. Default: [`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 24 hours.
+    /// Pending records never expire.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention_ms = millis(retention);
+        self
+    }
+
+    /// Keeps completed records until they are forgotten (no `expires_at`), rather than for
+    /// the retention window: the file then grows with every key it is sent.
+    pub fn keep_forever(mut self) -> Self {
+        self.retention_ms = 0;
         self
     }
 

@@ -897,3 +897,28 @@ impl Body for Trailing {
         Poll::Ready(frame.map(Ok))
     }
 }
+
+/// Claims `key` as new in `store` and completes it with a stored response.
+pub async fn complete_new<St: Store>(store: &St, key: &str) {
+    let fingerprint = LabelContract::fingerprint(key, "p");
+    let Ok(tower_idempotency::store::Claim::New(reservation)) =
+        store.claim(key, &fingerprint).await
+    else {
+        panic!("{key}: a new key is new");
+    };
+    let response = tower_idempotency::testing::conformance::awkward_response();
+    store.complete(key, &reservation, &response).await.unwrap();
+}
+
+/// What a claim of `key` (completed by [`complete_new`]) answers now: a replay or a new claim.
+pub async fn claimed_again<St: Store>(store: &St, key: &str) -> &'static str {
+    match store
+        .claim(key, &LabelContract::fingerprint(key, "p"))
+        .await
+        .unwrap()
+    {
+        tower_idempotency::store::Claim::Replay(_) => "replay",
+        tower_idempotency::store::Claim::New(_) => "new",
+        _ => "other",
+    }
+}

@@ -84,7 +84,7 @@ where
 }
 
 fn ours() -> Bench {
-    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new(), LabelContract).global_keys();
+    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new().keep_forever(), LabelContract).global_keys();
     bench(layer.layer(Create))
 }
 
@@ -198,7 +198,7 @@ fn throughput(rounds: usize, per_task: usize) {
         let mut create = Create;
         create.call(request)
     });
-    let ours = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new(), LabelContract).global_keys()
+    let ours = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new().keep_forever(), LabelContract).global_keys()
         .layer(Create);
     let theirs = runtime.block_on(async {
         let store = idempotent::memory::MemoryStore::builder()
