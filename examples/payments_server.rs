@@ -31,6 +31,7 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use common::Ids;
 use serde::{Deserialize, Serialize};
+use tower_idempotency::reply::Invalid;
 use tower_idempotency::store::DynStore;
 use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
@@ -122,11 +123,11 @@ async fn create_refund(
     created(&body, format!("/payments/{payment_id}/refunds/{refund_id}"))
 }
 
-fn at_least_one(amount: u64) -> Result<(), std::borrow::Cow<'static, str>> {
+fn at_least_one(amount: u64) -> Result<(), Invalid> {
     if amount >= 1 {
         Ok(())
     } else {
-        Err("amount must be an integer of at least 1".into())
+        Err(Invalid::at("/amount", "must be an integer of at least 1"))
     }
 }
 
@@ -148,7 +149,7 @@ impl PaymentsApp {
             if p.currency.len() == 3 && p.currency.bytes().all(|b| b.is_ascii_uppercase()) {
                 Ok(())
             } else {
-                Err("currency must be three uppercase letters".into())
+                Err(Invalid::at("/currency", "must be three uppercase letters"))
             }
         });
         let refund = JsonOperation::<NewRefund>::typed().validate(|r| at_least_one(r.amount));

@@ -21,7 +21,10 @@
 //! The `Idempotency-Key` header is missing, repeated, empty, longer than 255 characters, or
 //! not visible ASCII.
 //! # invalid_request
-//! The body is not a valid operation; the detail says why.
+//! The body is not a valid operation; the detail says why. When the reason is about one member
+//! of the body (a wrong type, a missing member, a value the operation's check refuses), the
+//! detail starts with its JSON pointer and an `errors` member (RFC 9457 §3.2) carries it
+//! machine-readably: `"errors":[{"pointer":"/quantity","detail":"must be at least 1"}]`.
 //! # scope_required
 //! A scope is configured and the request carries none.
 //! # idempotency_conflict
@@ -42,7 +45,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::admission::Refusal;
-use crate::reply::Rejection;
+use crate::reply::{Invalid, Rejection};
 
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -121,7 +124,7 @@ pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
                 "Send one Idempotency-Key header of 1 to 255 visible ASCII characters, bare or as a quoted string."
             ),
         ),
-        Rejection::InvalidRequest(detail) => (StatusCode::BAD_REQUEST, invalid(detail)),
+        Rejection::InvalidRequest(why) => (StatusCode::BAD_REQUEST, invalid(why)),
         Rejection::ScopeRequired => fixed(
             StatusCode::FORBIDDEN,
             problem!(
@@ -212,12 +215,22 @@ fn fixed(status: StatusCode, body: &'static [u8]) -> (StatusCode, Bytes) {
     (status, Bytes::from_static(body))
 }
 
-/// The one problem with a detail of the operation's: an invalid body.
-fn invalid(detail: &str) -> Bytes {
+/// The one problem with a detail of the operation's: an invalid body, and the member it is
+/// about in `errors` (RFC 9457 §3.2's extension) when it names one.
+fn invalid(why: &Invalid) -> Bytes {
     // Serialising a string cannot fail.
-    let detail = serde_json::to_string(detail).unwrap_or_default();
+    let json = |text: &str| serde_json::to_string(text).unwrap_or_default();
+    let detail = json(&why.to_string());
+    let errors = match why.pointer() {
+        Some(pointer) => format!(
+            r#","errors":[{{"pointer":{},"detail":{}}}]"#,
+            json(pointer),
+            json(why.detail())
+        ),
+        None => String::new(),
+    };
     Bytes::from(format!(
-        r#"{{"type":"{}","title":"Invalid request","status":400,"detail":{detail}}}"#,
+        r#"{{"type":"{}","title":"Invalid request","status":400,"detail":{detail}{errors}}}"#,
         problem_type!("invalid_request")
     ))
 }

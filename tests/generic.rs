@@ -19,6 +19,7 @@ use tower::{Service as _, ServiceBuilder, ServiceExt};
 use tower_idempotency::admission::Refusal;
 use tower_idempotency::body::RequestBody;
 use tower_idempotency::operation::IdempotencyKey;
+use tower_idempotency::reply::Invalid;
 use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::{
     IdempotencyLayer, JsonOperation, MemoryStore, Outcome, RawOperation, StoredResponses,
@@ -154,19 +155,19 @@ async fn every_refusal_before_the_claim_is_its_problem_and_touches_nothing() {
             post(Some("k"), r#"{"amount":"1","currency":"EUR"}"#),
             400,
             "invalid_request",
-            None,
+            Some(r#"/amount: invalid type: string "1", expected u64"#),
         ),
         (
             post(Some("k"), r#"{"currency":"EUR"}"#),
             400,
             "invalid_request",
-            Some("missing field `amount` at line 1 column 18"),
+            Some("/amount: missing field `amount`"),
         ),
         (
             post(Some("k"), r#"{"amount":0,"currency":"EUR"}"#),
             400,
             "invalid_request",
-            Some("amount must be at least 1"),
+            Some("/amount: must be at least 1"),
         ),
         (
             post(Some("k"), r#"{"amount":1,"currency":"eur"}"#),
@@ -440,7 +441,9 @@ async fn a_path_restricts_the_layer_and_other_paths_get_a_404_problem_or_pass() 
 async fn key_member_and_fingerprint_selections() {
     let operation = JsonOperation::new()
         .key_member("/request_id")
-        .fingerprint_except(["/sent_at", "/meta/trace"]);
+        .unwrap()
+        .fingerprint_except(["/sent_at", "/meta/trace"])
+        .unwrap();
     let (service, creates) = guarded(operation);
     let send_at = |at: &'static str, key: &'static str| {
         json_request(
@@ -466,10 +469,12 @@ async fn key_member_and_fingerprint_selections() {
     send(&service, send_at("10:00", "o-2")).await.problem(
         400,
         "invalid_request",
-        Some("the member /request_id must be a string equal to the Idempotency-Key"),
+        Some("/request_id: must be a string equal to the Idempotency-Key"),
     );
 
-    let operation = JsonOperation::new().fingerprint_only(["/amount", "/currency"]);
+    let operation = JsonOperation::new()
+        .fingerprint_only(["/amount", "/currency"])
+        .unwrap();
     let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
     let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
     let body = |note: &str, amount: u32| {
@@ -847,4 +852,104 @@ async fn a_raw_operation_guards_only_its_methods() {
         "passed through"
     );
     assert_eq!(creates.load(Ordering::SeqCst), 2);
+}
+
+/// A body refused for its type or by the `validate` hook names the member by JSON pointer,
+/// in the detail (without the parser's line and column) and in `errors`: a wrong type, a
+/// missing member, an unknown one, one deep in an array, a value the hook refuses with a
+/// pointer of its own, and the key member. A reason about no member has no `errors`.
+#[tokio::test]
+async fn refusals_name_the_member_by_json_pointer() {
+    #[derive(Debug, Clone, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Line {
+        sku: String,
+        quantity: u32,
+    }
+    #[derive(Debug, Clone, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Order {
+        request_id: String,
+        lines: Vec<Line>,
+        #[serde(rename = "ship/to~")]
+        ship_to: String,
+    }
+    let operation = JsonOperation::<Order>::typed()
+        .key_member("/request_id")
+        .unwrap()
+        .validate(|order| {
+            if order.lines.is_empty() {
+                return Err("an order needs a line".into());
+            }
+            match order.lines.iter().position(|line| line.quantity == 0) {
+                Some(i) => Err(Invalid::at(
+                    format!("/lines/{i}/quantity"),
+                    "must be at least 1",
+                )),
+                None => Ok(()),
+            }
+        });
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let order = |body: &str| post(Some("o-1"), body);
+    let line = r#"{"sku":"A","quantity":1}"#;
+    let cases: [(String, &str, &str); 6] = [
+        (
+            format!(
+                r#"{{"request_id":"o-1","lines":[{line},{{"sku":"B","quantity":"2"}}],"ship/to~":"x"}}"#
+            ),
+            "/lines/1/quantity",
+            r#"invalid type: string "2", expected u32"#,
+        ),
+        (
+            format!(r#"{{"request_id":"o-1","lines":[{line}]}}"#),
+            "/ship~1to~0",
+            "missing field `ship/to~`",
+        ),
+        (
+            r#"{"request_id":"o-1","lines":[{"sku":"A","quantity":1,"gift":true}],"ship/to~":"x"}"#
+                .to_owned(),
+            "/lines/0/gift",
+            "unknown field `gift`, expected `sku` or `quantity`",
+        ),
+        (
+            r#"{"request_id":"o-1","lines":[{"quantity":1}],"ship/to~":"x"}"#.to_owned(),
+            "/lines/0/sku",
+            "missing field `sku`",
+        ),
+        (
+            format!(
+                r#"{{"request_id":"o-1","lines":[{line},{{"sku":"B","quantity":0}}],"ship/to~":"x"}}"#
+            ),
+            "/lines/1/quantity",
+            "must be at least 1",
+        ),
+        (
+            format!(r#"{{"request_id":"o-2","lines":[{line}],"ship/to~":"x"}}"#),
+            "/request_id",
+            "must be a string equal to the Idempotency-Key",
+        ),
+    ];
+    for (body, pointer, detail) in cases {
+        let reply = send(&service, order(&body)).await;
+        reply.invalid_at(pointer, detail);
+        assert!(
+            !reply.body.windows(5).any(|w| w == b" line"),
+            "no parser position: {:?}",
+            reply.body
+        );
+    }
+    send(
+        &service,
+        order(r#"{"request_id":"o-1","lines":[],"ship/to~":"x"}"#),
+    )
+    .await
+    .invalid("an order needs a line");
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        0,
+        "nothing refused was created"
+    );
 }

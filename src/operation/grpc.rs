@@ -225,7 +225,7 @@ impl Operation for GrpcOperation {
             // A check that panics refuses the call: nothing is claimed yet.
             match panic::catch_unwind(AssertUnwindSafe(|| validate(&call))) {
                 Ok(Ok(())) => {}
-                Ok(Err(detail)) => return Err(Rejection::InvalidRequest(detail)),
+                Ok(Err(detail)) => return Err(Rejection::invalid(detail)),
                 Err(_) => {
                     tracing::error!("the gRPC validation panicked; the call is refused");
                     return Err(Rejection::invalid("the message could not be validated"));

@@ -13,9 +13,9 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use super::jcs::{self, Node, Pointer};
 use super::key::key_in;
 use super::{Fingerprint, Head, Operation, Parsed, media};
-use crate::reply::Rejection;
+use crate::reply::{Invalid, Rejection};
 
-type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync>;
+type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 
 /// Any JSON create endpoint, as draft-ietf-httpapi-idempotency-key-header describes it.
 ///
@@ -159,22 +159,28 @@ impl<T> JsonOperation<T> {
         Arc::make_mut(&mut self.config)
     }
 
-    /// Checks every deserialized value; an `Err` is a `400` with its text as the problem's
-    /// detail.
+    /// Checks every deserialized value; an `Err` is a `400` whose problem carries it: a
+    /// plain reason as the detail (`Err("…".into())`), or a reason about one member,
+    /// [`Invalid::at`], also in the problem's `errors` with its JSON pointer.
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
+    /// use tower_idempotency::reply::Invalid;
     ///
     /// #[derive(Clone, serde::Deserialize)]
-    /// struct Refund { amount: u64 }
+    /// struct Refund { amount: u64, reason: String }
     ///
-    /// let operation = JsonOperation::<Refund>::typed()
-    ///     .validate(|r| if r.amount >= 1 { Ok(()) } else { Err("amount must be at least 1".into()) });
+    /// let operation = JsonOperation::<Refund>::typed().validate(|r| {
+    ///     if r.amount < 1 {
+    ///         return Err(Invalid::at("/amount", "must be at least 1"));
+    ///     }
+    ///     if r.reason.is_empty() { Err("a refund needs a reason".into()) } else { Ok(()) }
+    /// });
     /// # drop(operation);
     /// ```
     pub fn validate<F>(mut self, validate: F) -> Self
     where
-        F: Fn(&T) -> Result<(), Cow<'static, str>> + Send + Sync + 'static,
+        F: Fn(&T) -> Result<(), Invalid> + Send + Sync + 'static,
     {
         self.config().validate = Some(Arc::new(validate));
         self
@@ -195,68 +201,102 @@ impl<T> JsonOperation<T> {
     }
 
     /// Requires the body member at `pointer` (a JSON pointer, `/request_id`) to be a string
-    /// equal to the key, else `400`: the lesson's rule, for any body.
+    /// equal to the key, else `400` about that member: for bodies that carry their own key.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `pointer` is not a JSON pointer (RFC 6901).
+    /// If `pointer` is not a JSON pointer (RFC 6901): neither empty nor starting with `/`, or
+    /// with a `~` not followed by `0` or `1`.
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
     ///
-    /// let operation = JsonOperation::new().key_member("/request_id");
+    /// let operation = JsonOperation::new().key_member("/request_id")?;
+    /// assert!(JsonOperation::new().key_member("request_id").is_err());
     /// # drop(operation);
+    /// # Ok::<(), tower_idempotency::operation::InvalidPointer>(())
     /// ```
-    pub fn key_member(mut self, pointer: &str) -> Self {
-        self.config().key_member = Some(pointer_or_panic(pointer));
-        self
+    pub fn key_member(mut self, pointer: &str) -> Result<Self, InvalidPointer> {
+        self.config().key_member = Some(pointer_of_text(pointer)?);
+        Ok(self)
     }
 
     /// Fingerprints only the members at these JSON pointers (with the method, the path and the
     /// query); a member that is absent counts as absent.
     ///
-    /// # Panics
+    /// # Errors
     ///
     /// If a pointer is not a JSON pointer (RFC 6901).
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
     ///
-    /// let operation = JsonOperation::new().fingerprint_only(["/amount", "/currency"]);
+    /// let operation = JsonOperation::new().fingerprint_only(["/amount", "/currency"])?;
     /// # drop(operation);
+    /// # Ok::<(), tower_idempotency::operation::InvalidPointer>(())
     /// ```
-    pub fn fingerprint_only<'a>(mut self, pointers: impl IntoIterator<Item = &'a str>) -> Self {
-        self.config().fingerprint =
-            Selection::Only(pointers.into_iter().map(pointer_or_panic).collect());
-        self
+    pub fn fingerprint_only<'a>(
+        mut self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, InvalidPointer> {
+        let pointers = pointers.into_iter().map(pointer_of_text);
+        self.config().fingerprint = Selection::Only(pointers.collect::<Result<_, _>>()?);
+        Ok(self)
     }
 
     /// Fingerprints the body without the members at these JSON pointers: for clients that add
     /// a per-attempt field, such as a timestamp.
     ///
-    /// # Panics
+    /// # Errors
     ///
     /// If a pointer is not a JSON pointer (RFC 6901).
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
     ///
-    /// let operation = JsonOperation::new().fingerprint_except(["/sent_at"]);
+    /// let operation = JsonOperation::new().fingerprint_except(["/sent_at"])?;
+    /// let refused = JsonOperation::new().fingerprint_except(["/ok", "sent_at"]).unwrap_err();
+    /// assert_eq!(refused.to_string(), r#""sent_at" is not a JSON pointer (RFC 6901): write "/member""#);
     /// # drop(operation);
+    /// # Ok::<(), tower_idempotency::operation::InvalidPointer>(())
     /// ```
-    pub fn fingerprint_except<'a>(mut self, pointers: impl IntoIterator<Item = &'a str>) -> Self {
-        self.config().fingerprint =
-            Selection::Except(pointers.into_iter().map(pointer_or_panic).collect());
-        self
+    pub fn fingerprint_except<'a>(
+        mut self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, InvalidPointer> {
+        let pointers = pointers.into_iter().map(pointer_of_text);
+        self.config().fingerprint = Selection::Except(pointers.collect::<Result<_, _>>()?);
+        Ok(self)
     }
 }
 
-fn pointer_or_panic(pointer: &str) -> Pointer {
-    match Pointer::parse(pointer) {
-        Some(pointer) => pointer,
-        None => panic!("{pointer:?} is not a JSON pointer (RFC 6901): write \"/member\""),
+fn pointer_of_text(pointer: &str) -> Result<Pointer, InvalidPointer> {
+    Pointer::parse(pointer).ok_or_else(|| InvalidPointer(pointer.to_owned()))
+}
+
+/// A text given as a JSON pointer (RFC 6901) that is not one: it must be empty (the whole
+/// body) or start with `/`, and every `~` must be followed by `0` or `1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidPointer(String);
+
+impl InvalidPointer {
+    /// The text that is not a JSON pointer.
+    pub fn text(&self) -> &str {
+        &self.0
     }
 }
+
+impl fmt::Display for InvalidPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is not a JSON pointer (RFC 6901): write \"/member\"",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for InvalidPointer {}
 
 /// The method, and the path with its query, as the fingerprint and the raw operation read them.
 pub(super) fn target(parts: &Parts) -> [&[u8]; 2] {
@@ -288,17 +328,16 @@ where
     fn parse<'a>(&self, parts: &'a Parts, body: &Bytes) -> Result<Parsed<'a, T>, Rejection> {
         let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
         let mut document = jcs::parse(body).map_err(|why| Rejection::invalid(why.to_string()))?;
-        let value: T =
-            serde_json::from_slice(body).map_err(|error| Rejection::invalid(error.to_string()))?;
+        let value: T = deserialize(body).map_err(Rejection::InvalidRequest)?;
         if let Some(validate) = &self.config.validate {
             validate(&value).map_err(Rejection::InvalidRequest)?;
         }
         if let Some(pointer) = &self.config.key_member
             && !matches!(document.get(pointer), Some(Node::String(member)) if *member == *key)
         {
-            return Err(Rejection::invalid(format!(
-                "the member {} must be a string equal to the Idempotency-Key",
-                pointer.as_str()
+            return Err(Rejection::InvalidRequest(Invalid::at(
+                pointer.as_str().to_owned(),
+                "must be a string equal to the Idempotency-Key",
             )));
         }
         let fingerprint = self.fingerprint(parts, &mut document, body.len());
@@ -307,6 +346,79 @@ where
             fingerprint,
             value,
         })
+    }
+}
+
+/// `body` as a `T`, or why not: the member by JSON pointer and what was expected, without
+/// the parser's line and column.
+fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, Invalid> {
+    // The path is tracked only for a body that fails: a valid one is read once, as fast as
+    // serde reads it.
+    serde_json::from_slice(body).map_err(|_| why_not::<T>(body))
+}
+
+/// Why `body` is not a `T`, read again with the path tracked.
+#[cold]
+fn why_not<T: DeserializeOwned>(body: &[u8]) -> Invalid {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let error = match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
+        Err(error) => error,
+        // serde refused it once; read again, only what follows the value can be wrong (the
+        // body was checked to be one JSON value before).
+        Ok(_) => return Invalid::new("the body is not one JSON value"),
+    };
+    {
+        let mut pointer = pointer_of(error.path());
+        let inner = error.into_inner();
+        let mut detail = inner.to_string();
+        let position = format!(" at line {} column {}", inner.line(), inner.column());
+        if inner.line() > 0 && detail.ends_with(&position) {
+            detail.truncate(detail.len() - position.len());
+        }
+        // A missing member is named in the message, its object in the path.
+        if let Some(name) = detail
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            pointer.push('/');
+            push_escaped(&mut pointer, name);
+        }
+        Invalid::at(pointer, detail)
+    }
+}
+
+/// The JSON pointer (RFC 6901) of a path serde walked.
+fn pointer_of(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut pointer = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => {
+                pointer.push('/');
+                pointer.push_str(&index.to_string());
+            }
+            Segment::Map { key } => {
+                pointer.push('/');
+                push_escaped(&mut pointer, key);
+            }
+            Segment::Enum { variant } => {
+                pointer.push('/');
+                push_escaped(&mut pointer, variant);
+            }
+            Segment::Unknown => pointer.push_str("/?"),
+        }
+    }
+    pointer
+}
+
+/// `name` as a JSON pointer's reference token: `~` as `~0`, `/` as `~1`.
+fn push_escaped(pointer: &mut String, name: &str) {
+    for c in name.chars() {
+        match c {
+            '~' => pointer.push_str("~0"),
+            '/' => pointer.push_str("~1"),
+            c => pointer.push(c),
+        }
     }
 }
 

@@ -72,7 +72,7 @@ pub(crate) mod media;
 mod raw;
 
 pub use self::grpc::{GrpcCall, GrpcOperation};
-pub use self::json::JsonOperation;
+pub use self::json::{InvalidPointer, JsonOperation};
 pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
 pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr};
 pub use self::raw::RawOperation;

@@ -111,8 +111,8 @@ pub enum Rejection {
     PayloadTooLarge,
     /// The `Idempotency-Key` header is missing, repeated or invalid.
     InvalidKey,
-    /// The body is not a valid operation; the detail says why.
-    InvalidRequest(Cow<'static, str>),
+    /// The body is not a valid operation: why, and the member it is about.
+    InvalidRequest(Invalid),
     /// A scope is configured and the request has none.
     ScopeRequired,
     /// The key belongs to another operation (another fingerprint).
@@ -129,15 +129,106 @@ pub enum Rejection {
     ResponseTooLarge,
 }
 
+/// Why a request is invalid: the detail the client reads, and the member of the body it is
+/// about as a JSON pointer (RFC 6901), when there is one.
+///
+/// [`JsonOperation`](crate::JsonOperation) names the member of every body it refuses for its
+/// type (a wrong type, a missing member, an unknown one), and a
+/// [`validate`](crate::JsonOperation::validate) hook may name one of its own with
+/// [`Invalid::at`]. The problem body carries both, the pointer first in the `detail` and each
+/// in the `errors` member (RFC 9457 §3.2), so a client can match on them:
+///
+/// ```text
+/// {"type":"…#invalid_request","title":"Invalid request","status":400,
+///  "detail":"/quantity: must be at least 1",
+///  "errors":[{"pointer":"/quantity","detail":"must be at least 1"}]}
+/// ```
+///
+/// A plain string converts into one without a member: `Err("must be at least 1".into())`.
+///
+/// ```
+/// use tower_idempotency::reply::Invalid;
+///
+/// let invalid = Invalid::at("/items/0/sku", "must not be empty");
+/// assert_eq!(invalid.pointer(), Some("/items/0/sku"));
+/// assert_eq!(invalid.detail(), "must not be empty");
+/// assert_eq!(invalid.to_string(), "/items/0/sku: must not be empty");
+/// assert_eq!(Invalid::from("no member").pointer(), None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    detail: Cow<'static, str>,
+    pointer: Option<Cow<'static, str>>,
+}
+
+impl Invalid {
+    /// A reason about the request as a whole.
+    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            pointer: None,
+        }
+    }
+
+    /// A reason about the member at `pointer`, a JSON pointer into the body (`/quantity`,
+    /// `/items/0/sku`; `""` is the whole body).
+    pub fn at(pointer: impl Into<Cow<'static, str>>, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            pointer: Some(pointer.into()),
+        }
+    }
+
+    /// What is wrong, without the member.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The member it is about, as a JSON pointer, if any.
+    pub fn pointer(&self) -> Option<&str> {
+        self.pointer.as_deref()
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pointer {
+            Some(pointer) => write!(f, "{pointer}: {}", self.detail),
+            None => f.write_str(&self.detail),
+        }
+    }
+}
+
+impl From<&'static str> for Invalid {
+    fn from(detail: &'static str) -> Self {
+        Self::new(detail)
+    }
+}
+
+impl From<String> for Invalid {
+    fn from(detail: String) -> Self {
+        Self::new(detail)
+    }
+}
+
+impl From<Cow<'static, str>> for Invalid {
+    fn from(detail: Cow<'static, str>) -> Self {
+        Self::new(detail)
+    }
+}
+
 impl Rejection {
     /// An invalid request with a detail for the client.
     ///
     /// ```
-    /// use tower_idempotency::reply::Rejection;
-    /// assert_eq!(Rejection::invalid("amount must be positive"), Rejection::InvalidRequest("amount must be positive".into()));
+    /// use tower_idempotency::reply::{Invalid, Rejection};
+    /// assert_eq!(
+    ///     Rejection::invalid("amount must be positive"),
+    ///     Rejection::InvalidRequest(Invalid::new("amount must be positive")),
+    /// );
     /// ```
     pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
-        Self::InvalidRequest(detail.into())
+        Self::InvalidRequest(Invalid::new(detail))
     }
 
     /// What the layer reports for this rejection.

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use tower::ServiceExt;
 use tower_idempotency::admission::AlwaysAdmit;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::reply::Invalid;
 use tower_idempotency::{Idempotency, IdempotencyLayer, JsonOperation, Outcome, Store};
 
 use super::{Chunks, CreateError, Inner, Reply};
@@ -30,7 +31,7 @@ pub struct NewPayment {
 pub fn payment_operation() -> JsonOperation<NewPayment> {
     JsonOperation::<NewPayment>::typed().validate(|payment| {
         if payment.amount < 1 {
-            Err("amount must be at least 1".into())
+            Err(Invalid::at("/amount", "must be at least 1"))
         } else if payment.currency.len() != 3
             || !payment.currency.bytes().all(|b| b.is_ascii_uppercase())
         {
@@ -110,7 +111,11 @@ impl Reply {
         );
         let problem: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
         let object = problem.as_object().unwrap();
-        let mut members: Vec<_> = object.keys().map(String::as_str).collect();
+        let mut members: Vec<_> = object
+            .keys()
+            .map(String::as_str)
+            .filter(|member| *member != "errors")
+            .collect();
         members.sort_unstable();
         assert_eq!(members, ["detail", "status", "title", "type"], "{problem}");
         assert_eq!(
@@ -124,6 +129,31 @@ impl Reply {
         if let Some(detail) = detail {
             assert_eq!(problem["detail"], detail, "detail");
         }
+        self
+    }
+
+    /// A `400 invalid_request` about the member at `pointer`: the pointer leads its
+    /// `detail`, and its `errors` hold the pointer and the detail, machine-readable.
+    pub fn invalid_at(&self, pointer: &str, detail: &str) -> &Self {
+        self.problem(
+            400,
+            "invalid_request",
+            Some(&format!("{pointer}: {detail}")),
+        );
+        let problem: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        assert_eq!(
+            problem["errors"],
+            serde_json::json!([{ "pointer": pointer, "detail": detail }]),
+            "{problem}"
+        );
+        self
+    }
+
+    /// A `400 invalid_request` about the whole body: `detail`, and no `errors`.
+    pub fn invalid(&self, detail: &str) -> &Self {
+        self.problem(400, "invalid_request", Some(detail));
+        let problem: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        assert_eq!(problem.get("errors"), None, "{problem}");
         self
     }
 }
