@@ -4,8 +4,19 @@
 //! per draft-ietf-httpapi-idempotency-key-header.
 //!
 //! Every body is `{"type":…,"title":…,"status":…,"detail":…}` with
-//! `Content-Type: application/problem+json`. The `type` of each case is this page with the
-//! case's name as its fragment, one of the headings below.
+//! `Content-Type: application/problem+json`.
+//!
+//! # Problem types
+//!
+//! The `type` of each case is a base followed by the case's name: by default
+//! [`DEFAULT_TYPE_BASE`], this page, so that `type` is the address of the case's heading below
+//! (`…/tower_idempotency/problem/index.html#idempotency_conflict`). Clients match on these
+//! URIs, so they are part of the crate's contract: the base and the names below do not change
+//! between releases (a test holds every one, and this page's place in the crate). To point
+//! clients at your own API's documentation, give the generic operations a base of your own,
+//! [`JsonOperation::problem_type_base`](crate::JsonOperation::problem_type_base) (and
+//! [`RawOperation`'s](crate::RawOperation::problem_type_base)):
+//! `https://api.example.com/problems/` gives `https://api.example.com/problems/idempotency_conflict`.
 //!
 #![doc = include_str!("reply/problem.md")]
 //!
@@ -50,12 +61,19 @@ use crate::reply::{Invalid, Rejection};
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+macro_rules! default_base {
+    () => {
+        "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#"
+    };
+}
+
+/// What every problem type starts with unless an operation is given a base of its own: this
+/// page, so that a type is the address of its case's heading. Stable across releases.
+pub const DEFAULT_TYPE_BASE: &str = default_base!();
+
 macro_rules! problem_type {
     ($code:literal) => {
-        concat!(
-            "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#",
-            $code
-        )
+        concat!(default_base!(), $code)
     };
 }
 
@@ -74,6 +92,33 @@ macro_rules! problem {
         )
         .as_bytes()
     };
+}
+
+/// The problem reply for `rejection`, its type under `base` (the default's when `None`).
+pub(crate) fn reply_under(rejection: &Rejection, base: Option<&str>) -> Response<Bytes> {
+    let mut response = reply(rejection);
+    if let Some(base) = base {
+        let body = response.body_mut();
+        *body = rebase(body, base);
+    }
+    response
+}
+
+/// `body` with its type under `base` rather than [`DEFAULT_TYPE_BASE`].
+fn rebase(body: &Bytes, base: &str) -> Bytes {
+    let start = concat!(r#"{"type":""#, default_base!());
+    let Some(rest) = body.strip_prefix(start.as_bytes()) else {
+        return body.clone();
+    };
+    // The base as a JSON string without its closing quote; the case's name and the rest
+    // follow as they were.
+    let quoted = serde_json::to_string(base).unwrap_or_default();
+    let open = quoted.strip_suffix('"').unwrap_or(&quoted);
+    let mut rebased = Vec::with_capacity(r#"{"type":"#.len() + open.len() + rest.len());
+    rebased.extend_from_slice(br#"{"type":"#);
+    rebased.extend_from_slice(open.as_bytes());
+    rebased.extend_from_slice(rest);
+    Bytes::from(rebased)
 }
 
 /// The problem reply for `rejection`.
@@ -233,4 +278,103 @@ fn invalid(why: &Invalid) -> Bytes {
         r#"{{"type":"{}","title":"Invalid request","status":400,"detail":{detail}{errors}}}"#,
         problem_type!("invalid_request")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reply::Invalid;
+
+    /// Every case of a problem reply, once.
+    fn cases() -> Vec<Rejection> {
+        vec![
+            Rejection::NotFound,
+            Rejection::MethodNotAllowed,
+            Rejection::UnsupportedMediaType,
+            Rejection::PayloadTooLarge,
+            Rejection::InvalidKey,
+            Rejection::InvalidRequest(Invalid::at("/a", "why")),
+            Rejection::ScopeRequired,
+            Rejection::Conflict,
+            Rejection::Pending,
+            Rejection::NotAdmitted(Refusal::TooManyRequests),
+            Rejection::NotAdmitted(Refusal::ServiceUnavailable),
+            Rejection::StoreUnavailable,
+            Rejection::CreateFailed,
+            Rejection::ResponseTooLarge,
+        ]
+    }
+
+    fn type_of(response: &Response<Bytes>) -> String {
+        let problem: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        problem["type"].as_str().unwrap().to_owned()
+    }
+
+    /// The problem types are a contract with clients: each is pinned here, and the default
+    /// base is the address of this module's page, so moving the module fails this test.
+    #[test]
+    fn problem_types_do_not_change() {
+        let page = "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#";
+        assert_eq!(DEFAULT_TYPE_BASE, page);
+        assert_eq!(
+            format!(
+                "https://docs.rs/tower-idempotency/latest/{}/index.html#",
+                module_path!()
+                    .trim_end_matches("::tests")
+                    .replace("::", "/")
+            ),
+            page,
+            "the problem types point at this module's page"
+        );
+        let names = [
+            "not_found",
+            "method_not_allowed",
+            "unsupported_media_type",
+            "payload_too_large",
+            "invalid_idempotency_key",
+            "invalid_request",
+            "scope_required",
+            "idempotency_conflict",
+            "request_pending",
+            "not_admitted",
+            "not_admitted",
+            "store_unavailable",
+            "create_failed",
+            "response_too_large",
+        ];
+        let types: Vec<_> = cases().iter().map(|case| type_of(&reply(case))).collect();
+        let pinned: Vec<_> = names.iter().map(|name| format!("{page}{name}")).collect();
+        assert_eq!(types, pinned);
+        // Each name is a heading of this page.
+        let page_doc = include_str!("problem.rs");
+        for name in names {
+            assert!(page_doc.contains(&format!("//! # {name}\n")), "{name}");
+        }
+    }
+
+    /// A base of the operation's own replaces the default one in every type, and only there;
+    /// a base that needs escaping in JSON is escaped.
+    #[test]
+    fn a_base_of_ones_own_prefixes_every_type() {
+        for case in cases() {
+            let default = reply(&case);
+            let own = reply_under(&case, Some("https://api.example.com/problems/"));
+            let name = type_of(&default).rsplit('#').next().unwrap().to_owned();
+            assert_eq!(
+                type_of(&own),
+                format!("https://api.example.com/problems/{name}")
+            );
+            assert_eq!(own.status(), default.status());
+            assert_eq!(own.headers(), default.headers());
+            let mut own_problem: serde_json::Value = serde_json::from_slice(own.body()).unwrap();
+            let mut default_problem: serde_json::Value =
+                serde_json::from_slice(default.body()).unwrap();
+            own_problem["type"] = serde_json::Value::Null;
+            default_problem["type"] = serde_json::Value::Null;
+            assert_eq!(own_problem, default_problem, "only the type differs");
+            let odd = reply_under(&case, Some("urn:\"odd\"\\"));
+            assert_eq!(type_of(&odd), format!("urn:\"odd\"\\{name}"));
+            assert_eq!(reply_under(&case, None).body(), default.body());
+        }
+    }
 }

@@ -953,3 +953,35 @@ async fn refusals_name_the_member_by_json_pointer() {
         "nothing refused was created"
     );
 }
+
+/// An operation given a problem type base of its own answers every refusal under it, through
+/// the layer: a refused key before the claim, a conflict after it.
+#[tokio::test]
+async fn a_problem_type_base_of_ones_own_reaches_the_client() {
+    let operation = JsonOperation::new().problem_type_base("https://api.example.com/problems/");
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let type_of = |reply: &Reply| {
+        let problem: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        problem["type"].as_str().unwrap().to_owned()
+    };
+    let no_key = send(&service, post(None, BODY)).await;
+    assert_eq!(no_key.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        type_of(&no_key),
+        "https://api.example.com/problems/invalid_idempotency_key"
+    );
+    let created = send(&service, post(Some("k"), BODY)).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let other = send(
+        &service,
+        post(Some("k"), r#"{"amount":2,"currency":"EUR"}"#),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        type_of(&other),
+        "https://api.example.com/problems/idempotency_conflict"
+    );
+}

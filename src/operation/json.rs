@@ -84,6 +84,7 @@ struct Config<T> {
     key_member: Option<Pointer>,
     fingerprint: Selection,
     validate: Option<Validate<T>>,
+    problem_base: Option<Arc<str>>,
     value: PhantomData<fn() -> T>,
 }
 
@@ -94,6 +95,7 @@ impl<T> Clone for Config<T> {
             key_member: self.key_member.clone(),
             fingerprint: self.fingerprint.clone(),
             validate: self.validate.clone(),
+            problem_base: self.problem_base.clone(),
             value: PhantomData,
         }
     }
@@ -150,6 +152,7 @@ impl<T> JsonOperation<T> {
                 key_member: None,
                 fingerprint: Selection::Whole,
                 validate: None,
+                problem_base: None,
                 value: PhantomData,
             }),
         }
@@ -183,6 +186,24 @@ impl<T> JsonOperation<T> {
         F: Fn(&T) -> Result<(), Invalid> + Send + Sync + 'static,
     {
         self.config().validate = Some(Arc::new(validate));
+        self
+    }
+
+    /// Writes the `type` of every problem this operation answers under `base`, the
+    /// documentation of your own API, rather than under
+    /// [`DEFAULT_TYPE_BASE`](crate::problem::DEFAULT_TYPE_BASE): the type is `base` followed
+    /// by the case's name ([problem types](crate::problem#problem-types)).
+    ///
+    /// ```
+    /// use tower_idempotency::{JsonOperation, Operation};
+    /// use tower_idempotency::reply::Rejection;
+    ///
+    /// let operation = JsonOperation::new().problem_type_base("https://api.example.com/problems/");
+    /// let conflict = operation.reply(&Rejection::Conflict);
+    /// assert!(conflict.body().starts_with(br#"{"type":"https://api.example.com/problems/idempotency_conflict""#));
+    /// ```
+    pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
+        self.config().problem_base = Some(Arc::from(base.into()));
         self
     }
 
@@ -312,6 +333,10 @@ where
     T: DeserializeOwned + Clone + Send + Sync + 'static,
 {
     type Value = T;
+
+    fn reply(&self, rejection: &Rejection) -> http::Response<Bytes> {
+        crate::problem::reply_under(rejection, self.config.problem_base.as_deref())
+    }
 
     fn head(&self, parts: &Parts) -> Head {
         if !self.config.methods.contains(&parts.method) {

@@ -34,6 +34,7 @@ use crate::reply::Rejection;
 pub struct RawOperation {
     methods: Arc<[Method]>,
     media_types: Option<Arc<[String]>>,
+    problem_base: Option<Arc<str>>,
 }
 
 impl RawOperation {
@@ -42,6 +43,7 @@ impl RawOperation {
         Self {
             methods: Arc::new([Method::POST]),
             media_types: None,
+            problem_base: None,
         }
     }
 
@@ -57,6 +59,22 @@ impl RawOperation {
         self.media_types = Some(media_types.into_iter().map(str::to_owned).collect());
         self
     }
+
+    /// Writes the `type` of every problem this operation answers under `base`, as
+    /// [`JsonOperation::problem_type_base`](crate::JsonOperation::problem_type_base) does.
+    ///
+    /// ```
+    /// use tower_idempotency::{Operation, RawOperation};
+    /// use tower_idempotency::reply::Rejection;
+    ///
+    /// let operation = RawOperation::new().problem_type_base("https://api.example.com/problems/");
+    /// let pending = operation.reply(&Rejection::Pending);
+    /// assert!(pending.body().starts_with(br#"{"type":"https://api.example.com/problems/request_pending""#));
+    /// ```
+    pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_base = Some(Arc::from(base.into()));
+        self
+    }
 }
 
 impl Default for RawOperation {
@@ -67,6 +85,10 @@ impl Default for RawOperation {
 
 impl Operation for RawOperation {
     type Value = IdempotencyKey;
+
+    fn reply(&self, rejection: &Rejection) -> http::Response<Bytes> {
+        crate::problem::reply_under(rejection, self.problem_base.as_deref())
+    }
 
     fn head(&self, parts: &Parts) -> Head {
         if !self.methods.contains(&parts.method) {
