@@ -217,9 +217,8 @@
 //!
 //! *At most one create per key*, for as long as the reservation or record is held. Not
 //! exactly-once: a crash between the create and the complete leaves the key pending, and a
-//! pending retry never gets the right to create. A create that fails (an error, a response over
-//! the cap) also leaves the key pending. Only a confirmed admission refusal releases it, and,
-//! where [`StoredResponses::Successful`] says non-`2xx` answers leave no effect, such an answer.
+//! pending retry never gets the right to create. A confirmed admission refusal releases the
+//! key; for a create that fails, see [a create that fails](StoredResponses#a-create-that-fails).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]

@@ -47,7 +47,8 @@
 //! # store_unavailable
 //! The store did not answer the claim; nothing was created.
 //! # create_failed
-//! The create failed; the key stays taken unless only successful responses are stored.
+//! The create failed without an answer; whether it took effect is unknown. What happens to the
+//! key: [a create that fails](crate::StoredResponses#a-create-that-fails).
 //! # response_too_large
 //! The created response is over the cap and was not stored; the key stays taken.
 

@@ -31,18 +31,30 @@ pub enum OtherPaths {
 }
 
 /// Which created responses the layer stores (and so replays).
+///
+/// # A create that fails
+///
+/// A create that fails without an answer (the inner service returns an error or panics, or
+/// its response is over the cap) leaves its key taken under either setting, since it may
+/// have taken effect, and the client gets the operation's *create failed* answer (`500`);
+/// a create that answers is stored and replayed, whatever its status, under
+/// [`Every`](Self::Every), while under [`Successful`](Self::Successful) an answer other than
+/// `2xx` is passed on unstored and its key released, so a retry creates anew (only a store
+/// that undoes the create, `TransactionalPostgresStore` (feature `postgres`), frees the key
+/// of a create that failed, since nothing of it remains).
+///
+/// (This is the one place that says it; the crate's tests hold every case:
+/// `a_failed_create_under_every_setting_error_answer_and_panic`.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StoredResponses {
     /// Every response of the create, whatever its status: the key is never free again. The
     /// default, and the only safe choice when a failed create may still have had an effect.
     #[default]
     Every,
-    /// Only `2xx` responses. After any other response the key is released, so a retry creates
-    /// anew, and the response goes to the client as it is, unstored. For services whose
-    /// non-`2xx` answers provably leave no effect: nothing between the layer and the create
-    /// may answer for it (a timeout inside that answers `408` or `503` after the create ran
-    /// would let a retry create again). An error of the inner service is no answer: the key
-    /// stays taken, as with [`Every`](Self::Every).
+    /// Only `2xx` responses; see [a create that fails](Self#a-create-that-fails). For
+    /// services whose non-`2xx` answers provably leave no effect: nothing between the layer
+    /// and the create may answer for it (a timeout inside that answers `408` or `503` after the
+    /// create ran would let a retry create again).
     Successful,
 }
 

@@ -985,3 +985,109 @@ async fn a_problem_type_base_of_ones_own_reaches_the_client() {
         "https://api.example.com/problems/idempotency_conflict"
     );
 }
+
+/// The failed-create story, every case: for each `StoredResponses` setting, a create that
+/// returns an error, one that answers `500`, and one that panics. The client's first answer,
+/// and what a retry with the key gets: the key stays taken (`409`) after an error or a panic
+/// under either setting; a `5xx` answer is stored and replayed under `Every`, and under
+/// `Successful` passed on unstored with the key released, so the retry creates anew.
+#[tokio::test]
+async fn a_failed_create_under_every_setting_error_answer_and_panic() {
+    use tower_idempotency::StoredResponses;
+    let expected = [
+        // (setting, path, first status, first outcome, retry status, retry outcome, creates)
+        (
+            StoredResponses::Every,
+            "/error",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
+        (
+            StoredResponses::Every,
+            "/answer",
+            500,
+            Outcome::Created,
+            500,
+            Outcome::Replay,
+            1,
+        ),
+        (
+            StoredResponses::Every,
+            "/panic",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
+        (
+            StoredResponses::Successful,
+            "/error",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
+        (
+            StoredResponses::Successful,
+            "/answer",
+            500,
+            Outcome::Unstored,
+            500,
+            Outcome::Unstored,
+            2,
+        ),
+        (
+            StoredResponses::Successful,
+            "/panic",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
+    ];
+    for (setting, path, status, outcome, retry_status, retry_outcome, creates) in expected {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let create = Inner::new(tower::service_fn(
+            move |request: Request<RequestBody<Chunks>>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let path = request.uri().path().to_owned();
+                async move {
+                    match path.as_str() {
+                        "/error" => Err(CreateError("the create failed")),
+                        "/panic" => panic!("the create panics"),
+                        _ => Ok(Response::builder()
+                            .status(500)
+                            .body(Full::new(Bytes::from_static(b"{\"oops\":1}")))
+                            .unwrap()),
+                    }
+                }
+            },
+        ));
+        let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+            .global_keys()
+            .store_responses(setting);
+        let service = tower::Layer::layer(&layer, create);
+        let attempt = || json_request("POST", path, Some("k"), r#"{"a":1}"#);
+        let case = format!("{setting:?} {path}");
+        let first = send(&service, attempt()).await;
+        assert_eq!(
+            (first.status.as_u16(), first.outcome),
+            (status, Some(outcome)),
+            "{case}: first"
+        );
+        let retry = send(&service, attempt()).await;
+        assert_eq!(
+            (retry.status.as_u16(), retry.outcome),
+            (retry_status, Some(retry_outcome)),
+            "{case}: retry"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), creates, "{case}: creates");
+    }
+}

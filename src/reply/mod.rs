@@ -28,22 +28,24 @@ pub enum Outcome {
     CompleteFailed,
     /// The stored response of a completed operation was replayed.
     Replay,
-    /// The operation is pending: `409 request_pending`.
+    /// The operation is pending: the operation's *request pending* answer (`409`).
     Pending,
-    /// The key belongs to another operation: `409 idempotency_conflict`.
+    /// The key belongs to another operation: the operation's *conflict* answer (`422` for
+    /// the generic operations, `409` for the label contract).
     Conflict,
     /// Admission refused with this status (429 or 503); the key was released.
     NotAdmitted(StatusCode),
     /// The request failed validation with this status (404, 405, 415, 413, 400, or 403 for a
     /// missing scope).
     Rejected(StatusCode),
-    /// The store failed to claim: `503 store_unavailable`, nothing created.
+    /// The store failed to claim: the operation's *store unavailable* answer (`503`), nothing
+    /// created.
     StoreUnavailable,
-    /// The inner service failed or its response was over the cap: 500, the key stays pending
-    /// (or is released, with [`StoredResponses::Successful`](crate::StoredResponses)).
+    /// The create failed without an answer (an error, a panic, a response over the cap); see
+    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     CreateFailed,
-    /// With [`StoredResponses::Successful`](crate::StoredResponses), the create answered
-    /// something other than `2xx`: the key was released and the response passed on unstored.
+    /// The create answered something other than `2xx`, passed on unstored; see
+    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     Unstored,
 }
 
