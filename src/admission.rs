@@ -2,8 +2,9 @@
 //!
 //! Admission is asked only after a claim returned *new*, so the key is already reserved. A
 //! refusal is confirmed before any business work, so the layer releases the reservation and
-//! answers with the refusal's status, `Retry-After: 2` and `{"error":"not_admitted"}`; a later
-//! request with the key is new again.
+//! answers with the refusal's status, `Retry-After: 2` and the operation's *not admitted*
+//! body (a `not_admitted` problem for the generic operations); a later request with the key is
+//! new again.
 //!
 //! ```
 //! use tower_idempotency::admission::{admit_fn, Admit, ConcurrencyLimit, RateLimit, Refusal};
@@ -27,11 +28,12 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use crate::outcome::Refusal;
+
 /// A policy that admits or refuses a newly claimed operation of type `T` (the
-/// [`Operation::Value`](crate::Operation::Value): a [`LabelOperation`](crate::operation::LabelOperation),
+/// [`Operation::Value`](crate::Operation::Value): a [`LabelContract`](crate::LabelContract)'s `LabelOperation`,
 /// your own body type, …).
 ///
 /// The built-in policies admit operations of every type.
@@ -50,31 +52,6 @@ pub enum Admit<P = ()> {
     Proceed(P),
     /// A confirmed refusal before any business work: release the key and reply.
     Refuse(Refusal),
-}
-
-/// Why admission refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// Over a rate: `429 Too Many Requests`.
-    TooManyRequests,
-    /// Over capacity: `503 Service Unavailable`.
-    ServiceUnavailable,
-}
-
-impl Refusal {
-    /// The status of the reply: 429 or 503.
-    ///
-    /// ```
-    /// use tower_idempotency::admission::Refusal;
-    /// assert_eq!(Refusal::TooManyRequests.status(), 429);
-    /// assert_eq!(Refusal::ServiceUnavailable.status(), 503);
-    /// ```
-    pub fn status(self) -> StatusCode {
-        match self {
-            Self::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
-            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
 }
 
 /// Admits every operation. The default.

@@ -11,8 +11,8 @@ use http::header::CONTENT_LENGTH;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::reply::Outcome;
-use crate::store::BoxError;
+use crate::outcome::Outcome;
+use tower::BoxError;
 
 pin_project! {
     /// The body of a request handed to the inner service.

@@ -29,7 +29,9 @@ use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::operation::Operation;
 use crate::pipeline::Guard;
-use crate::store::{BoxError, Store};
+use tower::BoxError;
+
+use crate::store::Store;
 
 /// The decision of a guarded request: the claim onward, in the one allocation a request
 /// makes only if it goes that far. Type-erased over the decision's future, which spans several

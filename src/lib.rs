@@ -225,10 +225,12 @@
 
 pub mod admission;
 pub mod body;
+mod fingerprint;
 pub mod future;
 mod headers;
 pub mod layer;
 pub mod operation;
+mod outcome;
 mod pipeline;
 pub mod problem;
 pub mod reply;

@@ -56,8 +56,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::admission::Refusal;
-use crate::reply::{Invalid, Rejection};
+use crate::outcome::Refusal;
+use crate::outcome::{Invalid, Rejection};
 
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -284,7 +284,7 @@ fn invalid(why: &Invalid) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reply::Invalid;
+    use crate::outcome::Invalid;
 
     /// Every case of a problem reply, once.
     fn cases() -> Vec<Rejection> {

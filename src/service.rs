@@ -14,7 +14,9 @@ use crate::future::ResponseFuture;
 use crate::operation::Operation;
 use crate::pipeline::{self, Guard, Start};
 use crate::settings::Settings;
-use crate::store::{BoxError, Store};
+use tower::BoxError;
+
+use crate::store::Store;
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///

@@ -11,8 +11,8 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::admission::Refusal;
-use crate::reply::Rejection;
+use crate::outcome::Refusal;
+use crate::outcome::Rejection;
 
 /// The content type of a gRPC call, with or without a `+proto`-style suffix.
 const GRPC: &str = "application/grpc";

@@ -13,7 +13,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use super::jcs::{self, Node, Pointer};
 use super::key::key_in;
 use super::{Fingerprint, Head, Operation, Parsed, media};
-use crate::reply::{Invalid, Rejection};
+use crate::outcome::{Invalid, Rejection};
 
 type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 

@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 
 use super::media;
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
-use crate::reply::Rejection;
+use crate::outcome::Rejection;
 
 /// One create operation: the intent (`request_id`) and the object it acts on (`parcel_id`).
 ///

@@ -75,7 +75,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::operation::Fingerprint;
+use tower::BoxError;
+
+use crate::fingerprint::Fingerprint;
 
 mod codec;
 mod dynamic;
@@ -142,9 +144,6 @@ pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
     let millis = retention.min(MAX_RETENTION).as_millis();
     u64::try_from(millis).unwrap_or(u64::MAX).max(1)
 }
-
-/// A boxed error from a store backend.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The registry the layer claims keys in.
 ///

@@ -1,0 +1,285 @@
+//! The vocabulary every layer of the crate shares: what the layer did with a request (the
+//! [`Outcome`]), what it refuses or fails with (the [`Rejection`], an [`Invalid`] request),
+//! and why admission refused (the [`Refusal`]). A leaf: it imports no other module of the
+//! crate, so the operations, the stores, the replies and the bodies may all use it.
+
+use std::borrow::Cow;
+
+use http::StatusCode;
+
+/// What the layer did with a request, on the body of every response it returns
+/// (`ResponseBody::outcome`), and in its extensions with
+/// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension), so an
+/// outer layer (metrics, logs) can count it.
+///
+/// ```
+/// use tower_idempotency::Outcome;
+///
+/// assert_eq!(Outcome::Replay.as_str(), "replay");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// A new operation was created and completed; the reply is its stored response.
+    Created,
+    /// A new operation was created, but storing its response failed: the key stays pending.
+    CompleteFailed,
+    /// The stored response of a completed operation was replayed.
+    Replay,
+    /// The operation is pending: the operation's *request pending* answer (`409`).
+    Pending,
+    /// The key belongs to another operation: the operation's *conflict* answer (`422` for
+    /// the generic operations, `409` for the label contract).
+    Conflict,
+    /// Admission refused with this status (429 or 503); the key was released.
+    NotAdmitted(StatusCode),
+    /// The request failed validation with this status (404, 405, 415, 413, 400, or 403 for a
+    /// missing scope).
+    Rejected(StatusCode),
+    /// The store failed to claim: the operation's *store unavailable* answer (`503`), nothing
+    /// created.
+    StoreUnavailable,
+    /// The create failed without an answer (an error, a panic, a response over the cap); see
+    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
+    CreateFailed,
+    /// The create answered something other than `2xx`, passed on unstored; see
+    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
+    Unstored,
+}
+
+impl Outcome {
+    /// A short lowercase name, for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::CompleteFailed => "complete_failed",
+            Self::Replay => "replay",
+            Self::Pending => "pending",
+            Self::Conflict => "conflict",
+            Self::NotAdmitted(_) => "not_admitted",
+            Self::Rejected(_) => "rejected",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::CreateFailed => "create_failed",
+            Self::Unstored => "unstored",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAdmitted(status) | Self::Rejected(status) => {
+                write!(f, "{} {}", self.as_str(), status.as_u16())
+            }
+            _ => f.write_str(self.as_str()),
+        }
+    }
+}
+
+/// A refusal or failure the layer answers itself, in the words of the contract. Each
+/// [`Operation`](crate::Operation) writes it in its own format ([`Operation::reply`]): the
+/// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
+///
+/// [`Operation::reply`]: crate::Operation::reply
+///
+/// ```
+/// use tower_idempotency::{JsonOperation, LabelContract, Operation};
+/// use tower_idempotency::reply::Rejection;
+///
+/// let label = LabelContract.reply(&Rejection::Conflict);
+/// assert_eq!((label.status().as_u16(), &label.body()[..]), (409, &br#"{"error":"idempotency_conflict"}"#[..]));
+/// let problem = JsonOperation::new().reply(&Rejection::Conflict);
+/// assert_eq!(problem.status(), 422);
+/// assert_eq!(problem.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The request is not on the guarded path.
+    NotFound,
+    /// The method is not the create's.
+    MethodNotAllowed,
+    /// The body's `Content-Type` is not one the operation reads.
+    UnsupportedMediaType,
+    /// The body is over the limit.
+    PayloadTooLarge,
+    /// The `Idempotency-Key` header is missing, repeated or invalid.
+    InvalidKey,
+    /// The body is not a valid operation: why, and the member it is about.
+    InvalidRequest(Invalid),
+    /// A scope is configured and the request has none.
+    ScopeRequired,
+    /// The key belongs to another operation (another fingerprint).
+    Conflict,
+    /// The operation's first attempt has not completed.
+    Pending,
+    /// Admission refused; the key was released.
+    NotAdmitted(Refusal),
+    /// The store failed to claim; nothing was created.
+    StoreUnavailable,
+    /// The create failed.
+    CreateFailed,
+    /// The created response was over the cap.
+    ResponseTooLarge,
+}
+
+/// Why a request is invalid: the detail the client reads, and the member of the body it is
+/// about as a JSON pointer (RFC 6901), when there is one.
+///
+/// [`JsonOperation`](crate::JsonOperation) names the member of every body it refuses for its
+/// type (a wrong type, a missing member, an unknown one), and a
+/// [`validate`](crate::JsonOperation::validate) hook may name one of its own with
+/// [`Invalid::at`]. The problem body carries both, the pointer first in the `detail` and each
+/// in the `errors` member (RFC 9457 §3.2), so a client can match on them:
+///
+/// ```text
+/// {"type":"…#invalid_request","title":"Invalid request","status":400,
+///  "detail":"/quantity: must be at least 1",
+///  "errors":[{"pointer":"/quantity","detail":"must be at least 1"}]}
+/// ```
+///
+/// A plain string converts into one without a member: `Err("must be at least 1".into())`.
+///
+/// ```
+/// use tower_idempotency::reply::Invalid;
+///
+/// let invalid = Invalid::at("/items/0/sku", "must not be empty");
+/// assert_eq!(invalid.pointer(), Some("/items/0/sku"));
+/// assert_eq!(invalid.detail(), "must not be empty");
+/// assert_eq!(invalid.to_string(), "/items/0/sku: must not be empty");
+/// assert_eq!(Invalid::from("no member").pointer(), None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    detail: Cow<'static, str>,
+    pointer: Option<Cow<'static, str>>,
+}
+
+impl Invalid {
+    /// A reason about the request as a whole.
+    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            pointer: None,
+        }
+    }
+
+    /// A reason about the member at `pointer`, a JSON pointer into the body (`/quantity`,
+    /// `/items/0/sku`; `""` is the whole body).
+    pub fn at(pointer: impl Into<Cow<'static, str>>, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+            pointer: Some(pointer.into()),
+        }
+    }
+
+    /// What is wrong, without the member.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The member it is about, as a JSON pointer, if any.
+    pub fn pointer(&self) -> Option<&str> {
+        self.pointer.as_deref()
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pointer {
+            Some(pointer) => write!(f, "{pointer}: {}", self.detail),
+            None => f.write_str(&self.detail),
+        }
+    }
+}
+
+impl From<&'static str> for Invalid {
+    fn from(detail: &'static str) -> Self {
+        Self::new(detail)
+    }
+}
+
+impl From<String> for Invalid {
+    fn from(detail: String) -> Self {
+        Self::new(detail)
+    }
+}
+
+impl From<Cow<'static, str>> for Invalid {
+    fn from(detail: Cow<'static, str>) -> Self {
+        Self::new(detail)
+    }
+}
+
+impl Rejection {
+    /// An invalid request with a detail for the client.
+    ///
+    /// ```
+    /// use tower_idempotency::reply::{Invalid, Rejection};
+    /// assert_eq!(
+    ///     Rejection::invalid("amount must be positive"),
+    ///     Rejection::InvalidRequest(Invalid::new("amount must be positive")),
+    /// );
+    /// ```
+    pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::InvalidRequest(Invalid::new(detail))
+    }
+
+    /// What the layer reports for this rejection.
+    pub fn outcome(&self, status: StatusCode) -> Outcome {
+        match self {
+            Self::Conflict => Outcome::Conflict,
+            Self::Pending => Outcome::Pending,
+            Self::NotAdmitted(refusal) => Outcome::NotAdmitted(refusal.status()),
+            Self::StoreUnavailable => Outcome::StoreUnavailable,
+            Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
+            _ => Outcome::Rejected(status),
+        }
+    }
+
+    /// One of each rejection, in the order the checks run, for tables and tests.
+    #[cfg(test)]
+    pub(crate) fn every() -> [Self; 14] {
+        [
+            Self::NotFound,
+            Self::MethodNotAllowed,
+            Self::UnsupportedMediaType,
+            Self::PayloadTooLarge,
+            Self::InvalidKey,
+            Self::invalid("what is wrong"),
+            Self::ScopeRequired,
+            Self::Conflict,
+            Self::Pending,
+            Self::NotAdmitted(Refusal::TooManyRequests),
+            Self::NotAdmitted(Refusal::ServiceUnavailable),
+            Self::StoreUnavailable,
+            Self::CreateFailed,
+            Self::ResponseTooLarge,
+        ]
+    }
+}
+
+/// Why admission refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a rate: `429 Too Many Requests`.
+    TooManyRequests,
+    /// Over capacity: `503 Service Unavailable`.
+    ServiceUnavailable,
+}
+
+impl Refusal {
+    /// The status of the reply: 429 or 503.
+    ///
+    /// ```
+    /// use tower_idempotency::admission::Refusal;
+    /// assert_eq!(Refusal::TooManyRequests.status(), 429);
+    /// assert_eq!(Refusal::ServiceUnavailable.status(), 503);
+    /// ```
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
