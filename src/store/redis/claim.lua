@@ -1,0 +1,18 @@
+-- Claim: creates the pending reservation with its lease, or reports conflict (fingerprint
+-- first), pending or replay with the stored response, all in one atomic step; takes over a
+-- pending record whose lease lapsed when asked to.
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko')
+if record[1] then
+  if record[1] ~= ARGV[1] then return {1} end
+  if record[2] == ARGV[2] then return {0} end
+  if record[3] then return {3, record[3]} end
+  if ARGV[4] ~= '1' or record[5] ~= '1' then return {2} end
+end
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+if record[1] then
+  local deadline = tonumber(record[4])
+  if not deadline or now < deadline then return {2} end
+end
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now, 'until', now + tonumber(ARGV[3]), 'tko', ARGV[4])
+return {0}
