@@ -1,21 +1,23 @@
 //! The in-memory store: one process, lost on restart.
 
-use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+mod capacity;
+mod key;
+mod operator;
+mod shard;
 
+use self::key::{Probe, StoredKey};
+use self::shard::{Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_RETENTION, Lease, Operator, RecordInfo, RecordState, Reservation, Store,
-    StoreError, StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_RETENTION, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };
 use crate::operation::Fingerprint;
 
@@ -77,178 +79,6 @@ struct Shared {
     /// How far a test moved this store's clock on, in nanoseconds.
     #[cfg(test)]
     skew: std::sync::atomic::AtomicU64,
-}
-
-/// A moment, as nanoseconds since the store's epoch: half the size of an `Instant`, and
-/// enough for 584 years.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Tick(u64);
-
-impl Tick {
-    /// Later than any moment: a lease that never lapses, a time not kept.
-    const NEVER: Self = Self(u64::MAX);
-
-    /// `duration` after this moment, or [`Tick::NEVER`] past what a tick holds.
-    fn after(self, duration: Duration) -> Self {
-        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        Self(self.0.saturating_add(nanos))
-    }
-
-    /// The time from `earlier` to this moment, zero if `earlier` is later.
-    fn since(self, earlier: Self) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
-
-#[derive(Default)]
-struct Shard {
-    records: HashMap<StoredKey, Record, Prehashed>,
-    /// With a retention window: the completed records of this shard in the order they were
-    /// completed, with when. An entry whose record was completed again, taken over or
-    /// forgotten since is stale, and skipped.
-    expiry: VecDeque<(Tick, StoredKey)>,
-    /// Requests waiting for a pending key of this shard to change, by key: woken and
-    /// removed when it does; removed by the last waiter that gives up.
-    waiters: WaiterMap,
-}
-
-/// A key and its hash, as a shard's map holds it.
-#[derive(Clone)]
-struct StoredKey {
-    hash: u64,
-    key: Arc<str>,
-}
-
-/// A key looked up: its hash, computed once for the whole call.
-#[derive(Clone, Copy)]
-struct Probe<'a> {
-    hash: u64,
-    key: &'a str,
-}
-
-impl<'a> Probe<'a> {
-    /// The probe as the shard's map looks it up.
-    fn lookup(&self) -> &(dyn Lookup + 'a) {
-        self
-    }
-}
-
-/// What a shard's map is looked up by: a stored key or a probe, compared by key, hashed by
-/// the hash they carry.
-trait Lookup {
-    fn hash(&self) -> u64;
-    fn key(&self) -> &str;
-}
-
-impl Lookup for StoredKey {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl Lookup for Probe<'_> {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn key(&self) -> &str {
-        self.key
-    }
-}
-
-impl<'a> Borrow<dyn Lookup + 'a> for StoredKey {
-    fn borrow(&self) -> &(dyn Lookup + 'a) {
-        self
-    }
-}
-
-impl Hash for dyn Lookup + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(Lookup::hash(self));
-    }
-}
-
-impl PartialEq for dyn Lookup + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        Lookup::hash(self) == Lookup::hash(other) && self.key() == other.key()
-    }
-}
-
-impl Eq for dyn Lookup + '_ {}
-
-impl Hash for StoredKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        Hash::hash(self as &dyn Lookup, state);
-    }
-}
-
-impl PartialEq for StoredKey {
-    fn eq(&self, other: &Self) -> bool {
-        (self as &dyn Lookup) == (other as &dyn Lookup)
-    }
-}
-
-impl Eq for StoredKey {}
-
-/// The hasher of a shard's map: the keys carry their hash, so it passes it through.
-#[derive(Clone, Copy, Default)]
-struct Prehashed;
-
-impl BuildHasher for Prehashed {
-    type Hasher = PassThrough;
-
-    fn build_hasher(&self) -> PassThrough {
-        PassThrough(0)
-    }
-}
-
-/// Passes through the one `u64` a key writes.
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Never called: keys write their hash with `write_u64`. Folded in all the same.
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-}
-
-struct Record {
-    /// The fingerprint's digest: half the size of its hexadecimal form.
-    fingerprint: [u8; 32],
-    state: State,
-}
-
-enum State {
-    /// Reserved under this token.
-    Pending {
-        reservation: [u64; 2],
-        /// When it was claimed.
-        since: Tick,
-        /// When its lease lapses unless renewed.
-        until: Tick,
-        /// Whether its owner lets a claim take it over once abandoned.
-        take_over: bool,
-    },
-    Completed {
-        /// The response in the stores' one encoding: a single buffer, a fraction of the size
-        /// of a header map.
-        response: Bytes,
-        /// When it was completed; only kept with a retention window, else
-        /// [`Tick::NEVER`].
-        at: Tick,
-    },
 }
 
 impl MemoryStore {
@@ -351,70 +181,6 @@ impl MemoryStore {
         Self::build(self.shared.retention)
             .max_records(max)
             .with_capacity(sized_for)
-    }
-
-    /// Reserves room for `records` records, pending and completed, up front: a store sized
-    /// for what it holds at its fullest (the keys of one retention window) does not grow a
-    /// table until it holds more. A table grows under its shard's lock, moving every record
-    /// of the shard, so the claim that makes it grow waits for that, and so does every claim
-    /// of the shard behind it; on a store of millions of keys that is milliseconds, and the
-    /// allocator's work of the larger tables besides. With a retention window the shards'
-    /// expiry queues are sized alike. A store not sized grows its tables as they fill
-    /// (amortised, as a `HashMap`'s do).
-    ///
-    /// The room is spread over the shards with a margin for keys that do not spread evenly
-    /// (six standard deviations of a shard's share), so a store sized for `records` holds that
-    /// many without growing a table, but for about one store in ten million. Each table is
-    /// given twice that room, because records come and go: a record removed (expired,
-    /// forgotten, or released after a refused admission) leaves its slot marked deleted when
-    /// its neighbours are full, a table whose free slots are all used up so is rehashed, and
-    /// a table more than half full grows to twice its size instead. At most half full, a
-    /// table never grows: it keeps most removed records' slots free, and is rehashed in place
-    /// (every record of its shard moved, under its lock) only when the few marked deleted
-    /// have used up its free slots, after churn of many times what it holds, as a store not
-    /// sized is once it has grown to the same size. (An expiry queue also keeps the entries
-    /// of records forgotten, or expired and claimed again, until the sweep passes them:
-    /// under such churn a queue may still grow.) It is memory held from the start, whether
-    /// the records come or not: a table's slot is 105 bytes, and a table of twice the room
-    /// rounds its slots up to a power of two (240 to 480 bytes a record of room, about what
-    /// a store not sized reaches under churn; a small store's room is mostly its margin, and
-    /// `with_capacity(1)` takes about 430 KB); a queue's entry is 32 bytes more. The first
-    /// write to each page of it faults the page in, so the first claims into a sized store
-    /// are a little slower, and none waits for a table to grow (`cargo bench --bench
-    /// claim_tail`). Call it on a new store; with [`MemoryStore::max_records`], in either
-    /// order.
-    ///
-    /// # Panics
-    ///
-    /// If the room cannot be had (more than the address space holds, or memory the allocator
-    /// refuses), with a message that says so, as a `HashMap::with_capacity` that large would.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-    ///
-    /// // An hour of retention at up to 25 creates a second.
-    /// let store = MemoryStore::with_retention(Duration::from_secs(60 * 60)).with_capacity(90_000);
-    /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
-    /// # drop(layer);
-    /// ```
-    pub fn with_capacity(self, records: usize) -> Self {
-        let room = shard_room(records);
-        let refused = |error| panic!("MemoryStore::with_capacity({records}): {error}");
-        self.shared.sized_for.fetch_max(records, Ordering::Relaxed);
-        for shard in self.shared.shards.iter() {
-            let mut shard = lock(shard);
-            // Twice the room: a table at most half full keeps the slot of a record removed
-            // (expired, forgotten, released) empty rather than marked deleted, almost always;
-            // one fuller fills with deleted marks under churn and then grows to twice its
-            // size anyway, under the shard's lock.
-            let table = room.saturating_mul(2);
-            shard.records.try_reserve(table).unwrap_or_else(refused);
-            if self.shared.retention.is_some() {
-                shard.expiry.try_reserve(room).unwrap_or_else(refused);
-            }
-        }
-        self
     }
 
     /// The claim, decided and reserved under one shard lock.
@@ -675,18 +441,6 @@ impl MemoryStore {
     }
 }
 
-/// The records one shard makes room for, of `records` spread over the shards: none for none;
-/// else its share, six standard deviations of the share a shard gets of uniformly hashed keys
-/// beyond it, and a few more for small stores (a store with a shard over that, holding
-/// `records`, is under one in ten million at every size).
-fn shard_room(records: usize) -> usize {
-    let share = records.div_ceil(SHARDS);
-    if share == 0 {
-        return 0;
-    }
-    share + 6 * share.isqrt() + 16
-}
-
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -702,75 +456,10 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
-impl Shard {
-    /// Wakes the requests waiting for `key`, if any.
-    fn wake(&mut self, key: &str) {
-        waiting::wake(&mut self.waiters, key);
-    }
-
-    /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
-    /// at most, and returns how many records it dropped.
-    fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> usize {
-        let mut dropped = 0;
-        for _ in 0..limit {
-            match self.expiry.front() {
-                Some((at, _)) if now.since(*at) >= retention => {}
-                _ => break,
-            }
-            let Some((at, key)) = self.expiry.pop_front() else {
-                break;
-            };
-            // The record, unless completed again, taken over or forgotten since.
-            let current = matches!(
-                self.records.get(&key),
-                Some(Record { state: State::Completed { at: completed, .. }, .. })
-                    if *completed == at
-            );
-            if current {
-                self.records.remove(&key);
-                dropped += 1;
-            }
-        }
-        dropped
-    }
-}
-
-impl State {
-    /// A new reservation and its lease, from `now`.
-    fn pending(reservation: Reservation, now: Tick, lease: Lease) -> Self {
-        Self::Pending {
-            reservation: reservation.halves(),
-            since: now,
-            until: now.after(lease.duration()),
-            take_over: lease.takes_over(),
-        }
-    }
-}
-
-impl Record {
-    /// A record pending under `reservation` from `now`.
-    fn pending(fingerprint: [u8; 32], reservation: Reservation, now: Tick, lease: Lease) -> Self {
-        Self {
-            fingerprint,
-            state: State::pending(reservation, now, lease),
-        }
-    }
-
-    fn is_expired(&self, now: Tick, retention: Duration) -> bool {
-        matches!(self.state, State::Completed { at, .. } if at != Tick::NEVER && now.since(at) >= retention)
-    }
-}
-
 impl Waiters for MemoryStore {
     fn with_waiters<R>(&self, key: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
         f(&mut lock(self.shard(key)).waiters)
     }
-}
-
-/// Locks a shard. A panic elsewhere while holding it cannot leave a record half-written (every
-/// update is a single assignment), so a poisoned lock is still sound to use.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Store for MemoryStore {
@@ -856,67 +545,9 @@ impl Store for MemoryStore {
     }
 }
 
-impl Operator for MemoryStore {
-    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let now = self.now();
-        let (probe, shard) = self.locked(key);
-        Ok(shard.records.get(probe.lookup()).map(|record| {
-            let (state, since, status, abandoned) = match &record.state {
-                State::Pending { since, until, .. } => {
-                    (RecordState::Pending, *since, None, now >= *until)
-                }
-                State::Completed { response, at } => {
-                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
-                    (RecordState::Completed, *at, status, false)
-                }
-            };
-            RecordInfo {
-                state,
-                age: (since != Tick::NEVER).then(|| now.since(since)),
-                fingerprint: Fingerprint::from_sha256(record.fingerprint),
-                status,
-                abandoned,
-            }
-        }))
-    }
-
-    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let now = self.now();
-        let mut keys = Vec::new();
-        for shard in self.shared.shards.iter() {
-            let shard = lock(shard);
-            keys.extend(
-                shard
-                    .records
-                    .iter()
-                    .filter_map(|(key, record)| match record.state {
-                        State::Pending { since, .. } if now.since(since) >= age => {
-                            Some(key.key.to_string())
-                        }
-                        _ => None,
-                    }),
-            );
-        }
-        keys.sort_unstable();
-        Ok(keys)
-    }
-
-    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        self.complete_now(key, None, response)
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let (probe, mut shard) = self.locked(key);
-        let removed = shard.records.remove(probe.lookup()).is_some();
-        shard.wake(key);
-        drop(shard);
-        self.give_room(usize::from(removed));
-        Ok(removed)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     /// Moves `store`'s clock on to `at` after its epoch's now.
@@ -966,21 +597,6 @@ mod tests {
         }
     }
 
-    /// A key's hash in a shard's map is the hash it carries, computed once: stored keys and
-    /// probes hash alike, and a growing table never hashes a key's bytes again.
-    #[test]
-    fn a_key_hashes_as_the_hash_it_carries() {
-        let store = MemoryStore::new();
-        let probe = store.probe("POST /labels k-1");
-        let stored = StoredKey {
-            hash: probe.hash,
-            key: Arc::from("POST /labels k-1"),
-        };
-        assert_eq!(Prehashed.hash_one(probe.lookup()), probe.hash);
-        assert_eq!(Prehashed.hash_one(&stored), probe.hash);
-        assert_ne!(store.probe("POST /labels k-2").hash, probe.hash);
-    }
-
     /// Keys spread over every shard, so that distinct keys rarely share a lock.
     #[test]
     fn keys_spread_over_the_shards() {
@@ -989,182 +605,5 @@ mod tests {
             .map(|i| std::ptr::from_ref(store.shard(&format!("POST /labels k-{i}"))))
             .collect();
         assert_eq!(shards.len(), SHARDS);
-    }
-
-    /// Anything else hashed with the map's hasher is folded byte by byte, in order.
-    #[test]
-    fn other_bytes_are_folded_in_order() {
-        let hash = |bytes: &[u8]| {
-            let mut hasher = Prehashed.build_hasher();
-            hasher.write(bytes);
-            hasher.finish()
-        };
-        assert_eq!(hash(b"\x01\x02"), 0x0102);
-        assert_ne!(hash(b"ab"), hash(b"ba"));
-        // Past eight bytes the first comes round again, and is folded with the ninth.
-        assert_eq!(hash(&[1, 0, 0, 0, 0, 0, 0, 0, 1]), 0);
-    }
-
-    /// The room of every table and queue of `store`, summed.
-    fn room(store: &MemoryStore) -> (usize, usize) {
-        let shards = store.shared.shards.iter().map(|shard| {
-            let shard = lock(shard);
-            (shard.records.capacity(), shard.expiry.capacity())
-        });
-        shards.fold((0, 0), |(r, q), (records, queue)| (r + records, q + queue))
-    }
-
-    /// A store sized for its records holds them without growing a table or a queue, and
-    /// takes no more than a few times the room it was asked for (twice, and the margin, each
-    /// table rounded up to a power of two).
-    #[tokio::test]
-    async fn a_store_sized_for_its_records_never_grows() {
-        let records = 20_000;
-        let store = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
-        let sized = room(&store);
-        assert!(sized.0 >= records && sized.1 >= records, "{sized:?}");
-        assert!(
-            sized.0 <= 4 * records && sized.1 <= 2 * records,
-            "{sized:?}"
-        );
-        let response =
-            StoredResponse::new(http::StatusCode::CREATED, Default::default(), Bytes::new());
-        for i in 0..records {
-            let key = format!("POST /labels k-{i}");
-            let fingerprint = crate::LabelContract::fingerprint(&key, "p");
-            let Claim::New(reservation) = store.claim(&key, &fingerprint).await.unwrap() else {
-                panic!("a new key");
-            };
-            store.complete(&key, &reservation, &response).await.unwrap();
-        }
-        assert_eq!(store.len(), records);
-        assert_eq!(room(&store), sized, "no table or queue grew");
-        // Without a retention window there is no queue to size.
-        let store = MemoryStore::new().keep_forever().with_capacity(records);
-        let (tables, queues) = room(&store);
-        assert!(tables >= records);
-        assert_eq!(queues, 0);
-        // A bound set after the room keeps it, and the bound; the store is made new.
-        let used = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
-        used.claim("k", &crate::LabelContract::fingerprint("k", "p"))
-            .await
-            .unwrap();
-        let store = used.max_records(records);
-        assert_eq!(room(&store), sized);
-        assert!(store.is_empty());
-        assert_eq!(store.shared.max_records, Some(records));
-        assert_eq!(store.shared.retention, Some(Duration::from_secs(3600)));
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
-        assert!(matches!(
-            store.claim("k", &fingerprint).await,
-            Ok(Claim::New(_))
-        ));
-        // Bounded while shared: a new store with the same room, its clones' store unchanged.
-        let shared = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
-        shared.claim("k", &fingerprint).await.unwrap();
-        let bounded = shared.clone().max_records(1);
-        assert_eq!(room(&bounded), sized);
-        assert!(bounded.is_empty() && shared.is_pending("k"));
-        assert_eq!(bounded.shared.max_records, Some(1));
-        assert_eq!(shared.shared.max_records, None);
-        bounded.claim("a", &fingerprint).await.unwrap();
-        let full = bounded.claim("b", &fingerprint).await.unwrap_err();
-        assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
-        // The room kept is the room asked for, not what the tables hold: a store not sized,
-        // its tables grown, is bounded as a new store.
-        let grown = MemoryStore::new();
-        for i in 0..records {
-            grown.claim(&format!("k-{i}"), &fingerprint).await.unwrap();
-        }
-        let bounded = grown.clone().max_records(10);
-        assert_eq!(room(&bounded), room(&MemoryStore::new()));
-        assert!(room(&grown).0 >= records);
-    }
-
-    /// A store sized for its records holds them under churn too: records dropped and new
-    /// keys claimed in their place, ten times over what the store holds, neither grow a table
-    /// nor make one be rehashed. A table's capacity is its records and its free slots; a slot
-    /// marked deleted is neither, so a claim into one adds 1 to it, a removal that marks one
-    /// takes 1 from it, and only a table grown or rehashed, its marks cleared, gains more.
-    #[tokio::test]
-    async fn a_store_sized_for_its_records_never_grows_under_churn() {
-        let records = 20_000;
-        let store = MemoryStore::new().with_capacity(records);
-        let tables = |store: &MemoryStore| {
-            let shards = store.shared.shards.iter();
-            shards
-                .map(|shard| lock(shard).records.capacity())
-                .collect::<Vec<_>>()
-        };
-        let sized = tables(&store);
-        let capacity = |key: &str| lock(store.shard(key)).records.capacity();
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
-        for i in 0..10 * records {
-            let key = format!("POST /labels k-{i}");
-            let before = capacity(&key);
-            assert!(matches!(
-                store.claim(&key, &fingerprint).await,
-                Ok(Claim::New(_))
-            ));
-            assert!(
-                capacity(&key) <= before + 1,
-                "claim {i}: {before} to {}",
-                capacity(&key)
-            );
-            if let Some(old) = i.checked_sub(records - 1) {
-                let old = format!("POST /labels k-{old}");
-                let before = capacity(&old);
-                assert!(store.forget(&old).await.unwrap());
-                assert!(capacity(&old) <= before, "forget {old}");
-            }
-        }
-        assert_eq!(store.len(), records - 1);
-        for (shard, (now, then)) in tables(&store).iter().zip(&sized).enumerate() {
-            assert!(now <= then, "shard {shard}'s table grew: {then} to {now}");
-        }
-    }
-
-    /// Room beyond what can be had is a panic that names it, not an abort.
-    #[test]
-    fn room_that_cannot_be_had_is_a_panic_that_says_so() {
-        let refused = std::panic::catch_unwind(|| MemoryStore::new().with_capacity(usize::MAX))
-            .expect_err("no table holds that many");
-        let message = refused.downcast_ref::<String>().expect("a message");
-        let named = format!("MemoryStore::with_capacity({}): ", usize::MAX);
-        assert!(message.starts_with(&named), "{message}");
-    }
-
-    /// A shard's room is its share and a margin that grows as the share's square root.
-    #[test]
-    fn a_shard_makes_room_for_its_share_and_a_margin() {
-        assert_eq!(shard_room(0), 0);
-        assert_eq!(shard_room(1), 1 + 6 + 16);
-        assert_eq!(shard_room(64 * 100), 100 + 60 + 16);
-        assert_eq!(shard_room(64 * 100 + 1), 101 + 60 + 16);
-        assert_eq!(shard_room(64 * 10_000), 10_000 + 600 + 16);
-    }
-
-    /// Keys compare by their bytes: two keys whose hashes collide are still two keys.
-    #[test]
-    fn colliding_hashes_are_different_keys() {
-        let a = Probe { hash: 7, key: "a" };
-        let b = Probe { hash: 7, key: "b" };
-        assert!((&a as &dyn Lookup) != (&b as &dyn Lookup));
-        assert!((&a as &dyn Lookup) == (&Probe { hash: 7, key: "a" } as &dyn Lookup));
-        let stored = StoredKey {
-            hash: 7,
-            key: Arc::from("a"),
-        };
-        let other = StoredKey {
-            hash: 7,
-            key: Arc::from("b"),
-        };
-        assert!(stored != other);
-        assert!(stored == stored.clone());
-        let mut map: HashMap<StoredKey, u8, Prehashed> = HashMap::default();
-        map.insert(stored, 1);
-        map.insert(other, 2);
-        assert_eq!(map.get(&a as &dyn Lookup), Some(&1));
-        assert_eq!(map.get(&b as &dyn Lookup), Some(&2));
     }
 }

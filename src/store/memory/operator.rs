@@ -1,0 +1,67 @@
+//! The operator's view of a memory store.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use super::shard::{State, Tick, lock};
+use crate::fingerprint::Fingerprint;
+use crate::store::{Operator, RecordInfo, RecordState, StoreError, StoredResponse, codec};
+
+impl Operator for MemoryStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let now = self.now();
+        let (probe, shard) = self.locked(key);
+        Ok(shard.records.get(probe.lookup()).map(|record| {
+            let (state, since, status, abandoned) = match &record.state {
+                State::Pending { since, until, .. } => {
+                    (RecordState::Pending, *since, None, now >= *until)
+                }
+                State::Completed { response, at } => {
+                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
+                    (RecordState::Completed, *at, status, false)
+                }
+            };
+            RecordInfo {
+                state,
+                age: (since != Tick::NEVER).then(|| now.since(since)),
+                fingerprint: Fingerprint::from_sha256(record.fingerprint),
+                status,
+                abandoned,
+            }
+        }))
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let now = self.now();
+        let mut keys = Vec::new();
+        for shard in self.shared.shards.iter() {
+            let shard = lock(shard);
+            keys.extend(
+                shard
+                    .records
+                    .iter()
+                    .filter_map(|(key, record)| match record.state {
+                        State::Pending { since, .. } if now.since(since) >= age => {
+                            Some(key.key.to_string())
+                        }
+                        _ => None,
+                    }),
+            );
+        }
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        self.complete_now(key, None, response)
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let (probe, mut shard) = self.locked(key);
+        let removed = shard.records.remove(probe.lookup()).is_some();
+        shard.wake(key);
+        drop(shard);
+        self.give_room(usize::from(removed));
+        Ok(removed)
+    }
+}
