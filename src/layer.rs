@@ -120,9 +120,13 @@ impl<St: Store, O: Operation> IdempotencyLayer<St, O> {
 impl<St, O, A> IdempotencyLayer<St, O, A, Unscoped> {
     /// Takes a key scope (a tenant, an owner) from each request, so that every scope has a key
     /// space of its own; see the [`scope`](crate::scope) module. A request for which `scope`
-    /// returns `None` is refused with the operation's *scope required* answer (`403`; see its
-    /// reply table, e.g. [`JsonOperation`'s](crate::JsonOperation#what-it-answers)) before the
-    /// store is touched.
+    /// returns `None` is refused with the operation's *scope required* answer (`403`) before
+    /// the store is touched.
+    ///
+    /// The middleware that puts the scope into the request (authentication) must run before
+    /// this layer, that is wrap it: with axum, add it with `.layer(…)` after
+    /// `.route_layer(idempotency)`; added before, it runs inside the route layer, after the
+    /// scope was read, and every request is refused.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -241,7 +245,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// Sets the cap, in bytes, on a created response the layer buffers and stores. Default
     /// 64 KiB. A response over it is not stored: the key stays pending and the client gets
     /// the operation's *response too large* answer (`500`; see its reply table, e.g.
-    /// [`JsonOperation`'s](crate::JsonOperation#what-it-answers)).
+    /// the [`problem`](crate::problem) page for the generic operations).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};

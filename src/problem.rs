@@ -4,7 +4,8 @@
 //! per draft-ietf-httpapi-idempotency-key-header.
 //!
 //! Every body is `{"type":…,"title":…,"status":…,"detail":…}` with
-//! `Content-Type: application/problem+json`.
+//! `Content-Type: application/problem+json`, and an `errors` member as well for a refusal
+//! about one member of the body ([invalid_request](#invalid_request)).
 //!
 //! # Problem types
 //!

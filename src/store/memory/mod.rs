@@ -83,33 +83,54 @@ struct Shared {
 
 impl MemoryStore {
     /// An empty store that drops completed records after [`DEFAULT_RETENTION`] (24 hours).
+    /// Retention is the store's, as on every store: [`retention`](Self::retention) sets
+    /// another window, [`keep_forever`](Self::keep_forever) none.
     ///
     /// ```
+    /// use std::time::Duration;
     /// use tower_idempotency::MemoryStore;
     /// use tower_idempotency::store::DEFAULT_RETENTION;
     ///
-    /// assert_eq!(MemoryStore::new().retention(), Some(DEFAULT_RETENTION));
-    /// assert_eq!(MemoryStore::new().keep_forever().retention(), None);
+    /// assert_eq!(MemoryStore::new().retention_window(), Some(DEFAULT_RETENTION));
+    /// let hour = Duration::from_secs(3600);
+    /// assert_eq!(MemoryStore::new().retention(hour).retention_window(), Some(hour));
+    /// assert_eq!(MemoryStore::new().keep_forever().retention_window(), None);
     /// ```
     pub fn new() -> Self {
         Self::build(Some(DEFAULT_RETENTION))
     }
 
+    /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
+    /// pending records are kept however old they are. Set it on a new store, before it is
+    /// shared, as [`max_records`](Self::max_records): its bound and reserved room are kept.
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with_retention_setting(Some(retention))
+    }
+
     /// Keeps every completed record for the life of the process, rather than for the
     /// retention window: the store then grows with every key it is sent (bound it with
     /// [`max_records`](Self::max_records)). Set it on a new store, before it is shared, as
-    /// [`max_records`](Self::max_records); its bound and reserved room are kept.
-    pub fn keep_forever(mut self) -> Self {
+    /// [`max_records`](Self::max_records): its bound and reserved room are kept.
+    pub fn keep_forever(self) -> Self {
+        self.with_retention_setting(None)
+    }
+
+    /// This store with `retention`: made new in place when not shared yet, else a new store
+    /// beside the one its clones hold, with the same bound and room.
+    fn with_retention_setting(mut self, retention: Option<Duration>) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.retention = None;
+            shared.retention = retention;
             for shard in &mut shared.shards {
                 let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
+                shard.records.clear();
                 shard.expiry.clear();
+                shard.waiters.clear();
             }
+            *shared.records.get_mut() = 0;
             return self;
         }
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
-        let store = Self::build(None);
+        let store = Self::build(retention);
         match self.shared.max_records {
             Some(max) => store.max_records(max),
             None => store,
@@ -118,11 +139,12 @@ impl MemoryStore {
     }
 
     /// How long completed records are kept, `None` for the life of the process.
-    pub fn retention(&self) -> Option<Duration> {
+    pub fn retention_window(&self) -> Option<Duration> {
         self.shared.retention
     }
 
-    /// An empty store that drops completed records older than `retention`.
+    /// An empty store that drops completed records older than `retention`: the same as
+    /// `MemoryStore::new().retention(retention)`.
     ///
     /// Pending records are kept however old they are.
     pub fn with_retention(retention: Duration) -> Self {
@@ -554,6 +576,45 @@ mod tests {
     fn skew(store: &MemoryStore, by: Duration) {
         let nanos = u64::try_from(by.as_nanos()).unwrap();
         store.shared.skew.store(nanos, Ordering::Relaxed);
+    }
+
+    /// A retention set on a store not yet shared is set in place, the store made new; on a
+    /// shared one it gives a new store beside it; either way the bound and the room are kept.
+    #[tokio::test]
+    async fn a_retention_keeps_the_bound_and_the_room() {
+        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let store = MemoryStore::new().max_records(5).with_capacity(1_000);
+        let room = |store: &MemoryStore| lock(&store.shared.shards[0]).records.capacity();
+        let sized = room(&store);
+        assert!(matches!(
+            store.claim("k", &fingerprint).await,
+            Ok(Claim::New(_))
+        ));
+        let held = store.clone();
+        let forever = store.keep_forever();
+        assert!(!Arc::ptr_eq(&forever.shared, &held.shared), "a new store");
+        assert!(held.is_pending("k") && forever.is_empty());
+        assert_eq!(
+            (forever.retention_window(), forever.shared.max_records),
+            (None, Some(5))
+        );
+        assert!(room(&forever) >= sized);
+        drop(held);
+        assert!(matches!(
+            forever.claim("k", &fingerprint).await,
+            Ok(Claim::New(_))
+        ));
+        let before = Arc::as_ptr(&forever.shared);
+        let hour = Duration::from_secs(3600);
+        let in_place = forever.retention(hour);
+        assert_eq!(Arc::as_ptr(&in_place.shared), before, "in place");
+        assert!(in_place.is_empty(), "made new");
+        assert_eq!(in_place.shared.records.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            (in_place.retention_window(), in_place.shared.max_records),
+            (Some(hour), Some(5))
+        );
+        assert!(room(&in_place) >= sized);
     }
 
     /// A new store keeps a completed record for the default window: a claim within it
