@@ -15,7 +15,7 @@ use crate::admission::AlwaysAdmit;
 use crate::operation::Operation;
 use crate::scope::{GlobalKeys, KeySpace, Scope, Scoped, Unscoped};
 use crate::service::Idempotency;
-use crate::settings::{Config, PathSetting, Settings, Waiting};
+use crate::settings::{Bounded, Config, PathSetting, Settings};
 use crate::store::{Lease, Store};
 
 /// A [`Layer`] that makes a create endpoint idempotent.
@@ -456,7 +456,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn max_waiting(mut self, max: usize) -> Self {
-        self.config.waiting = Arc::new(Waiting::new(max));
+        self.config.waiting = Arc::new(Bounded::new(max));
         self
     }
 

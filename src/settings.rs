@@ -15,6 +15,11 @@ use crate::store::Lease;
 /// ([`IdempotencyLayer::max_waiting`](crate::IdempotencyLayer::max_waiting)).
 pub const DEFAULT_MAX_WAITING: usize = 1_000;
 
+/// The most lost store answers one layer settles at once (each a task that holds a key and
+/// maybe a response, and calls the store about once a second), so that a long outage under
+/// load cannot pile them up.
+pub(crate) const MAX_SETTLING: usize = 10_000;
+
 /// The default cap on a created response the layer buffers and stores, in bytes.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
 
@@ -86,7 +91,9 @@ pub(crate) struct Config {
     pub(crate) lease: Lease,
     pub(crate) pending_wait: Option<Duration>,
     /// Shared by every service the layer builds: the cap is the layer's.
-    pub(crate) waiting: Arc<Waiting>,
+    pub(crate) waiting: Arc<Bounded>,
+    /// The layer's lost store answers being settled, bounded, shared as `waiting` is.
+    pub(crate) settling: Arc<Bounded>,
 }
 
 impl Default for Config {
@@ -105,7 +112,8 @@ impl Default for Config {
             stored: StoredResponses::Every,
             lease: Lease::default(),
             pending_wait: None,
-            waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITING)),
+            waiting: Arc::new(Bounded::new(DEFAULT_MAX_WAITING)),
+            settling: Arc::new(Bounded::new(MAX_SETTLING)),
         }
     }
 }
@@ -129,17 +137,20 @@ pub(crate) struct Settings<O> {
     /// How long a request whose key is pending waits for the first attempt, if at all.
     pub(crate) pending_wait: Option<Duration>,
     /// The requests of this layer waiting now, bounded.
-    pub(crate) waiting: Arc<Waiting>,
+    pub(crate) waiting: Arc<Bounded>,
+    /// The lost store answers of this layer being settled now, bounded.
+    pub(crate) settling: Arc<Bounded>,
 }
 
-/// The requests of one layer waiting for a pending key, bounded.
+/// A count of one layer's tasks of a kind (requests waiting for a pending key, lost store
+/// answers being settled), bounded.
 #[derive(Debug)]
-pub(crate) struct Waiting {
+pub(crate) struct Bounded {
     max: usize,
     now: AtomicUsize,
 }
 
-impl Waiting {
+impl Bounded {
     pub(crate) fn new(max: usize) -> Self {
         Self {
             max,
@@ -147,22 +158,46 @@ impl Waiting {
         }
     }
 
-    /// A place among the waiting requests, if there is one.
-    pub(crate) fn enter(&self) -> Option<WaitingSlot<'_>> {
+    /// A place, if there is one.
+    pub(crate) fn enter(&self) -> Option<Slot<'_>> {
+        self.take().then_some(Slot(self))
+    }
+
+    /// A place a task can own, if there is one.
+    pub(crate) fn enter_owned(self: &Arc<Self>) -> Option<OwnedSlot> {
+        self.take().then(|| OwnedSlot(Arc::clone(self)))
+    }
+
+    fn take(&self) -> bool {
         let taken = self.now.fetch_add(1, Ordering::AcqRel);
         if taken < self.max {
-            Some(WaitingSlot(self))
+            true
         } else {
             self.now.fetch_sub(1, Ordering::AcqRel);
-            None
+            false
         }
+    }
+
+    /// How many places are taken now.
+    #[cfg(test)]
+    pub(crate) fn taken(&self) -> usize {
+        self.now.load(Ordering::Acquire)
     }
 }
 
-/// One place among a layer's waiting requests, given back when dropped.
-pub(crate) struct WaitingSlot<'a>(&'a Waiting);
+/// One place of a [`Bounded`] count, given back when dropped.
+pub(crate) struct Slot<'a>(&'a Bounded);
 
-impl Drop for WaitingSlot<'_> {
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One place of a [`Bounded`] count a task owns, given back when dropped.
+pub(crate) struct OwnedSlot(Arc<Bounded>);
+
+impl Drop for OwnedSlot {
     fn drop(&mut self) {
         self.0.now.fetch_sub(1, Ordering::AcqRel);
     }
@@ -193,7 +228,36 @@ impl<O: Operation> Settings<O> {
             lease: config.lease,
             pending_wait: config.pending_wait,
             waiting: Arc::clone(&config.waiting),
+            settling: Arc::clone(&config.settling),
             operation,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each layer settles lost store answers within a bound of its own: one layer's full
+    /// count (a long outage of its store) leaves another's places free, and the clones of a
+    /// layer (its configuration cloned) share theirs; a place is given back when its task ends.
+    #[test]
+    fn each_layer_settles_within_its_own_bound() {
+        let (a, b) = (Config::default(), Config::default());
+        let held: Vec<_> = (0..MAX_SETTLING)
+            .map(|_| a.settling.enter_owned().expect("a place"))
+            .collect();
+        assert!(a.settling.enter_owned().is_none(), "a's bound is reached");
+        assert!(
+            a.clone().settling.enter_owned().is_none(),
+            "its clone shares it"
+        );
+        assert!(b.settling.enter_owned().is_some(), "b's places are its own");
+        drop(held);
+        assert_eq!(a.settling.taken(), 0);
+        let waiting = a.waiting.enter();
+        assert_eq!((a.waiting.taken(), a.settling.taken()), (1, 0));
+        drop(waiting);
+        assert_eq!(a.waiting.taken(), 0);
     }
 }

@@ -17,12 +17,9 @@
 //! Nothing refused before step 4 touches the store, admission or the inner service.
 
 use std::future::Future;
-use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -31,13 +28,21 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
+mod guards;
+mod settle;
+mod wait;
+
+use self::guards::{CatchUnwind, renewing};
+use self::settle::{Settle, Unsettled, is_unknown, release, settle};
+pub(crate) use self::wait::CLIENT_LEFT;
+use self::wait::wait_for_first;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::headers;
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
-use crate::settings::{OtherPaths, Settings, StoredResponses};
+use crate::settings::{Bounded, OtherPaths, Settings, StoredResponses};
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// What step 1 decided.
@@ -293,7 +298,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             let lease = settings.lease.duration();
             let created = renewing(work, &store, key, &reservation, lease).await;
             unsettled.armed = false;
-            finish(created, &store, key, &reservation, operation).await
+            finish(created, &store, key, &reservation, &settings).await
         }
     }
 }
@@ -308,14 +313,15 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     store: &'a St,
     key: &'a str,
     reservation: &'a Reservation,
-    operation: &'a O,
+    settings: &'a Settings<O>,
 ) -> impl Future<Output = Response<ResponseBody<B>>> + 'a {
     async move {
+        let operation = &settings.operation;
         let outcome = match &created {
-            Ok((stored, _)) => complete(store, key, reservation, stored).await,
+            Ok((stored, _)) => complete(&settings.settling, store, key, reservation, stored).await,
             Err((_, then)) => {
                 match then {
-                    Then::Release => release(store, key, reservation).await,
+                    Then::Release => release(&settings.settling, store, key, reservation).await,
                     Then::Abandon => store.abandon(key, reservation).await,
                 }
                 // Not read: the unstored answer carries its own outcome.
@@ -428,6 +434,7 @@ fn answered<St: Store, O: Operation, B>(
             tracing::warn!(%error, "claim failed; nothing created");
             if is_unknown(&error) {
                 settle(
+                    &settings.settling,
                     store.clone(),
                     key.to_owned(),
                     reservation,
@@ -440,178 +447,6 @@ fn answered<St: Store, O: Operation, B>(
     Err(rejection.into_response(&settings.operation))
 }
 
-tokio::task_local! {
-    /// Set in the task a decision was handed to when its client went away: a request that
-    /// waits for a first attempt stops waiting, since nobody would get its answer.
-    pub(crate) static CLIENT_LEFT: ();
-}
-
-/// Whether the client of this decision went away.
-fn client_left() -> bool {
-    CLIENT_LEFT.try_with(|()| ()).is_ok()
-}
-
-/// Waits up to `wait` for the first attempt at a pending key: looks again each time the
-/// store says the key may have changed, and answers what the first claim that is not pending
-/// answers (a replay, or the key anew if the first attempt was released), or pending when the
-/// wait runs out, too many requests of the layer wait already, or the client went away (a
-/// key claimed anew for a client that left is released at once: nobody creates for it).
-async fn wait_for_first<St: Store, O>(
-    store: &St,
-    key: &str,
-    fingerprint: &Fingerprint,
-    reservation: Reservation,
-    settings: &Settings<O>,
-    wait: Duration,
-) -> Result<Claim, StoreError> {
-    let Some(_slot) = settings.waiting.enter() else {
-        return Ok(Claim::Pending);
-    };
-    let now = tokio::time::Instant::now();
-    let deadline = now.checked_add(wait).unwrap_or(now + MAX_WAIT);
-    // Without Tokio's timer there is no bounded wait: the immediate answer.
-    let Some(timer) = tokio_timer(deadline, "a pending key is not waited for") else {
-        return Ok(Claim::Pending);
-    };
-    let mut timer = std::pin::pin!(timer);
-    loop {
-        // Registered before the look, so a change right after it is not missed.
-        let changed = store.changed(key);
-        let answer = store
-            .claim_with(key, fingerprint, reservation, settings.lease)
-            .await;
-        match answer {
-            Ok(Claim::Pending) => {}
-            Ok(Claim::New(reservation)) if client_left() => {
-                release(store, key, &reservation).await;
-                return Ok(Claim::Pending);
-            }
-            answer => return answer,
-        }
-        let mut changed = std::pin::pin!(changed);
-        // Whether the key may have changed; not if the client left or the deadline passed.
-        let changed = std::future::poll_fn(|cx| {
-            if client_left() || timer.as_mut().poll(cx).is_ready() {
-                Poll::Ready(false)
-            } else {
-                changed.as_mut().poll(cx).map(|()| true)
-            }
-        })
-        .await;
-        if !changed {
-            return Ok(Claim::Pending);
-        }
-    }
-}
-
-/// A Tokio timer until `deadline`, or `None` (and a warning that `without` follows) where
-/// there is none: another executor, or a runtime built without `enable_time`, on which
-/// creating one would panic.
-fn tokio_timer(deadline: tokio::time::Instant, without: &str) -> Option<tokio::time::Sleep> {
-    let timer = tokio::runtime::Handle::try_current()
-        .ok()
-        .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(deadline)).ok());
-    if timer.is_none() {
-        tracing::warn!("no Tokio timer: {without}");
-    }
-    timer
-}
-
-/// The longest wait for a first attempt: a longer one (up to `Duration::MAX`) is clamped.
-const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
-/// Whether a failed store call may still have taken effect: its answer was lost.
-fn is_unknown(error: &StoreError) -> bool {
-    matches!(
-        error.kind(),
-        StoreErrorKind::Timeout | StoreErrorKind::Unavailable
-    )
-}
-
-/// The most settling tasks at once, in this process.
-const MAX_SETTLING: usize = 10_000;
-
-/// The settling tasks running now.
-static SETTLING: AtomicUsize = AtomicUsize::new(0);
-
-/// One of the [`MAX_SETTLING`] places of a settling task, given back when dropped.
-struct SettleSlot;
-
-impl SettleSlot {
-    fn take() -> Option<Self> {
-        let taken = SETTLING.fetch_add(1, AtomicOrdering::AcqRel);
-        if taken < MAX_SETTLING {
-            Some(Self)
-        } else {
-            SETTLING.fetch_sub(1, AtomicOrdering::AcqRel);
-            None
-        }
-    }
-}
-
-impl Drop for SettleSlot {
-    fn drop(&mut self) {
-        SETTLING.fetch_sub(1, AtomicOrdering::AcqRel);
-    }
-}
-
-/// When a call whose outcome is unknown is settled: soon after, then every second for about
-/// half a minute, so a store that recovers within that settles every key it was asked about
-/// within a second of recovering.
-fn settle_delays() -> impl Iterator<Item = Duration> {
-    [50, 100, 200, 400]
-        .into_iter()
-        .chain(std::iter::repeat_n(1_000, 30))
-        .map(Duration::from_millis)
-}
-
-/// What a settling task does with a reservation whose call's answer was lost.
-enum Settle {
-    /// A claim: undo it, after it.
-    Claim(Fingerprint),
-    /// A release: release again.
-    Release,
-    /// A complete: complete again.
-    Complete(StoredResponse),
-}
-
-/// Settles, in a task of its own, a call on `reservation` whose answer was lost, so that no
-/// reservation nobody holds is left behind. A lost claim is undone by the store
-/// ([`Store::settle_claim`]: after the lost claim, whatever it did). A lost release or
-/// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
-/// fails is tried again.
-fn settle<St: Store>(store: St, key: String, reservation: Reservation, what: Settle) {
-    // A bound on the tasks at once, so that a long outage under load cannot pile them up
-    // (each holds a key and maybe a response, and calls the store about once a second).
-    let Some(slot) = SettleSlot::take() else {
-        tracing::error!("too many lost store answers being settled; this key may stay pending");
-        return;
-    };
-    let settling = async move {
-        let _slot = slot;
-        for delay in settle_delays() {
-            tokio::time::sleep(delay).await;
-            let result = match &what {
-                Settle::Claim(fingerprint) => {
-                    store.settle_claim(&key, fingerprint, reservation).await
-                }
-                Settle::Release => store.release(&key, &reservation).await,
-                Settle::Complete(response) => store.complete(&key, &reservation, response).await,
-            };
-            match result {
-                Ok(()) => return,
-                Err(error) if error.kind() == StoreErrorKind::ReservationLost => return,
-                Err(error) => tracing::debug!(%error, "settling a lost store answer; trying again"),
-            }
-        }
-        tracing::error!("a lost store answer could not be settled; the key may stay pending");
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(settling)),
-        Err(_) => tracing::error!("no Tokio runtime to settle a lost store answer"),
-    }
-}
-
 /// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is
 /// caught: no refusal was confirmed, so the key stays pending and the client gets a 500.
 async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit, Rejection> {
@@ -621,18 +456,6 @@ async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit
         None => {
             tracing::error!("admission panicked; the key stays pending");
             Err(Rejection::CreateFailed)
-        }
-    }
-}
-
-/// Deletes a reservation: after a confirmed admission refusal, or an unstored response. If
-/// its answer is lost, it is settled later; any other failure leaves the key pending, which
-/// is safe.
-async fn release<St: Store>(store: &St, key: &str, reservation: &Reservation) {
-    if let Err(error) = store.release(key, reservation).await {
-        tracing::warn!(%error, "release failed; settling it");
-        if is_unknown(&error) {
-            settle(store.clone(), key.to_owned(), *reservation, Settle::Release);
         }
     }
 }
@@ -662,129 +485,6 @@ where
         request.extensions_mut().insert(value);
     }
     CatchUnwind::new(move || inner.call(request))
-}
-
-/// Runs `work` while renewing the lease of `reservation` every third of `lease`, on fixed
-/// deadlines (a slow renewal does not push the later ones back), so the key shows as in
-/// progress, not abandoned, however long `work` takes. The renewals start only once `work`
-/// waits: work that finishes at its first poll costs no timer, and no room: the renewing
-/// future is made, boxed, only then.
-fn renewing<'a, F: Future, St: Store>(
-    work: F,
-    store: &'a St,
-    key: &'a str,
-    reservation: &'a Reservation,
-    lease: Duration,
-) -> WhileRenewing<'a, F, impl FnOnce() -> Renewals<'a>> {
-    let start = move || -> Renewals<'a> { Box::pin(renew(store, key, reservation, lease)) };
-    WhileRenewing {
-        work,
-        start: Some(start),
-        renew: None,
-    }
-}
-
-/// Renews the lease of `reservation` every third of `lease` until it is lost.
-async fn renew<St: Store>(store: &St, key: &str, reservation: &Reservation, lease: Duration) {
-    let every = lease / 3;
-    let mut next = tokio::time::Instant::now() + every;
-    // Without Tokio's timer there is no heartbeat: the lease then lapses while the create
-    // runs, which only matters to a layer that takes over abandoned keys.
-    let Some(timer) = tokio_timer(next, "the lease of this create is not renewed") else {
-        return;
-    };
-    let mut timer = std::pin::pin!(timer);
-    loop {
-        timer.as_mut().await;
-        match store.renew(key, reservation, lease).await {
-            Ok(()) => {}
-            Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
-                tracing::error!(
-                    "the reservation was taken over or resolved while its create ran; \
-                     this create's response will not be stored"
-                );
-                return;
-            }
-            Err(error) => tracing::warn!(%error, "renewing the lease failed"),
-        }
-        // The next deadline ahead; past one a renewal took longer than a third of the
-        // lease, skipped.
-        let now = tokio::time::Instant::now();
-        while next <= now {
-            next += every;
-        }
-        timer.as_mut().reset(next);
-    }
-}
-
-/// The renewals of one lease, boxed: made only for work that waits.
-type Renewals<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
-
-pin_project! {
-    /// Polls `work` to its end, and the renewals beside it once `work` waited, until they
-    /// end.
-    struct WhileRenewing<'a, F, S> {
-        #[pin]
-        work: F,
-        // Makes the renewals, the first time `work` waits.
-        start: Option<S>,
-        renew: Option<Renewals<'a>>,
-    }
-}
-
-impl<'a, F: Future, S: FnOnce() -> Renewals<'a>> Future for WhileRenewing<'a, F, S> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Poll::Ready(output) = this.work.poll(cx) {
-            return Poll::Ready(output);
-        }
-        if let Some(start) = this.start.take() {
-            *this.renew = Some(start());
-        }
-        if let Some(renew) = this.renew
-            && renew.as_mut().poll(cx).is_ready()
-        {
-            *this.renew = None;
-        }
-        Poll::Pending
-    }
-}
-pin_project! {
-    /// A future that catches a panic of the function that makes it and of every poll, once:
-    /// it ends with `None` and never polls the panicked future again.
-    struct CatchUnwind<F> {
-        #[pin]
-        future: Option<F>,
-    }
-}
-
-impl<F: Future> CatchUnwind<F> {
-    fn new(make: impl FnOnce() -> F) -> Self {
-        Self {
-            future: panic::catch_unwind(AssertUnwindSafe(make)).ok(),
-        }
-    }
-}
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Option<F::Output>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let Some(future) = this.future.as_mut().as_pin_mut() else {
-            return Poll::Ready(None);
-        };
-        match panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Some(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => {
-                this.future.set(None);
-                Poll::Ready(None)
-            }
-        }
-    }
 }
 
 /// What to do with the create's answer.
@@ -897,32 +597,6 @@ fn stored<O>(
     Ok(stored.with_trailers(trailers))
 }
 
-/// A new reservation not yet completed, released or abandoned: if its decision unwinds or is
-/// dropped while armed, [`Store::abandon`] runs in a task of its own, so that a transactional
-/// store rolls back rather than keep its transaction open.
-struct Unsettled<'a, St: Store> {
-    store: &'a St,
-    key: &'a str,
-    reservation: &'a Reservation,
-    armed: bool,
-}
-
-impl<St: Store> Drop for Unsettled<'_, St> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (store, key, reservation) =
-            (self.store.clone(), self.key.to_owned(), *self.reservation);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                store.abandon(&key, &reservation).await;
-            })),
-            Err(_) => tracing::error!("no Tokio runtime to abandon an unfinished create"),
-        }
-    }
-}
-
 /// What follows a create that ends without a stored response.
 enum Then {
     /// Release the key: nothing was created (a confirmed admission refusal, or a create that
@@ -937,6 +611,7 @@ enum Then {
 /// A transaction that did not commit ([`StoreErrorKind::Uncommitted`]) is
 /// [`Outcome::StoreUnavailable`]: the create's writes went with it, or may have.
 async fn complete<St: Store>(
+    settling: &Arc<Bounded>,
     store: &St,
     key: &str,
     reservation: &Reservation,
@@ -952,6 +627,7 @@ async fn complete<St: Store>(
             tracing::error!(%error, "complete failed after the create");
             if is_unknown(&error) {
                 settle(
+                    settling,
                     store.clone(),
                     key.to_owned(),
                     *reservation,

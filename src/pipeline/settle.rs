@@ -1,0 +1,131 @@
+//! Settling store calls whose answer was lost, so that no reservation nobody holds is left
+//! behind: a lost claim undone, a lost release or complete repeated, an unfinished create
+//! abandoned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::settings::Bounded;
+use crate::store::{Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+
+/// Whether a failed store call may still have taken effect: its answer was lost.
+pub(super) fn is_unknown(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::Timeout | StoreErrorKind::Unavailable
+    )
+}
+
+/// When a call whose outcome is unknown is settled: soon after, then every second for about
+/// half a minute, so a store that recovers within that settles every key it was asked about
+/// within a second of recovering.
+pub(super) fn settle_delays() -> impl Iterator<Item = Duration> {
+    [50, 100, 200, 400]
+        .into_iter()
+        .chain(std::iter::repeat_n(1_000, 30))
+        .map(Duration::from_millis)
+}
+
+/// What a settling task does with a reservation whose call's answer was lost.
+pub(super) enum Settle {
+    /// A claim: undo it, after it.
+    Claim(Fingerprint),
+    /// A release: release again.
+    Release,
+    /// A complete: complete again.
+    Complete(StoredResponse),
+}
+
+/// Settles, in a task of its own, a call on `reservation` whose answer was lost, so that no
+/// reservation nobody holds is left behind. A lost claim is undone by the store
+/// ([`Store::settle_claim`]: after the lost claim, whatever it did). A lost release or
+/// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
+/// fails is tried again.
+pub(super) fn settle<St: Store>(
+    settling: &Arc<Bounded>,
+    store: St,
+    key: String,
+    reservation: Reservation,
+    what: Settle,
+) {
+    // A bound on the layer's tasks at once, so that a long outage under load cannot pile
+    // them up (each holds a key and maybe a response, and calls the store about once a
+    // second); one layer's outage takes no place of another's.
+    let Some(slot) = settling.enter_owned() else {
+        tracing::error!("too many lost store answers being settled; this key may stay pending");
+        return;
+    };
+    let settling = async move {
+        let _slot = slot;
+        for delay in settle_delays() {
+            tokio::time::sleep(delay).await;
+            let result = match &what {
+                Settle::Claim(fingerprint) => {
+                    store.settle_claim(&key, fingerprint, reservation).await
+                }
+                Settle::Release => store.release(&key, &reservation).await,
+                Settle::Complete(response) => store.complete(&key, &reservation, response).await,
+            };
+            match result {
+                Ok(()) => return,
+                Err(error) if error.kind() == StoreErrorKind::ReservationLost => return,
+                Err(error) => tracing::debug!(%error, "settling a lost store answer; trying again"),
+            }
+        }
+        tracing::error!("a lost store answer could not be settled; the key may stay pending");
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(settling)),
+        Err(_) => tracing::error!("no Tokio runtime to settle a lost store answer"),
+    }
+}
+
+/// Deletes a reservation: after a confirmed admission refusal, or an unstored response. If
+/// its answer is lost, it is settled later; any other failure leaves the key pending, which
+/// is safe.
+pub(super) async fn release<St: Store>(
+    settling: &Arc<Bounded>,
+    store: &St,
+    key: &str,
+    reservation: &Reservation,
+) {
+    if let Err(error) = store.release(key, reservation).await {
+        tracing::warn!(%error, "release failed; settling it");
+        if is_unknown(&error) {
+            settle(
+                settling,
+                store.clone(),
+                key.to_owned(),
+                *reservation,
+                Settle::Release,
+            );
+        }
+    }
+}
+
+/// A new reservation not yet completed, released or abandoned: if its decision unwinds or is
+/// dropped while armed, [`Store::abandon`] runs in a task of its own, so that a transactional
+/// store rolls back rather than keep its transaction open.
+pub(super) struct Unsettled<'a, St: Store> {
+    pub(super) store: &'a St,
+    pub(super) key: &'a str,
+    pub(super) reservation: &'a Reservation,
+    pub(super) armed: bool,
+}
+
+impl<St: Store> Drop for Unsettled<'_, St> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, key, reservation) =
+            (self.store.clone(), self.key.to_owned(), *self.reservation);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                store.abandon(&key, &reservation).await;
+            })),
+            Err(_) => tracing::error!("no Tokio runtime to abandon an unfinished create"),
+        }
+    }
+}

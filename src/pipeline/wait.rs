@@ -1,0 +1,95 @@
+//! Waiting for a first attempt still running (the layer's `pending_wait`), and the timer it
+//! and the renewals read.
+
+use std::future::Future;
+use std::panic;
+use std::task::Poll;
+use std::time::Duration;
+
+use super::settle::release;
+use crate::fingerprint::Fingerprint;
+use crate::settings::Settings;
+use crate::store::{Claim, Reservation, Store, StoreError};
+
+tokio::task_local! {
+    /// Set in the task a decision was handed to when its client went away: a request that
+    /// waits for a first attempt stops waiting, since nobody would get its answer.
+    pub(crate) static CLIENT_LEFT: ();
+}
+
+/// Whether the client of this decision went away.
+pub(super) fn client_left() -> bool {
+    CLIENT_LEFT.try_with(|()| ()).is_ok()
+}
+
+/// Waits up to `wait` for the first attempt at a pending key: looks again each time the
+/// store says the key may have changed, and answers what the first claim that is not pending
+/// answers (a replay, or the key anew if the first attempt was released), or pending when the
+/// wait runs out, too many requests of the layer wait already, or the client went away (a
+/// key claimed anew for a client that left is released at once: nobody creates for it).
+pub(super) async fn wait_for_first<St: Store, O>(
+    store: &St,
+    key: &str,
+    fingerprint: &Fingerprint,
+    reservation: Reservation,
+    settings: &Settings<O>,
+    wait: Duration,
+) -> Result<Claim, StoreError> {
+    let Some(_slot) = settings.waiting.enter() else {
+        return Ok(Claim::Pending);
+    };
+    let now = tokio::time::Instant::now();
+    let deadline = now.checked_add(wait).unwrap_or(now + MAX_WAIT);
+    // Without Tokio's timer there is no bounded wait: the immediate answer.
+    let Some(timer) = tokio_timer(deadline, "a pending key is not waited for") else {
+        return Ok(Claim::Pending);
+    };
+    let mut timer = std::pin::pin!(timer);
+    loop {
+        // Registered before the look, so a change right after it is not missed.
+        let changed = store.changed(key);
+        let answer = store
+            .claim_with(key, fingerprint, reservation, settings.lease)
+            .await;
+        match answer {
+            Ok(Claim::Pending) => {}
+            Ok(Claim::New(reservation)) if client_left() => {
+                release(&settings.settling, store, key, &reservation).await;
+                return Ok(Claim::Pending);
+            }
+            answer => return answer,
+        }
+        let mut changed = std::pin::pin!(changed);
+        // Whether the key may have changed; not if the client left or the deadline passed.
+        let changed = std::future::poll_fn(|cx| {
+            if client_left() || timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(false)
+            } else {
+                changed.as_mut().poll(cx).map(|()| true)
+            }
+        })
+        .await;
+        if !changed {
+            return Ok(Claim::Pending);
+        }
+    }
+}
+
+/// A Tokio timer until `deadline`, or `None` (and a warning that `without` follows) where
+/// there is none: another executor, or a runtime built without `enable_time`, on which
+/// creating one would panic.
+pub(super) fn tokio_timer(
+    deadline: tokio::time::Instant,
+    without: &str,
+) -> Option<tokio::time::Sleep> {
+    let timer = tokio::runtime::Handle::try_current()
+        .ok()
+        .and_then(|_| panic::catch_unwind(|| tokio::time::sleep_until(deadline)).ok());
+    if timer.is_none() {
+        tracing::warn!("no Tokio timer: {without}");
+    }
+    timer
+}
+
+/// The longest wait for a first attempt: a longer one (up to `Duration::MAX`) is clamped.
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
