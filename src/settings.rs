@@ -160,7 +160,7 @@ impl Bounded {
 
     /// A place, if there is one.
     pub(crate) fn enter(&self) -> Option<Slot<'_>> {
-        self.take().then_some(Slot(self))
+        self.take().then(|| Slot(self))
     }
 
     /// A place a task can own, if there is one.
@@ -259,5 +259,22 @@ mod tests {
         assert_eq!((a.waiting.taken(), a.settling.taken()), (1, 0));
         drop(waiting);
         assert_eq!(a.waiting.taken(), 0);
+    }
+
+    /// A place refused gives nothing back: the count stays at its bound, and the places held
+    /// are given back one each.
+    #[test]
+    fn a_refused_place_leaves_the_count_as_it_was() {
+        let bounded = Arc::new(Bounded::new(1));
+        let held = bounded.enter().expect("a place");
+        assert!(bounded.enter().is_none());
+        assert!(bounded.enter_owned().is_none());
+        assert_eq!(bounded.taken(), 1);
+        drop(held);
+        assert_eq!(bounded.taken(), 0);
+        let owned = bounded.enter_owned().expect("the place again");
+        assert!(bounded.enter().is_none());
+        drop(owned);
+        assert_eq!(bounded.taken(), 0);
     }
 }
