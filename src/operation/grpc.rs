@@ -246,28 +246,63 @@ impl Operation for GrpcOperation {
         *response.status_mut() = StatusCode::OK;
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(GRPC));
-        headers.insert("grpc-status", HeaderValue::from_static(status));
+        headers.insert("grpc-status", status.header());
         headers.insert("grpc-message", HeaderValue::from_static(message));
         response
     }
 }
 
+/// The gRPC status codes a refusal is answered with (of the canonical codes, those the
+/// layer uses), written as the decimal number `grpc-status` carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Code {
+    InvalidArgument = 3,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    Aborted = 10,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+impl Code {
+    /// The code as `grpc-status` carries it, without an allocation.
+    fn header(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Self::InvalidArgument => "3",
+            Self::PermissionDenied => "7",
+            Self::ResourceExhausted => "8",
+            Self::FailedPrecondition => "9",
+            Self::Aborted => "10",
+            Self::Unimplemented => "12",
+            Self::Internal => "13",
+            Self::Unavailable => "14",
+        })
+    }
+}
+
 /// The gRPC status code and message of a refusal.
-fn grpc_status(rejection: &Rejection) -> (&'static str, &'static str) {
+fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
     match rejection {
-        Rejection::NotFound => ("12", "not_found"),
-        Rejection::MethodNotAllowed => ("12", "method_not_allowed"),
-        Rejection::UnsupportedMediaType => ("12", "unsupported_media_type"),
-        Rejection::PayloadTooLarge => ("8", "payload_too_large"),
-        Rejection::InvalidKey | Rejection::InvalidRequest(_) => ("3", "invalid_request"),
-        Rejection::ScopeRequired => ("7", "scope_required"),
-        Rejection::Conflict => ("9", "idempotency_conflict"),
-        Rejection::Pending => ("10", "request_pending"),
-        Rejection::NotAdmitted(Refusal::TooManyRequests) => ("8", "not_admitted"),
-        Rejection::NotAdmitted(_) => ("14", "not_admitted"),
-        Rejection::StoreUnavailable => ("14", "store_unavailable"),
-        Rejection::CreateFailed => ("13", "create_failed"),
-        Rejection::ResponseTooLarge => ("13", "response_too_large"),
+        Rejection::NotFound => (Code::Unimplemented, "not_found"),
+        Rejection::MethodNotAllowed => (Code::Unimplemented, "method_not_allowed"),
+        Rejection::UnsupportedMediaType => (Code::Unimplemented, "unsupported_media_type"),
+        Rejection::PayloadTooLarge => (Code::ResourceExhausted, "payload_too_large"),
+        Rejection::InvalidKey | Rejection::InvalidRequest(_) => {
+            (Code::InvalidArgument, "invalid_request")
+        }
+        Rejection::ScopeRequired => (Code::PermissionDenied, "scope_required"),
+        Rejection::Conflict => (Code::FailedPrecondition, "idempotency_conflict"),
+        Rejection::Pending => (Code::Aborted, "request_pending"),
+        Rejection::NotAdmitted(Refusal::TooManyRequests) => {
+            (Code::ResourceExhausted, "not_admitted")
+        }
+        Rejection::NotAdmitted(_) => (Code::Unavailable, "not_admitted"),
+        Rejection::StoreUnavailable => (Code::Unavailable, "store_unavailable"),
+        Rejection::CreateFailed => (Code::Internal, "create_failed"),
+        Rejection::ResponseTooLarge => (Code::Internal, "response_too_large"),
     }
 }
 
@@ -305,21 +340,48 @@ mod tests {
             let status = response.headers()["grpc-status"].to_str().unwrap();
             assert_ne!(status, "0", "{rejection:?} is not OK");
         }
-        let status = |rejection| grpc_status(&rejection);
-        assert_eq!(status(Rejection::Conflict), ("9", "idempotency_conflict"));
-        assert_eq!(status(Rejection::Pending), ("10", "request_pending"));
-        assert_eq!(status(Rejection::InvalidKey), ("3", "invalid_request"));
-        assert_eq!(
-            status(Rejection::NotAdmitted(Refusal::TooManyRequests)),
-            ("8", "not_admitted")
-        );
-        assert_eq!(
-            status(Rejection::NotAdmitted(Refusal::ServiceUnavailable)),
-            ("14", "not_admitted")
-        );
-        assert_eq!(
-            status(Rejection::StoreUnavailable),
-            ("14", "store_unavailable")
-        );
+        // The header is each code's number.
+        for code in [
+            Code::InvalidArgument,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Aborted,
+            Code::Unimplemented,
+            Code::Internal,
+            Code::Unavailable,
+        ] {
+            assert_eq!(code.header(), (code as u8).to_string(), "{code:?}");
+        }
+        // Every refusal's code and message, as the header carries them.
+        let table: Vec<_> = Rejection::every()
+            .iter()
+            .map(|rejection| {
+                let response = GrpcOperation::new().reply(rejection);
+                let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
+                (header("grpc-status"), header("grpc-message"))
+            })
+            .collect();
+        let expected = [
+            ("12", "not_found"),
+            ("12", "method_not_allowed"),
+            ("12", "unsupported_media_type"),
+            ("8", "payload_too_large"),
+            ("3", "invalid_request"),
+            ("3", "invalid_request"),
+            ("7", "scope_required"),
+            ("9", "idempotency_conflict"),
+            ("10", "request_pending"),
+            ("8", "not_admitted"),
+            ("14", "not_admitted"),
+            ("14", "store_unavailable"),
+            ("13", "create_failed"),
+            ("13", "response_too_large"),
+        ];
+        let expected: Vec<_> = expected
+            .iter()
+            .map(|(code, message)| ((*code).to_owned(), (*message).to_owned()))
+            .collect();
+        assert_eq!(table, expected);
     }
 }
