@@ -1,0 +1,98 @@
+//! A store's failure, and its kind.
+
+use std::fmt;
+
+use tower::BoxError;
+
+/// What went wrong in a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached or failed to answer.
+    Unavailable,
+    /// The backend did not answer within the configured time.
+    Timeout,
+    /// The key is not pending under the given reservation: it was completed, released, or never
+    /// claimed by this attempt. Nothing was changed.
+    ReservationLost,
+    /// A record in the backend could not be decoded.
+    Corrupt,
+    /// The store's configuration is invalid (a malformed URL or table name, say).
+    InvalidConfig,
+    /// The store holds as many records as it may
+    /// ([`MemoryStore::max_records`](crate::MemoryStore::max_records)); nothing was claimed.
+    CapacityExceeded,
+    /// The store does not offer this call (an [`Operator`](crate::store::Operator) call on a
+    /// [`DynStore::without_operator`](crate::store::DynStore::without_operator)).
+    Unsupported,
+    /// A complete whose transaction did not commit, or may not have (its answer was lost):
+    /// the response is not stored and the create's own writes in that transaction are not
+    /// known to have happened. The layer answers `503 store_unavailable` instead of the
+    /// response, and a retry finds out which it was.
+    Uncommitted,
+}
+
+/// The one error type of every [`Store`](crate::Store).
+///
+/// Backends convert their driver errors into it, keeping the original as its
+/// [`source`](std::error::Error::source).
+///
+/// ```
+/// use tower_idempotency::store::{StoreError, StoreErrorKind};
+///
+/// let error = StoreError::new(StoreErrorKind::Timeout);
+/// assert_eq!(error.kind(), StoreErrorKind::Timeout);
+/// assert_eq!(error.to_string(), "store timed out");
+/// ```
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// An error of the given kind with no further cause.
+    pub fn new(kind: StoreErrorKind) -> Self {
+        Self { kind, source: None }
+    }
+
+    /// An error of the given kind caused by a backend error.
+    pub fn with_source(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Timeout => "store timed out",
+            StoreErrorKind::ReservationLost => "reservation lost",
+            StoreErrorKind::Corrupt => "corrupt store record",
+            StoreErrorKind::InvalidConfig => "invalid store configuration",
+            StoreErrorKind::CapacityExceeded => "store full",
+            StoreErrorKind::Unsupported => "not supported by this store",
+            StoreErrorKind::Uncommitted => "store transaction not committed",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
