@@ -32,6 +32,11 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, h
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+mod reader;
+mod shared_str;
+
+use self::reader::Fields;
+pub use self::shared_str::SharedStr;
 use super::media;
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
 use crate::outcome::Rejection;
@@ -61,273 +66,6 @@ pub struct LabelOperation {
     pub request_id: SharedStr,
     /// The parcel the label is created for.
     pub parcel_id: SharedStr,
-}
-
-/// An immutable string that can share the bytes of a request body: the fields of a
-/// [`LabelOperation`] the layer parses point into the body it read, with no copy. It derefs to
-/// `str` and compares with strings.
-///
-/// ```
-/// use tower_idempotency::operation::SharedStr;
-///
-/// let id = SharedStr::from("label-req-7");
-/// assert_eq!(id, "label-req-7");
-/// assert!(id.starts_with("label-"));
-/// assert_eq!(id.as_str().len(), 11);
-/// ```
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SharedStr(Bytes);
-
-/// Hashed as its `str` is, so that a map keyed by `SharedStr` is looked up by `&str`.
-impl std::hash::Hash for SharedStr {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
-    }
-}
-
-impl SharedStr {
-    /// The part of `body` that `text` is, sharing its bytes; `text` must lie within `body`.
-    fn within(body: &Bytes, text: Cow<'_, str>) -> Self {
-        match text {
-            // A field without escapes borrows from the body it was parsed from.
-            Cow::Borrowed(text) => Self(body.slice_ref(text.as_bytes())),
-            Cow::Owned(text) => Self::from(text),
-        }
-    }
-
-    /// The string.
-    pub fn as_str(&self) -> &str {
-        // Only ever made from a `str` (`From`, `within`), so always UTF-8: never the fallback.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-impl std::ops::Deref for SharedStr {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl AsRef<str> for SharedStr {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl std::borrow::Borrow<str> for SharedStr {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl From<String> for SharedStr {
-    fn from(text: String) -> Self {
-        Self(Bytes::from(text))
-    }
-}
-
-impl From<&str> for SharedStr {
-    fn from(text: &str) -> Self {
-        Self(Bytes::copy_from_slice(text.as_bytes()))
-    }
-}
-
-impl From<&String> for SharedStr {
-    fn from(text: &String) -> Self {
-        Self::from(text.as_str())
-    }
-}
-
-impl From<Box<str>> for SharedStr {
-    fn from(text: Box<str>) -> Self {
-        Self::from(String::from(text))
-    }
-}
-
-impl From<Cow<'_, str>> for SharedStr {
-    fn from(text: Cow<'_, str>) -> Self {
-        Self::from(text.into_owned())
-    }
-}
-
-impl From<SharedStr> for String {
-    fn from(text: SharedStr) -> Self {
-        text.as_str().to_owned()
-    }
-}
-
-impl PartialEq<str> for SharedStr {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for SharedStr {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-impl PartialEq<String> for SharedStr {
-    fn eq(&self, other: &String) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl fmt::Debug for SharedStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl fmt::Display for SharedStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for SharedStr {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for SharedStr {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self::from)
-    }
-}
-
-/// A label body as parsed: each field borrowed from the body unless it had escapes.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Fields<'a> {
-    #[serde(borrow)]
-    request_id: Cow<'a, str>,
-    #[serde(borrow)]
-    parcel_id: Cow<'a, str>,
-}
-
-impl<'a> Fields<'a> {
-    /// Contract §2 step 5: exactly the two fields, each an identifier.
-    fn parse(body: &'a [u8]) -> Result<Self, InvalidOperation> {
-        if let Some(fields) = Self::plain(body) {
-            return Ok(fields);
-        }
-        // Without an escape, what the plain reader refuses serde refuses too (the property
-        // test below holds the two to it): serde is read only for what an escape may spell,
-        // and a refusal is not a serde error built, formatted and dropped.
-        if !body.contains(&b'\\') {
-            return Err(InvalidOperation(()));
-        }
-        // serde fills a struct from an array of its fields in order too; the contract's body
-        // is an object.
-        let first = body.iter().find(|&&b| !is_json_space(b));
-        if first != Some(&b'{') {
-            return Err(InvalidOperation(()));
-        }
-        let fields: Self = serde_json::from_slice(body).map_err(|_| InvalidOperation(()))?;
-        if is_identifier(&fields.request_id) && is_identifier(&fields.parcel_id) {
-            Ok(fields)
-        } else {
-            Err(InvalidOperation(()))
-        }
-    }
-}
-
-impl<'a> Fields<'a> {
-    /// The body every client sends, read without serde: one object, the two fields in either
-    /// order, each value a non-empty string of identifier characters (so valid as read), JSON
-    /// whitespace between the tokens. `None` for anything else (escapes, another field, a
-    /// second value...), which serde then reads: this accepts only what serde and the
-    /// identifier check accept, with the same fields, borrowed from the body.
-    fn plain(body: &'a [u8]) -> Option<Self> {
-        // One UTF-8 check of the whole body, a word at a time; the fields are slices of it.
-        let text = std::str::from_utf8(body).ok()?;
-        let mut reader = Plain { text, at: 0 };
-        reader.token(b'{')?;
-        let (first, first_value) = reader.member()?;
-        reader.token(b',')?;
-        let (second, second_value) = reader.member()?;
-        reader.token(b'}')?;
-        reader.space();
-        if reader.at != text.len() {
-            return None;
-        }
-        let (request_id, parcel_id) = match (first, second) {
-            ("request_id", "parcel_id") => (first_value, second_value),
-            ("parcel_id", "request_id") => (second_value, first_value),
-            _ => return None,
-        };
-        Some(Self {
-            request_id: Cow::Borrowed(request_id),
-            parcel_id: Cow::Borrowed(parcel_id),
-        })
-    }
-}
-
-/// JSON's whitespace: space, tab, line feed, carriage return (RFC 8259), nothing else.
-fn is_json_space(byte: u8) -> bool {
-    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
-}
-
-/// A reader of [`Fields::plain`]'s shape.
-struct Plain<'a> {
-    text: &'a str,
-    at: usize,
-}
-
-impl<'a> Plain<'a> {
-    /// Skips JSON whitespace.
-    fn space(&mut self) {
-        while self
-            .text
-            .as_bytes()
-            .get(self.at)
-            .is_some_and(|&b| is_json_space(b))
-        {
-            self.at += 1;
-        }
-    }
-
-    /// Whitespace, then `byte`.
-    fn token(&mut self, byte: u8) -> Option<()> {
-        self.space();
-        self.token_here(byte)
-    }
-
-    /// Whitespace, then a non-empty string of identifier characters (no escapes, no quote
-    /// inside).
-    fn string(&mut self) -> Option<&'a str> {
-        self.token(b'"')?;
-        let start = self.at;
-        let rest = self.text.as_bytes().get(start..)?;
-        let len = rest
-            .iter()
-            .position(|&b| !IDENTIFIER[usize::from(b)])
-            .unwrap_or(rest.len());
-        if len == 0 {
-            return None;
-        }
-        self.at += len;
-        let value = self.text.get(start..self.at)?;
-        self.token_here(b'"')?;
-        Some(value)
-    }
-
-    /// `byte`, with no whitespace before it.
-    fn token_here(&mut self, byte: u8) -> Option<()> {
-        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
-    }
-
-    /// A name, a colon and a value.
-    fn member(&mut self) -> Option<(&'a str, &'a str)> {
-        let name = self.string()?;
-        self.token(b':')?;
-        Some((name, self.string()?))
-    }
 }
 
 /// The body or key of a request is not a valid operation (contract §2, steps 5 and 6).
@@ -487,28 +225,6 @@ impl LabelOperation {
     }
 }
 
-/// A validated field: non-empty, only `[A-Za-z0-9_-]`.
-fn is_identifier(value: &str) -> bool {
-    !value.is_empty() && value.bytes().all(is_identifier_byte)
-}
-
-/// A byte of an identifier: `[A-Za-z0-9_-]`.
-fn is_identifier_byte(byte: u8) -> bool {
-    IDENTIFIER[usize::from(byte)]
-}
-
-/// [`is_identifier_byte`] for every byte, looked up rather than compared.
-const IDENTIFIER: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let b = byte as u8;
-        table[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
-        byte += 1;
-    }
-    table
-};
-
 /// The lesson's label contract as an [`Operation`]: `POST /labels` with exactly
 /// `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to `request_id`, every
 /// refusal `{"error":"…"}` byte for byte. The worked example of a strict operation.
@@ -528,7 +244,7 @@ const IDENTIFIER: [bool; 256] = {
 ///
 /// Its replies, in the order the checks run:
 ///
-#[doc = include_str!("../reply/label.md")]
+#[doc = include_str!("../../reply/label.md")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LabelContract;
 
@@ -660,6 +376,7 @@ fn matching_key<'a>(headers: &'a HeaderMap, request_id: &str) -> Option<&'a str>
 
 #[cfg(test)]
 mod tests {
+    use super::reader::is_identifier_byte;
     use super::*;
 
     const BODIES: [&[u8]; 10] = [
@@ -873,38 +590,5 @@ mod tests {
             assert!(range.contains(&field.as_ptr()), "{field:?} is a copy");
         }
         assert_eq!(op, LabelOperation::new("label-req-7", "parcel-42"));
-    }
-
-    #[test]
-    fn a_shared_str_is_its_string() {
-        let text = SharedStr::from(String::from("parcel-42"));
-        assert_eq!(text, *"parcel-42");
-        assert_eq!(text, String::from("parcel-42"));
-        assert_eq!(text.to_string(), "parcel-42");
-        assert_eq!(format!("{text:?}"), r#""parcel-42""#);
-        assert_eq!(String::from(text.clone()), "parcel-42");
-        assert_eq!(AsRef::<str>::as_ref(&text), "parcel-42");
-        assert_eq!(std::borrow::Borrow::<str>::borrow(&text), "parcel-42");
-        let json = serde_json::to_string(&text).unwrap();
-        assert_eq!(json, r#""parcel-42""#);
-        assert_eq!(serde_json::from_str::<SharedStr>(&json).unwrap(), text);
-        assert_ne!(text, "parcel-43");
-        assert_ne!(text, *"parcel-43");
-        assert_ne!(text, String::from("parcel-43"));
-        let owned = String::from("p");
-        for other in [
-            SharedStr::from(&owned),
-            SharedStr::from(Box::<str>::from("p")),
-            SharedStr::from(Cow::Borrowed("p")),
-        ] {
-            assert_eq!(other, "p");
-        }
-    }
-
-    #[test]
-    fn a_shared_str_hashes_as_its_str() {
-        let set: std::collections::HashSet<SharedStr> = [SharedStr::from("parcel-42")].into();
-        assert!(set.contains("parcel-42"));
-        assert!(!set.contains("parcel-43"));
     }
 }
