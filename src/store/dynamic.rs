@@ -10,7 +10,7 @@ use super::{
     Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError, StoreErrorKind,
     StoredResponse,
 };
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// A boxed future of a store call.
 type Call<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -19,7 +19,7 @@ use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, Reservation, Store,
     StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
 };
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// A registry in one SQLite file: it survives restarts, and every process of the host that
 /// opens the same file shares it (SQLite's locking makes each claim atomic across them). No

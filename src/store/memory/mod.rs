@@ -19,7 +19,7 @@ use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     Claim, DEFAULT_RETENTION, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
 };
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// Number of independently locked shards; a power of two.
 const SHARDS: usize = 64;

@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 use bytes::Bytes;
 
 use super::{PostgresStore, execute_on, query_opt_on, table_key, unavailable};
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse, codec, within,

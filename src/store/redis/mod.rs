@@ -27,7 +27,7 @@ use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse, retention_millis, within,
 };
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// A registry in Redis, shared by every replica that points at the same server.
 ///

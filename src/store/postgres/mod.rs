@@ -8,25 +8,30 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
+use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::codec;
-use super::notifier::{self, Notifier, Source};
+use super::notifier::{self, Notifier};
 use super::waiting;
 use super::{
-    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
-    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse, retention_millis, within,
 };
-use crate::operation::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
+mod listener;
+mod operator;
+mod sql;
 mod transactional;
+
+use self::listener::Listener;
+use self::sql::Sql;
 
 pub use transactional::{PgTransaction, TransactionalPostgresStore};
 
@@ -86,197 +91,6 @@ pub struct PostgresStore {
     /// Wakes the requests of this process waiting for a key, from the changes announced on
     /// the table's channel; `None` on a pool of the caller's (then they poll).
     notifier: Option<Arc<Notifier<Listener>>>,
-}
-
-/// Where a PostgreSQL store hears of changes: a connection of its own, outside the pool, that
-/// listens on the table's channel.
-#[derive(Clone)]
-struct Listener {
-    config: tokio_postgres::Config,
-    sql: Arc<Sql>,
-}
-
-impl Source for Listener {
-    type Session = (
-        tokio_postgres::Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    );
-
-    async fn listen(&self) -> Option<Self::Session> {
-        let (client, mut connection) = self.config.connect(NoTls).await.ok()?;
-        // The connection runs the statement only while it is polled.
-        let listening = {
-            let mut listen = std::pin::pin!(client.batch_execute(&self.sql.listen));
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(result) = listen.as_mut().poll(cx) {
-                    return Poll::Ready(result.is_ok());
-                }
-                loop {
-                    match std::task::ready!(connection.poll_message(cx)) {
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => return Poll::Ready(false),
-                    }
-                }
-            })
-            .await
-        };
-        listening.then_some((client, connection))
-    }
-
-    fn poll_changed(
-        (_, connection): &mut Self::Session,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<String>> {
-        loop {
-            match std::task::ready!(connection.poll_message(cx)) {
-                Some(Ok(AsyncMessage::Notification(notification))) => {
-                    return Poll::Ready(Some(notification.payload().to_owned()));
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => return Poll::Ready(None),
-            }
-        }
-    }
-}
-
-/// The statements, built once for the table name.
-#[derive(Debug)]
-struct Sql {
-    table: String,
-    claim: String,
-    take_over: String,
-    take_over_abandoned: String,
-    renew: String,
-    wait_for_claim: String,
-    inspect: String,
-    pending: String,
-    resolve: String,
-    forget: String,
-    complete: String,
-    complete_in_transaction: String,
-    release: String,
-    waited: String,
-    mark_waited: String,
-    announce: String,
-    listen: String,
-    purge: String,
-    migrate: String,
-}
-
-impl Sql {
-    fn new(table: &str) -> Self {
-        let quoted = format!("\"{table}\"");
-        // A new lease of $4 milliseconds.
-        let lease = "now() + $4::bigint * interval '1 millisecond'";
-        let channel = format!("{table}_changed");
-        // A statement that changes records returns, for each, whether a request waits on it;
-        // the change is then announced by a statement of its own (see `PostgresStore::change`).
-        let announced = |statement: String| format!("{statement} RETURNING waited");
-        let complete = format!(
-            "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
-             changed_at = now(), expires_at = CASE \
-             WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
-             WHERE key = $1 AND token = $2"
-        );
-        Self {
-            table: table.to_owned(),
-            claim: format!(
-                "WITH inserted AS (\
-                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
-                 VALUES ($1, $2, $3, {lease}, $5, false) \
-                 ON CONFLICT (key) DO NOTHING \
-                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
-                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
-                 UNION ALL \
-                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
-                 COALESCE(lease_until <= now() AND take_over, false) \
-                 FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
-            ),
-            take_over: format!(
-                "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
-                 changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
-                 WHERE key = $1 AND expires_at <= now()"
-            ),
-            take_over_abandoned: format!(
-                "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
-                 take_over = $5 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL \
-                 AND take_over AND lease_until <= now()"
-            ),
-            renew: format!(
-                "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
-                 WHERE key = $1 AND token = $2"
-            ),
-            complete: announced(complete.clone()),
-            // In the claim's own transaction only: the record's version was written by this
-            // transaction (a `COMMIT` sent on it since would have ended it).
-            complete_in_transaction: format!(
-                "{complete} AND xmin::text::bigint = txid_current() % 4294967296"
-            ),
-            release: announced(format!(
-                "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
-            )),
-            // A request about to wait for the key: whether it is pending and marked already;
-            // if not marked, the mark, so that its change is announced.
-            waited: format!("SELECT waited FROM {quoted} WHERE key = $1 AND token IS NOT NULL"),
-            mark_waited: format!(
-                "UPDATE {quoted} SET waited = true WHERE key = $1 AND token IS NOT NULL"
-            ),
-            announce: format!("SELECT pg_notify('{channel}', $1)"),
-            listen: format!("LISTEN \"{channel}\""),
-            // In one transaction with the release: never visible, it only waits for a claim
-            // of the key still in flight (its insert holds the key's index entry).
-            wait_for_claim: format!(
-                "INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
-                 ON CONFLICT (key) DO NOTHING"
-            ),
-            purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
-            migrate: format!(
-                "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
-                 CREATE TABLE IF NOT EXISTS {quoted} (\
-                 key text PRIMARY KEY, \
-                 fingerprint text NOT NULL, \
-                 token bytea, \
-                 response bytea, \
-                 expires_at timestamptz);\
-                 DO $migrate$ BEGIN \
-                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'changed_at') THEN \
-                 ALTER TABLE {quoted} ADD COLUMN changed_at timestamptz NOT NULL DEFAULT now(); \
-                 END IF; \
-                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'lease_until') THEN \
-                 ALTER TABLE {quoted} ADD COLUMN lease_until timestamptz; \
-                 END IF; \
-                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'take_over') THEN \
-                 ALTER TABLE {quoted} ADD COLUMN take_over boolean NOT NULL DEFAULT false; \
-                 END IF; \
-                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'waited') THEN \
-                 ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
-                 END IF; END $migrate$;\
-                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
-                 WHERE expires_at IS NOT NULL;"
-            ),
-            inspect: format!(
-                "SELECT fingerprint, token IS NOT NULL, response, \
-                 (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
-                 token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
-                 FROM {quoted} WHERE key = $1"
-            ),
-            pending: format!(
-                "SELECT key FROM {quoted} WHERE token IS NOT NULL \
-                 AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
-            ),
-            resolve: announced(format!(
-                "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
-                 expires_at = CASE WHEN $3::bigint > 0 \
-                 THEN now() + $3::bigint * interval '1 millisecond' END \
-                 WHERE key = $1 AND token IS NOT NULL"
-            )),
-            forget: announced(format!("DELETE FROM {quoted} WHERE key = $1")),
-        }
-    }
 }
 
 /// Passes of the claim statement before giving up; see [`PostgresStore::claim`].
@@ -843,71 +657,5 @@ impl Store for PostgresStore {
             .change(&self.sql.release, key, &[&key, &&token[..]])
             .await?;
         guarded(rows)
-    }
-}
-
-impl Operator for PostgresStore {
-    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let key = &*table_key(key);
-        let row = self.query_opt(&self.sql.inspect, &[&key]).await?;
-        let Some(row) = row else { return Ok(None) };
-        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
-        let fingerprint: &str = row.try_get(0).map_err(corrupt)?;
-        let pending: bool = row.try_get(1).map_err(corrupt)?;
-        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
-        let age: i64 = row.try_get(3).map_err(corrupt)?;
-        let abandoned: bool = row.try_get(4).map_err(corrupt)?;
-        let status = match response {
-            Some(response) => Some(codec::decode(Bytes::from(response))?.status()),
-            None => None,
-        };
-        Ok(Some(RecordInfo {
-            state: if pending {
-                RecordState::Pending
-            } else {
-                RecordState::Completed
-            },
-            age: u64::try_from(age).ok().map(Duration::from_millis),
-            fingerprint: Fingerprint::parse(fingerprint)
-                .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?,
-            status,
-            abandoned,
-        }))
-    }
-
-    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
-        let rows = within(self.timeout.saturating_mul(10), async {
-            let client = self.client().await?;
-            client
-                .query(&self.sql.pending, &[&millis])
-                .await
-                .map_err(unavailable)
-        })
-        .await?;
-        rows.iter()
-            .map(|row| {
-                row.try_get::<_, String>(0)
-                    .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
-            })
-            .collect()
-    }
-
-    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        let key = &*table_key(key);
-        let encoded = codec::encode(response);
-        let rows = self
-            .change(
-                &self.sql.resolve,
-                key,
-                &[&key, &&encoded[..], &self.retention_ms],
-            )
-            .await?;
-        guarded(rows)
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let key = &*table_key(key);
-        Ok(self.change(&self.sql.forget, key, &[&key]).await? > 0)
     }
 }

@@ -1,0 +1,141 @@
+//! The store's SQL, written once per table: every statement a call runs.
+
+/// The statements, built once for the table name.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub(super) table: String,
+    pub(super) claim: String,
+    pub(super) take_over: String,
+    pub(super) take_over_abandoned: String,
+    pub(super) renew: String,
+    pub(super) wait_for_claim: String,
+    pub(super) inspect: String,
+    pub(super) pending: String,
+    pub(super) resolve: String,
+    pub(super) forget: String,
+    pub(super) complete: String,
+    pub(super) complete_in_transaction: String,
+    pub(super) release: String,
+    pub(super) waited: String,
+    pub(super) mark_waited: String,
+    pub(super) announce: String,
+    pub(super) listen: String,
+    pub(super) purge: String,
+    pub(super) migrate: String,
+}
+
+impl Sql {
+    pub(super) fn new(table: &str) -> Self {
+        let quoted = format!("\"{table}\"");
+        // A new lease of $4 milliseconds.
+        let lease = "now() + $4::bigint * interval '1 millisecond'";
+        let channel = format!("{table}_changed");
+        // A statement that changes records returns, for each, whether a request waits on it;
+        // the change is then announced by a statement of its own (see `PostgresStore::change`).
+        let announced = |statement: String| format!("{statement} RETURNING waited");
+        let complete = format!(
+            "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
+             changed_at = now(), expires_at = CASE \
+             WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
+             WHERE key = $1 AND token = $2"
+        );
+        Self {
+            table: table.to_owned(),
+            claim: format!(
+                "WITH inserted AS (\
+                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
+                 VALUES ($1, $2, $3, {lease}, $5, false) \
+                 ON CONFLICT (key) DO NOTHING \
+                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
+                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
+                 UNION ALL \
+                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
+                 COALESCE(lease_until <= now() AND take_over, false) \
+                 FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
+            ),
+            take_over: format!(
+                "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
+                 changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
+                 WHERE key = $1 AND expires_at <= now()"
+            ),
+            take_over_abandoned: format!(
+                "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
+                 take_over = $5 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL \
+                 AND take_over AND lease_until <= now()"
+            ),
+            renew: format!(
+                "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE key = $1 AND token = $2"
+            ),
+            complete: announced(complete.clone()),
+            // In the claim's own transaction only: the record's version was written by this
+            // transaction (a `COMMIT` sent on it since would have ended it).
+            complete_in_transaction: format!(
+                "{complete} AND xmin::text::bigint = txid_current() % 4294967296"
+            ),
+            release: announced(format!(
+                "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
+            )),
+            // A request about to wait for the key: whether it is pending and marked already;
+            // if not marked, the mark, so that its change is announced.
+            waited: format!("SELECT waited FROM {quoted} WHERE key = $1 AND token IS NOT NULL"),
+            mark_waited: format!(
+                "UPDATE {quoted} SET waited = true WHERE key = $1 AND token IS NOT NULL"
+            ),
+            announce: format!("SELECT pg_notify('{channel}', $1)"),
+            listen: format!("LISTEN \"{channel}\""),
+            // In one transaction with the release: never visible, it only waits for a claim
+            // of the key still in flight (its insert holds the key's index entry).
+            wait_for_claim: format!(
+                "INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO NOTHING"
+            ),
+            purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
+            migrate: format!(
+                "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
+                 CREATE TABLE IF NOT EXISTS {quoted} (\
+                 key text PRIMARY KEY, \
+                 fingerprint text NOT NULL, \
+                 token bytea, \
+                 response bytea, \
+                 expires_at timestamptz);\
+                 DO $migrate$ BEGIN \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'changed_at') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN changed_at timestamptz NOT NULL DEFAULT now(); \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'lease_until') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN lease_until timestamptz; \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'take_over') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN take_over boolean NOT NULL DEFAULT false; \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = '{quoted}'::regclass AND attname = 'waited') THEN \
+                 ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
+                 END IF; END $migrate$;\
+                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
+                 WHERE expires_at IS NOT NULL;"
+            ),
+            inspect: format!(
+                "SELECT fingerprint, token IS NOT NULL, response, \
+                 (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
+                 token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
+                 FROM {quoted} WHERE key = $1"
+            ),
+            pending: format!(
+                "SELECT key FROM {quoted} WHERE token IS NOT NULL \
+                 AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
+            ),
+            resolve: announced(format!(
+                "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
+                 expires_at = CASE WHEN $3::bigint > 0 \
+                 THEN now() + $3::bigint * interval '1 millisecond' END \
+                 WHERE key = $1 AND token IS NOT NULL"
+            )),
+            forget: announced(format!("DELETE FROM {quoted} WHERE key = $1")),
+        }
+    }
+}
