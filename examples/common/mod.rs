@@ -88,6 +88,17 @@ pub fn with_pending_wait<St, O, A, K>(
     }
 }
 
+/// `store` keeping completed keys for `retention`, or for good (`None`): every store has both
+/// settings.
+macro_rules! retained {
+    ($store:expr, $retention:expr) => {
+        match $retention {
+            Some(retention) => $store.retention(retention),
+            None => $store.keep_forever(),
+        }
+    };
+}
+
 /// The transactional PostgreSQL store on `url` (`postgres://…`), its table migrated, and the
 /// table `labels` the label server's creates insert into, created if missing.
 pub async fn open_transactional_store(
@@ -105,10 +116,7 @@ pub async fn open_transactional_store(
         let store = PostgresStore::connect(url)
             .await
             .map_err(|e| e.to_string())?;
-        let store = match retention {
-            Some(retention) => store.retention(retention),
-            None => store.keep_forever(),
-        };
+        let store = retained!(store, retention);
         store.migrate().await.map_err(|e| e.to_string())?;
         let client = store.pool().get().await.map_err(|e| e.to_string())?;
         client
@@ -138,10 +146,8 @@ pub async fn open_transactional_store(
 /// for `retention` (`None`: for good).
 pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynStore, String> {
     if url == "memory" {
-        return Ok(DynStore::new(match retention {
-            Some(retention) => MemoryStore::with_retention(retention),
-            None => MemoryStore::new().keep_forever(),
-        }));
+        let store = MemoryStore::new();
+        return Ok(DynStore::new(retained!(store, retention)));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]
@@ -149,10 +155,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
             let store = tower_idempotency::store::RedisStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
-            let store = match retention {
-                Some(retention) => store.retention(retention),
-                None => store.keep_forever(),
-            };
+            let store = retained!(store, retention);
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -165,10 +168,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
             let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
                 .await
                 .map_err(|e| e.to_string())?;
-            let store = match retention {
-                Some(retention) => store.retention(retention),
-                None => store.keep_forever(),
-            };
+            let store = retained!(store, retention);
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -180,10 +180,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
             let store = tower_idempotency::store::PostgresStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
-            let store = match retention {
-                Some(retention) => store.retention(retention),
-                None => store.keep_forever(),
-            };
+            let store = retained!(store, retention);
             store.migrate().await.map_err(|e| e.to_string())?;
             return Ok(DynStore::new(store));
         }
@@ -196,10 +193,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
             let store = tower_idempotency::store::SqliteStore::open(path)
                 .await
                 .map_err(|e| e.to_string())?;
-            let store = match retention {
-                Some(retention) => store.retention(retention),
-                None => store.keep_forever(),
-            };
+            let store = retained!(store, retention);
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "sqlite"))]
