@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example idempotency_keys --features redis,postgres,sqlite -- --store URL \
-//!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] COMMAND
+//!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] [--retention-s N] COMMAND
 //!
 //!   show KEY                       state, age, fingerprint (and status, or for a pending key
 //!                                  whether its lease is in-progress or abandoned)
@@ -13,7 +13,9 @@
 //!                                  renewing their lease (it most likely died mid-create)
 //!   forget KEY                     delete the record: the next request with the key creates
 //!   resolve KEY --status 201 --body-file F [--header 'Name: value']...
-//!                                  complete the pending key: retries get this as a replay
+//!                                  complete the pending key: retries get this as a replay,
+//!                                  for --retention-s seconds as the servers keep a completed
+//!                                  key (default 86400; 0 for good: give what they were given)
 //! ```
 //!
 //! Keys are the ones clients send; the store key is derived as the layer derives it, for
@@ -38,7 +40,7 @@ use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \
+[--scope SCOPE] [--table NAME] [--retention-s N] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \
 resolve KEY --status CODE --body-file FILE [--header 'Name: value']...)";
 
 /// Prints one line of output. A reader that stopped reading (`show KEY | head -1`) ends the
@@ -70,6 +72,8 @@ struct Options {
     method: Method,
     path: String,
     scope: Option<String>,
+    /// How long a resolved key replays, as the servers keep a completed one; `None`: for good.
+    retention: Option<Duration>,
     command: Command,
 }
 
@@ -100,6 +104,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
     let (mut older_than, mut status, mut body_file) = (None, None, None);
     let mut headers = HeaderMap::new();
     let mut abandoned = false;
+    let mut retention = Some(tower_idempotency::store::DEFAULT_RETENTION);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
@@ -125,6 +130,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
                 headers.append(name, text);
             }
             "--abandoned" => abandoned = true,
+            "--retention-s" => {
+                let seconds: u64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--retention-s: {e}"))?;
+                retention = (seconds > 0).then(|| Duration::from_secs(seconds));
+            }
             "--help" | "-h" => return Err(String::new()),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => words.push(arg),
@@ -154,6 +165,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         method,
         path,
         scope,
+        retention,
         command,
     })
 }
@@ -237,6 +249,17 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
     }
 }
 
+/// `store` keeping a completed key for `retention`, or for good (`None`).
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+macro_rules! retained {
+    ($store:expr, $retention:expr) => {
+        match $retention {
+            Some(retention) => $store.retention(retention),
+            None => $store.keep_forever(),
+        }
+    };
+}
+
 /// Opens the store `--store` names and runs the command on it.
 async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     let url = options.store.as_str();
@@ -246,7 +269,7 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
             // An operator looks at whatever is there, whatever the eviction policy.
             let store =
                 tower_idempotency::store::RedisStore::connect_allowing_eviction(url).await?;
-            return run(store, options).await;
+            return run(retained!(store, options.retention), options).await;
         }
     }
     if let Some(seeds) = url.strip_prefix("redis-cluster://") {
@@ -256,7 +279,7 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
             let store =
                 tower_idempotency::store::RedisStore::connect_cluster_allowing_eviction(seeds)
                     .await?;
-            return run(store, options).await;
+            return run(retained!(store, options.retention), options).await;
         }
         #[cfg(not(feature = "redis"))]
         let _ = seeds;
@@ -268,14 +291,14 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
             if let Some(table) = &options.table {
                 store = store.table(table)?;
             }
-            return run(store, options).await;
+            return run(retained!(store, options.retention), options).await;
         }
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
         #[cfg(feature = "sqlite")]
         {
             let store = tower_idempotency::store::SqliteStore::open(path).await?;
-            return run(store, options).await;
+            return run(retained!(store, options.retention), options).await;
         }
         #[cfg(not(feature = "sqlite"))]
         let _ = path;

@@ -168,14 +168,14 @@ impl Bounded {
         self.take().then(|| OwnedSlot(Arc::clone(self)))
     }
 
+    /// Takes a place if one is free. A compare-and-swap, not an add undone on refusal: an add
+    /// over the bound, however brief, would refuse a place another caller frees meanwhile.
     fn take(&self) -> bool {
-        let taken = self.now.fetch_add(1, Ordering::AcqRel);
-        if taken < self.max {
-            true
-        } else {
-            self.now.fetch_sub(1, Ordering::AcqRel);
-            false
-        }
+        self.now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now < self.max).then_some(now + 1)
+            })
+            .is_ok()
     }
 
     /// How many places are taken now.

@@ -947,6 +947,10 @@ async fn refusals_name_the_member_by_json_pointer() {
     )
     .await
     .invalid("an order needs a line");
+    // About the body as a whole: no member to point at.
+    send(&service, order(r#"["o-1"]"#))
+        .await
+        .invalid("invalid length 1, expected struct Order with 3 elements");
     assert_eq!(
         creates.load(Ordering::SeqCst),
         0,

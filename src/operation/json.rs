@@ -408,6 +408,11 @@ fn why_not<T: DeserializeOwned>(body: &[u8]) -> Invalid {
             pointer.push('/');
             push_escaped(&mut pointer, name);
         }
+        // About the body as a whole (an array where an object was expected), or a place serde
+        // could not name: no member to point at.
+        if pointer.is_empty() || pointer.contains("/?") {
+            return Invalid::new(detail);
+        }
         Invalid::at(pointer, detail)
     }
 }

@@ -59,7 +59,9 @@ pub trait Operator: Store {
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 
     /// Completes the pending `key` with `response`, whoever reserved it: retries get it as a
-    /// replay. For a create the business system shows happened.
+    /// replay. For a create the business system shows happened. The record gets this store's
+    /// retention, as a complete does: open the store with the servers' window (or
+    /// `keep_forever`), or a retry after this one's window creates again.
     ///
     /// # Errors
     ///

@@ -1,5 +1,6 @@
 //! The in-memory store: one process, lost on restart.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -101,16 +102,22 @@ impl MemoryStore {
     }
 
     /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
-    /// pending records are kept however old they are. Set it on a new store, before it is
-    /// shared, as [`max_records`](Self::max_records): its bound and reserved room are kept.
+    /// pending records are kept however old they are. A zero window drops a record as it is
+    /// completed, so every retry creates again: [`keep_forever`](Self::keep_forever) is the
+    /// setting for records that never expire.
+    ///
+    /// Set it on a new store, before it is shared, as [`max_records`](Self::max_records): it
+    /// returns an **empty** store, with the bound and the room reserved kept. Called on a store
+    /// whose clones are held (by a layer, say), it returns a new store beside theirs, and they
+    /// keep the old one and its window.
     pub fn retention(self, retention: Duration) -> Self {
         self.with_retention_setting(Some(retention))
     }
 
     /// Keeps every completed record for the life of the process, rather than for the
     /// retention window: the store then grows with every key it is sent (bound it with
-    /// [`max_records`](Self::max_records)). Set it on a new store, before it is shared, as
-    /// [`max_records`](Self::max_records): its bound and reserved room are kept.
+    /// [`max_records`](Self::max_records)). Like [`retention`](Self::retention), it returns an
+    /// empty store: set it on a new one, before it is shared.
     pub fn keep_forever(self) -> Self {
         self.with_retention_setting(None)
     }
@@ -123,11 +130,13 @@ impl MemoryStore {
             for shard in &mut shared.shards {
                 let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
                 shard.records.clear();
-                shard.expiry.clear();
                 shard.waiters.clear();
+                // No queue without a window; with one, its room is reserved below.
+                shard.expiry = VecDeque::new();
             }
             *shared.records.get_mut() = 0;
-            return self;
+            let sized_for = *shared.sized_for.get_mut();
+            return self.with_capacity(sized_for);
         }
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
         let store = Self::build(retention);
@@ -615,6 +624,12 @@ mod tests {
             (Some(hour), Some(5))
         );
         assert!(room(&in_place) >= sized);
+        // In place, a window gets its expiry queues sized; none keeps no queue.
+        let queue = |store: &MemoryStore| lock(&store.shared.shards[0]).expiry.capacity();
+        assert!(queue(&in_place) > 0);
+        let forever = in_place.keep_forever();
+        assert_eq!(queue(&forever), 0);
+        assert!(queue(&forever.retention(hour)) > 0);
     }
 
     /// A new store keeps a completed record for the default window: a claim within it
