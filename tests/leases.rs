@@ -19,7 +19,7 @@ use tower_idempotency::{IdempotencyLayer, LabelContract};
 
 fn rig(
     configure: impl FnOnce(
-        IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+        RigLayer,
     ) -> IdempotencyLayer<
         RecordingStore,
         LabelContract,

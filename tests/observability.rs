@@ -74,7 +74,7 @@ fn install() {
 
 async fn traced(
     configure: impl FnOnce(
-        IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+        RigLayer,
     ) -> IdempotencyLayer<
         RecordingStore,
         LabelContract,

@@ -601,26 +601,28 @@ async fn a_completed_record_lives_for_the_default_window() {
     use tower_idempotency::store::DEFAULT_RETENTION;
     let store = make_store(None).await;
     let client = redis::Client::open(redis_url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let connection = client.get_multiplexed_async_connection().await.unwrap();
+    let ttl = |key: String| {
+        let mut connection = connection.clone();
+        async move {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(format!("tower-idempotency-test:{key}"))
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            ttl
+        }
+    };
     let key = common::conformance::unique_key("default-window");
     complete_new(&store, &key).await;
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("tower-idempotency-test:{key}"))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let left = ttl(key.clone()).await;
     let window = i64::try_from(DEFAULT_RETENTION.as_millis()).unwrap();
-    assert!(ttl > window - 60_000 && ttl <= window, "{ttl}");
+    assert!(left > window - 60_000 && left <= window, "{left}");
     assert_eq!(claimed_again(&store, &key).await, "replay");
 
     let forever = make_store(None).await.keep_forever();
     let key = common::conformance::unique_key("forever");
     complete_new(&forever, &key).await;
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("tower-idempotency-test:{key}"))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert_eq!(ttl, -1, "no time to live");
+    assert_eq!(ttl(key.clone()).await, -1, "no time to live");
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }

@@ -49,6 +49,9 @@ pub type Inner = tower::util::BoxCloneSyncService<
     CreateError,
 >;
 
+/// The layer of the rig, its key space chosen.
+pub type RigLayer = IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>;
+
 /// The rig: a layer over a recording store and admission, wrapping a recording create.
 pub struct Rig {
     pub journal: Journal,
@@ -69,7 +72,7 @@ impl Rig {
     /// A rig whose layer the caller may configure further.
     pub fn with_layer(
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+            RigLayer,
         ) -> IdempotencyLayer<
             RecordingStore,
             LabelContract,
@@ -115,7 +118,7 @@ impl Rig {
         creates: Arc<AtomicUsize>,
         create: Inner,
         configure: impl FnOnce(
-            IdempotencyLayer<RecordingStore, LabelContract, ScriptedAdmission, GlobalKeys>,
+            RigLayer,
         ) -> IdempotencyLayer<
             RecordingStore,
             LabelContract,

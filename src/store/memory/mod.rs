@@ -138,13 +138,7 @@ impl MemoryStore {
             let sized_for = *shared.sized_for.get_mut();
             return self.with_capacity(sized_for);
         }
-        let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
-        let store = Self::build(retention);
-        match self.shared.max_records {
-            Some(max) => store.max_records(max),
-            None => store,
-        }
-        .with_capacity(sized_for)
+        self.beside(retention, self.shared.max_records)
     }
 
     /// How long completed records are kept, `None` for the life of the process.
@@ -208,10 +202,19 @@ impl MemoryStore {
             return self;
         }
         // Shared: a new store, beside the one its clones hold, with the same room.
+        self.beside(self.shared.retention, Some(max))
+    }
+
+    /// A new store beside this one (whose clones keep it), with `retention` and the bound
+    /// `max`, and the room this one was sized for.
+    fn beside(&self, retention: Option<Duration>, max: Option<usize>) -> Self {
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
-        Self::build(self.shared.retention)
-            .max_records(max)
-            .with_capacity(sized_for)
+        let store = Self::build(retention);
+        match max {
+            Some(max) => store.max_records(max),
+            None => store,
+        }
+        .with_capacity(sized_for)
     }
 
     /// The claim, decided and reserved under one shard lock.
