@@ -1095,3 +1095,29 @@ async fn a_failed_create_under_every_setting_error_answer_and_panic() {
         assert_eq!(calls.load(Ordering::SeqCst), creates, "{case}: creates");
     }
 }
+
+/// A text that is not a JSON pointer is an error where it is given, naming the text: for the
+/// key member and for either fingerprint selection.
+#[test]
+fn a_bad_json_pointer_is_an_error_that_names_it() {
+    let refusals = [
+        JsonOperation::new().key_member("request_id").err(),
+        JsonOperation::new()
+            .fingerprint_only(["/amount", "amount"])
+            .err(),
+        JsonOperation::new().fingerprint_except(["/a~2"]).err(),
+    ];
+    let texts: Vec<_> = refusals
+        .iter()
+        .map(|refusal| refusal.as_ref().expect("refused").text().to_owned())
+        .collect();
+    assert_eq!(texts, ["request_id", "amount", "/a~2"]);
+    assert_eq!(
+        refusals[0].as_ref().unwrap().to_string(),
+        r#""request_id" is not a JSON pointer (RFC 6901): write "/member""#
+    );
+    assert!(
+        JsonOperation::new().key_member("").is_ok(),
+        "the whole body"
+    );
+}

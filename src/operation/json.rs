@@ -396,9 +396,10 @@ fn why_not<T: DeserializeOwned>(body: &[u8]) -> Invalid {
         let mut pointer = pointer_of(error.path());
         let inner = error.into_inner();
         let mut detail = inner.to_string();
+        // serde's message ends with the parser's position: the client is told the member.
         let position = format!(" at line {} column {}", inner.line(), inner.column());
-        if inner.line() > 0 && detail.ends_with(&position) {
-            detail.truncate(detail.len() - position.len());
+        if let Some(kept) = detail.strip_suffix(&position) {
+            detail.truncate(kept.len());
         }
         // A missing member is named in the message, its object in the path.
         if let Some(name) = detail

@@ -6,7 +6,8 @@ pub(crate) fn write_number(value: f64, out: &mut Vec<u8>) {
         out.push(b'0'); // and -0 too
         return;
     }
-    if value < 0.0 {
+    // Zero, the one double whose sign is not written, is behind.
+    if value.is_sign_negative() {
         out.push(b'-');
     }
     let magnitude = value.abs();
