@@ -714,3 +714,162 @@ async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(left(key.clone()).await, None);
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
+
+/// A replica starting while another session holds a writing transaction open on the table (as
+/// the transactional store does for every create): its `migrate` finds nothing to change and
+/// takes no lock that waits on that transaction, so it finishes at once, and a claim made
+/// meanwhile is not queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_nothing_to_change_stalls_no_claim() {
+    let table = format!("tower_idempotency_start_{}", std::process::id());
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap()
+        .timeout(Duration::from_secs(3));
+    store.migrate().await.unwrap();
+    let (writer, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    writer
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO {table} (key, fingerprint) VALUES ('held-open', 'x')"
+        ))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let starting = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+    // Until the start is done, or waits on a lock: either way a claim goes in now.
+    let (watcher, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    while !starting.is_finished() && started.elapsed() < Duration::from_secs(2) {
+        let waiting = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let claimed_at = std::time::Instant::now();
+    let key = unique_key("during-start");
+    let claim = store
+        .claim(&key, &LabelContract::fingerprint(&key, "p"))
+        .await;
+    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+    assert!(
+        claimed_at.elapsed() < Duration::from_millis(500),
+        "the claim waited {:?}",
+        claimed_at.elapsed()
+    );
+    starting.await.unwrap().expect("the start finishes");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the start waited {:?}",
+        started.elapsed()
+    );
+    writer.batch_execute("ROLLBACK").await.unwrap();
+    writer
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// A start with something to change (here the expiry index, missing) while a writing
+/// transaction is open on the table: it waits for its lock no longer than a tenth of a second
+/// at a time, so a claim meanwhile is answered long before the store's timeout, and it tries
+/// again until the transaction ends, then makes the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
+    let table = format!("tower_idempotency_change_{}", std::process::id());
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap()
+        .timeout(Duration::from_secs(3));
+    store.migrate().await.unwrap();
+    let (writer, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    writer
+        .batch_execute(&format!("DROP INDEX \"{table}_expires_at\""))
+        .await
+        .unwrap();
+    writer
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO {table} (key, fingerprint) VALUES ('held-open', 'x')"
+        ))
+        .await
+        .unwrap();
+    let starting = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+    // The start has asked for its lock at least once.
+    let (watcher, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let asked = std::time::Instant::now();
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 || asked.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let claimed_at = std::time::Instant::now();
+    let key = unique_key("during-change");
+    let claim = store
+        .claim(&key, &LabelContract::fingerprint(&key, "p"))
+        .await;
+    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+    assert!(
+        claimed_at.elapsed() < Duration::from_secs(1),
+        "the claim waited {:?}",
+        claimed_at.elapsed()
+    );
+    assert!(
+        !starting.is_finished(),
+        "the change waits for the transaction"
+    );
+    writer.batch_execute("COMMIT").await.unwrap();
+    starting
+        .await
+        .unwrap()
+        .expect("the start finishes once the lock is free");
+    let index: Option<String> = watcher
+        .query_one(
+            "SELECT to_regclass($1::text)::text",
+            &[&format!("{table}_expires_at")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(index.is_some(), "the index was made");
+    writer
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
 use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::codec;
@@ -92,6 +93,14 @@ pub struct PostgresStore {
     /// the table's channel; `None` on a pool of the caller's (then they poll).
     notifier: Option<Arc<Notifier<Listener>>>,
 }
+
+/// The longest [`PostgresStore::migrate`] waits for a lock it needs to change the table, at a
+/// time: claims queue behind a waiting lock request, so no longer than this.
+const MIGRATE_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// Attempts of [`PostgresStore::migrate`] at a change whose lock stays held, a pause growing to
+/// a second between them: about half a minute in all.
+const MIGRATE_ATTEMPTS: usize = 30;
 
 /// Passes of the claim statement before giving up; see [`PostgresStore::claim`].
 const CLAIM_ATTEMPTS: usize = 4;
@@ -276,23 +285,59 @@ impl PostgresStore {
         &self.sql.table
     }
 
-    /// Creates the table and its index if they do not exist. Idempotent, and safe to run from
-    /// several replicas at once.
+    /// Creates the table and its index if they do not exist, and adds the columns of later
+    /// releases. Idempotent, and safe to run from several replicas at once.
+    ///
+    /// Safe to run on every start under load: it looks the table, its columns and its index up
+    /// in the catalog first, so a start with nothing to change takes no lock on the table and
+    /// waits for no open transaction (the transactional store holds one for every create),
+    /// and no claim waits for it. A change waits for its lock a tenth of a second at a time,
+    /// so claims queue behind it no longer than that, and is tried again, with pauses growing
+    /// to a second, for about half a minute.
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] if the database cannot be reached or refuses.
+    /// A [`StoreError`] if the database cannot be reached or refuses, or
+    /// [`StoreErrorKind::Timeout`] if a change found its lock held for every attempt.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        within(self.timeout, async {
-            let mut client = self.client().await?;
-            let transaction = client.transaction().await.map_err(unavailable)?;
-            transaction
-                .batch_execute(&self.sql.migrate)
-                .await
-                .map_err(unavailable)?;
-            transaction.commit().await.map_err(unavailable)
-        })
-        .await
+        // Each attempt waits at most `MIGRATE_LOCK_WAIT` for a lock it needs (only a change
+        // needs one), so claims queue behind it no longer than that; a change whose lock is
+        // held longer (a writing transaction open on the table) is tried again, for as long as
+        // `MIGRATE_ATTEMPTS` allow.
+        let mut pause = MIGRATE_LOCK_WAIT;
+        for attempt in 1..=MIGRATE_ATTEMPTS {
+            let tried = within(self.timeout, async {
+                let mut client = self.client().await?;
+                let transaction = client.transaction().await.map_err(unavailable)?;
+                let lock_wait = MIGRATE_LOCK_WAIT.as_millis();
+                transaction
+                    .batch_execute(&format!("SET LOCAL lock_timeout = {lock_wait}"))
+                    .await
+                    .map_err(unavailable)?;
+                transaction
+                    .batch_execute(&self.sql.migrate)
+                    .await
+                    .map_err(|error| match error.code() {
+                        Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                            StoreError::with_source(StoreErrorKind::Timeout, error)
+                        }
+                        _ => unavailable(error),
+                    })?;
+                transaction.commit().await.map_err(unavailable)
+            })
+            .await;
+            match tried {
+                Err(error)
+                    if error.kind() == StoreErrorKind::Timeout && attempt < MIGRATE_ATTEMPTS =>
+                {
+                    tracing::debug!(%error, attempt, "migrate waits for the table's lock; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+        Err(StoreError::new(StoreErrorKind::Timeout))
     }
 
     /// Deletes the completed records past their retention, and returns how many.

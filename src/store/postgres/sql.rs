@@ -91,33 +91,47 @@ impl Sql {
                  ON CONFLICT (key) DO NOTHING"
             ),
             purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
+            // Every change is made only if the catalog says it is missing, so that a start with
+            // nothing to change takes no lock on the table that would wait for a writing
+            // transaction and queue every claim behind it; `CREATE INDEX IF NOT EXISTS` alone
+            // takes its SHARE lock even when the index exists. What must change waits for its
+            // lock no longer than the `lock_timeout` the caller sets (and tries again).
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
+                 DO $migrate$ BEGIN \
+                 IF to_regclass('{quoted}') IS NULL THEN \
                  CREATE TABLE IF NOT EXISTS {quoted} (\
                  key text PRIMARY KEY, \
                  fingerprint text NOT NULL, \
                  token bytea, \
                  response bytea, \
-                 expires_at timestamptz);\
-                 DO $migrate$ BEGIN \
+                 expires_at timestamptz); \
+                 END IF; \
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'changed_at') THEN \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'changed_at' \
+                 AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN changed_at timestamptz NOT NULL DEFAULT now(); \
                  END IF; \
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'lease_until') THEN \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'lease_until' \
+                 AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN lease_until timestamptz; \
                  END IF; \
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'take_over') THEN \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'take_over' \
+                 AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN take_over boolean NOT NULL DEFAULT false; \
                  END IF; \
                  IF NOT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = '{quoted}'::regclass AND attname = 'waited') THEN \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'waited' \
+                 AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
-                 END IF; END $migrate$;\
+                 END IF; \
+                 IF to_regclass('\"{table}_expires_at\"') IS NULL THEN \
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
-                 WHERE expires_at IS NOT NULL;"
+                 WHERE expires_at IS NOT NULL; \
+                 END IF; \
+                 END $migrate$;"
             ),
             inspect: format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
