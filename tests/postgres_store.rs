@@ -873,3 +873,89 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
         .await
         .unwrap();
 }
+
+/// A backlog of expired records one statement cannot delete within the store's timeout: the
+/// purge finishes anyway (in batches), claims made while it runs keep answering within their
+/// timeout, and nothing pending and nothing unexpired is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
+    let table = format!("tower_idempotency_purge_{}", std::process::id());
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap()
+        .timeout(Duration::from_millis(150));
+    store.migrate().await.unwrap();
+    // The claims go through a store of the default timeout, as a replica's would.
+    let claiming = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // Over a million rows: one statement takes several times the timeout here, and each
+    // batch a few milliseconds.
+    let expired: i64 = 1_200_000;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
+             FROM generate_series(1, {expired}) AS i; \
+             INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'kept-' || i, 'x', '\\x00', now() + interval '1 hour' \
+             FROM generate_series(1, 100) AS i; \
+             INSERT INTO {table} (key, fingerprint, token) \
+             SELECT 'pending-' || i, 'x', '\\x01' FROM generate_series(1, 100) AS i; \
+             ANALYZE {table}"
+        ))
+        .await
+        .unwrap();
+    let claims = tokio::spawn({
+        let store = claiming.clone();
+        async move {
+            let mut answered = 0;
+            for i in 0..40 {
+                let key = unique_key(&format!("during-purge-{i}"));
+                let claim = store
+                    .claim(&key, &LabelContract::fingerprint(&key, "p"))
+                    .await;
+                assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            answered
+        }
+    });
+    let purged = store.purge_expired().await.expect("the purge finishes");
+    assert_eq!(purged, u64::try_from(expired).unwrap());
+    assert_eq!(
+        claims.await.unwrap(),
+        40,
+        "every claim answered within its timeout"
+    );
+    let left = |prefix: &'static str| {
+        let client = &client;
+        let table = &table;
+        async move {
+            client
+                .query_one(
+                    &format!("SELECT count(*) FROM {table} WHERE key LIKE $1"),
+                    &[&format!("{prefix}%")],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(left("expired-").await, 0);
+    assert_eq!(left("kept-").await, 100, "nothing unexpired is deleted");
+    assert_eq!(left("pending-").await, 100, "nothing pending is deleted");
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

@@ -174,3 +174,96 @@ async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(expiry(&key).0, None);
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
+
+/// A backlog of expired records one statement cannot delete within the store's timeout: the
+/// purge finishes anyway (in batches), claims made while it runs (through another connection
+/// to the file, as another process's) keep answering, and nothing pending and nothing
+/// unexpired is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
+    use common::conformance::unique_key;
+    use tower_idempotency::store::Claim;
+    use tower_idempotency::{LabelContract, Store};
+    let dir = std::env::temp_dir().join(format!(
+        "tower-idempotency-purge-{}-{}",
+        std::process::id(),
+        tower_idempotency::store::Reservation::generate()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("records.sqlite3");
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(100));
+    let claiming = SqliteStore::open(&file).await.unwrap();
+    let expired = 300_000;
+    {
+        let mut connection = rusqlite::Connection::open(&file).unwrap();
+        let transaction = connection.transaction().unwrap();
+        {
+            let mut insert = transaction
+                .prepare(
+                    "INSERT INTO idempotency_records (key, fingerprint, token, response, \
+                     changed_at, expires_at) VALUES (?1, 'x', ?2, ?3, 0, ?4)",
+                )
+                .unwrap();
+            let now = i64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis(),
+            )
+            .unwrap();
+            let none: Option<Vec<u8>> = None;
+            for i in 0..expired {
+                let key = format!("expired-{i}");
+                insert
+                    .execute(rusqlite::params![key, none, vec![0u8], now - 3_600_000])
+                    .unwrap();
+            }
+            for i in 0..100 {
+                let key = format!("kept-{i}");
+                insert
+                    .execute(rusqlite::params![key, none, vec![0u8], now + 3_600_000])
+                    .unwrap();
+                let key = format!("pending-{i}");
+                let expires: Option<i64> = None;
+                insert
+                    .execute(rusqlite::params![key, vec![1u8], none, expires])
+                    .unwrap();
+            }
+        }
+        transaction.commit().unwrap();
+    }
+    let claims = tokio::spawn(async move {
+        let mut answered = 0;
+        for i in 0..40 {
+            let key = unique_key(&format!("during-purge-{i}"));
+            let claim = claiming
+                .claim(&key, &LabelContract::fingerprint(&key, "p"))
+                .await;
+            assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+            answered += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        answered
+    });
+    let purged = store.purge_expired().await.expect("the purge finishes");
+    assert_eq!(purged, expired);
+    assert_eq!(claims.await.unwrap(), 40, "every claim answered");
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    let left = |prefix: &str| -> i64 {
+        connection
+            .query_row(
+                "SELECT count(*) FROM idempotency_records WHERE key LIKE ?1",
+                [format!("{prefix}%")],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(left("expired-"), 0);
+    assert_eq!(left("kept-"), 100, "nothing unexpired is deleted");
+    assert_eq!(left("pending-"), 100, "nothing pending is deleted");
+    drop(connection);
+    let _ = std::fs::remove_dir_all(&dir);
+}

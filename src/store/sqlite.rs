@@ -72,6 +72,13 @@ impl Waiters for Arc<Worker> {
 /// A call to run on the connection's thread.
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
+/// Expired records [`SqliteStore::purge_expired`] deletes in one write transaction at most: a
+/// few milliseconds of the file's write lock.
+pub const PURGE_BATCH: u64 = 5_000;
+
+/// The longest pause between two batches of a purge.
+const MAX_PURGE_PAUSE: Duration = Duration::from_millis(50);
+
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS idempotency_records (
     key TEXT PRIMARY KEY NOT NULL,
     fingerprint TEXT NOT NULL,
@@ -325,19 +332,44 @@ impl SqliteStore {
         self
     }
 
-    /// Deletes the completed records past their retention, and returns how many.
+    /// Deletes the completed records past their retention, and returns how many: in batches
+    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each its own write
+    /// transaction well within the store's timeout, until none is left. So it finishes at
+    /// any backlog, and the claims of every process of the host take their turns at the
+    /// file's write lock between its batches (and this store's own between its jobs).
+    /// Pending records are never deleted.
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] if the file cannot be written.
+    /// A [`StoreError`] if the file cannot be written; the records of the batches before it
+    /// stay deleted.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.call(move |connection| {
-            connection
-                .prepare_cached("DELETE FROM idempotency_records WHERE expires_at <= ?1")?
-                .execute(params![now_millis()])
-        })
-        .await
-        .map(|rows| u64::try_from(rows).unwrap_or(u64::MAX))
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        let mut removed = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let deleted = self
+                .call(move |connection| {
+                    connection
+                        .prepare_cached(
+                            "DELETE FROM idempotency_records WHERE key IN (SELECT key \
+                             FROM idempotency_records WHERE expires_at <= ?1 \
+                             ORDER BY expires_at LIMIT ?2)",
+                        )?
+                        .execute(params![now_millis(), batch])
+                })
+                .await
+                .map(|rows| u64::try_from(rows).unwrap_or(u64::MAX))?;
+            removed += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(removed);
+            }
+            // SQLite's write lock is not fair: a writer of another process polls for it
+            // (busy_timeout) and would miss it if the next batch took it at once. A pause of
+            // four times the batch keeps the purge to a fifth of the lock's time.
+            let pause = (started.elapsed() * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE);
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// How many keys requests of this process wait on now

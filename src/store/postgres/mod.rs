@@ -102,6 +102,10 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_millis(100);
 /// a second between them: about half a minute in all.
 const MIGRATE_ATTEMPTS: usize = 30;
 
+/// Expired records [`PostgresStore::purge_expired`] deletes in one statement at most: a few
+/// milliseconds of work, well within any store timeout.
+pub const PURGE_BATCH: u64 = 5_000;
+
 /// Passes of the claim statement before giving up; see [`PostgresStore::claim`].
 const CLAIM_ATTEMPTS: usize = 4;
 
@@ -340,20 +344,36 @@ impl PostgresStore {
         Err(StoreError::new(StoreErrorKind::Timeout))
     }
 
-    /// Deletes the completed records past their retention, and returns how many.
+    /// Deletes the completed records past their retention, and returns how many: in batches
+    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
+    /// within the store's timeout, until none is left. So it finishes at any backlog (one
+    /// statement for millions of rows would outlast the timeout every time, and the table
+    /// would grow while the purge kept failing), and claims between and beside its batches
+    /// are not held up: each batch locks only its own rows, and the purge yields between
+    /// them. Pending records are never deleted.
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] if the database cannot be reached or refuses.
+    /// A [`StoreError`] if the database cannot be reached or refuses; the records of the
+    /// batches before it stay deleted.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        within(self.timeout, async {
-            let client = self.client().await?;
-            client
-                .execute(&self.sql.purge, &[])
-                .await
-                .map_err(unavailable)
-        })
-        .await
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        let mut removed = 0;
+        loop {
+            let deleted = within(self.timeout, async {
+                let client = self.client().await?;
+                client
+                    .execute(&self.sql.purge, &[&batch])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
+            removed += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(removed);
+            }
+            tokio::task::yield_now().await;
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {

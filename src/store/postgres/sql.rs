@@ -90,7 +90,14 @@ impl Sql {
                 "INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
                  ON CONFLICT (key) DO NOTHING"
             ),
-            purge: format!("DELETE FROM {quoted} WHERE expires_at <= now()"),
+            // One batch of at most $1 expired records, oldest first, by the expiry index; rows
+            // another session holds are skipped (their turn comes). By their row ids, locked
+            // as they are picked: a join on the key would scan the whole table for each batch.
+            purge: format!(
+                "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
+                 WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED))"
+            ),
             // Every change is made only if the catalog says it is missing, so that a start with
             // nothing to change takes no lock on the table that would wait for a writing
             // transaction and queue every claim behind it; `CREATE INDEX IF NOT EXISTS` alone
