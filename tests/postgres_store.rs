@@ -959,3 +959,52 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
         .await
         .unwrap();
 }
+
+/// The built-in purger keeps a table at a steady size under a steady stream of creates with
+/// a short retention: at the end of the run it holds about a window's records, not the run's,
+/// and once the stream stops it empties of completed records; dropped, it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purger_keeps_a_table_at_a_steady_size() {
+    let table = format!("tower_idempotency_purger_{}", std::process::id());
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap()
+        .retention(Duration::from_millis(100));
+    store.migrate().await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let count = || async {
+        client
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let purger = store.purge_every(Duration::from_millis(50));
+    let creates = 400;
+    let most = steady_creates(&store, creates, count).await;
+    assert!(
+        most < 200,
+        "{most} of {creates} records held at the end of the run"
+    );
+    let emptied = std::time::Instant::now();
+    while count().await > 0 {
+        assert!(
+            emptied.elapsed() < Duration::from_secs(10),
+            "the purger empties the table"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(purger);
+    complete_new(&store, &unique_key("after-the-purger")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count().await, 1, "a purger dropped purges no more");
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

@@ -267,3 +267,48 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The built-in purger keeps a file at a steady size under a steady stream of creates with a
+/// short retention, and empties it of completed records once the stream stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purger_keeps_a_file_at_a_steady_size() {
+    let dir = std::env::temp_dir().join(format!(
+        "tower-idempotency-purger-{}-{}",
+        std::process::id(),
+        tower_idempotency::store::Reservation::generate()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("records.sqlite3");
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .retention(Duration::from_millis(100));
+    let count = || {
+        let file = file.clone();
+        async move {
+            rusqlite::Connection::open(&file)
+                .unwrap()
+                .query_row("SELECT count(*) FROM idempotency_records", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+                .unwrap()
+        }
+    };
+    let purger = store.purge_every(Duration::from_millis(50));
+    let creates = 400;
+    let most = common::steady_creates(&store, creates, count).await;
+    assert!(
+        most < 200,
+        "{most} of {creates} records held at the end of the run"
+    );
+    let emptied = std::time::Instant::now();
+    while count().await > 0 {
+        assert!(
+            emptied.elapsed() < Duration::from_secs(10),
+            "the purger empties the file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(purger);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -81,6 +81,8 @@ mod operator;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod purger;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -93,6 +95,9 @@ mod waiting;
 
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::operator::{Operator, RecordInfo, RecordState};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+pub use self::purger::Purger;
 pub use self::reservation::{Claim, Lease, Reservation};
 pub use self::response::StoredResponse;
 

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::Purger;
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
@@ -370,6 +371,22 @@ impl SqliteStore {
             let pause = (started.elapsed() * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE);
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
+    /// the first time at once, in a task of its own, until the returned [`Purger`] is
+    /// dropped: keep it for as long as the store serves. One process of the host purging is
+    /// enough.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn purge_every(&self, interval: Duration) -> Purger {
+        let store = self.clone();
+        Purger::spawn(interval, move || {
+            let store = store.clone();
+            async move { store.purge_expired().await }
+        })
     }
 
     /// How many keys requests of this process wait on now

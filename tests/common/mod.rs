@@ -925,3 +925,24 @@ pub async fn claimed_again<St: Store>(store: &St, key: &str) -> &'static str {
         _ => "other",
     }
 }
+
+/// A steady stream of `creates` completed keys through `store`, one every few milliseconds,
+/// while `count` reads how many records the store holds: the most it held in the last
+/// quarter of the stream (after the purger's first runs have had their turn).
+pub async fn steady_creates<St, F, Fut>(store: &St, creates: usize, count: F) -> i64
+where
+    St: Store,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
+    let mut most = 0;
+    for i in 0..creates {
+        let key = conformance::unique_key(&format!("steady-{i}"));
+        complete_new(store, &key).await;
+        if i >= creates * 3 / 4 && i % 10 == 0 {
+            most = most.max(count().await);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    most
+}

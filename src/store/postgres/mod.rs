@@ -17,6 +17,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+use super::Purger;
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::waiting;
@@ -374,6 +375,35 @@ impl PostgresStore {
             }
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
+    /// the first time at once, in a task of its own, until the returned [`Purger`] is
+    /// dropped: keep it for as long as the store serves. One replica's purger is enough; more
+    /// share the work (each batch skips the rows another holds).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+    /// store.migrate().await?;
+    /// let purger = store.purge_every(Duration::from_secs(3600));
+    /// // … serve; the purger stops when dropped.
+    /// # drop(purger);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn purge_every(&self, interval: Duration) -> Purger {
+        let store = self.clone();
+        Purger::spawn(interval, move || {
+            let store = store.clone();
+            async move { store.purge_expired().await }
+        })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
