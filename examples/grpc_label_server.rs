@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --example grpc_label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--store memory|redis://…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--store memory|redis://…|postgres://…|sqlite://PATH]
 //! cargo run --example grpc_label_server -- client [--addr HOST:PORT] [--key KEY]
 //!     [--request-id ID] [--parcel-id ID] [--web]
 //! ```
@@ -23,7 +23,7 @@ use grpc_labels::{Labels, LabelsClient, operation, web};
 use tower_idempotency::IdempotencyLayer;
 
 const USAGE: &str = "usage: grpc_label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
        grpc_label_server client [--addr HOST:PORT] [--key KEY] [--request-id ID] \
 [--parcel-id ID] [--web]";
 
@@ -44,7 +44,7 @@ async fn main() {
         USAGE,
         |_, _| Ok(false),
     ));
-    let store = match common::open_store(&options.store, options.retention).await {
+    let store = match common::open_store(&options).await {
         Ok(store) => store,
         Err(error) => {
             eprintln!("grpc label server: {error}");

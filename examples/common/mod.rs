@@ -25,6 +25,9 @@ pub struct Options {
     /// `--retention-s N`: how long a completed key replays; 0 keeps every key for good.
     /// Default 86400, a day, the stores' own default.
     pub retention: Option<Duration>,
+    /// `--purge-every-s N`: how often a durable store (PostgreSQL, SQLite) deletes its
+    /// expired records; 0 never. Default 3600, an hour.
+    pub purge_every: Option<Duration>,
 }
 
 impl Options {
@@ -42,6 +45,7 @@ impl Options {
             store: "memory".to_owned(),
             pending_wait: None,
             retention: Some(tower_idempotency::store::DEFAULT_RETENTION),
+            purge_every: Some(Duration::from_secs(3600)),
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -65,6 +69,10 @@ impl Options {
                 "--retention-s" => {
                     let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
                     options.retention = (seconds > 0).then(|| Duration::from_secs(seconds));
+                }
+                "--purge-every-s" => {
+                    let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
+                    options.purge_every = (seconds > 0).then(|| Duration::from_secs(seconds));
                 }
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
@@ -99,12 +107,31 @@ macro_rules! retained {
     };
 }
 
+/// Starts the purger of a durable store with `--purge-every-s`, unless it is 0, and keeps it
+/// for the life of the process.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn keep_purging(options: &Options, start: impl FnOnce() -> tower_idempotency::store::Purger) {
+    static PURGERS: std::sync::Mutex<Vec<tower_idempotency::store::Purger>> =
+        std::sync::Mutex::new(Vec::new());
+    if options.purge_every.is_some() {
+        let purger = start();
+        PURGERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(purger);
+    }
+}
+
+/// The purge interval `--purge-every-s` gave (only read when it is set).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn every(options: &Options) -> Duration {
+    options.purge_every.unwrap_or(Duration::MAX)
+}
+
 /// The transactional PostgreSQL store on `url` (`postgres://…`), its table migrated, and the
 /// table `labels` the label server's creates insert into, created if missing.
-pub async fn open_transactional_store(
-    url: &str,
-    retention: Option<Duration>,
-) -> Result<DynStore, String> {
+pub async fn open_transactional_store(options: &Options) -> Result<DynStore, String> {
+    let (url, retention) = (options.store.as_str(), options.retention);
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(format!(
             "--transactional needs --store postgres://…, not {url}"
@@ -131,6 +158,7 @@ pub async fn open_transactional_store(
             )
             .await
             .map_err(|e| e.to_string())?;
+        keep_purging(options, || store.purge_every(every(options)));
         Ok(DynStore::new(TransactionalPostgresStore::new(store)))
     }
     #[cfg(not(feature = "postgres"))]
@@ -144,7 +172,8 @@ pub async fn open_transactional_store(
 /// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
 /// crate's feature of that name), chosen at run time behind one type, keeping completed keys
 /// for `retention` (`None`: for good).
-pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynStore, String> {
+pub async fn open_store(options: &Options) -> Result<DynStore, String> {
+    let (url, retention) = (options.store.as_str(), options.retention);
     if url == "memory" {
         let store = MemoryStore::new();
         return Ok(DynStore::new(retained!(store, retention)));
@@ -182,6 +211,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
                 .map_err(|e| e.to_string())?;
             let store = retained!(store, retention);
             store.migrate().await.map_err(|e| e.to_string())?;
+            keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "postgres"))]
@@ -194,6 +224,7 @@ pub async fn open_store(url: &str, retention: Option<Duration>) -> Result<DynSto
                 .await
                 .map_err(|e| e.to_string())?;
             let store = retained!(store, retention);
+            keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "sqlite"))]
