@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::StoreError;
 
 /// Deletes a store's expired records every interval, in a Tokio task of its own, until it is
-/// dropped (or [`stop`](Purger::stop)ped): made by `PostgresStore::purge_every` and
+/// dropped: made by `PostgresStore::purge_every` and
 /// `SqliteStore::purge_every`. Keep it as long as the store serves.
 ///
 /// Each run purges until nothing expired is left (in batches, so claims keep answering), then
@@ -44,14 +44,10 @@ impl Purger {
         });
         Self { task }
     }
-
-    /// Stops purging. A run under way stops at its next await; the batches it finished stay
-    /// deleted.
-    pub fn stop(self) {
-        drop(self);
-    }
 }
 
+/// Stops purging. A run under way stops at its next await; the batches it finished stay
+/// deleted.
 impl Drop for Purger {
     fn drop(&mut self) {
         self.task.abort();

@@ -80,6 +80,13 @@ pub const PURGE_BATCH: u64 = 5_000;
 /// The longest pause between two batches of a purge.
 const MAX_PURGE_PAUSE: Duration = Duration::from_millis(50);
 
+/// The pause after a batch of a purge that took `batch`: four times as long, so that the
+/// purge holds the file's write lock a fifth of the time, within a millisecond and
+/// [`MAX_PURGE_PAUSE`].
+fn purge_pause(batch: Duration) -> Duration {
+    (batch * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE)
+}
+
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS idempotency_records (
     key TEXT PRIMARY KEY NOT NULL,
     fingerprint TEXT NOT NULL,
@@ -368,8 +375,7 @@ impl SqliteStore {
             // SQLite's write lock is not fair: a writer of another process polls for it
             // (busy_timeout) and would miss it if the next batch took it at once. A pause of
             // four times the batch keeps the purge to a fifth of the lock's time.
-            let pause = (started.elapsed() * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE);
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(purge_pause(started.elapsed())).await;
         }
     }
 
@@ -666,5 +672,19 @@ impl Operator for SqliteStore {
             .await?;
         self.wake(key);
         Ok(rows > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A purge pauses four times its batch between batches, within a millisecond and the cap.
+    #[test]
+    fn a_purge_pauses_four_times_its_batch() {
+        let ms = Duration::from_millis;
+        assert_eq!(purge_pause(ms(5)), ms(20));
+        assert_eq!(purge_pause(Duration::ZERO), ms(1));
+        assert_eq!(purge_pause(ms(30)), MAX_PURGE_PAUSE);
     }
 }

@@ -99,9 +99,20 @@ pub struct PostgresStore {
 /// time: claims queue behind a waiting lock request, so no longer than this.
 const MIGRATE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
-/// Attempts of [`PostgresStore::migrate`] at a change whose lock stays held, a pause growing to
-/// a second between them: about half a minute in all.
+/// Attempts of [`PostgresStore::migrate`] at a change whose lock stays held, with
+/// [`migrate_pauses`] between them: about half a minute in all.
 const MIGRATE_ATTEMPTS: usize = 30;
+
+/// The longest pause between two attempts of [`PostgresStore::migrate`].
+const MAX_MIGRATE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The pauses between the attempts of [`PostgresStore::migrate`]: from the lock wait,
+/// doubling, to a second.
+fn migrate_pauses() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(MIGRATE_LOCK_WAIT), |pause| {
+        Some((*pause * 2).min(MAX_MIGRATE_PAUSE))
+    })
+}
 
 /// Expired records [`PostgresStore::purge_expired`] deletes in one statement at most: a few
 /// milliseconds of work, well within any store timeout.
@@ -309,7 +320,7 @@ impl PostgresStore {
         // needs one), so claims queue behind it no longer than that; a change whose lock is
         // held longer (a writing transaction open on the table) is tried again, for as long as
         // `MIGRATE_ATTEMPTS` allow.
-        let mut pause = MIGRATE_LOCK_WAIT;
+        let mut pauses = migrate_pauses();
         for attempt in 1..=MIGRATE_ATTEMPTS {
             let tried = within(self.timeout, async {
                 let mut client = self.client().await?;
@@ -336,8 +347,7 @@ impl PostgresStore {
                     if error.kind() == StoreErrorKind::Timeout && attempt < MIGRATE_ATTEMPTS =>
                 {
                     tracing::debug!(%error, attempt, "migrate waits for the table's lock; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    tokio::time::sleep(pauses.next().unwrap_or(MAX_MIGRATE_PAUSE)).await;
                 }
                 other => return other,
             }
@@ -752,5 +762,24 @@ impl Store for PostgresStore {
             .change(&self.sql.release, key, &[&key, &&token[..]])
             .await?;
         guarded(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pauses double from the lock wait to a second, and the attempts take about half a
+    /// minute in all.
+    #[test]
+    fn migrate_pauses_double_to_a_second() {
+        let pauses: Vec<_> = migrate_pauses().take(MIGRATE_ATTEMPTS).collect();
+        let millis: Vec<_> = pauses.iter().take(6).map(Duration::as_millis).collect();
+        assert_eq!(millis, [100, 200, 400, 800, 1_000, 1_000]);
+        let total: Duration = pauses.iter().sum();
+        assert!(
+            total > Duration::from_secs(20) && total < Duration::from_secs(40),
+            "{total:?}"
+        );
     }
 }
