@@ -1008,3 +1008,27 @@ async fn the_purger_keeps_a_table_at_a_steady_size() {
         .await
         .unwrap();
 }
+
+/// A start whose database cannot be reached fails at once with the store's error, not after
+/// the attempts a held lock gets.
+#[tokio::test]
+async fn a_start_with_the_database_away_fails_at_once() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user("postgres")
+        .dbname("test");
+    let store = PostgresStore::from_config(config).unwrap();
+    let started = std::time::Instant::now();
+    let error = store.migrate().await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
