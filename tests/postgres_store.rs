@@ -715,24 +715,68 @@ async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
 
+/// A session of the test's own on the database.
+async fn session() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// A table of this test's own (`name` and the process id), migrated by a store on it, set up
+/// by `configure`, and a session of the test's own to look at it.
+async fn own_table(
+    name: &str,
+    configure: impl FnOnce(PostgresStore) -> PostgresStore,
+) -> (String, PostgresStore, tokio_postgres::Client) {
+    let table = format!("tower_idempotency_{name}_{}", std::process::id());
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap();
+    let store = configure(store);
+    store.migrate().await.unwrap();
+    (table, store, session().await)
+}
+
+/// Whether some session waits for a lock on `table` now.
+async fn a_lock_is_awaited(watcher: &tokio_postgres::Client, table: &str) -> bool {
+    let waiting: i64 = watcher
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    waiting > 0
+}
+
+/// Claims a new key named `name` through `store`, and checks it is new within `limit`.
+async fn a_new_claim_within(store: &PostgresStore, name: &str, limit: Duration) {
+    let claimed_at = std::time::Instant::now();
+    let key = unique_key(name);
+    let claim = store
+        .claim(&key, &LabelContract::fingerprint(&key, "p"))
+        .await;
+    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
+    assert!(
+        claimed_at.elapsed() < limit,
+        "the claim waited {:?}",
+        claimed_at.elapsed()
+    );
+}
+
 /// A replica starting while another session holds a writing transaction open on the table (as
 /// the transactional store does for every create): its `migrate` finds nothing to change and
 /// takes no lock that waits on that transaction, so it finishes at once, and a claim made
 /// meanwhile is not queued behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_with_nothing_to_change_stalls_no_claim() {
-    let table = format!("tower_idempotency_start_{}", std::process::id());
-    let store = PostgresStore::connect(&database_url())
-        .await
-        .unwrap()
-        .table(&table)
-        .unwrap()
-        .timeout(Duration::from_secs(3));
-    store.migrate().await.unwrap();
-    let (writer, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let (table, store, writer) =
+        own_table("start", |store| store.timeout(Duration::from_secs(3))).await;
     writer
         .batch_execute(&format!(
             "BEGIN; INSERT INTO {table} (key, fingerprint) VALUES ('held-open', 'x')"
@@ -745,35 +789,14 @@ async fn a_start_with_nothing_to_change_stalls_no_claim() {
         async move { store.migrate().await }
     });
     // Until the start is done, or waits on a lock: either way a claim goes in now.
-    let (watcher, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let watcher = session().await;
     while !starting.is_finished() && started.elapsed() < Duration::from_secs(2) {
-        let waiting = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
-                &[&table],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0);
-        if waiting > 0 {
+        if a_lock_is_awaited(&watcher, &table).await {
             break;
         }
         tokio::task::yield_now().await;
     }
-    let claimed_at = std::time::Instant::now();
-    let key = unique_key("during-start");
-    let claim = store
-        .claim(&key, &LabelContract::fingerprint(&key, "p"))
-        .await;
-    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
-    assert!(
-        claimed_at.elapsed() < Duration::from_millis(500),
-        "the claim waited {:?}",
-        claimed_at.elapsed()
-    );
+    a_new_claim_within(&store, "during-start", Duration::from_millis(500)).await;
     starting.await.unwrap().expect("the start finishes");
     assert!(
         started.elapsed() < Duration::from_secs(1),
@@ -793,18 +816,8 @@ async fn a_start_with_nothing_to_change_stalls_no_claim() {
 /// again until the transaction ends, then makes the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
-    let table = format!("tower_idempotency_change_{}", std::process::id());
-    let store = PostgresStore::connect(&database_url())
-        .await
-        .unwrap()
-        .table(&table)
-        .unwrap()
-        .timeout(Duration::from_secs(3));
-    store.migrate().await.unwrap();
-    let (writer, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let (table, store, writer) =
+        own_table("change", |store| store.timeout(Duration::from_secs(3))).await;
     writer
         .batch_execute(&format!("DROP INDEX \"{table}_expires_at\""))
         .await
@@ -820,36 +833,12 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
         async move { store.migrate().await }
     });
     // The start has asked for its lock at least once.
-    let (watcher, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let watcher = session().await;
     let asked = std::time::Instant::now();
-    loop {
-        let waiting: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
-                &[&table],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 || asked.elapsed() > Duration::from_secs(5) {
-            break;
-        }
+    while !a_lock_is_awaited(&watcher, &table).await && asked.elapsed() < Duration::from_secs(5) {
         tokio::task::yield_now().await;
     }
-    let claimed_at = std::time::Instant::now();
-    let key = unique_key("during-change");
-    let claim = store
-        .claim(&key, &LabelContract::fingerprint(&key, "p"))
-        .await;
-    assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
-    assert!(
-        claimed_at.elapsed() < Duration::from_secs(1),
-        "the claim waited {:?}",
-        claimed_at.elapsed()
-    );
+    a_new_claim_within(&store, "during-change", Duration::from_secs(1)).await;
     assert!(
         !starting.is_finished(),
         "the change waits for the transaction"
@@ -879,24 +868,14 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
 /// timeout, and nothing pending and nothing unexpired is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
-    let table = format!("tower_idempotency_purge_{}", std::process::id());
-    let store = PostgresStore::connect(&database_url())
-        .await
-        .unwrap()
-        .table(&table)
-        .unwrap()
-        .timeout(Duration::from_millis(150));
-    store.migrate().await.unwrap();
+    let (table, store, client) =
+        own_table("purge", |store| store.timeout(Duration::from_millis(150))).await;
     // The claims go through a store of the default timeout, as a replica's would.
     let claiming = PostgresStore::connect(&database_url())
         .await
         .unwrap()
         .table(&table)
         .unwrap();
-    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     // Over a million rows: one statement takes several times the timeout here, and each
     // batch a few milliseconds.
     let expired: i64 = 1_200_000;
@@ -914,22 +893,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
         ))
         .await
         .unwrap();
-    let claims = tokio::spawn({
-        let store = claiming.clone();
-        async move {
-            let mut answered = 0;
-            for i in 0..40 {
-                let key = unique_key(&format!("during-purge-{i}"));
-                let claim = store
-                    .claim(&key, &LabelContract::fingerprint(&key, "p"))
-                    .await;
-                assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
-                answered += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            answered
-        }
-    });
+    let claims = claims_meanwhile(claiming, 40);
     let purged = store.purge_expired().await.expect("the purge finishes");
     assert_eq!(purged, u64::try_from(expired).unwrap());
     assert_eq!(
@@ -965,18 +929,10 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
 /// and once the stream stops it empties of completed records; dropped, it stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purger_keeps_a_table_at_a_steady_size() {
-    let table = format!("tower_idempotency_purger_{}", std::process::id());
-    let store = PostgresStore::connect(&database_url())
-        .await
-        .unwrap()
-        .table(&table)
-        .unwrap()
-        .retention(Duration::from_millis(100));
-    store.migrate().await.unwrap();
-    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let (table, store, client) = own_table("purger", |store| {
+        store.retention(Duration::from_millis(100))
+    })
+    .await;
     let count = || async {
         client
             .query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -985,20 +941,7 @@ async fn the_purger_keeps_a_table_at_a_steady_size() {
             .get::<_, i64>(0)
     };
     let purger = store.purge_every(Duration::from_millis(50));
-    let creates = 400;
-    let most = steady_creates(&store, creates, count).await;
-    assert!(
-        most < 200,
-        "{most} of {creates} records held at the end of the run"
-    );
-    let emptied = std::time::Instant::now();
-    while count().await > 0 {
-        assert!(
-            emptied.elapsed() < Duration::from_secs(10),
-            "the purger empties the table"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    purger_holds_steady(&store, count).await;
     drop(purger);
     complete_new(&store, &unique_key("after-the-purger")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

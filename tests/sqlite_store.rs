@@ -14,15 +14,18 @@ use tower_idempotency::store::SqliteStore;
 /// another connection, as another process's would be.
 fn path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idempotency-sqlite-{}-{}",
-            std::process::id(),
-            tower_idempotency::store::Reservation::generate()
-        ));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        dir.join("records.sqlite3")
-    })
+    PATH.get_or_init(|| fresh_dir("sqlite").join("records.sqlite3"))
+}
+
+/// A fresh temporary directory of this run's own, named after `name`.
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tower-idempotency-{name}-{}-{}",
+        std::process::id(),
+        tower_idempotency::store::Reservation::generate()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    dir
 }
 
 async fn make_store(retention: Option<Duration>) -> SqliteStore {
@@ -181,15 +184,7 @@ async fn a_completed_record_lives_for_the_default_window() {
 /// unexpired is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
-    use common::conformance::unique_key;
-    use tower_idempotency::store::Claim;
-    use tower_idempotency::{LabelContract, Store};
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-purge-{}-{}",
-        std::process::id(),
-        tower_idempotency::store::Reservation::generate()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("purge");
     let file = dir.join("records.sqlite3");
     let store = SqliteStore::open(&file)
         .await
@@ -235,19 +230,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
         }
         transaction.commit().unwrap();
     }
-    let claims = tokio::spawn(async move {
-        let mut answered = 0;
-        for i in 0..40 {
-            let key = unique_key(&format!("during-purge-{i}"));
-            let claim = claiming
-                .claim(&key, &LabelContract::fingerprint(&key, "p"))
-                .await;
-            assert!(matches!(claim, Ok(Claim::New(_))), "{claim:?}");
-            answered += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        answered
-    });
+    let claims = common::claims_meanwhile(claiming, 40);
     let purged = store.purge_expired().await.expect("the purge finishes");
     assert_eq!(purged, expired);
     assert_eq!(claims.await.unwrap(), 40, "every claim answered");
@@ -272,12 +255,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
 /// short retention, and empties it of completed records once the stream stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purger_keeps_a_file_at_a_steady_size() {
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-purger-{}-{}",
-        std::process::id(),
-        tower_idempotency::store::Reservation::generate()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("purger");
     let file = dir.join("records.sqlite3");
     let store = SqliteStore::open(&file)
         .await
@@ -295,20 +273,7 @@ async fn the_purger_keeps_a_file_at_a_steady_size() {
         }
     };
     let purger = store.purge_every(Duration::from_millis(50));
-    let creates = 400;
-    let most = common::steady_creates(&store, creates, count).await;
-    assert!(
-        most < 200,
-        "{most} of {creates} records held at the end of the run"
-    );
-    let emptied = std::time::Instant::now();
-    while count().await > 0 {
-        assert!(
-            emptied.elapsed() < Duration::from_secs(10),
-            "the purger empties the file"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::purger_holds_steady(&store, count).await;
     drop(purger);
     let _ = std::fs::remove_dir_all(&dir);
 }

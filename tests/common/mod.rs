@@ -926,15 +926,17 @@ pub async fn claimed_again<St: Store>(store: &St, key: &str) -> &'static str {
     }
 }
 
-/// A steady stream of `creates` completed keys through `store`, one every few milliseconds,
-/// while `count` reads how many records the store holds: the most it held in the last
-/// quarter of the stream (after the purger's first runs have had their turn).
-pub async fn steady_creates<St, F, Fut>(store: &St, creates: usize, count: F) -> i64
+/// Under a steady stream of 400 completed keys through `store` (one every few milliseconds),
+/// a purger with a short retention holds the store steady: in the last quarter of the stream
+/// `count` (the records it holds) stays under half the stream, and once the stream stops the
+/// store empties of them.
+pub async fn purger_holds_steady<St, F, Fut>(store: &St, count: F)
 where
     St: Store,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = i64>,
 {
+    let creates = 400;
     let mut most = 0;
     for i in 0..creates {
         let key = conformance::unique_key(&format!("steady-{i}"));
@@ -944,5 +946,37 @@ where
         }
         tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     }
-    most
+    assert!(
+        most < 200,
+        "{most} of {creates} records held at the end of the run"
+    );
+    let emptied = std::time::Instant::now();
+    while count().await > 0 {
+        assert!(
+            emptied.elapsed() < std::time::Duration::from_secs(10),
+            "the purger empties the store"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `claims` claims of new keys through `store`, one every few milliseconds, in a task of their
+/// own: each must be new (answered within the store's timeout); the task yields how many were.
+pub fn claims_meanwhile<St: Store>(store: St, claims: usize) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut answered = 0;
+        for i in 0..claims {
+            let key = conformance::unique_key(&format!("meanwhile-{i}"));
+            let claim = store
+                .claim(&key, &LabelContract::fingerprint(&key, "p"))
+                .await;
+            assert!(
+                matches!(claim, Ok(tower_idempotency::store::Claim::New(_))),
+                "{claim:?}"
+            );
+            answered += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        answered
+    })
 }
