@@ -940,7 +940,7 @@ async fn the_purger_keeps_a_table_at_a_steady_size() {
             .unwrap()
             .get::<_, i64>(0)
     };
-    let purger = store.purge_every(Duration::from_millis(50));
+    let purger = store.purge_every(Duration::from_millis(50)).unwrap();
     purger_holds_steady(&store, count).await;
     drop(purger);
     complete_new(&store, &unique_key("after-the-purger")).await;

@@ -272,8 +272,26 @@ async fn the_purger_keeps_a_file_at_a_steady_size() {
                 .unwrap()
         }
     };
-    let purger = store.purge_every(Duration::from_millis(50));
+    let purger = store.purge_every(Duration::from_millis(50)).unwrap();
     common::purger_holds_steady(&store, count).await;
     drop(purger);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A purger asked for outside a Tokio runtime is a configuration error, not a panic.
+#[tokio::test]
+async fn a_purger_outside_a_runtime_is_an_error() {
+    let store = make_store(None).await;
+    let outside = std::thread::spawn(move || {
+        store
+            .purge_every(Duration::from_secs(1))
+            .map(drop)
+            .map_err(|error| error.kind())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        outside,
+        Err(tower_idempotency::store::StoreErrorKind::InvalidConfig)
+    );
 }

@@ -110,15 +110,21 @@ macro_rules! retained {
 /// Starts the purger of a durable store with `--purge-every-s`, unless it is 0, and keeps it
 /// for the life of the process.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-fn keep_purging(options: &Options, start: impl FnOnce() -> tower_idempotency::store::Purger) {
+fn keep_purging(
+    options: &Options,
+    start: impl FnOnce()
+        -> Result<tower_idempotency::store::Purger, tower_idempotency::store::StoreError>,
+) {
     static PURGERS: std::sync::Mutex<Vec<tower_idempotency::store::Purger>> =
         std::sync::Mutex::new(Vec::new());
     if options.purge_every.is_some() {
-        let purger = start();
-        PURGERS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(purger);
+        match start() {
+            Ok(purger) => PURGERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(purger),
+            Err(error) => tracing::error!(%error, "the store's expired records are not purged"),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::StoreError;
+use super::{StoreError, StoreErrorKind};
 
 /// Deletes a store's expired records every interval, in a Tokio task of its own, until it is
 /// dropped: made by `PostgresStore::purge_every` and
@@ -23,16 +23,19 @@ impl Purger {
     /// Runs `purge` every `interval`, the first time at once. `interval` is at least a
     /// millisecond.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Outside a Tokio runtime, as `tokio::spawn` does.
-    pub(crate) fn spawn<F, P>(interval: Duration, mut purge: P) -> Self
+    /// [`StoreErrorKind::InvalidConfig`] outside a Tokio runtime: there is nothing to run the
+    /// purger on.
+    pub(crate) fn spawn<F, P>(interval: Duration, mut purge: P) -> Result<Self, StoreError>
     where
         P: FnMut() -> F + Send + 'static,
         F: Future<Output = Result<u64, StoreError>> + Send,
     {
         let interval = interval.max(Duration::from_millis(1));
-        let task = tokio::spawn(async move {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|error| StoreError::with_source(StoreErrorKind::InvalidConfig, error))?;
+        let task = runtime.spawn(async move {
             loop {
                 match purge().await {
                     Ok(0) => tracing::debug!("purge: nothing expired"),
@@ -42,7 +45,7 @@ impl Purger {
                 tokio::time::sleep(interval).await;
             }
         });
-        Self { task }
+        Ok(Self { task })
     }
 }
 

@@ -384,10 +384,11 @@ impl SqliteStore {
     /// dropped: keep it for as long as the store serves. One process of the host purging is
     /// enough.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Outside a Tokio runtime.
-    pub fn purge_every(&self, interval: Duration) -> Purger {
+    /// [`StoreErrorKind::InvalidConfig`](crate::store::StoreErrorKind::InvalidConfig) outside a
+    /// Tokio runtime.
+    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
         let store = self.clone();
         Purger::spawn(interval, move || {
             let store = store.clone();

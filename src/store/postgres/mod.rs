@@ -399,16 +399,17 @@ impl PostgresStore {
     ///
     /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
     /// store.migrate().await?;
-    /// let purger = store.purge_every(Duration::from_secs(3600));
+    /// let purger = store.purge_every(Duration::from_secs(3600))?;
     /// // … serve; the purger stops when dropped.
     /// # drop(purger);
     /// # Ok(()) }
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Outside a Tokio runtime.
-    pub fn purge_every(&self, interval: Duration) -> Purger {
+    /// [`StoreErrorKind::InvalidConfig`](crate::store::StoreErrorKind::InvalidConfig) outside a
+    /// Tokio runtime.
+    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
         let store = self.clone();
         Purger::spawn(interval, move || {
             let store = store.clone();
