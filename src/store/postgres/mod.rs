@@ -407,7 +407,7 @@ impl PostgresStore {
     ///
     /// # Errors
     ///
-    /// [`StoreErrorKind::InvalidConfig`](crate::store::StoreErrorKind::InvalidConfig) outside a
+    /// [`StoreErrorKind::InvalidConfig`] outside a
     /// Tokio runtime.
     pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
         let store = self.clone();
