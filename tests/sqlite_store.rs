@@ -295,3 +295,60 @@ async fn a_purger_outside_a_runtime_is_an_error() {
         Err(tower_idempotency::store::StoreErrorKind::InvalidConfig)
     );
 }
+
+/// A store opened on a file in use while another connection holds the file's write lock (a
+/// replica starting while another process writes): the open finishes without waiting for the
+/// lock, since a file already set up needs no write to open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_while_another_process_writes_waits_for_no_lock() {
+    let dir = fresh_dir("start");
+    let file = dir.join("records.sqlite3");
+    drop(SqliteStore::open(&file).await.unwrap());
+    let mut writer = rusqlite::Connection::open(&file).unwrap();
+    let transaction = writer
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    transaction
+        .execute(
+            "INSERT INTO idempotency_records (key, fingerprint, changed_at) VALUES ('held', 'x', 0)",
+            [],
+        )
+        .unwrap();
+    // Opening waits up to ten seconds for a lock it needs; this one needs none.
+    let opened = tokio::time::timeout(Duration::from_secs(5), SqliteStore::open(&file)).await;
+    assert!(
+        matches!(opened, Ok(Ok(_))),
+        "the open finished while the lock was held"
+    );
+    transaction.rollback().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file whose expiry index is gone (dropped by hand, say) gets it back at the next open: the
+/// purge's batches go by it.
+#[tokio::test]
+async fn an_open_puts_back_a_missing_expiry_index() {
+    let dir = fresh_dir("index");
+    let file = dir.join("records.sqlite3");
+    drop(SqliteStore::open(&file).await.unwrap());
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    let indexed = || -> bool {
+        connection
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' \
+                 AND name = 'idempotency_records_expires_at')",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+    assert!(indexed());
+    connection
+        .execute("DROP INDEX idempotency_records_expires_at", [])
+        .unwrap();
+    assert!(!indexed());
+    drop(SqliteStore::open(&file).await.unwrap());
+    assert!(indexed(), "the open made the index again");
+    drop(connection);
+    let _ = std::fs::remove_dir_all(&dir);
+}

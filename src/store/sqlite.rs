@@ -103,7 +103,7 @@ CREATE INDEX IF NOT EXISTS idempotency_records_expires_at
 const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_over, expires_at, \
     changed_at FROM idempotency_records WHERE key = ?1";
 
-/// Puts the file in WAL mode and creates the table, each only if it is not done already (a
+/// Puts the file in WAL mode and creates the table and its index, each only if it is not done already (a
 /// file in use by other processes then takes no write lock to open).
 fn prepare(connection: &Connection) -> rusqlite::Result<()> {
     // WAL lets readers go on while one process writes; a file system that cannot hold it
@@ -112,13 +112,15 @@ fn prepare(connection: &Connection) -> rusqlite::Result<()> {
     if !mode.eq_ignore_ascii_case("wal") {
         connection.pragma_update(None, "journal_mode", "WAL")?;
     }
-    let exists: bool = connection.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' \
-         AND name = 'idempotency_records')",
+    // The table and its expiry index (which the purge's batches go by), both looked up.
+    let present: i64 = connection.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE (type = 'table' \
+         AND name = 'idempotency_records') OR (type = 'index' \
+         AND name = 'idempotency_records_expires_at')",
         [],
         |row| row.get(0),
     )?;
-    if !exists {
+    if present < 2 {
         connection.execute_batch(SCHEMA)?;
     }
     Ok(())
