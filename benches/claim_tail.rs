@@ -98,9 +98,15 @@ fn main() {
         }
         for sized in order {
             let (name, make) = if sized {
-                ("sized", MemoryStore::new().keep_forever().with_capacity(n))
+                (
+                    "sized",
+                    MemoryStore::new()
+                        .keep_forever()
+                        .unbounded()
+                        .with_capacity(n),
+                )
             } else {
-                ("default", MemoryStore::new().keep_forever())
+                ("default", MemoryStore::new().keep_forever().unbounded())
             };
             let (times, elapsed) = claims(&runtime, &make, &keys, None);
             println!("{}", row(round, name, &times, elapsed));
@@ -108,9 +114,12 @@ fn main() {
             // Under churn: the window's keys claimed first, untimed, then every key once
             // more, the first window's again after their records were dropped.
             let store = if sized {
-                MemoryStore::new().keep_forever().with_capacity(window)
+                MemoryStore::new()
+                    .keep_forever()
+                    .unbounded()
+                    .with_capacity(window)
             } else {
-                MemoryStore::new().keep_forever()
+                MemoryStore::new().keep_forever().unbounded()
             };
             claims(&runtime, &store, &keys[n - window..], None);
             let (times, elapsed) = claims(&runtime, &store, &keys, Some(window));

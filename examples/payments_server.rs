@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example payments_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
 //!
 //! - `POST /payments` with `{"amount": <integer ≥ 1>, "currency": "<3 uppercase letters>"}`
@@ -36,7 +36,7 @@ use tower_idempotency::store::DynStore;
 use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
 
 /// The body of `POST /payments`.
 #[derive(Clone, Deserialize)]

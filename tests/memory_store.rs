@@ -222,3 +222,105 @@ async fn waiting_retries_get_the_first_attempts_bytes_on_every_layer() {
     .await;
     assert_eq!(store.waited_keys(), 0);
 }
+
+/// Resident memory of this process, in bytes (Linux's `/proc/self/statm`, in pages).
+#[cfg(target_os = "linux")]
+fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+/// A flood of distinct keys, four times the bound, through the layer: past the bound every new
+/// key gets the store-unavailable answer with `Retry-After` and creates nothing, the process's
+/// resident memory grows by no more than the bound's worth (a kilobyte a record; the flood's
+/// worth without the bound), and replays of earlier keys and a pending key keep their answers.
+/// Run in a process of its own (this test binary again, this test alone), so that the other
+/// tests' memory is not counted.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory() {
+    const ALONE: &str = "TOWER_IDEMPOTENCY_FLOOD_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(ALONE, "1")
+            .status()
+            .expect("the test binary runs again");
+        assert!(status.success(), "the flood in a process of its own");
+        return;
+    }
+    use common::*;
+    const BOUND: usize = 5_000;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = MemoryStore::new().max_records(BOUND);
+        let creates = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let service = counting_service(
+            store.clone(),
+            std::sync::Arc::clone(&creates),
+            Duration::ZERO,
+        );
+        // The first request warms what every request needs once; a second stays pending.
+        send_to(&service, operation("warm", "p")).await.is_created();
+        let stalled =
+            counting_service(store.clone(), Default::default(), Duration::from_secs(3600));
+        let held = tokio::spawn(async move { send_to(&stalled, operation("held", "p")).await });
+        while store.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let before = resident_bytes();
+        let mut refused = 0;
+        for i in 0..4 * BOUND {
+            let reply = send_to(&service, operation(&format!("flood-{i}"), "p")).await;
+            match reply.status.as_u16() {
+                201 => {}
+                503 => {
+                    reply
+                        .exact(503, r#"{"error":"store_unavailable"}"#)
+                        .header("retry-after", &["2"]);
+                    refused += 1;
+                }
+                other => panic!("request {i}: {other}"),
+            }
+        }
+        let grown = resident_bytes().saturating_sub(before);
+        assert_eq!(refused, 3 * BOUND + 2, "every key past the bound refused");
+        assert_eq!(store.len(), BOUND);
+        assert_eq!(
+            creates.load(std::sync::atomic::Ordering::SeqCst),
+            BOUND - 1,
+            "nothing created for a refused key"
+        );
+        assert!(
+            grown <= BOUND * 1024,
+            "resident memory grew by {grown} bytes for {BOUND} records"
+        );
+        // What the store holds keeps its answers.
+        send_to(&service, operation("flood-0", "p"))
+            .await
+            .is_created();
+        send_to(&service, operation("warm", "p")).await.is_created();
+        send_to(&service, operation("held", "p"))
+            .await
+            .exact(409, r#"{"error":"request_pending"}"#);
+        assert_eq!(
+            creates.load(std::sync::atomic::Ordering::SeqCst),
+            BOUND - 1,
+            "replays"
+        );
+        held.abort();
+    });
+}

@@ -28,6 +28,9 @@ pub struct Options {
     /// `--purge-every-s N`: how often a durable store (PostgreSQL, SQLite) deletes its
     /// expired records; 0 never. Default 3600, an hour.
     pub purge_every: Option<Duration>,
+    /// `--max-records N`: the most records the memory store holds; 0 holds every record.
+    /// Default 1,000,000, the store's own default.
+    pub max_records: Option<usize>,
 }
 
 impl Options {
@@ -46,6 +49,7 @@ impl Options {
             pending_wait: None,
             retention: Some(tower_idempotency::store::DEFAULT_RETENTION),
             purge_every: Some(Duration::from_secs(3600)),
+            max_records: Some(tower_idempotency::store::DEFAULT_MAX_RECORDS),
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -73,6 +77,10 @@ impl Options {
                 "--purge-every-s" => {
                     let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
                     options.purge_every = (seconds > 0).then(|| Duration::from_secs(seconds));
+                }
+                "--max-records" => {
+                    let records: usize = value.parse().map_err(|e| bad(&e))?;
+                    options.max_records = (records > 0).then_some(records);
                 }
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
@@ -181,7 +189,10 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
 pub async fn open_store(options: &Options) -> Result<DynStore, String> {
     let (url, retention) = (options.store.as_str(), options.retention);
     if url == "memory" {
-        let store = MemoryStore::new();
+        let store = match options.max_records {
+            Some(max) => MemoryStore::new().max_records(max),
+            None => MemoryStore::new().unbounded(),
+        };
         return Ok(DynStore::new(retained!(store, retention)));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {

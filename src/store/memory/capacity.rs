@@ -141,7 +141,10 @@ mod tests {
         assert_eq!(room(&bounded), sized);
         assert!(bounded.is_empty() && shared.is_pending("k"));
         assert_eq!(bounded.shared.max_records, Some(1));
-        assert_eq!(shared.shared.max_records, None);
+        assert_eq!(
+            shared.shared.max_records,
+            Some(crate::store::DEFAULT_MAX_RECORDS)
+        );
         bounded.claim("a", &fingerprint).await.unwrap();
         let full = bounded.claim("b", &fingerprint).await.unwrap_err();
         assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);

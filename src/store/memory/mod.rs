@@ -18,7 +18,8 @@ use self::shard::{Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_RETENTION, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -38,6 +39,11 @@ const SWEEP_PER_CLAIM: usize = 4;
 ///
 /// It is **not** shared between replicas and does **not** survive a restart: use it for one
 /// process, tests and examples, and a shared store (Redis, PostgreSQL) in a real deployment.
+///
+/// It holds at most [`DEFAULT_MAX_RECORDS`] records (one million) unless
+/// [`max_records`](MemoryStore::max_records) sets another bound or
+/// [`unbounded`](MemoryStore::unbounded) none: a flood of distinct keys gets the operation's
+/// *store unavailable* answer once it is full, not the process's memory.
 ///
 /// Pending records never expire. *Completed* records older than the retention window
 /// ([`DEFAULT_RETENTION`], 24 hours, unless [`MemoryStore::with_retention`] sets another or
@@ -115,8 +121,8 @@ impl MemoryStore {
     }
 
     /// Keeps every completed record for the life of the process, rather than for the
-    /// retention window: the store then grows with every key it is sent (bound it with
-    /// [`max_records`](Self::max_records)). Like [`retention`](Self::retention), it returns an
+    /// retention window: the store then fills with every key it is sent, up to its
+    /// [bound](Self::max_records), and refuses new keys once full. Like [`retention`](Self::retention), it returns an
     /// empty store: set it on a new one, before it is shared.
     pub fn keep_forever(self) -> Self {
         self.with_retention_setting(None)
@@ -161,7 +167,7 @@ impl MemoryStore {
                 shards,
                 hasher: RandomState::new(),
                 retention,
-                max_records: None,
+                max_records: Some(DEFAULT_MAX_RECORDS),
                 records: AtomicUsize::new(0),
                 sized_for: AtomicUsize::new(0),
                 epoch: Instant::now(),
@@ -171,11 +177,16 @@ impl MemoryStore {
         }
     }
 
-    /// Holds at most `max` records, pending and completed: when full, a claim of a new key
-    /// fails with [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`,
-    /// `store_unavailable`, and creates nothing) until releases or the retention make room.
-    /// Unbounded by default. Set it on a new store, before it is shared; the room reserved
-    /// with [`MemoryStore::with_capacity`] is kept.
+    /// Holds at most `max` records, pending and completed (default [`DEFAULT_MAX_RECORDS`],
+    /// one million): when full, a claim of a new key fails with
+    /// [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`, `store_unavailable`,
+    /// with `Retry-After`, and creates nothing) until releases or the retention make room.
+    /// Before it refuses, a full store drops every expired record it holds. A replay and a
+    /// claim of a pending key need no room: they keep their answers when the store is full.
+    ///
+    /// Like [`retention`](Self::retention), it returns an **empty** store: set it on a new
+    /// one, before it is shared; the room reserved with [`MemoryStore::with_capacity`] is
+    /// kept.
     ///
     /// ```
     /// use tower_idempotency::{LabelContract, MemoryStore, Store};
@@ -187,7 +198,35 @@ impl MemoryStore {
     /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     /// # }
     /// ```
-    pub fn max_records(mut self, max: usize) -> Self {
+    pub fn max_records(self, max: usize) -> Self {
+        self.with_bound(Some(max))
+    }
+
+    /// Holds every record it is sent, without a bound: the process then grows with every
+    /// distinct key its clients send, until it runs out of memory. For a store whose keys
+    /// the server chooses, or that something in front of it bounds. Like
+    /// [`max_records`](Self::max_records), it returns an empty store.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::DEFAULT_MAX_RECORDS;
+    ///
+    /// assert_eq!(MemoryStore::new().record_bound(), Some(DEFAULT_MAX_RECORDS));
+    /// assert_eq!(MemoryStore::new().max_records(10).record_bound(), Some(10));
+    /// assert_eq!(MemoryStore::new().unbounded().record_bound(), None);
+    /// ```
+    pub fn unbounded(self) -> Self {
+        self.with_bound(None)
+    }
+
+    /// The most records this store holds at once, `None` without a bound.
+    pub fn record_bound(&self) -> Option<usize> {
+        self.shared.max_records
+    }
+
+    /// This store with the bound `max`: made new in place when not shared yet, else a new
+    /// store beside the one its clones hold, with the same retention and room.
+    fn with_bound(mut self, max: Option<usize>) -> Self {
         // Not shared: bounded in place, a store made new (emptied) with the room reserved in
         // its shards kept.
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -197,24 +236,21 @@ impl MemoryStore {
                 shard.expiry.clear();
                 shard.waiters.clear();
             }
-            shared.max_records = Some(max);
+            shared.max_records = max;
             *shared.records.get_mut() = 0;
             return self;
         }
         // Shared: a new store, beside the one its clones hold, with the same room.
-        self.beside(self.shared.retention, Some(max))
+        self.beside(self.shared.retention, max)
     }
 
     /// A new store beside this one (whose clones keep it), with `retention` and the bound
     /// `max`, and the room this one was sized for.
     fn beside(&self, retention: Option<Duration>, max: Option<usize>) -> Self {
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
-        let store = Self::build(retention);
-        match max {
-            Some(max) => store.max_records(max),
-            None => store,
-        }
-        .with_capacity(sized_for)
+        Self::build(retention)
+            .with_bound(max)
+            .with_capacity(sized_for)
     }
 
     /// The claim, decided and reserved under one shard lock.
