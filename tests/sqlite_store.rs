@@ -352,3 +352,86 @@ async fn an_open_puts_back_a_missing_expiry_index() {
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The operator's tool (`idempotency_keys`, feature `cli`) on a SQLite file: its help, its
+/// exit codes, and `purge`, which deletes the expired records and nothing else.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
+    use tower_idempotency::store::{Claim, Store, StoredResponse};
+    let tool = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+            .args(args)
+            .output()
+            .expect("the tool runs");
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+            String::from_utf8(output.stderr).unwrap(),
+        )
+    };
+    let (code, help, _) = tool(&["--help"]);
+    assert_eq!(code, Some(0));
+    for word in [
+        "show KEY",
+        "pending --older-than",
+        "forget KEY",
+        "resolve KEY",
+        "purge",
+        "EXIT CODES",
+    ] {
+        assert!(help.contains(word), "the help names {word}: {help}");
+    }
+    let (code, _, usage) = tool(&["--store", "sqlite://x", "frobnicate"]);
+    assert_eq!(code, Some(2), "a bad command line");
+    assert!(usage.contains("usage: idempotency_keys"), "{usage}");
+    let (code, _, _) = tool(&["purge"]);
+    assert_eq!(code, Some(2), "no store");
+
+    let dir = fresh_dir("tool");
+    let file = dir.join("records.sqlite3");
+    let url = format!("sqlite://{}", file.display());
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .retention(Duration::from_secs(3600));
+    let fingerprint = tower_idempotency::LabelContract::fingerprint("k", "p");
+    let response = StoredResponse::new(http::StatusCode::CREATED, Default::default(), "{}".into());
+    for key in ["old-1", "old-2", "kept", "pending"] {
+        let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
+            panic!("a new key");
+        };
+        if key != "pending" {
+            store.complete(key, &reservation, &response).await.unwrap();
+        }
+    }
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    connection
+        .execute(
+            "UPDATE idempotency_records SET expires_at = 0 WHERE key LIKE 'old-%'",
+            [],
+        )
+        .unwrap();
+    let (code, out, _) = tool(&["--store", &url, "purge"]);
+    assert_eq!((code, out.as_str()), (Some(0), "purged 2\n"));
+    let keys: Vec<String> = connection
+        .prepare("SELECT key FROM idempotency_records ORDER BY key")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(keys, ["kept", "pending"]);
+    let (code, out, _) = tool(&["--store", &url, "purge"]);
+    assert_eq!((code, out.as_str()), (Some(0), "purged 0\n"));
+    let (code, _, missing) = tool(&["--store", &url, "show", "nothing-here"]);
+    assert_eq!(code, Some(1), "no such record: {missing}");
+    let nowhere = format!(
+        "sqlite://{}",
+        dir.join("no-such-dir/records.sqlite3").display()
+    );
+    let (code, _, failed) = tool(&["--store", &nowhere, "purge"]);
+    assert_eq!(code, Some(3), "the store failed: {failed}");
+    drop(connection);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,35 +1,15 @@
-//! An operator's command line for keys a crash left pending: look one up, list the old ones,
-//! resolve one into a replay, forget one.
+//! `idempotency_keys`: the operator's command line for the records of a shared store. Look a
+//! key up, list the ones a crash left pending, resolve one into a replay, forget one, purge
+//! the expired records.
 //!
 //! ```text
-//! cargo run --example idempotency_keys --features redis,postgres,sqlite -- --store URL \
-//!     [--path /labels] [--method POST] [--scope SCOPE] [--table NAME] [--retention-s N] COMMAND
-//!
-//!   show KEY                       state, age, fingerprint (and status, or for a pending key
-//!                                  whether its lease is in-progress or abandoned)
-//!   pending --older-than DURATION [--abandoned]
-//!                                  the keys pending at least that long, one a line (0s, 30s,
-//!                                  5m, 2h); with --abandoned only those whose server stopped
-//!                                  renewing their lease (it most likely died mid-create)
-//!   forget KEY                     delete the record: the next request with the key creates
-//!   resolve KEY --status 201 --body-file F [--header 'Name: value']...
-//!                                  complete the pending key: retries get this as a replay,
-//!                                  for --retention-s seconds as the servers keep a completed
-//!                                  key (default 86400; 0 for good: give what they were given)
+//! cargo install tower-idempotency --features cli
+//! idempotency_keys --store URL [--path /labels] [--method POST] [--scope SCOPE] \
+//!     [--table NAME] [--retention-s N] COMMAND
 //! ```
 //!
-//! Keys are the ones clients send; the store key is derived as the layer derives it, for
-//! `POST /labels` without a scope unless `--method`, `--path` or `--scope` say otherwise.
-//! `pending` prints this endpoint's keys, and the `sha256:` digests PostgreSQL keeps for keys
-//! over 512 bytes (whose endpoint it cannot tell).
-//! Output is plain text a script can read. Exit codes: 0 done, 1 no such record (or, for
-//! `resolve`, none pending), 2 a bad command line, 3 the store failed.
-
-#![cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
-    allow(dead_code)
-)]
-
+//! Run `idempotency_keys --help` for the commands. Exit codes: 0 done, 1 no such record (or,
+//! for `resolve`, none pending), 2 a bad command line, 3 the store failed.
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -40,8 +20,45 @@ use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] [--retention-s N] (show KEY | pending --older-than DURATION [--abandoned] | forget KEY | \
-resolve KEY --status CODE --body-file FILE [--header 'Name: value']...)";
+[--scope SCOPE] [--table NAME] [--retention-s N] (show KEY | pending --older-than DURATION \
+[--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
+| purge)";
+
+const HELP: &str = "\
+The operator's tool for the records of a shared idempotency store.
+
+usage: idempotency_keys --store URL [OPTIONS] COMMAND
+
+COMMANDS
+  show KEY                       state, age, fingerprint (and status, or for a pending key
+                                 whether its lease is in-progress or abandoned)
+  pending --older-than DURATION [--abandoned]
+                                 the keys pending at least that long, one a line (0s, 30s,
+                                 5m, 2h, 1d); with --abandoned only those whose server stopped
+                                 renewing their lease (it most likely died mid-create)
+  forget KEY                     delete the record: the next request with the key creates
+  resolve KEY --status CODE --body-file FILE [--header 'Name: value']...
+                                 complete the pending key: retries get this as a replay
+  purge                          delete every expired record, in batches, and print how many
+                                 (PostgreSQL and SQLite; Redis expires records by itself)
+
+OPTIONS
+  --store URL        redis://HOST:PORT, redis-cluster://HOST:PORT[,HOST:PORT...],
+                     postgres://USER@HOST:PORT/DB or sqlite://PATH
+  --table NAME       the PostgreSQL table (default idempotency_records)
+  --method METHOD    the endpoint's method (default POST)
+  --path PATH        the endpoint's path (default /labels)
+  --scope SCOPE      the key space the layer was given with .scope(...), if any
+  --retention-s N    how long a resolved key replays, as the servers keep a completed key
+                     (default 86400; 0 for good: give what the servers were given)
+  -h, --help         this text
+
+Keys are the ones clients send; the store key is derived as the layer derives it. `pending`
+prints this endpoint's keys, and the sha256: digests PostgreSQL keeps for keys over 512 bytes
+(whose endpoint it cannot tell). Output is plain text a script can read.
+
+EXIT CODES
+  0 done, 1 no such record (for resolve: none pending), 2 a bad command line, 3 the store failed";
 
 /// Prints one line of output. A reader that stopped reading (`show KEY | head -1`) ends the
 /// program quietly, with success, instead of a panic on the broken pipe.
@@ -63,6 +80,8 @@ enum Command {
     Pending(Duration, bool),
     Forget(String),
     Resolve(String, StoredResponse),
+    /// Delete the expired records.
+    Purge,
 }
 
 /// The command line, parsed.
@@ -97,7 +116,8 @@ fn duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(number.saturating_mul(millis)))
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+/// The command line, or `None` when it asks for the help.
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let (mut store, mut table, mut method, mut path, mut scope) =
         (None, None, Method::POST, "/labels".to_owned(), None);
     let mut words = Vec::new();
@@ -136,7 +156,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
                     .map_err(|e| format!("--retention-s: {e}"))?;
                 retention = (seconds > 0).then(|| Duration::from_secs(seconds));
             }
-            "--help" | "-h" => return Err(String::new()),
+            "--help" | "-h" => return Ok(None),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => words.push(arg),
         }
@@ -157,9 +177,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
                 StoredResponse::new(status, headers, Bytes::from(body)),
             )
         }
-        _ => return Err("one command: show, pending, forget or resolve".to_owned()),
+        [purge] if purge == "purge" => Command::Purge,
+        _ => return Err("one command: show, pending, forget, resolve or purge".to_owned()),
     };
-    Ok(Options {
+    Ok(Some(Options {
         store: store.ok_or("--store URL is required")?,
         table,
         method,
@@ -167,11 +188,35 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         scope,
         retention,
         command,
-    })
+    }))
+}
+
+/// What `purge` does on a store.
+trait Purge {
+    /// Deletes the expired records: how many, or `None` for a store that expires them itself.
+    async fn purge(&self) -> Result<Option<u64>, StoreError>;
+}
+
+impl Purge for tower_idempotency::store::RedisStore {
+    async fn purge(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+}
+
+impl Purge for tower_idempotency::store::PostgresStore {
+    async fn purge(&self) -> Result<Option<u64>, StoreError> {
+        self.purge_expired().await.map(Some)
+    }
+}
+
+impl Purge for tower_idempotency::store::SqliteStore {
+    async fn purge(&self) -> Result<Option<u64>, StoreError> {
+        self.purge_expired().await.map(Some)
+    }
 }
 
 /// Runs the command on `store`; the exit code.
-async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> {
+async fn run(store: impl Operator + Purge, options: &Options) -> Result<u8, StoreError> {
     let key_of = |key: &str| {
         store_key(
             options.scope.as_deref(),
@@ -246,11 +291,20 @@ async fn run(store: impl Operator, options: &Options) -> Result<u8, StoreError> 
             }
             Err(error) => Err(error),
         },
+        Command::Purge => {
+            match store.purge().await? {
+                Some(purged) => out!("purged {purged}"),
+                None => {
+                    out!("purged 0");
+                    eprintln!("Redis deletes each completed record when its time to live ends");
+                }
+            }
+            Ok(0)
+        }
     }
 }
 
 /// `store` keeping a completed key for `retention`, or for good (`None`).
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 macro_rules! retained {
     ($store:expr, $retention:expr) => {
         match $retention {
@@ -262,66 +316,47 @@ macro_rules! retained {
 
 /// Opens the store `--store` names and runs the command on it.
 async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
+    use tower_idempotency::store::{PostgresStore, RedisStore, SqliteStore};
     let url = options.store.as_str();
     if url.starts_with("redis://") || url.starts_with("rediss://") {
-        #[cfg(feature = "redis")]
-        {
-            // An operator looks at whatever is there, whatever the eviction policy.
-            let store =
-                tower_idempotency::store::RedisStore::connect_allowing_eviction(url).await?;
-            return run(retained!(store, options.retention), options).await;
-        }
+        // An operator looks at whatever is there, whatever the eviction policy.
+        let store = RedisStore::connect_allowing_eviction(url).await?;
+        return run(retained!(store, options.retention), options).await;
     }
     if let Some(seeds) = url.strip_prefix("redis-cluster://") {
-        #[cfg(feature = "redis")]
-        {
-            let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
-            let store =
-                tower_idempotency::store::RedisStore::connect_cluster_allowing_eviction(seeds)
-                    .await?;
-            return run(retained!(store, options.retention), options).await;
-        }
-        #[cfg(not(feature = "redis"))]
-        let _ = seeds;
+        let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
+        let store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
+        return run(retained!(store, options.retention), options).await;
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        #[cfg(feature = "postgres")]
-        {
-            let mut store = tower_idempotency::store::PostgresStore::connect(url).await?;
-            if let Some(table) = &options.table {
-                store = store.table(table)?;
-            }
-            return run(retained!(store, options.retention), options).await;
+        let mut store = PostgresStore::connect(url).await?;
+        if let Some(table) = &options.table {
+            store = store.table(table)?;
         }
+        return run(retained!(store, options.retention), options).await;
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
-        #[cfg(feature = "sqlite")]
-        {
-            let store = tower_idempotency::store::SqliteStore::open(path).await?;
-            return run(retained!(store, options.retention), options).await;
-        }
-        #[cfg(not(feature = "sqlite"))]
-        let _ = path;
+        let store = SqliteStore::open(path).await?;
+        return run(retained!(store, options.retention), options).await;
     }
-    let _ = options.table.as_deref();
     Err(StoreError::with_source(
         StoreErrorKind::InvalidConfig,
-        format!(
-            "{url}: a redis://, redis-cluster://, postgres:// or sqlite:// URL, with the crate's \
-             feature of that name"
-        ),
+        format!("{url}: a redis://, redis-cluster://, postgres:// or sqlite:// URL"),
     ))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let options = match parse(std::env::args().skip(1)) {
-        Ok(options) => options,
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            out!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
         Err(message) => {
-            if !message.is_empty() {
-                eprintln!("{message}");
-            }
+            eprintln!("{message}");
             eprintln!("{USAGE}");
+            eprintln!("(idempotency_keys --help for more)");
             return ExitCode::from(2);
         }
     };
