@@ -626,3 +626,123 @@ async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(ttl(key.clone()).await, -1, "no time to live");
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
+
+/// What a Redis store keeps, request by request, through the layer: a completed record
+/// carries the retention as its time to live; a conflict and a refused body write nothing;
+/// only a create that failed without an answer (which may have taken effect) leaves a pending
+/// record, with no time to live, since expiring it could let a retry create twice. Those are
+/// what can pile up, one per such failure (and one per create a killed process was running):
+/// the operator's view lists each, abandoned once its lease lapsed, and forgetting them leaves
+/// nothing without a time to live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operator_lists_them() {
+    use tower_idempotency::scope::store_key;
+    use tower_idempotency::store::{Lease, Operator};
+    let prefix = format!("{}:", common::conformance::unique_key("accumulate"));
+    let store = RedisStore::connect(&redis_url())
+        .await
+        .unwrap()
+        .prefix(&prefix)
+        .retention(Duration::from_secs(3600));
+    let layer = tower_idempotency::IdempotencyLayer::new(store.clone(), LabelContract)
+        .global_keys()
+        .lease(Lease::MIN);
+    let created = tower::Layer::layer(
+        &layer,
+        Inner::new(tower::service_fn(
+            |_: http::Request<tower_idempotency::body::RequestBody<Chunks>>| async {
+                Ok::<_, CreateError>(created_response())
+            },
+        )),
+    );
+    let failing = tower::Layer::layer(
+        &layer,
+        Inner::new(tower::service_fn(
+            |_: http::Request<tower_idempotency::body::RequestBody<Chunks>>| async {
+                Err::<http::Response<http_body_util::Full<bytes::Bytes>>, _>(CreateError(
+                    "the downstream is down",
+                ))
+            },
+        )),
+    );
+    for i in 0..20 {
+        send_to(&created, operation(&format!("ok-{i}"), "p"))
+            .await
+            .is_created();
+        send_to(&created, operation(&format!("ok-{i}"), "other"))
+            .await
+            .exact(409, r#"{"error":"idempotency_conflict"}"#);
+    }
+    for i in 0..10 {
+        let reply = send_to(&failing, operation(&format!("failed-{i}"), "p")).await;
+        assert_eq!(reply.status, 500);
+    }
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let ttls = |pattern: String| {
+        let mut connection = connection.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            let mut ttls = Vec::new();
+            for key in keys {
+                let ttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+                ttls.push((key, ttl));
+            }
+            ttls.sort();
+            ttls
+        }
+    };
+    let kept = ttls(format!("{prefix}*")).await;
+    assert_eq!(kept.len(), 30, "{kept:?}");
+    let without: Vec<&String> = kept
+        .iter()
+        .filter(|(_, ttl)| *ttl < 0)
+        .map(|(key, _)| key)
+        .collect();
+    assert_eq!(without.len(), 10, "only the failed creates: {without:?}");
+    assert!(without.iter().all(|key| key.contains("failed-")));
+    let window = 3_600_000;
+    assert!(
+        kept.iter()
+            .filter(|(key, _)| key.contains("ok-"))
+            .all(|(_, ttl)| *ttl > window - 60_000 && *ttl <= window),
+        "{kept:?}"
+    );
+    // The operator lists them, and shows each abandoned once its lease lapsed.
+    let failed: Vec<String> = (0..10)
+        .map(|i| store_key(None, &http::Method::POST, "/labels", &format!("failed-{i}")))
+        .collect();
+    let mut listed = store.pending_older_than(Duration::ZERO).await.unwrap();
+    listed.sort();
+    let mut expected = failed.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
+    for key in &failed {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let record = store.inspect(key).await.unwrap().expect("the record");
+            if record.abandoned {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{key} abandoned");
+            tokio::time::sleep(Lease::MIN).await;
+        }
+        assert!(store.forget(key).await.unwrap());
+    }
+    let left = ttls(format!("{prefix}*")).await;
+    assert_eq!(left.len(), 20);
+    assert!(left.iter().all(|(_, ttl)| *ttl > 0), "{left:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(left.iter().map(|(key, _)| key.as_str()).collect::<Vec<_>>())
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+}

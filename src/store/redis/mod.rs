@@ -44,9 +44,29 @@ use crate::fingerprint::Fingerprint;
 /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) is woken by a completion on any
 /// replica.
 ///
-/// Completed records expire after the [retention](RedisStore::retention), if set; pending
-/// records never expire. Durability is Redis's: with append-only persistence on, records
-/// survive a restart; without it, a restart forgets every key.
+/// Completed records expire after the [retention](RedisStore::retention) (24 hours unless
+/// set) by their time to live: Redis deletes them itself, nothing to purge. Pending records
+/// never expire, since expiring one could let a retry create a second time. A pending
+/// record is left behind, with no time to live, by exactly these:
+///
+/// - a create that failed without an answer (the inner service's error, a panic, a response
+///   over the cap): it may have taken effect, so its key stays taken (see
+///   [`StoredResponses`](crate::StoredResponses));
+/// - a create running in a process that was killed;
+/// - a claim or complete whose answer was lost, when the layer's settling could not reach
+///   the store for about half a minute.
+///
+/// A conflict, a refused body, a refused admission, a released create and a replay leave
+/// nothing behind. So records without a time to live grow only with such failures, one per
+/// failed request, and an outage of the create's downstream that fails every request on
+/// distinct keys grows them at the request rate. The operator's tool lists them
+/// (`idempotency_keys --store URL pending --older-than 5m --abandoned`: pending past their
+/// lease, nobody renewing), and `resolve` or `forget` ends each; a layer with
+/// [`take_over_abandoned`](crate::IdempotencyLayer::take_over_abandoned) lets the client's
+/// retry take such a key over instead.
+///
+/// Durability is Redis's: with append-only persistence on, records survive a restart;
+/// without it, a restart forgets every key.
 ///
 /// The connection is a [`ConnectionManager`], multiplexed and reconnecting by itself. Every call
 /// fails with a [`StoreError`] after the [timeout](RedisStore::timeout) (default one second), so
