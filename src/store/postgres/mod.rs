@@ -127,7 +127,13 @@ impl PostgresStore {
 
     /// A store on a pool of connections to `url` (`postgres://user@host:port/db`).
     ///
-    /// Connects once to check the database can be reached.
+    /// Connects once to check the database can be reached. The pool holds at most twice the
+    /// machine's logical CPUs (deadpool's default), made as needed, and a store whose layer
+    /// waits for first attempts ([`pending_wait`](crate::IdempotencyLayer::pending_wait))
+    /// one more, its listener: N replicas take up to N × (pool + 1) of the server's
+    /// `max_connections`. Change the size with `store.pool().resize(n)`, or bring a pool of
+    /// your own with [`from_pool`](Self::from_pool). A claim that waits for a connection
+    /// longer than the [timeout](Self::timeout) fails like any store call that times out.
     ///
     /// # Errors
     ///

@@ -1,0 +1,514 @@
+//! The capacity model's figures: the bytes a completed record costs in each store, and the
+//! creates and replays a second each store sustains under concurrency, on this machine.
+//!
+//! ```text
+//! cargo bench --all-features --bench capacity -- [--records N] [--body-bytes B]
+//!     [--tasks C] [--seconds S] [--pool P] [--stores memory,redis,postgres,sqlite]
+//! ```
+//!
+//! Defaults: 100,000 records of the lesson's created response (201, four headers, a 59-byte
+//! body: 154 bytes in all) under keys as clients send them (a UUID, 36 characters, on
+//! `POST /labels`), 64 tasks on two workers for 5 seconds a figure, a PostgreSQL pool of 16.
+//! Needs Redis at `REDIS_URL` and PostgreSQL at `DATABASE_URL` for their rows; the memory
+//! store is measured first, in a process that has allocated little yet.
+//!
+//! Bytes a record, by what each store holds them in: the growth of this process's resident
+//! memory (memory store), Redis's `used_memory`, PostgreSQL's `pg_total_relation_size` of the
+//! table and its indexes (right after the fill, and after `VACUUM FULL`: the complete's update
+//! leaves a dead row version until vacuum reuses its room), and the SQLite file after a WAL
+//! checkpoint. Then every record is made expired and the store's purge (PostgreSQL, SQLite)
+//! timed. Each store gets its own namespace (a Redis prefix, a PostgreSQL table, a
+//! SQLite file), removed at the end.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use http_body_util::BodyExt;
+use tower_idempotency::scope::store_key;
+use tower_idempotency::store::{
+    Claim, PostgresStore, RedisStore, Reservation, SqliteStore, StoredResponse,
+};
+use tower_idempotency::{LabelContract, MemoryStore, Store};
+
+struct Options {
+    records: usize,
+    body: Option<usize>,
+    tasks: usize,
+    seconds: u64,
+    pool: usize,
+    stores: Vec<String>,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        records: 100_000,
+        body: None,
+        tasks: 64,
+        seconds: 5,
+        pool: 16,
+        stores: ["memory", "redis", "postgres", "sqlite"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_default();
+        let number = || value.parse::<usize>().expect("a number");
+        match flag.as_str() {
+            "--records" => options.records = number().max(1),
+            "--body-bytes" => options.body = Some(number()),
+            "--tasks" => options.tasks = number().max(1),
+            "--seconds" => options.seconds = number().max(1) as u64,
+            "--pool" => options.pool = number().max(1),
+            "--stores" => options.stores = value.split(',').map(String::from).collect(),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    options
+}
+
+/// The lesson's created response, its body replaced by `body` bytes if given.
+fn response(body: Option<usize>) -> StoredResponse {
+    let created = common::created();
+    let (parts, full) = created.into_parts();
+    let lesson = match futures_executor(full.collect()) {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let body = match body {
+        Some(n) => Bytes::from(vec![b'x'; n]),
+        None => lesson,
+    };
+    StoredResponse::new(parts.status, parts.headers, body)
+}
+
+/// Runs a future that is ready at once (a `Full` body's collect).
+fn futures_executor<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(future)
+}
+
+/// The size of `response` as the layer counts it: status, header names and values, body.
+fn response_bytes(response: &StoredResponse) -> usize {
+    let headers: usize = response
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    3 + headers + response.body().len()
+}
+
+/// A client's key, as a UUID is written: 36 characters, distinct for `i` in this run.
+fn client_key(run: u64, i: u64) -> String {
+    let hex = format!("{run:016x}{i:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The store key of client key `i` of this run, on `POST /labels`.
+fn key(run: u64, i: u64) -> String {
+    store_key(None, &Method::POST, "/labels", &client_key(run, i))
+}
+
+/// A create as the layer makes it: a claim of a new key, then its complete.
+async fn create<St: Store>(store: &St, key: &str, response: &StoredResponse) {
+    let fingerprint = LabelContract::fingerprint(key, "parcel-42");
+    match store.claim(key, &fingerprint).await {
+        Ok(Claim::New(reservation)) => complete(store, key, &reservation, response).await,
+        other => panic!("{key}: {:?}", other.map(|claim| claim_name(&claim))),
+    }
+}
+
+async fn complete<St: Store>(
+    store: &St,
+    key: &str,
+    reservation: &Reservation,
+    response: &StoredResponse,
+) {
+    store
+        .complete(key, reservation, response)
+        .await
+        .expect("the complete");
+}
+
+fn claim_name(claim: &Claim) -> &'static str {
+    match claim {
+        Claim::New(_) => "new",
+        Claim::Replay(_) => "replay",
+        Claim::Pending => "pending",
+        Claim::Conflict => "conflict",
+    }
+}
+
+/// Fills `store` with `records` completed records, keys `0..records` of `run`, from `tasks`
+/// tasks.
+async fn fill<St: Store + Clone>(
+    store: &St,
+    run: u64,
+    records: usize,
+    tasks: usize,
+    response: &StoredResponse,
+) {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (store, next, response) = (store.clone(), Arc::clone(&next), response.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= records as u64 {
+                    break;
+                }
+                create(&store, &key(run, i), &response).await;
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.expect("a fill task");
+    }
+}
+
+/// Creates (new keys of `run` from `from` on) and then replays (of keys `0..replayable`) a
+/// second, each for `seconds`, from `tasks` tasks.
+async fn throughput<St: Store + Clone>(
+    store: &St,
+    run: u64,
+    from: u64,
+    replayable: u64,
+    options: &Options,
+    response: &StoredResponse,
+) -> (f64, f64) {
+    let rate = |replay: bool| {
+        let next = Arc::new(AtomicU64::new(from));
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::new();
+        for task in 0..options.tasks as u64 {
+            let (store, next, done, stop, response) = (
+                store.clone(),
+                Arc::clone(&next),
+                Arc::clone(&done),
+                Arc::clone(&stop),
+                response.clone(),
+            );
+            handles.push(tokio::spawn(async move {
+                let mut i = task;
+                while !stop.load(Ordering::Relaxed) {
+                    if replay {
+                        i = (i + 7919) % replayable;
+                        let key = key(run, i);
+                        let fingerprint = LabelContract::fingerprint(&key, "parcel-42");
+                        match store.claim(&key, &fingerprint).await {
+                            Ok(Claim::Replay(_)) => {}
+                            other => panic!("{key}: {:?}", other.map(|c| claim_name(&c))),
+                        }
+                    } else {
+                        let key = key(run, next.fetch_add(1, Ordering::Relaxed));
+                        create(&store, &key, &response).await;
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    // The memory store answers without a pending await: let the timer run.
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let seconds = options.seconds;
+        async move {
+            let started = Instant::now();
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            stop.store(true, Ordering::Relaxed);
+            let counted = done.load(Ordering::Relaxed);
+            let elapsed = started.elapsed().as_secs_f64();
+            for handle in handles {
+                handle.await.expect("a task");
+            }
+            counted as f64 / elapsed
+        }
+    };
+    let creates = rate(false).await;
+    let replays = rate(true).await;
+    (creates, replays)
+}
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+struct Row {
+    store: &'static str,
+    bytes: String,
+    creates: f64,
+    replays: f64,
+    /// Expired records a second the store's purge deletes, where it has one.
+    purged: Option<f64>,
+}
+
+/// Expired records a second `purge` deleted, of `expected`.
+async fn purge_rate<
+    F: std::future::Future<Output = Result<u64, tower_idempotency::store::StoreError>>,
+>(
+    purge: F,
+    expected: u64,
+) -> f64 {
+    let started = Instant::now();
+    let purged = purge.await.expect("the purge");
+    assert_eq!(purged, expected, "every expired record purged");
+    purged as f64 / started.elapsed().as_secs_f64()
+}
+
+fn per_record(bytes: i64, records: usize) -> i64 {
+    bytes / records as i64
+}
+
+async fn redis_used_memory(connection: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(connection)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("used_memory")
+}
+
+fn main() {
+    let options = options();
+    let response = response(options.body);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_nanos() as u64;
+    let records = options.records;
+    let mut rows = Vec::new();
+    let wanted = |name: &str| options.stores.iter().any(|s| s == name);
+    runtime.block_on(async {
+        if wanted("memory") {
+            let store = MemoryStore::new().unbounded();
+            let before = resident_bytes() as i64;
+            fill(&store, run, records, options.tasks, &response).await;
+            let grown = resident_bytes() as i64 - before;
+            let (creates, replays) = throughput(
+                &store,
+                run,
+                records as u64,
+                records as u64,
+                &options,
+                &response,
+            )
+            .await;
+            rows.push(Row {
+                store: "memory",
+                bytes: format!("{} resident", per_record(grown, records)),
+                creates,
+                replays,
+                purged: None,
+            });
+        }
+        if wanted("redis") {
+            let url = std::env::var("REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
+            let prefix = format!("capacity-{run}:");
+            let store = RedisStore::connect(&url)
+                .await
+                .expect("Redis")
+                .prefix(&prefix);
+            let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+            let mut connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("Redis");
+            let before = redis_used_memory(&mut connection).await;
+            fill(&store, run, records, options.tasks, &response).await;
+            let grown = redis_used_memory(&mut connection).await - before;
+            let (creates, replays) = throughput(
+                &store,
+                run,
+                records as u64,
+                records as u64,
+                &options,
+                &response,
+            )
+            .await;
+            rows.push(Row {
+                store: "Redis",
+                bytes: format!("{} used_memory", per_record(grown, records)),
+                creates,
+                replays,
+                purged: None,
+            });
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(format!("{prefix}*"))
+                    .arg("COUNT")
+                    .arg(10_000)
+                    .query_async(&mut connection)
+                    .await
+                    .expect("SCAN");
+                if !keys.is_empty() {
+                    let _: () = redis::cmd("UNLINK")
+                        .arg(keys)
+                        .query_async(&mut connection)
+                        .await
+                        .expect("UNLINK");
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        if wanted("postgres") {
+            let url = std::env::var("DATABASE_URL")
+                .unwrap_or("postgres://postgres@127.0.0.1:5432/test".into());
+            let table = format!("capacity_{}", run % 1_000_000_000);
+            let store = PostgresStore::connect(&url)
+                .await
+                .expect("PostgreSQL")
+                .table(&table)
+                .expect("a table name");
+            store.pool().resize(options.pool);
+            store.migrate().await.expect("the table");
+            let client = store.pool().get().await.expect("a connection");
+            let size_sql = format!("SELECT pg_total_relation_size('{table}'::regclass)");
+            let size = async |client: &deadpool_postgres::Object| -> i64 {
+                let row = client.query_one(&size_sql, &[]).await.expect("the size");
+                row.get(0)
+            };
+            let before = size(&client).await;
+            fill(&store, run, records, options.tasks, &response).await;
+            let filled = size(&client).await - before;
+            client
+                .batch_execute(&format!("VACUUM FULL {table}"))
+                .await
+                .expect("VACUUM FULL");
+            let compact = size(&client).await - before;
+            let (creates, replays) = throughput(
+                &store,
+                run,
+                records as u64,
+                records as u64,
+                &options,
+                &response,
+            )
+            .await;
+            let expired = client
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET expires_at = now() - interval '1 hour' \
+                         WHERE expires_at IS NOT NULL"
+                    ),
+                    &[],
+                )
+                .await
+                .expect("the records expired");
+            let purged = purge_rate(store.purge_expired(), expired).await;
+            rows.push(Row {
+                store: "PostgreSQL",
+                bytes: format!(
+                    "{} relation ({} after VACUUM FULL)",
+                    per_record(filled, records),
+                    per_record(compact, records)
+                ),
+                creates,
+                replays,
+                purged: Some(purged),
+            });
+            client
+                .batch_execute(&format!("DROP TABLE {table}"))
+                .await
+                .expect("DROP TABLE");
+        }
+        if wanted("sqlite") {
+            let dir = std::env::temp_dir().join(format!("tower-idempotency-capacity-{run}"));
+            std::fs::create_dir_all(&dir).expect("a temporary directory");
+            let file = dir.join("records.sqlite3");
+            let store = SqliteStore::open(&file).await.expect("the SQLite file");
+            let size = || {
+                let connection =
+                    tower_idempotency::store::sqlite::rusqlite::Connection::open(&file)
+                        .expect("the file");
+                connection
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                    .expect("a checkpoint");
+                std::fs::metadata(&file).expect("the file").len() as i64
+            };
+            let before = size();
+            fill(&store, run, records, options.tasks, &response).await;
+            let grown = size() - before;
+            let (creates, replays) = throughput(
+                &store,
+                run,
+                records as u64,
+                records as u64,
+                &options,
+                &response,
+            )
+            .await;
+            let expired = tower_idempotency::store::sqlite::rusqlite::Connection::open(&file)
+                .expect("the file")
+                .execute(
+                    "UPDATE idempotency_records SET expires_at = 0 WHERE expires_at IS NOT NULL",
+                    [],
+                )
+                .expect("the records expired") as u64;
+            let purged = purge_rate(store.purge_expired(), expired).await;
+            rows.push(Row {
+                store: "SQLite",
+                bytes: format!("{} file", per_record(grown, records)),
+                creates,
+                replays,
+                purged: Some(purged),
+            });
+            drop(store);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    });
+    println!(
+        "{records} completed records, responses of {} bytes (status, headers, body), keys of {} bytes; \
+         {} tasks on 2 workers, {} s a figure; PostgreSQL pool {}",
+        response_bytes(&response),
+        key(run, 0).len(),
+        options.tasks,
+        options.seconds,
+        options.pool
+    );
+    println!();
+    println!("| store | bytes a completed record | creates/s | replays/s | expired purged/s |");
+    println!("|---|---|---|---|---|");
+    for row in rows {
+        let purged = row
+            .purged
+            .map_or("—".to_owned(), |rate| format!("{rate:.0}"));
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {purged} |",
+            row.store, row.bytes, row.creates, row.replays
+        );
+    }
+}
