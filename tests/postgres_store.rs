@@ -975,3 +975,57 @@ async fn a_start_with_the_database_away_fails_at_once() {
         started.elapsed()
     );
 }
+
+/// The operator's tool (`idempotency_keys`, feature `cli`) on PostgreSQL: `purge` deletes the
+/// expired records of its table and nothing else, and a store failure exits 3 with the
+/// database's own words, not only the driver's "db error".
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
+    let table = format!("tool_{}", std::process::id());
+    let store = make_store(None)
+        .await
+        .table(&table)
+        .unwrap()
+        .retention(Duration::from_secs(3600));
+    store.migrate().await.unwrap();
+    for key in ["old", "kept"] {
+        complete_new(&store, key).await;
+    }
+    let pending = tower_idempotency::LabelContract::fingerprint("pending", "p");
+    store.claim("pending", &pending).await.unwrap();
+    let client = store.pool().get().await.unwrap();
+    client
+        .execute(
+            &format!("UPDATE {table} SET expires_at = now() - interval '1 hour' WHERE key = 'old'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let tool = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+            .args(args)
+            .output()
+            .expect("the tool runs")
+    };
+    let url = database_url();
+    let purged = tool(&["--store", &url, "--table", &table, "purge"]);
+    assert_eq!(purged.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&purged.stdout), "purged 1\n");
+    let left: Vec<String> = client
+        .query(&format!("SELECT key FROM {table} ORDER BY key"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(left, ["kept", "pending"]);
+    let missing = tool(&["--store", &url, "--table", "no_such_table_here", "purge"]);
+    assert_eq!(missing.status.code(), Some(3));
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("does not exist"), "{said}");
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}

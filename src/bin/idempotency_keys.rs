@@ -363,7 +363,18 @@ async fn main() -> ExitCode {
     match open_and_run(&options).await {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("store: {error}");
+            // The whole chain: a driver's own text ("db error") says little without its cause.
+            let mut message = format!("store: {error}");
+            let mut cause = std::error::Error::source(&error);
+            while let Some(error) = cause {
+                let text = error.to_string();
+                if !message.ends_with(&text) {
+                    message.push_str(": ");
+                    message.push_str(&text);
+                }
+                cause = error.source();
+            }
+            eprintln!("{message}");
             ExitCode::from(3)
         }
     }
