@@ -426,11 +426,23 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     assert_eq!((code, out.as_str()), (Some(0), "purged 0\n"));
     let (code, _, missing) = tool(&["--store", &url, "show", "nothing-here"]);
     assert_eq!(code, Some(1), "no such record: {missing}");
-    let nowhere = format!(
-        "sqlite://{}",
-        dir.join("no-such-dir/records.sqlite3").display()
-    );
-    let (code, _, failed) = tool(&["--store", &nowhere, "purge"]);
+    // A key that begins with a dash, after `--`.
+    let (code, _, _) = tool(&["--store", &url, "show", "--", "--dashed"]);
+    assert_eq!(code, Some(1), "a key, not a flag");
+    // A path that names no file is a bad command line, and makes no file.
+    let typo = dir.join("records.sqlite3x");
+    let typo_url = format!("sqlite://{}", typo.display());
+    let (code, _, said) = tool(&["--store", &typo_url, "purge"]);
+    assert_eq!(code, Some(2), "no such file: {said}");
+    assert!(said.contains("no such file"), "{said}");
+    assert!(!typo.exists(), "no file made");
+    let (code, _, said) = tool(&["--store", "mysql://x", "purge"]);
+    assert_eq!(code, Some(2), "not a store URL: {said}");
+    // A file that is not a database: the store failed.
+    let not_a_database = dir.join("not-a-database");
+    std::fs::write(&not_a_database, vec![b'x'; 4096]).unwrap();
+    let broken = format!("sqlite://{}", not_a_database.display());
+    let (code, _, failed) = tool(&["--store", &broken, "--timeout-s", "2", "purge"]);
     assert_eq!(code, Some(3), "the store failed: {failed}");
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);

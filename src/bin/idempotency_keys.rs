@@ -20,7 +20,7 @@ use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] [--retention-s N] (show KEY | pending --older-than DURATION \
+[--scope SCOPE] [--table NAME] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
 [--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
 | purge)";
 
@@ -51,6 +51,9 @@ OPTIONS
   --scope SCOPE      the key space the layer was given with .scope(...), if any
   --retention-s N    how long a resolved key replays, as the servers keep a completed key
                      (default 86400; 0 for good: give what the servers were given)
+  --timeout-s N      each store call's timeout (default 1; a listing gets ten times it:
+                     raise it for a Redis of millions of keys, whose listing scans them all)
+  --                 what follows are words, not flags (a key that begins with -)
   -h, --help         this text
 
 Keys are the ones clients send; the store key is derived as the layer derives it. `pending`
@@ -58,7 +61,8 @@ prints this endpoint's keys, and the sha256: digests PostgreSQL keeps for keys o
 (whose endpoint it cannot tell). Output is plain text a script can read.
 
 EXIT CODES
-  0 done, 1 no such record (for resolve: none pending), 2 a bad command line, 3 the store failed";
+  0 done, 1 no such record (for resolve: none pending), 2 a bad command line (a store URL,
+  table or SQLite file that cannot be the store included), 3 the store failed";
 
 /// Prints one line of output. A reader that stopped reading (`show KEY | head -1`) ends the
 /// program quietly, with success, instead of a panic on the broken pipe.
@@ -93,6 +97,8 @@ struct Options {
     scope: Option<String>,
     /// How long a resolved key replays, as the servers keep a completed one; `None`: for good.
     retention: Option<Duration>,
+    /// Each store call's timeout (a listing gets ten times it), if not the store's default.
+    timeout: Option<Duration>,
     command: Command,
 }
 
@@ -125,6 +131,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
     let mut headers = HeaderMap::new();
     let mut abandoned = false;
     let mut retention = Some(tower_idempotency::store::DEFAULT_RETENTION);
+    let mut timeout = None;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
@@ -150,6 +157,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
                 headers.append(name, text);
             }
             "--abandoned" => abandoned = true,
+            "--timeout-s" => {
+                let seconds: u64 = value()?.parse().map_err(|e| format!("--timeout-s: {e}"))?;
+                timeout = Some(Duration::from_secs(seconds.max(1)));
+            }
+            // What follows is words: a key may begin with `-`.
+            "--" => words.extend(args.by_ref()),
             "--retention-s" => {
                 let seconds: u64 = value()?
                     .parse()
@@ -187,6 +200,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
         path,
         scope,
         retention,
+        timeout,
         command,
     }))
 }
@@ -304,14 +318,19 @@ async fn run(store: impl Operator + Purge, options: &Options) -> Result<u8, Stor
     }
 }
 
-/// `store` keeping a completed key for `retention`, or for good (`None`).
-macro_rules! retained {
-    ($store:expr, $retention:expr) => {
-        match $retention {
+/// `store` keeping a completed key for `--retention-s`, or for good, with `--timeout-s`'s
+/// timeout if given: every store has these settings.
+macro_rules! configured {
+    ($store:expr, $options:expr) => {{
+        let store = match $options.retention {
             Some(retention) => $store.retention(retention),
             None => $store.keep_forever(),
+        };
+        match $options.timeout {
+            Some(timeout) => store.timeout(timeout),
+            None => store,
         }
-    };
+    }};
 }
 
 /// Opens the store `--store` names and runs the command on it.
@@ -321,23 +340,30 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         // An operator looks at whatever is there, whatever the eviction policy.
         let store = RedisStore::connect_allowing_eviction(url).await?;
-        return run(retained!(store, options.retention), options).await;
+        return run(configured!(store, options), options).await;
     }
     if let Some(seeds) = url.strip_prefix("redis-cluster://") {
         let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
         let store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
-        return run(retained!(store, options.retention), options).await;
+        return run(configured!(store, options), options).await;
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let mut store = PostgresStore::connect(url).await?;
         if let Some(table) = &options.table {
             store = store.table(table)?;
         }
-        return run(retained!(store, options.retention), options).await;
+        return run(configured!(store, options), options).await;
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
+        // Opening makes a missing file: a mistyped path would look like an empty store.
+        if !std::path::Path::new(path).is_file() {
+            return Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                format!("{path}: no such file"),
+            ));
+        }
         let store = SqliteStore::open(path).await?;
-        return run(retained!(store, options.retention), options).await;
+        return run(configured!(store, options), options).await;
     }
     Err(StoreError::with_source(
         StoreErrorKind::InvalidConfig,
@@ -362,20 +388,29 @@ async fn main() -> ExitCode {
     };
     match open_and_run(&options).await {
         Ok(code) => ExitCode::from(code),
+        // A URL, a table or a file that cannot be the store: the command line is wrong.
+        Err(error) if error.kind() == StoreErrorKind::InvalidConfig => {
+            eprintln!("{}", chain(&error));
+            ExitCode::from(2)
+        }
         Err(error) => {
-            // The whole chain: a driver's own text ("db error") says little without its cause.
-            let mut message = format!("store: {error}");
-            let mut cause = std::error::Error::source(&error);
-            while let Some(error) = cause {
-                let text = error.to_string();
-                if !message.ends_with(&text) {
-                    message.push_str(": ");
-                    message.push_str(&text);
-                }
-                cause = error.source();
-            }
-            eprintln!("{message}");
+            eprintln!("{}", chain(&error));
             ExitCode::from(3)
         }
     }
+}
+
+/// A store error with its causes: a driver's own text ("db error") says little without them.
+fn chain(error: &StoreError) -> String {
+    let mut message = format!("store: {error}");
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = error.source();
+    }
+    message
 }

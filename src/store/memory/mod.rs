@@ -31,6 +31,11 @@ const SHARDS: usize = 64;
 /// so a few a claim keep up; the work under the lock stays small and bounded.
 const SWEEP_PER_CLAIM: usize = 4;
 
+/// Entries of each shard's expiry queue a claim refused by a full store looks at before it
+/// tries again: enough to find room wherever a record expired, few enough that a flood of
+/// refused claims, or the first claim after an idle spell, does a bounded amount of work.
+const SWEEP_WHEN_FULL: usize = 64;
+
 /// The embedded default store: a sharded map in this process.
 ///
 /// Concurrent and lock-striped: a key's shard is locked only for the few instructions a claim,
@@ -181,8 +186,15 @@ impl MemoryStore {
     /// one million): when full, a claim of a new key fails with
     /// [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`, `store_unavailable`,
     /// with `Retry-After`, and creates nothing) until releases or the retention make room.
-    /// Before it refuses, a full store drops every expired record it holds. A replay and a
+    /// Before it refuses, a full store drops expired records of every shard. A replay and a
     /// claim of a pending key need no room: they keep their answers when the store is full.
+    ///
+    /// Pending records count, and never expire: a create that fails without an answer (the
+    /// inner service's error or panic) keeps its key pending, since it may have taken effect.
+    /// So while the create's downstream fails every request, a bounded store fills with such
+    /// keys and then refuses every new key, until they are resolved or forgotten (the
+    /// store's [`Operator`](crate::store::Operator) view) or the process restarts (which
+    /// forgets every key of a memory store). [`len`](Self::len) tells how full it is.
     ///
     /// Like [`retention`](Self::retention), it returns an **empty** store: set it on a new
     /// one, before it is shared; the room reserved with [`MemoryStore::with_capacity`] is
@@ -312,8 +324,8 @@ impl MemoryStore {
         Ok(Claim::Replay(codec::decode(stored)?))
     }
 
-    /// The claim; when the store is full, once more after dropping every expired record (they
-    /// may hold the room in other shards).
+    /// The claim; when the store is full, once more after dropping expired records of every
+    /// shard (they may hold the room in other shards).
     fn claim_at_once(
         &self,
         key: &str,
@@ -323,9 +335,9 @@ impl MemoryStore {
     ) -> Result<Claim, StoreError> {
         match self.decide(key, fingerprint, reservation, lease) {
             Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
-                if self.purge_expired() == 0 {
-                    return Err(full);
-                }
+                // Tried again whatever this sweep dropped: another claim's sweep, a release
+                // or a forget may have made room meanwhile.
+                self.sweep_every_shard(SWEEP_WHEN_FULL);
                 self.decide(key, fingerprint, reservation, lease)
             }
             claimed => claimed,
@@ -471,6 +483,12 @@ impl MemoryStore {
     /// optional: it frees the memory of shards no claim touches. It walks only the expired
     /// records, never a whole shard.
     pub fn purge_expired(&self) -> usize {
+        self.sweep_every_shard(usize::MAX)
+    }
+
+    /// Drops the expired records of every shard, looking at `limit` entries of each expiry
+    /// queue at most, and returns how many it dropped.
+    fn sweep_every_shard(&self, limit: usize) -> usize {
         let Some(retention) = self.shared.retention else {
             return 0;
         };
@@ -479,7 +497,7 @@ impl MemoryStore {
             .shared
             .shards
             .iter()
-            .map(|shard| lock(shard).sweep(now, retention, usize::MAX))
+            .map(|shard| lock(shard).sweep(now, retention, limit))
             .sum();
         self.give_room(dropped);
         dropped

@@ -225,7 +225,13 @@ impl PostgresStore {
             && !name.starts_with(|c: char| c.is_ascii_digit())
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !valid {
-            return Err(StoreError::new(StoreErrorKind::InvalidConfig));
+            return Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                format!(
+                    "table {name:?}: letters, digits and _, not starting with a digit, at most \
+                     48 characters"
+                ),
+            ));
         }
         self.sql = Arc::new(Sql::new(name));
         if let Some(notifier) = &self.notifier {

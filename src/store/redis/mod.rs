@@ -45,25 +45,31 @@ use crate::fingerprint::Fingerprint;
 /// replica.
 ///
 /// Completed records expire after the [retention](RedisStore::retention) (24 hours unless
-/// set) by their time to live: Redis deletes them itself, nothing to purge. Pending records
-/// never expire, since expiring one could let a retry create a second time. A pending
-/// record is left behind, with no time to live, by exactly these:
+/// set) by their time to live: Redis deletes them itself, nothing to purge
+/// ([`keep_forever`](RedisStore::keep_forever) gives them none). Pending records never
+/// expire, since expiring one could let a retry create a second time. A pending record is
+/// left behind, with no time to live, when the layer could not finish its key:
 ///
 /// - a create that failed without an answer (the inner service's error, a panic, a response
 ///   over the cap): it may have taken effect, so its key stays taken (see
 ///   [`StoredResponses`](crate::StoredResponses));
-/// - a create running in a process that was killed;
-/// - a claim or complete whose answer was lost, when the layer's settling could not reach
-///   the store for about half a minute.
+/// - a create or an admission that was running when its process died or its runtime shut
+///   down (an admission that panicked, too);
+/// - a claim whose answer was lost, or a complete or a release (after a refused admission,
+///   or a create's answer that is not stored) that failed, when the layer could not settle
+///   it: the store stayed away for about half a minute, more keys than the layer's
+///   settling bound were waiting to be settled, or the store answered with an error other
+///   than a lost answer.
 ///
-/// A conflict, a refused body, a refused admission, a released create and a replay leave
-/// nothing behind. So records without a time to live grow only with such failures, one per
-/// failed request, and an outage of the create's downstream that fails every request on
-/// distinct keys grows them at the request rate. The operator's tool lists them
-/// (`idempotency_keys --store URL pending --older-than 5m --abandoned`: pending past their
-/// lease, nobody renewing), and `resolve` or `forget` ends each; a layer with
-/// [`take_over_abandoned`](crate::IdempotencyLayer::take_over_abandoned) lets the client's
-/// retry take such a key over instead.
+/// A replay, a conflict, a refused body and a completed create leave nothing without a
+/// time to live. So such records grow only with those failures, one a failed request: an
+/// outage of the create's downstream that fails every request on distinct keys grows them
+/// at the request rate. The operator's tool lists them (`idempotency_keys --store URL
+/// pending --older-than 5m --abandoned`: pending past their lease, nobody renewing; give it
+/// `--timeout-s` for a store of millions of keys, since the listing scans every key), and
+/// `resolve` or `forget` ends each. A layer with
+/// [`take_over_abandoned`](crate::IdempotencyLayer::take_over_abandoned) lets a client's retry
+/// take over a key whose claimer allowed it too.
 ///
 /// Durability is Redis's: with append-only persistence on, records survive a restart;
 /// without it, a restart forgets every key.
