@@ -324,3 +324,35 @@ fn a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory()
         held.abort();
     });
 }
+
+/// A new store is bounded at a million records; `max_records` sets another bound and
+/// `unbounded` takes it away, a bound set before included.
+#[tokio::test]
+async fn the_default_bound_is_a_million_records_and_unbounded_opts_out() {
+    use tower_idempotency::store::{Claim, DEFAULT_MAX_RECORDS};
+    assert_eq!(DEFAULT_MAX_RECORDS, 1_000_000);
+    assert_eq!(MemoryStore::new().record_bound(), Some(DEFAULT_MAX_RECORDS));
+    assert_eq!(
+        MemoryStore::with_retention(Duration::from_secs(1)).record_bound(),
+        Some(DEFAULT_MAX_RECORDS)
+    );
+    let bounded = MemoryStore::new().max_records(3);
+    assert_eq!(bounded.record_bound(), Some(3));
+    let unbounded = bounded.unbounded();
+    assert_eq!(unbounded.record_bound(), None);
+    let fp = LabelContract::fingerprint("x", "p");
+    for i in 0..10 {
+        assert!(matches!(
+            unbounded.claim(&format!("k-{i}"), &fp).await,
+            Ok(Claim::New(_))
+        ));
+    }
+    // On a store whose clones are held: a new store beside it, unbounded, theirs bounded.
+    let shared = MemoryStore::new().max_records(1);
+    let held = shared.clone();
+    let beside = shared.unbounded();
+    assert_eq!(
+        (beside.record_bound(), held.record_bound()),
+        (None, Some(1))
+    );
+}
