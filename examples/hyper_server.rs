@@ -55,6 +55,8 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let service = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
         .global_keys()
+        // The create reads the operation from the request extensions.
+        .value_extension(true)
         .layer(tower::service_fn(create));
     println!("hyper label server on http://{addr}");
     loop {

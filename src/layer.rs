@@ -333,21 +333,29 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Whether the inner service gets the operation's value (a
-    /// [`LabelOperation`](crate::operation::LabelOperation), a typed body) in the request extensions.
-    /// On by default; an inner service that reads the body itself (axum's `Json`, say) can
-    /// turn it off and save the three allocations of a request's first extension. An inner
-    /// service that still expects the value (axum's `Extension`) then fails its create: a
-    /// `500 create_failed`, the key left pending.
+    /// Whether the inner service gets the operation's value (a typed body, a
+    /// [`LabelOperation`](crate::operation::LabelOperation)) in the request extensions.
+    ///
+    /// By default the operation decides ([`Operation::hands_over_value`]): a body typed with
+    /// [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over (its handler
+    /// writes `Extension<T>`), while [`JsonOperation::new`](crate::JsonOperation::new),
+    /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and
+    /// the [`LabelContract`](crate::LabelContract) hand nothing over: their handlers read the
+    /// body, and a request's first extension costs three allocations. `true` hands the value
+    /// over whatever the operation says (the label contract's handler can then take
+    /// `Extension<LabelOperation>`); `false` never. An inner service that expects a value
+    /// it is not given (axum's `Extension`) fails its create: a `500 create_failed`, the key
+    /// left pending.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).value_extension(false);
+    /// // The handler takes `Extension<LabelOperation>`.
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).value_extension(true);
     /// # drop(layer);
     /// ```
     pub fn value_extension(mut self, insert: bool) -> Self {
-        self.config.value_extension = insert;
+        self.config.value_extension = Some(insert);
         self
     }
 

@@ -92,8 +92,9 @@
 //! Where an API's contract fixes every status and byte, the operation says so. The crate's
 //! worked example is [`LabelContract`], a shipping-label create specified to the byte: `POST /labels`
 //! with exactly `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to
-//! `request_id`, every refusal `{"error":"…"}`. The inner service gets the
-//! [`LabelOperation`](operation::LabelOperation).
+//! `request_id`, every refusal `{"error":"…"}`. The inner service reads the body, or gets the
+//! [`LabelOperation`](operation::LabelOperation) in the request extensions when the layer
+//! says [`value_extension(true)`](IdempotencyLayer::value_extension), as here.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -110,7 +111,11 @@
 //!     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(body).unwrap())
 //! });
 //! let service = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys())
+//!     .layer(
+//!         IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+//!             .global_keys()
+//!             .value_extension(true),
+//!     )
 //!     .service(create);
 //!
 //! // The client stores the operation, then builds every attempt from it.

@@ -85,7 +85,9 @@ pub(crate) struct Config {
     pub(crate) excluded_headers: Vec<HeaderName>,
     pub(crate) mark_replays: bool,
     pub(crate) outcome_extension: bool,
-    pub(crate) value_extension: bool,
+    /// Whether the value goes into the request extensions; `None`: as the operation says
+    /// ([`Operation::hands_over_value`]).
+    pub(crate) value_extension: Option<bool>,
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
     pub(crate) lease: Lease,
@@ -107,7 +109,7 @@ impl Default for Config {
             excluded_headers: Vec::new(),
             mark_replays: false,
             outcome_extension: false,
-            value_extension: true,
+            value_extension: None,
             trace_keys: false,
             stored: StoredResponses::Every,
             lease: Lease::default(),
@@ -222,7 +224,9 @@ impl<O: Operation> Settings<O> {
             excluded_headers: config.excluded_headers.clone(),
             mark_replays: config.mark_replays,
             outcome_extension: config.outcome_extension,
-            value_extension: config.value_extension,
+            value_extension: config
+                .value_extension
+                .unwrap_or_else(|| operation.hands_over_value()),
             trace_keys: config.trace_keys,
             stored: config.stored,
             lease: config.lease,

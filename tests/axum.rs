@@ -92,7 +92,11 @@ async fn a_handler_can_read_the_operation_from_the_extensions() {
     }
     let app: Router = Router::new()
         .route("/labels", post(from_extensions))
-        .route_layer(IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys());
+        .route_layer(
+            IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+                .global_keys()
+                .value_extension(true),
+        );
     let reply = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     assert_eq!(reply.status, 201);
     assert_eq!(reply.body, "created label-req-7 for parcel-42");

@@ -147,16 +147,18 @@ async fn compression_outside_the_layer_compresses_the_replay_too() {
     }
 }
 
-/// The inner service gets the operation's value in the request extensions, unless the layer
-/// is told not to put it there.
+/// The inner service gets the operation's value in the request extensions when the layer
+/// says so, and by default only when the operation hands it over: the label contract does
+/// not (its handlers read the body).
 #[tokio::test]
-async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
+async fn the_operation_value_is_in_the_extensions_when_asked_for() {
     use common::{Chunks, CreateError, created_response, valid};
     use std::sync::Arc;
     use tower_idempotency::body::RequestBody;
     for (insert, expected) in [
-        (true, Some(LabelOperation::new(KEY, "parcel-42"))),
-        (false, None),
+        (Some(true), Some(LabelOperation::new(KEY, "parcel-42"))),
+        (Some(false), None),
+        (None, None),
     ] {
         let seen = Arc::new(std::sync::Mutex::new(None));
         let saw = Arc::clone(&seen);
@@ -164,9 +166,11 @@ async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
             *saw.lock().unwrap() = Some(request.extensions().get::<LabelOperation>().cloned());
             async move { Ok::<_, CreateError>(created_response()) }
         });
-        let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
-            .global_keys()
-            .value_extension(insert);
+        let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys();
+        let layer = match insert {
+            Some(insert) => layer.value_extension(insert),
+            None => layer,
+        };
         let service = tower::Layer::layer(&layer, create);
         Reply::read(service.oneshot(valid()).await.unwrap())
             .await
@@ -174,7 +178,53 @@ async fn the_operation_value_is_in_the_extensions_unless_turned_off() {
         assert_eq!(
             seen.lock().unwrap().take(),
             Some(expected),
-            "value_extension({insert})"
+            "value_extension({insert:?})"
         );
+    }
+}
+
+/// A typed JSON operation hands its value over by default, an untyped one does not; the
+/// layer's setting wins over both.
+#[tokio::test]
+async fn a_typed_json_body_is_handed_over_by_default_an_untyped_one_is_not() {
+    use common::{Chunks, CreateError, created_response};
+    use std::sync::Arc;
+    use tower_idempotency::JsonOperation;
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::operation::Operation;
+    #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+    struct Order {
+        sku: String,
+    }
+    assert!(JsonOperation::<Order>::typed().hands_over_value());
+    assert!(!JsonOperation::new().hands_over_value());
+    assert!(!LabelContract.hands_over_value());
+    let order = || {
+        http::Request::post("/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "order-1")
+            .body(Chunks::one(r#"{"sku":"a-1"}"#))
+            .unwrap()
+    };
+    for (insert, expected) in [(None, true), (Some(false), false), (Some(true), true)] {
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let saw = Arc::clone(&seen);
+        let create = tower::service_fn(move |request: http::Request<RequestBody<Chunks>>| {
+            *saw.lock().unwrap() = Some(request.extensions().get::<Order>().cloned());
+            async move { Ok::<_, CreateError>(created_response()) }
+        });
+        let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::<Order>::typed())
+            .global_keys();
+        let layer = match insert {
+            Some(insert) => layer.value_extension(insert),
+            None => layer,
+        };
+        let service = tower::Layer::layer(&layer, create);
+        let reply = Reply::read(service.oneshot(order()).await.unwrap()).await;
+        assert_eq!(reply.status, 201);
+        let expected = expected.then(|| Order {
+            sku: "a-1".to_owned(),
+        });
+        assert_eq!(seen.lock().unwrap().take(), Some(expected), "{insert:?}");
     }
 }

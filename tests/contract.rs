@@ -590,9 +590,12 @@ async fn the_guarded_path_is_configurable() {
     rig.send(request).await.is_created();
 }
 
+/// The inner service gets the body, and the operation too when the layer hands it over.
 #[tokio::test]
 async fn the_inner_service_gets_the_validated_body_and_the_operation() {
-    let rig = Rig::around(|journal| {
+    let journal = Journal::default();
+    let create = {
+        let journal = journal.clone();
         tower::service_fn(
             move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
                 journal.record("create");
@@ -611,6 +614,9 @@ async fn the_inner_service_gets_the_validated_body_and_the_operation() {
                 }
             },
         )
+    };
+    let rig = Rig::build(journal, Default::default(), Inner::new(create), |layer| {
+        layer.value_extension(true)
     });
     rig.send(valid()).await.is_created();
 }

@@ -719,7 +719,10 @@ async fn a_raw_operation_fingerprints_the_exact_bytes_and_content_type() {
     };
     let operation =
         RawOperation::new().media_types(["application/x-www-form-urlencoded", "text/plain"]);
-    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
+    // A raw operation's value is its key, handed over when asked for.
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation)
+        .global_keys()
+        .value_extension(true);
     let service = tower::Layer::layer(&layer, create);
     let form = |key: &str, content_type: &str, body: &'static str| {
         request("POST", "/upload", Some(key), Some(content_type), body)

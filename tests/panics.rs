@@ -44,6 +44,7 @@ async fn a_create_that_panics_is_a_500_once_and_the_key_stays_pending() {
     let limit = ConcurrencyLimit::new(1);
     let service = IdempotencyLayer::new(store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .admission(limit.clone())
         .layer(panicking_create(Arc::clone(&calls), Duration::ZERO));
     for parcel in ["boom", "bang"] {
@@ -69,6 +70,7 @@ async fn a_create_that_panics_after_its_client_left_is_caught_in_the_task() {
     let store = MemoryStore::new();
     let service = IdempotencyLayer::new(store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .layer(panicking_create(
             Arc::clone(&calls),
             Duration::from_millis(50),
@@ -102,6 +104,7 @@ async fn an_admission_that_panics_is_a_500_and_creates_nothing() {
     });
     let service = IdempotencyLayer::new(store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .admission(admission)
         .layer(panicking_create(Arc::clone(&calls), Duration::ZERO));
     let reply = send_to_service(&service, operation("adm", "boom")).await;

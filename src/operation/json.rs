@@ -80,6 +80,8 @@ pub struct JsonOperation<T = IgnoredAny> {
 }
 
 struct Config<T> {
+    /// Whether the `T` goes into the request extensions by default.
+    hand_over: bool,
     methods: Vec<Method>,
     key_member: Option<Pointer>,
     fingerprint: Selection,
@@ -91,6 +93,7 @@ struct Config<T> {
 impl<T> Clone for Config<T> {
     fn clone(&self) -> Self {
         Self {
+            hand_over: self.hand_over,
             methods: self.methods.clone(),
             key_member: self.key_member.clone(),
             fingerprint: self.fingerprint.clone(),
@@ -110,9 +113,12 @@ enum Selection {
 }
 
 impl JsonOperation {
-    /// Any JSON body, untyped: the syntax is checked, nothing is deserialized.
+    /// Any JSON body, untyped: the syntax is checked, nothing is deserialized, and nothing
+    /// is handed to the inner service beside the body (its handler reads the body).
     pub fn new() -> Self {
-        Self::typed()
+        let mut operation = Self::typed();
+        operation.config().hand_over = false;
+        operation
     }
 }
 
@@ -134,6 +140,7 @@ impl<T> fmt::Debug for JsonOperation<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JsonOperation")
             .field("type", &std::any::type_name::<T>())
+            .field("hands_over_value", &self.config.hand_over)
             .field("methods", &self.config.methods)
             .field("key_member", &self.config.key_member)
             .field("fingerprint", &self.config.fingerprint)
@@ -144,10 +151,12 @@ impl<T> fmt::Debug for JsonOperation<T> {
 
 impl<T> JsonOperation<T> {
     /// A body that must deserialize into `T`; the inner service gets the `T` in the request
-    /// extensions.
+    /// extensions (axum: `Extension<T>`), unless the layer's
+    /// [`value_extension(false)`](crate::IdempotencyLayer::value_extension) says otherwise.
     pub fn typed() -> Self {
         Self {
             config: Arc::new(Config {
+                hand_over: true,
                 methods: vec![Method::POST],
                 key_member: None,
                 fingerprint: Selection::Whole,
@@ -333,6 +342,11 @@ where
     T: DeserializeOwned + Clone + Send + Sync + 'static,
 {
     type Value = T;
+
+    /// `true` for [`typed`](JsonOperation::typed), `false` for [`new`](JsonOperation::new).
+    fn hands_over_value(&self) -> bool {
+        self.config.hand_over
+    }
 
     fn reply(&self, rejection: &Rejection) -> http::Response<Bytes> {
         crate::problem::reply_under(rejection, self.config.problem_base.as_deref())

@@ -149,6 +149,16 @@ pub trait Operation: Clone + Send + Sync + 'static {
     fn default_body_limit(&self) -> usize {
         DEFAULT_BODY_LIMIT
     }
+
+    /// Whether the inner service gets the [`Value`](Operation::Value) in the request
+    /// extensions when the layer does not say
+    /// ([`IdempotencyLayer::value_extension`](crate::IdempotencyLayer::value_extension)).
+    /// `false` by default: a request's first extension costs three allocations, and most
+    /// handlers read the body themselves. An operation whose value is what its handler
+    /// wants ([`JsonOperation::typed`]) says `true`.
+    fn hands_over_value(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Operation::head`] decided.

@@ -753,18 +753,17 @@ pub async fn answers_lost_after_the_send_strand_no_key<St: Store>(
 }
 
 /// A create that takes the number of milliseconds its `parcel_id` names (`"slow-400"`), and
-/// panics for `"boom"` the first time it runs.
+/// panics for `"boom"` the first time it runs. It reads the body, as a handler does.
 pub fn timed_create(journal: Journal, creates: Arc<AtomicUsize>) -> Inner {
     Inner::new(tower::service_fn(
         move |request: Request<RequestBody<Chunks>>| {
             journal.record("create");
             let first = creates.fetch_add(1, Ordering::SeqCst) == 0;
-            let parcel = request
-                .extensions()
-                .get::<LabelOperation>()
-                .map(|op| op.parcel_id.clone())
-                .unwrap_or_default();
             async move {
+                use http_body_util::BodyExt;
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let op: LabelOperation = serde_json::from_slice(&body).unwrap();
+                let parcel = op.parcel_id.to_string();
                 assert!(!(first && parcel == "boom"), "the create panics");
                 let millis = parcel.strip_prefix("slow-").and_then(|ms| ms.parse().ok());
                 if let Some(millis) = millis {
