@@ -447,3 +447,21 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A new file is put in WAL mode (readers go on while a process writes), and stays in it.
+#[tokio::test]
+async fn a_new_file_is_in_wal_mode() {
+    let dir = fresh_dir("wal");
+    let file = dir.join("records.sqlite3");
+    drop(SqliteStore::open(&file).await.unwrap());
+    let mode = || -> String {
+        rusqlite::Connection::open(&file)
+            .unwrap()
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .unwrap()
+    };
+    assert_eq!(mode(), "wal");
+    drop(SqliteStore::open(&file).await.unwrap());
+    assert_eq!(mode(), "wal");
+    let _ = std::fs::remove_dir_all(&dir);
+}
