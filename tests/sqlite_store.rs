@@ -465,3 +465,213 @@ async fn a_new_file_is_in_wal_mode() {
     assert_eq!(mode(), "wal");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every command of the operator's tool on a SQLite file, with the endpoint's flags: `show`
+/// of a completed and a pending key, `pending` by age and abandoned, `resolve` into a replay
+/// with its headers and retention, `forget`, and durations in every unit.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_shows_lists_resolves_and_forgets() {
+    use tower_idempotency::scope::store_key;
+    use tower_idempotency::store::{Claim, Lease, Reservation, Store};
+    let tool = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+            .args(args)
+            .output()
+            .expect("the tool runs");
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    };
+    let dir = fresh_dir("tool-commands");
+    let file = dir.join("records.sqlite3");
+    let url = format!("sqlite://{}", file.display());
+    let store = SqliteStore::open(&file).await.unwrap();
+    let labels = |key: &str| store_key(None, &http::Method::POST, "/labels", key);
+    let fingerprint = tower_idempotency::LabelContract::fingerprint("k", "p");
+    complete_new_at(&store, &labels("done"), &fingerprint).await;
+    // Pending: one whose lease lapses at once (its server died), one still renewed.
+    let lapsed = Lease::new(Lease::MIN);
+    store
+        .claim_with(
+            &labels("stuck"),
+            &fingerprint,
+            Reservation::generate(),
+            lapsed,
+        )
+        .await
+        .unwrap();
+    store.claim(&labels("running"), &fingerprint).await.unwrap();
+    // Another endpoint, in a tenant's key space.
+    let orders = store_key(Some("acme"), &http::Method::PUT, "/orders", "o-1");
+    store.claim(&orders, &fingerprint).await.unwrap();
+    let run = |args: &[&str]| {
+        let mut all = vec!["--store", url.as_str()];
+        all.extend_from_slice(args);
+        tool(&all)
+    };
+
+    let (code, shown) = run(&["show", "done"]);
+    assert_eq!(code, Some(0));
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines[0], "state completed");
+    assert!(
+        lines[1].starts_with("age ") && lines[1].ends_with('s'),
+        "{shown}"
+    );
+    assert_eq!(
+        lines[2],
+        format!("fingerprint {}", fingerprint.to_hex().as_str())
+    );
+    assert_eq!(lines[3], "status 201");
+    assert_eq!(lines.len(), 4, "{shown}");
+    // Lapsed once its lease has passed.
+    tokio::time::sleep(Lease::MIN * 2).await;
+    let (code, shown) = run(&["show", "stuck"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(shown.lines().next(), Some("state pending"));
+    assert_eq!(shown.lines().last(), Some("lease abandoned"));
+    let (_, shown) = run(&["show", "running"]);
+    assert_eq!(shown.lines().last(), Some("lease in-progress"));
+
+    for age in ["0s", "0ms", "0m", "0h", "0d"] {
+        assert_eq!(
+            run(&["pending", "--older-than", age]),
+            (Some(0), "running\nstuck\n".to_owned()),
+            "{age}"
+        );
+    }
+    assert_eq!(
+        run(&["pending", "--older-than", "0s", "--abandoned"]),
+        (Some(0), "stuck\n".to_owned())
+    );
+    for age in ["1h", "1d", "100s", "5m", "60000ms"] {
+        assert_eq!(
+            run(&["pending", "--older-than", age]),
+            (Some(0), String::new()),
+            "{age}"
+        );
+    }
+    for bad in ["5", "5x", "x5s"] {
+        assert_eq!(run(&["pending", "--older-than", bad]).0, Some(2), "{bad}");
+    }
+    assert_eq!(run(&["pending"]).0, Some(2), "pending needs --older-than");
+    // The tenant's endpoint, named by its flags.
+    let scoped = ["--method", "PUT", "--path", "/orders", "--scope", "acme"];
+    let mut args = scoped.to_vec();
+    args.extend(["pending", "--older-than", "0s"]);
+    assert_eq!(run(&args), (Some(0), "o-1\n".to_owned()));
+    let mut args = scoped.to_vec();
+    args.extend(["show", "o-1"]);
+    assert_eq!(run(&args).0, Some(0));
+    assert_eq!(run(&["show", "o-1"]).0, Some(1), "not on POST /labels");
+
+    // Resolved into a replay: its status, headers and body, kept for the retention given.
+    let body = dir.join("label.json");
+    std::fs::write(&body, r#"{"label_id":"by-hand"}"#).unwrap();
+    let body = body.display().to_string();
+    let resolve = |key: &'static str, retention: &'static str| {
+        run(&[
+            "--retention-s",
+            retention,
+            "resolve",
+            key,
+            "--status",
+            "201",
+            "--body-file",
+            &body,
+            "--header",
+            "Content-Type: application/json",
+            "--header",
+            "ETag: \"v1\"",
+        ])
+    };
+    assert_eq!(
+        resolve("stuck", "86400"),
+        (Some(0), "resolved stuck\n".to_owned())
+    );
+    let Ok(Claim::Replay(replay)) = store.claim(&labels("stuck"), &fingerprint).await else {
+        panic!("a replay");
+    };
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.body().as_ref(), br#"{"label_id":"by-hand"}"#);
+    assert_eq!(replay.headers()["content-type"], "application/json");
+    assert_eq!(replay.headers()["etag"], "\"v1\"");
+    assert_eq!(
+        resolve("running", "0"),
+        (Some(0), "resolved running\n".to_owned())
+    );
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    let expires = |key: String| -> Option<i64> {
+        connection
+            .query_row(
+                "SELECT expires_at FROM idempotency_records WHERE key = ?1",
+                [key],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let day = expires(labels("stuck")).expect("a retention") - now;
+    assert!((86_390_000..=86_400_000).contains(&day), "{day}");
+    assert_eq!(expires(labels("running")), None, "kept for good");
+    assert_eq!(resolve("stuck", "86400").0, Some(1), "not pending any more");
+    assert_eq!(
+        run(&["resolve", "done", "--status", "201"]).0,
+        Some(2),
+        "no body"
+    );
+    assert_eq!(
+        run(&["resolve", "done", "--status", "abc", "--body-file", &body]).0,
+        Some(2)
+    );
+    assert_eq!(
+        run(&[
+            "resolve",
+            "done",
+            "--status",
+            "201",
+            "--body-file",
+            &body,
+            "--header",
+            "bad"
+        ])
+        .0,
+        Some(2)
+    );
+
+    assert_eq!(
+        run(&["forget", "done"]),
+        (Some(0), "forgotten done\n".to_owned())
+    );
+    assert_eq!(run(&["show", "done"]).0, Some(1));
+    assert_eq!(run(&["forget", "done"]).0, Some(1));
+    assert!(matches!(
+        store.claim(&labels("done"), &fingerprint).await,
+        Ok(Claim::New(_))
+    ));
+    drop(connection);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A completed record of `key`, with the lesson's created response.
+#[cfg(feature = "cli")]
+async fn complete_new_at(
+    store: &SqliteStore,
+    key: &str,
+    fingerprint: &tower_idempotency::operation::Fingerprint,
+) {
+    use tower_idempotency::store::{Claim, Store, StoredResponse};
+    let Ok(Claim::New(reservation)) = store.claim(key, fingerprint).await else {
+        panic!("a new key");
+    };
+    let response = StoredResponse::new(http::StatusCode::CREATED, Default::default(), "{}".into());
+    store.complete(key, &reservation, &response).await.unwrap();
+}
