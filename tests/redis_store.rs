@@ -746,3 +746,34 @@ async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operat
         .await
         .unwrap();
 }
+
+/// The operator's tool (`idempotency_keys`, feature `cli`) on Redis: `purge` has nothing to
+/// do (Redis expires records by their time to live) and says so; `show` finds a record.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
+    use tower_idempotency::store::Operator;
+    let tool = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+            .args(args)
+            .output()
+            .expect("the tool runs");
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+            String::from_utf8(output.stderr).unwrap(),
+        )
+    };
+    let url = redis_url();
+    let (code, out, note) = tool(&["--store", &url, "purge"]);
+    assert_eq!((code, out.as_str()), (Some(0), "purged 0\n"));
+    assert!(note.contains("time to live"), "{note}");
+    let key = common::conformance::unique_key("tool");
+    let store = RedisStore::connect(&url).await.unwrap();
+    let store_key = tower_idempotency::scope::store_key(None, &http::Method::POST, "/labels", &key);
+    complete_new(&store, &store_key).await;
+    let (code, out, _) = tool(&["--store", &url, "show", &key]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.lines().next(), Some("state completed"));
+    assert!(store.forget(&store_key).await.unwrap());
+}

@@ -647,6 +647,31 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
         Some(2)
     );
 
+    // Not a command, and not a flag: nothing is done.
+    assert_eq!(
+        run(&[
+            "frobnicate",
+            "done",
+            "--status",
+            "201",
+            "--body-file",
+            &body
+        ])
+        .0,
+        Some(2)
+    );
+    assert_eq!(run(&["show", "--bogus"]).0, Some(2), "an unknown flag");
+    // A store that fails the resolve: the store failed, not "not pending".
+    let refusing = rusqlite::Connection::open(&file).unwrap();
+    refusing
+        .execute_batch(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON idempotency_records \
+             BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+        )
+        .unwrap();
+    store.claim(&labels("refused"), &fingerprint).await.unwrap();
+    assert_eq!(resolve("refused", "0").0, Some(3));
+    refusing.execute_batch("DROP TRIGGER refuse").unwrap();
     assert_eq!(
         run(&["forget", "done"]),
         (Some(0), "forgotten done\n".to_owned())
