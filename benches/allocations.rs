@@ -180,7 +180,8 @@ fn resident() -> Option<usize> {
 /// The bytes each of `n` completed keys holds in a memory store, through the layer, beyond
 /// the stored response's own bytes (status, header names and values, body).
 fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
-    let store = MemoryStore::new();
+    // Unbounded: `n` may be the default bound or more.
+    let store = MemoryStore::new().unbounded();
     let service = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(store.clone(), tower_idempotency::LabelContract)
             .global_keys(),

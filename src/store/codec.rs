@@ -48,13 +48,21 @@ fn put_fields(buffer: &mut BytesMut, headers: &HeaderMap) {
 
 /// Encodes `response` into one buffer.
 pub(crate) fn encode(response: &StoredResponse) -> Bytes {
+    encode_after(&[], response)
+}
+
+/// `prefix`, then `response` as [`encode`] writes it, in one buffer: a record's key and its
+/// response in one allocation (the memory store's).
+pub(crate) fn encode_after(prefix: &[u8], response: &StoredResponse) -> Bytes {
     let body = response.body();
     let trailers = response.trailers();
-    let capacity = 3
+    let capacity = prefix.len()
+        + 3
         + fields_len(response.headers())
         + body.len()
         + trailers.map_or(0, |trailers| 4 + fields_len(trailers));
     let mut buffer = BytesMut::with_capacity(capacity);
+    buffer.put_slice(prefix);
     buffer.put_u8(if trailers.is_some() {
         WITH_TRAILERS
     } else {

@@ -28,10 +28,10 @@ impl MemoryStore {
     /// sized is once it has grown to the same size. (An expiry queue also keeps the entries
     /// of records forgotten, or expired and claimed again, until the sweep passes them:
     /// under such churn a queue may still grow.) It is memory held from the start, whether
-    /// the records come or not: a table's slot is 105 bytes, and a table of twice the room
+    /// the records come or not: a table's slot is 121 bytes, and a table of twice the room
     /// rounds its slots up to a power of two (240 to 480 bytes a record of room, about what
     /// a store not sized reaches under churn; a small store's room is mostly its margin, and
-    /// `with_capacity(1)` takes about 430 KB); a queue's entry is 32 bytes more. The first
+    /// `with_capacity(1)` takes about 500 KB); a queue's entry is 16 bytes more. The first
     /// write to each page of it faults the page in, so the first claims into a sized store
     /// are a little slower, and none waits for a table to grow (`cargo bench --bench
     /// claim_tail`). Call it on a new store; with [`MemoryStore::max_records`], in either
@@ -53,7 +53,8 @@ impl MemoryStore {
     /// ```
     pub fn with_capacity(self, records: usize) -> Self {
         let room = shard_room(records);
-        let refused = |error| panic!("MemoryStore::with_capacity({records}): {error}");
+        let refused =
+            |error: String| -> ! { panic!("MemoryStore::with_capacity({records}): {error}") };
         self.shared.sized_for.fetch_max(records, Ordering::Relaxed);
         for shard in self.shared.shards.iter() {
             let mut shard = lock(shard);
@@ -62,9 +63,15 @@ impl MemoryStore {
             // one fuller fills with deleted marks under churn and then grows to twice its
             // size anyway, under the shard's lock.
             let table = room.saturating_mul(2);
-            shard.records.try_reserve(table).unwrap_or_else(refused);
+            shard
+                .records
+                .try_reserve(table, |record| record.hash)
+                .unwrap_or_else(|error| refused(format!("{error:?}")));
             if self.shared.retention.is_some() {
-                shard.expiry.try_reserve(room).unwrap_or_else(refused);
+                shard
+                    .expiry
+                    .try_reserve(room)
+                    .unwrap_or_else(|error| refused(error.to_string()));
             }
         }
         self

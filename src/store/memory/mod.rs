@@ -13,7 +13,7 @@ mod key;
 mod operator;
 mod shard;
 
-use self::key::{Probe, StoredKey};
+use self::key::Probe;
 use self::shard::{Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
@@ -284,7 +284,7 @@ impl MemoryStore {
             self.give_room(dropped);
         }
         let retention = self.shared.retention;
-        let stored = match shard.records.get_mut(probe.lookup()) {
+        let stored = match shard.get_mut(probe) {
             Some(record) if !retention.is_some_and(|r| record.is_expired(now(), r)) => {
                 if record.fingerprint != fingerprint {
                     return Ok(Claim::Conflict);
@@ -296,26 +296,22 @@ impl MemoryStore {
                     State::Pending {
                         until, take_over, ..
                     } if *take_over && lease.takes_over() && now() >= *until => {
-                        *record = Record::pending(fingerprint, reservation, now(), lease);
+                        record.reclaim(fingerprint, reservation, now(), lease);
                         return Ok(Claim::New(reservation));
                     }
                     State::Pending { .. } => return Ok(Claim::Pending),
-                    State::Completed { response, .. } => response.clone(),
+                    State::Completed { .. } => record.response().unwrap_or_default(),
                 }
             }
             // Expired: a new operation.
             Some(record) => {
-                *record = Record::pending(fingerprint, reservation, now(), lease);
+                record.reclaim(fingerprint, reservation, now(), lease);
                 return Ok(Claim::New(reservation));
             }
             None => {
                 self.take_room()?;
-                let key = StoredKey {
-                    hash: probe.hash,
-                    key: key.into(),
-                };
-                let record = Record::pending(fingerprint, reservation, now(), lease);
-                shard.records.insert(key, record);
+                let record = Record::pending(probe, fingerprint, reservation, now(), lease);
+                shard.insert(record);
                 return Ok(Claim::New(reservation));
             }
         };
@@ -352,11 +348,12 @@ impl MemoryStore {
         reservation: Option<&Reservation>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        // Encoded before the lock: the copy of the body is not the shard's to wait for.
-        let response = codec::encode(response);
+        // Encoded before the lock, after the key: the record's one allocation, and the copy
+        // of the body is not the shard's to wait for.
+        let data = codec::encode_after(key.as_bytes(), response);
         let reservation = reservation.map(Reservation::halves);
         let (probe, mut shard) = self.locked(key);
-        let Some(record) = shard.records.get_mut(probe.lookup()) else {
+        let Some(record) = shard.get_mut(probe) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
         };
         let owned = match &record.state {
@@ -373,14 +370,11 @@ impl MemoryStore {
             Some(_) => self.now(),
             None => Tick::NEVER,
         };
-        record.state = State::Completed { response, at };
+        record.complete(data, at);
         shard.wake(key);
-        // Only with a retention window: the queue shares the map's key.
-        if self.shared.retention.is_some()
-            && let Some((key, _)) = shard.records.get_key_value(probe.lookup())
-        {
-            let key = key.clone();
-            shard.expiry.push_back((at, key));
+        // Only with a retention window: the queue finds the record by its hash and `at`.
+        if self.shared.retention.is_some() {
+            shard.expiry.push_back((at, probe.hash));
         }
         Ok(())
     }
@@ -456,7 +450,7 @@ impl MemoryStore {
     pub fn is_pending(&self, key: &str) -> bool {
         let (probe, shard) = self.locked(key);
         matches!(
-            shard.records.get(probe.lookup()),
+            shard.get(probe),
             Some(Record {
                 state: State::Pending { .. },
                 ..
@@ -467,13 +461,9 @@ impl MemoryStore {
     /// The completed response stored for `key`, if any (expired ones included until purged).
     pub fn completed(&self, key: &str) -> Option<StoredResponse> {
         let (probe, shard) = self.locked(key);
-        match shard.records.get(probe.lookup()) {
-            Some(Record {
-                state: State::Completed { response, .. },
-                ..
-            }) => codec::decode(response.clone()).ok(),
-            _ => None,
-        }
+        let response = shard.get(probe).and_then(Record::response);
+        drop(shard);
+        codec::decode(response?).ok()
     }
 
     /// Drops every completed record older than the retention window now, and returns how many
@@ -588,11 +578,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let now = self.now();
         let (probe, mut shard) = self.locked(key);
-        match shard
-            .records
-            .get_mut(probe.lookup())
-            .map(|record| &mut record.state)
-        {
+        match shard.get_mut(probe).map(|record| &mut record.state) {
             Some(State::Pending {
                 reservation: held,
                 until,
@@ -616,14 +602,14 @@ impl Store for MemoryStore {
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let (probe, mut shard) = self.locked(key);
-        match shard.records.get(probe.lookup()) {
+        match shard.get(probe) {
             Some(Record {
                 state: State::Pending {
                     reservation: held, ..
                 },
                 ..
             }) if *held == reservation.halves() => {
-                shard.records.remove(probe.lookup());
+                shard.remove(probe);
                 shard.wake(key);
                 self.give_room(1);
                 Ok(())

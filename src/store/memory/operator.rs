@@ -11,13 +11,14 @@ impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = self.now();
         let (probe, shard) = self.locked(key);
-        Ok(shard.records.get(probe.lookup()).map(|record| {
+        Ok(shard.get(probe).map(|record| {
             let (state, since, status, abandoned) = match &record.state {
                 State::Pending { since, until, .. } => {
                     (RecordState::Pending, *since, None, now >= *until)
                 }
-                State::Completed { response, at } => {
-                    let status = codec::decode(response.clone()).ok().map(|r| r.status());
+                State::Completed { at } => {
+                    let response = record.response().unwrap_or_default();
+                    let status = codec::decode(response).ok().map(|r| r.status());
                     (RecordState::Completed, *at, status, false)
                 }
             };
@@ -40,9 +41,9 @@ impl Operator for MemoryStore {
                 shard
                     .records
                     .iter()
-                    .filter_map(|(key, record)| match record.state {
+                    .filter_map(|record| match record.state {
                         State::Pending { since, .. } if now.since(since) >= age => {
-                            Some(key.key.to_string())
+                            Some(String::from_utf8_lossy(record.key()).into_owned())
                         }
                         _ => None,
                     }),
@@ -58,7 +59,7 @@ impl Operator for MemoryStore {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let (probe, mut shard) = self.locked(key);
-        let removed = shard.records.remove(probe.lookup()).is_some();
+        let removed = shard.remove(probe);
         shard.wake(key);
         drop(shard);
         self.give_room(usize::from(removed));
