@@ -144,7 +144,7 @@
 //!
 //! Drive it with [`tower::ServiceExt::oneshot`] as above, assert statuses and exact bytes, and
 //! read what the layer did, an [`Outcome`]. The layer's own response body carries it
-//! ([`ResponseBody::outcome`](body::ResponseBody::outcome)(body::ResponseBody::outcome)), for a test that calls the layered
+//! ([`ResponseBody::outcome`](body::ResponseBody::outcome)), for a test that calls the layered
 //! service directly. An axum `Router` (or any middleware that maps the body) replaces that
 //! body: behind one, turn on [`IdempotencyLayer::outcome_extension`] and read the outcome from
 //! the response extensions, `response.extensions().get::<Outcome>()`. [`MemoryStore`] lets a
@@ -202,6 +202,7 @@
 //! | `postgres` | `store::PostgresStore`, `store::TransactionalPostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
 //! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
+//! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL or SQLite store; it turns on the three stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
 //! 1.88.

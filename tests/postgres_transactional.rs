@@ -85,7 +85,9 @@ impl Db {
                 self.store.clone(),
                 tower_idempotency::LabelContract,
             )
-            .global_keys(),
+            .global_keys()
+            // The create reads the operation from the request extensions.
+            .value_extension(true),
             create(self.labels.clone()),
         )
     }
@@ -249,6 +251,7 @@ async fn an_admission_refusal_rolls_the_claim_back() {
     });
     let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .admission(admission)
         .layer(create(db.labels.clone()));
     let refused = send(&service, "a-1", "ok").await;
@@ -303,6 +306,7 @@ async fn a_response_over_the_cap_rolls_back() {
     let db = Db::new("cap").await;
     let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .response_limit(4)
         .layer(create(db.labels.clone()));
     let over = send(&service, "c-1", "ok").await;
@@ -347,6 +351,7 @@ async fn a_response_body_that_panics_rolls_back_and_frees_the_key() {
     });
     let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
         .global_keys()
+        .value_extension(true)
         .layer(create);
     let sent = tokio::spawn(service.oneshot(operation("z-1", "ok")));
     assert!(sent.await.is_err(), "the panic reached the caller");

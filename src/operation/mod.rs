@@ -113,8 +113,10 @@ pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 ///
 /// See the [module docs](self) for the built-in operations and an example of your own.
 pub trait Operation: Clone + Send + Sync + 'static {
-    /// What the inner service receives in the request extensions, and what
-    /// [`Admission`](crate::admission::Admission) sees: the parsed operation.
+    /// The parsed operation: what [`Admission`](crate::admission::Admission) sees, and what
+    /// the inner service gets in the request extensions when the operation
+    /// [hands it over](Operation::hands_over_value) or the layer says
+    /// [`value_extension(true)`](crate::IdempotencyLayer::value_extension).
     type Value: Clone + Send + Sync + 'static;
 
     /// Decides from the request head alone, before the body is read: guard the request, pass
@@ -182,6 +184,7 @@ pub struct Parsed<'a, T> {
     pub key: Cow<'a, str>,
     /// What two attempts must share to be the same operation.
     pub fingerprint: Fingerprint,
-    /// Handed to admission and then to the inner service in the request extensions.
+    /// Handed to admission, and to the inner service in the request extensions when it is
+    /// handed over ([`Operation::hands_over_value`]).
     pub value: T,
 }

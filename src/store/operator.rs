@@ -11,7 +11,7 @@ use crate::fingerprint::Fingerprint;
 
 /// What an operator does with keys a crash left pending: look one up, list the old ones,
 /// resolve one with the response the create gave (it becomes a replay), or forget one (it
-/// becomes free). Every built-in store implements it; the `idempotency_keys` example is a
+/// becomes free). Every built-in store implements it; the `idempotency_keys` tool (feature `cli`) is a
 /// command line over it.
 ///
 /// Keys are store keys, as [`store_key`](crate::scope::store_key) derives them from what a client

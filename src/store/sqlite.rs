@@ -383,7 +383,8 @@ impl SqliteStore {
 
     /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
     /// the first time at once, in a task of its own, until the returned [`Purger`] is
-    /// dropped: keep it for as long as the store serves. One process of the host purging is
+    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
+    /// it at once, and the purge with it). One process of the host purging is
     /// enough.
     ///
     /// # Errors

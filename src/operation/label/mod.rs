@@ -47,8 +47,11 @@ use crate::outcome::Rejection;
 /// operation, not the parcel: two different `request_id`s with the same `parcel_id` are two
 /// operations, not a retry.
 ///
-/// On the server side the layer puts the validated operation into the request extensions, so
-/// the inner service can read it without parsing the body again.
+/// On the server side, with
+/// [`value_extension(true)`](crate::IdempotencyLayer::value_extension) on the layer, the
+/// validated operation goes into the request extensions, so the inner service can read it
+/// without parsing the body again (`Extension<LabelOperation>` in axum); without it the
+/// inner service reads the body (`Json<LabelOperation>`).
 ///
 /// ```
 /// use tower_idempotency::operation::LabelOperation;
@@ -229,16 +232,18 @@ impl LabelOperation {
 /// `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to `request_id`, every
 /// refusal `{"error":"…"}` byte for byte. The worked example of a strict operation.
 ///
-/// It is the layer's operation unless another is chosen ([`IdempotencyLayer::new`]): path
-/// `/labels`, body limit 4096 bytes, no scope required (the contract's keys are global). The
-/// inner service gets the [`LabelOperation`] in the request extensions.
-///
-/// [`IdempotencyLayer::new`]: crate::IdempotencyLayer::new
+/// Path `/labels`, body limit 4096 bytes. The contract has one key space: its layer takes
+/// [`global_keys`](crate::IdempotencyLayer::global_keys). The inner service gets the body,
+/// and the [`LabelOperation`] in the request extensions too when the layer says
+/// [`value_extension(true)`](crate::IdempotencyLayer::value_extension).
 ///
 /// ```
 /// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
 ///
-/// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract);
+/// // Its handler takes `Extension<LabelOperation>`.
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+///     .global_keys()
+///     .value_extension(true);
 /// # drop(layer);
 /// ```
 ///

@@ -401,7 +401,8 @@ impl PostgresStore {
 
     /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
     /// the first time at once, in a task of its own, until the returned [`Purger`] is
-    /// dropped: keep it for as long as the store serves. One replica's purger is enough; more
+    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
+    /// it at once, and the purge with it). One replica's purger is enough; more
     /// share the work (each batch skips the rows another holds).
     ///
     /// ```no_run
