@@ -202,6 +202,7 @@
 //! | `postgres` | `store::PostgresStore`, `store::TransactionalPostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
 //! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
+//! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
 //! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL or SQLite store; it turns on the three stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
@@ -231,6 +232,9 @@
 
 pub mod admission;
 pub mod body;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod fingerprint;
 pub mod future;
 mod headers;
