@@ -66,7 +66,8 @@ rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 p50 = ms(re.search(r"^\s*50%\s+(\S+)", text, re.M).group(1))
 p99 = ms(re.search(r"^\s*99%\s+(\S+)", text, re.M).group(1))
 errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-print(f"{rps:.0f} {p50:.3f} {p99:.3f} {errors.group(1) if errors else 0}")'
+requests = re.search(r"(\d+) requests in", text).group(1)
+print(f"{rps:.0f} {p50:.3f} {p99:.3f} {errors.group(1) if errors else 0} {requests}")'
 }
 
 bare=$(free_port)
@@ -75,6 +76,12 @@ retained=$(free_port)
 start bare "$bare"
 start layered "$layered"
 start retained "$retained"
+resident() { # pid → resident bytes
+  echo $(( $(awk '{print $2}' "/proc/$1/statm") * $(getconf PAGESIZE) ))
+}
+layered_pid=${pids[1]}
+layered_before=$(resident "$layered_pid")
+layered_keys=0
 median() { python3 -c 'import statistics,sys; print(statistics.median(float(v) for v in sys.argv[1:]))' "$@"; }
 printf '| keys | bare req/s | layered req/s | ratio (median of %s rounds) | bare p50 / p99 ms | layered p50 / p99 ms |\n' "$rounds"
 printf '|---|---|---|---|---|---|\n'
@@ -86,7 +93,8 @@ for row in distinct:layered distinct:retained replay:layered; do
   for ((round = 0; round < rounds; round++)); do
     read -r rps p50 p99 _ <<<"$(run "$bare" "$scenario")"
     b_rps+=("$rps") b_p50+=("$p50") b_p99+=("$p99")
-    read -r rps p50 p99 errors <<<"$(run "$server" "$scenario")"
+    read -r rps p50 p99 errors requests <<<"$(run "$server" "$scenario")"
+    [[ "$row" == distinct:layered ]] && layered_keys=$((layered_keys + requests))
     l_rps+=("$rps") l_p50+=("$p50") l_p99+=("$p99")
     ratios+=("$(python3 -c "print($rps / ${b_rps[-1]})")")
     [[ "$errors" == 0 ]] || echo "note: $errors layered responses were not 2xx"
@@ -97,3 +105,7 @@ for row in distinct:layered distinct:retained replay:layered; do
     "$(median "${b_p50[@]}")" "$(median "${b_p99[@]}")" \
     "$(median "${l_p50[@]}")" "$(median "${l_p99[@]}")"
 done
+# Resident memory per completed key under load: the server that keeps every key, its growth
+# over the distinct runs divided by the keys they made (the lesson's response included).
+layered_after=$(resident "$layered_pid")
+python3 -c "print(f'resident memory per completed key under load (keeping every key): {($layered_after - $layered_before) / $layered_keys:.0f} bytes over $layered_keys keys')"
