@@ -21,3 +21,6 @@
 //! ```
 
 pub mod decision;
+mod layer;
+
+pub use self::layer::{Attempts, ClientBody, ClientFuture, ClientLayer, RetryClient};

@@ -1,0 +1,429 @@
+//! The client layer: one key per intent, the body buffered once, every attempt the same
+//! request, retried by [`decide`](super::decision::decide) within a budget.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::{BoxError, Layer, Service, ServiceExt};
+use tracing::Instrument;
+
+use super::decision::{Decision, Failure, decide, decide_failure};
+use crate::operation::IDEMPOTENCY_KEY;
+
+/// The body a client's answer arrives in: the server's, or a `409`'s read whole to decide on
+/// it.
+pub type ClientBody<B> = Either<B, Full<Bytes>>;
+
+/// How many attempts an answer took, in its response extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts(pub u32);
+
+/// The most of a `409`'s body read to tell a pending first attempt from a conflict.
+const PENDING_BODY_LIMIT: usize = 64 * 1024;
+
+/// A [`Layer`] for an HTTP client service (a hyper-util client, or a server stack in tests)
+/// that makes each request an intent with one `Idempotency-Key`, kept for every attempt, and
+/// retries what is safe to retry with it.
+///
+/// - The key: the request's own `Idempotency-Key` if it has one, else one the layer makes
+///   (128 bits, 32 hexadecimal characters) before the first attempt.
+/// - The body is read once, up to [`body_limit`](Self::body_limit), and every attempt sends
+///   the same bytes.
+/// - Retried, with the key: what [`decide`] and [`decide_failure`] say (a connection cut, an
+///   attempt's timeout, `502`/`503`/`504`, `429`, a pending first attempt's `409`), after a
+///   backoff with full jitter (a random wait up to [`backoff`](Self::backoff)'s base doubled
+///   each attempt, capped), and never before a `Retry-After`.
+/// - Bounded: [`max_attempts`](Self::max_attempts) a request, a
+///   [`deadline`](Self::deadline) for all of them, and a retry budget shared by the layer's
+///   clones (tower's `TpsBudget`: retries at most a share of first attempts, so that
+///   retries cannot multiply an outage). The last answer is the caller's when any runs out.
+/// - Only requests whose method the layer keys ([`methods`](Self::methods), default `POST`)
+///   get a key and retries; others are sent once, as they are.
+///
+/// The response carries [`Attempts`] in its extensions.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_idempotency::client::ClientLayer;
+///
+/// # fn client<S>(http: S) -> impl Sized
+/// # where S: tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> {
+/// let client = ServiceBuilder::new()
+///     .layer(ClientLayer::new().max_attempts(5).attempt_timeout(Duration::from_secs(2)))
+///     .service(http);
+/// # client }
+/// ```
+#[derive(Clone)]
+pub struct ClientLayer {
+    settings: Arc<Settings>,
+}
+
+#[derive(Clone)]
+struct Settings {
+    methods: Vec<Method>,
+    max_attempts: u32,
+    attempt_timeout: Option<Duration>,
+    deadline: Option<Duration>,
+    backoff: (Duration, Duration),
+    retry_after_cap: Duration,
+    body_limit: usize,
+    budget: Arc<TpsBudget>,
+}
+
+impl Default for ClientLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ClientLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("ClientLayer")
+            .field("methods", &s.methods)
+            .field("max_attempts", &s.max_attempts)
+            .field("attempt_timeout", &s.attempt_timeout)
+            .field("deadline", &s.deadline)
+            .field("backoff", &s.backoff)
+            .field("retry_after_cap", &s.retry_after_cap)
+            .field("body_limit", &s.body_limit)
+            .finish()
+    }
+}
+
+impl ClientLayer {
+    /// Keys `POST` requests; 5 attempts at most, no attempt timeout or deadline of its own,
+    /// backoff from 100 ms doubling to 10 s, `Retry-After` honoured up to 30 s, bodies up to
+    /// 1 MiB, and a budget of 20% of first attempts in retries (at least 10 a second) over
+    /// the last 10 seconds.
+    pub fn new() -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                methods: vec![Method::POST],
+                max_attempts: 5,
+                attempt_timeout: None,
+                deadline: None,
+                backoff: (Duration::from_millis(100), Duration::from_secs(10)),
+                retry_after_cap: Duration::from_secs(30),
+                body_limit: 1024 * 1024,
+                budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+            }),
+        }
+    }
+
+    fn settings(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
+
+    /// The methods whose requests get a key and retries.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.settings().methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The most attempts a request makes, the first included (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.settings().max_attempts = attempts.max(1);
+        self
+    }
+
+    /// How long one attempt may take before it is given up and, with its key, retried.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.settings().attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a request may take over all its attempts and waits: past it, no new attempt
+    /// starts, and the last answer (or failure) is the caller's.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.settings().deadline = Some(deadline);
+        self
+    }
+
+    /// The first backoff's ceiling, doubled each retry up to `max`; each wait is a random
+    /// share of it (full jitter).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.settings().backoff = (base, max.max(base));
+        self
+    }
+
+    /// The longest `Retry-After` honoured; a longer one waits this long.
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.settings().retry_after_cap = cap;
+        self
+    }
+
+    /// The largest request body buffered for the attempts; a larger one fails the request.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.settings().body_limit = limit;
+        self
+    }
+
+    /// The retry budget, shared by every clone of this layer and the services it builds:
+    /// retries take from it, first attempts add to it. See tower's `TpsBudget::new`.
+    pub fn budget(mut self, budget: TpsBudget) -> Self {
+        self.settings().budget = Arc::new(budget);
+        self
+    }
+}
+
+impl<S> Layer<S> for ClientLayer {
+    type Service = RetryClient<S>;
+
+    fn layer(&self, inner: S) -> RetryClient<S> {
+        RetryClient {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// The service of a [`ClientLayer`].
+#[derive(Clone)]
+pub struct RetryClient<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RetryClient<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryClient")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The response future of a [`RetryClient`].
+pub type ClientFuture<B> =
+    Pin<Box<dyn Future<Output = Result<Response<ClientBody<B>>, BoxError>> + Send>>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RetryClient<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ClientBody<ResBody>>;
+    type Error = BoxError;
+    type Future = ClientFuture<ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service made ready is the first attempt's; later attempts wait on clones.
+        let ready = self.inner.clone();
+        let first = std::mem::replace(&mut self.inner, ready);
+        let settings = Arc::clone(&self.settings);
+        Box::pin(send(first, settings, request))
+    }
+}
+
+/// Every attempt of one request.
+async fn send<S, ReqBody, ResBody>(
+    mut inner: S,
+    settings: Arc<Settings>,
+    request: Request<ReqBody>,
+) -> Result<Response<ClientBody<ResBody>>, BoxError>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqBody: Body,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let started = tokio::time::Instant::now();
+    let (mut parts, body) = request.into_parts();
+    let body = Limited::new(body, settings.body_limit)
+        .collect()
+        .await
+        .map_err(|error| -> BoxError { format!("the request body: {error}").into() })?
+        .to_bytes();
+    let keyed = settings.methods.contains(&parts.method);
+    if keyed && !parts.headers.contains_key(&IDEMPOTENCY_KEY) {
+        parts.headers.insert(IDEMPOTENCY_KEY, new_key());
+    }
+    settings.budget.deposit();
+    let mut attempt: u32 = 1;
+    loop {
+        let mut request = Request::new(Full::new(body.clone()));
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = parts.uri.clone();
+        *request.version_mut() = parts.version;
+        *request.headers_mut() = parts.headers.clone();
+        *request.extensions_mut() = parts.extensions.clone();
+        let span = tracing::debug_span!("attempt", attempt);
+        // An attempt ends by its own timeout or the request's deadline, whichever is first.
+        let left = settings
+            .deadline
+            .map(|deadline| deadline.saturating_sub(started.elapsed()));
+        let timeout = match (settings.attempt_timeout, left) {
+            (Some(own), Some(left)) => Some(own.min(left)),
+            (own, left) => own.or(left),
+        };
+        let answer = one_attempt(&mut inner, request, timeout)
+            .instrument(span)
+            .await;
+        let (decision, answer) = match answer {
+            Ok(response) => {
+                let (decision, response) = judge(response, keyed, settings.retry_after_cap).await?;
+                (decision, Ok(response))
+            }
+            Err((failure, error)) => (decide_failure(failure, keyed), Err(error)),
+        };
+        let give = |answer: Result<Response<ClientBody<ResBody>>, BoxError>| {
+            answer.map(|mut response| {
+                response.extensions_mut().insert(Attempts(attempt));
+                response
+            })
+        };
+        let Decision::Retry { after } = decision else {
+            return give(answer);
+        };
+        if attempt >= settings.max_attempts || !settings.budget.withdraw() {
+            return give(answer);
+        }
+        let wait = jitter(settings.backoff, attempt).max(after.unwrap_or_default());
+        if let Some(deadline) = settings.deadline
+            && started.elapsed() + wait >= deadline
+        {
+            return give(answer);
+        }
+        tracing::debug!(attempt, ?wait, "retrying with the same key");
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+        inner = inner.clone();
+        if let Err(error) = inner.ready().await {
+            return Err(error.into());
+        }
+    }
+}
+
+/// One attempt: its answer, or why there was none.
+async fn one_attempt<S, ResBody>(
+    inner: &mut S,
+    request: Request<Full<Bytes>>,
+    timeout: Option<Duration>,
+) -> Result<Response<ResBody>, (Failure, BoxError)>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    let call = inner.call(request);
+    let answer = match timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, call).await {
+            Ok(answer) => answer,
+            Err(elapsed) => return Err((Failure::Timeout, elapsed.into())),
+        },
+        None => call.await,
+    };
+    answer.map_err(|error| (Failure::Connection, error.into()))
+}
+
+/// The decision on an answer, and the answer to give: a `409`'s body is read (up to a
+/// limit) to tell a pending first attempt from a conflict.
+async fn judge<ResBody>(
+    response: Response<ResBody>,
+    keyed: bool,
+    cap: Duration,
+) -> Result<(Decision, Response<ClientBody<ResBody>>), BoxError>
+where
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    if response.status() != StatusCode::CONFLICT {
+        let decision = decide(response.status(), response.headers(), b"", keyed, cap);
+        return Ok((decision, response.map(Either::Left)));
+    }
+    let (parts, body) = response.into_parts();
+    let body = Limited::new(body, PENDING_BODY_LIMIT)
+        .collect()
+        .await?
+        .to_bytes();
+    let decision = decide(parts.status, &parts.headers, &body, keyed, cap);
+    Ok((
+        decision,
+        Response::from_parts(parts, Either::Right(Full::new(body))),
+    ))
+}
+
+/// A random share of the backoff's ceiling for `attempt` (1 for the first retry): full
+/// jitter.
+fn jitter((base, max): (Duration, Duration), attempt: u32) -> Duration {
+    let ceiling = base
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+        .min(max);
+    let share = (random() >> 11) as f64 / (1u64 << 53) as f64;
+    ceiling.mul_f64(share)
+}
+
+/// A new key: 128 random bits as 32 hexadecimal characters.
+fn new_key() -> HeaderValue {
+    let bits = (u128::from(random()) << 64) | u128::from(random());
+    let text = format!("{bits:032x}");
+    // Hexadecimal digits are a valid header value.
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// 64 random bits: the process's keyed hash of a counter (a fresh secret key per process,
+/// from the operating system's randomness).
+fn random() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static STATE: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let state = STATE.get_or_init(std::hash::RandomState::new);
+    state.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_under_a_ceiling_that_doubles_up_to_the_cap() {
+        let backoff = (Duration::from_millis(100), Duration::from_secs(1));
+        for attempt in 1..30 {
+            let ceiling = Duration::from_millis(100 << (attempt - 1).min(20)).min(backoff.1);
+            let waits: Vec<_> = (0..200).map(|_| jitter(backoff, attempt)).collect();
+            assert!(waits.iter().all(|wait| *wait <= ceiling), "{attempt}");
+            assert!(
+                waits.iter().any(|wait| *wait > ceiling / 2),
+                "{attempt}: spread"
+            );
+            assert!(
+                waits.iter().any(|wait| *wait < ceiling / 2),
+                "{attempt}: spread"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_are_128_bits_in_hex_and_new_each_time() {
+        let keys: std::collections::HashSet<_> = (0..1000).map(|_| new_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        assert!(
+            keys.iter().all(|key| key.len() == 32
+                && key.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+    }
+}

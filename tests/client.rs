@@ -1,0 +1,309 @@
+//! The client layer against the server layer and scripted servers: one key per intent, the
+//! same bytes every attempt, retries of exactly what is safe, within a budget.
+#![cfg(feature = "client")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tower::retry::budget::TpsBudget;
+use tower::{BoxError, Layer, ServiceExt, service_fn};
+use tower_idempotency::body::RequestBody;
+use tower_idempotency::client::{Attempts, ClientLayer};
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+
+/// A payment, as a client sends it: no key of its own.
+fn intent(amount: u32) -> Request<Full<Bytes>> {
+    Request::post("/payments")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!(r#"{{"amount":{amount}}}"#))))
+        .unwrap()
+}
+
+/// What a scripted server saw of each attempt: its key and its body.
+type Seen = Arc<Mutex<Vec<(Option<String>, Bytes)>>>;
+
+/// A scripted answer: its status, headers and body.
+type Answer = (u16, Vec<(&'static str, &'static str)>, &'static str);
+
+/// A server that answers each attempt with the next of `answers` (the last again when they
+/// run out), and records what it saw.
+fn scripted(
+    answers: Vec<Answer>,
+) -> (
+    impl tower::Service<
+        Request<Full<Bytes>>,
+        Response = Response<Full<Bytes>>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+    Seen,
+) {
+    let seen: Seen = Arc::default();
+    let next = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(answers);
+    let saw = Arc::clone(&seen);
+    let server = service_fn(move |request: Request<Full<Bytes>>| {
+        let (saw, next, answers) = (Arc::clone(&saw), Arc::clone(&next), Arc::clone(&answers));
+        async move {
+            let key = request
+                .headers()
+                .get("idempotency-key")
+                .map(|key| key.to_str().unwrap().to_owned());
+            let body = request.into_body().collect().await?.to_bytes();
+            saw.lock().unwrap().push((key, body));
+            let i = next.fetch_add(1, Ordering::SeqCst).min(answers.len() - 1);
+            let (status, headers, body) = &answers[i];
+            let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *response.status_mut() = StatusCode::from_u16(*status).unwrap();
+            for (name, value) in headers {
+                response.headers_mut().insert(*name, value.parse().unwrap());
+            }
+            Ok::<_, BoxError>(response)
+        }
+    });
+    (server, seen)
+}
+
+async fn status_and_attempts<S>(client: S, request: Request<Full<Bytes>>) -> (u16, u32)
+where
+    S: tower::Service<Request<Full<Bytes>>, Error = BoxError>,
+    S::Response: Into<Response<tower_idempotency::client::ClientBody<Full<Bytes>>>>,
+{
+    let response: Response<_> = client.oneshot(request).await.unwrap().into();
+    let attempts = response.extensions().get::<Attempts>().unwrap().0;
+    (response.status().as_u16(), attempts)
+}
+
+/// The reply is lost after the server answered (the connection cut on the way back) for the
+/// first attempts of every intent: each intent still gets its 201, and the server creates
+/// once per intent, because every attempt carries the intent's one key and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_retried_with_the_same_key_and_creates_once() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&creates);
+    let create = service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            let mut response = Response::new(Full::new(Bytes::from_static(b"{\"id\":1}")));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let server = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+        .global_keys()
+        .layer(create);
+    // Loses the answers of the first two attempts of each key, after the server made them.
+    let lost: Arc<Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
+    let lossy = service_fn(move |request: Request<Full<Bytes>>| {
+        let (server, lost) = (server.clone(), Arc::clone(&lost));
+        async move {
+            let key = request.headers()["idempotency-key"].to_str()?.to_owned();
+            let response = server.oneshot(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let mut lost = lost.lock().unwrap();
+            let times = lost.entry(key).or_default();
+            *times += 1;
+            if *times <= 2 {
+                return Err::<Response<Full<Bytes>>, BoxError>("connection reset".into());
+            }
+            Ok(Response::from_parts(parts, Full::new(body)))
+        }
+    });
+    let client = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0))
+        .layer(lossy);
+    let intents = 20;
+    let mut sent = Vec::new();
+    for amount in 1..=intents {
+        sent.push(tokio::spawn(status_and_attempts(
+            client.clone(),
+            intent(amount),
+        )));
+    }
+    for reply in sent {
+        assert_eq!(
+            reply.await.unwrap(),
+            (201, 3),
+            "every intent created, on its third attempt"
+        );
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        intents as usize,
+        "one create an intent"
+    );
+}
+
+/// Every attempt sends the intent's one key (the caller's when it set one) and the same
+/// bytes; a `503` with `Retry-After: 2` waits two seconds (the clock paused) and is retried.
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_honoured_and_every_attempt_is_the_same_request() {
+    let (server, seen) = scripted(vec![
+        (503, vec![("retry-after", "2")], ""),
+        (429, vec![("retry-after", "2")], ""),
+        (201, vec![], "{}"),
+    ]);
+    let client = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .layer(server);
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        status_and_attempts(client.clone(), intent(7)).await,
+        (201, 3)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    let key = seen[0].0.clone().expect("a key");
+    assert_eq!(key.len(), 32);
+    assert!(
+        seen.iter()
+            .all(|(k, body)| k.as_deref() == Some(key.as_str())
+                && body.as_ref() == br#"{"amount":7}"#)
+    );
+    // A key the caller set is the one sent.
+    let (server, seen) = scripted(vec![(502, vec![], ""), (201, vec![], "{}")]);
+    let mine = intent(8);
+    let (mut parts, body) = mine.into_parts();
+    parts
+        .headers
+        .insert("idempotency-key", "order-8".parse().unwrap());
+    let client = ClientLayer::new().layer(server);
+    assert_eq!(
+        status_and_attempts(client, Request::from_parts(parts, body)).await,
+        (201, 2)
+    );
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .all(|(k, _)| k.as_deref() == Some("order-8"))
+    );
+}
+
+/// A pending first attempt's `409` is retried until the replay; a conflict, `422`, `400` and
+/// other answers are the caller's at once, after one attempt.
+#[tokio::test(start_paused = true)]
+async fn a_pending_first_attempt_is_retried_and_refusals_are_final() {
+    let pending = r#"{"type":"https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#request_pending"}"#;
+    let (server, _) = scripted(vec![
+        (409, vec![], pending),
+        (409, vec![], r#"{"error":"request_pending"}"#),
+        (201, vec![], "{}"),
+    ]);
+    let client = ClientLayer::new().layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (201, 3));
+    for (status, body) in [
+        (422, r#"{"type":"https://x/idempotency_conflict"}"#),
+        (409, r#"{"error":"idempotency_conflict"}"#),
+        (400, "{}"),
+        (404, ""),
+        (500, r#"{"error":"create_failed"}"#),
+    ] {
+        let (server, seen) = scripted(vec![(status, vec![], body), (201, vec![], "{}")]);
+        let client = ClientLayer::new().layer(server);
+        let response = client.oneshot(intent(1)).await.unwrap();
+        assert_eq!(response.status().as_u16(), status);
+        assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(1)));
+        // The body read to decide is the caller's still.
+        assert_eq!(
+            response.into_body().collect().await.unwrap().to_bytes(),
+            body
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1, "{status}: one attempt");
+    }
+    // A method the layer does not key is sent once, without a key, whatever the answer.
+    let (server, seen) = scripted(vec![(503, vec![], ""), (200, vec![], "")]);
+    let client = ClientLayer::new().layer(server);
+    let get = Request::get("/payments")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(status_and_attempts(client, get).await, (503, 1));
+    assert_eq!(seen.lock().unwrap()[0].0, None);
+}
+
+/// With the server down, concurrent intents retry at most the budget's share: 50 intents of
+/// up to 5 attempts each send not 250 requests but their 50 and a fifth more, with a floor
+/// of 10 retries for the budget's window.
+#[tokio::test(start_paused = true)]
+async fn the_budget_bounds_retries_when_the_server_is_down() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let down = service_fn(move |_: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Err::<Response<Full<Bytes>>, _>(std::io::Error::other("connection refused")) }
+    });
+    let client = ClientLayer::new()
+        .budget(TpsBudget::new(Duration::from_secs(10), 1, 0.2))
+        .layer(down);
+    let mut sent = Vec::new();
+    for amount in 0..50 {
+        let client = client.clone();
+        sent.push(tokio::spawn(
+            async move { client.oneshot(intent(amount)).await },
+        ));
+    }
+    for reply in sent {
+        assert!(reply.await.unwrap().is_err(), "the failure is the caller's");
+    }
+    let calls = calls.load(Ordering::SeqCst);
+    assert!((50..=50 + 10 + 10 + 2).contains(&calls), "{calls} requests");
+}
+
+/// The attempts stop at `max_attempts`, and at the deadline.
+#[tokio::test(start_paused = true)]
+async fn attempts_stop_at_the_cap_and_the_deadline() {
+    let (server, seen) = scripted(vec![(503, vec![], "")]);
+    let client = ClientLayer::new()
+        .max_attempts(3)
+        .backoff(Duration::from_millis(10), Duration::from_millis(10))
+        .layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (503, 3));
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    let (server, seen) = scripted(vec![(503, vec![("retry-after", "5")], "")]);
+    let client = ClientLayer::new()
+        .deadline(Duration::from_secs(12))
+        .layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (503, 3));
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        3,
+        "at 0 s, 5 s and 10 s; 15 s is past"
+    );
+    // An attempt that takes too long is given up and retried.
+    let slow = Arc::new(AtomicUsize::new(0));
+    let first = Arc::clone(&slow);
+    let server = service_fn(move |_: Request<Full<Bytes>>| {
+        let first = first.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            Ok::<_, BoxError>(Response::new(Full::new(Bytes::new())))
+        }
+    });
+    let client = ClientLayer::new()
+        .attempt_timeout(Duration::from_secs(1))
+        .layer(server.clone());
+    assert_eq!(status_and_attempts(client, intent(1)).await, (200, 2));
+    // The deadline ends an attempt that outlasts it: the failure is the caller's, in time.
+    slow.store(0, Ordering::SeqCst);
+    let client = ClientLayer::new()
+        .deadline(Duration::from_secs(3))
+        .layer(server);
+    let started = tokio::time::Instant::now();
+    assert!(client.oneshot(intent(1)).await.is_err());
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
