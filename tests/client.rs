@@ -307,3 +307,80 @@ async fn attempts_stop_at_the_cap_and_the_deadline() {
     assert!(client.oneshot(intent(1)).await.is_err());
     assert_eq!(started.elapsed(), Duration::from_secs(3));
 }
+
+/// A body that is either whole or never comes: a server that stalls after its head.
+enum Slow {
+    Whole(Full<Bytes>),
+    Stalled,
+}
+
+impl http_body::Body for Slow {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Slow::Whole(body) => std::pin::Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Slow::Stalled => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// A `409` whose body stalls is given up at the attempt's timeout and retried with the key;
+/// a `409` whose body is too long to be the layer's is the caller's, untouched; a
+/// `Retry-After` longer than the cap is the caller's answer, not cut short.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_or_long_409_and_a_long_retry_after_are_handled_in_time() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let server = service_fn(move |_: Request<Full<Bytes>>| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            let mut response = Response::new(if first {
+                Slow::Stalled
+            } else {
+                Slow::Whole(Full::new(Bytes::from_static(b"{}")))
+            });
+            *response.status_mut() = if first {
+                StatusCode::CONFLICT
+            } else {
+                StatusCode::CREATED
+            };
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let client = ClientLayer::new()
+        .attempt_timeout(Duration::from_secs(1))
+        .layer(server);
+    let response = client.oneshot(intent(1)).await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+
+    let long = "x".repeat(70 * 1024);
+    let long: &'static str = Box::leak(long.into_boxed_str());
+    let (server, seen) = scripted(vec![(409, vec![], long), (201, vec![], "{}")]);
+    let response = ClientLayer::new()
+        .layer(server)
+        .oneshot(intent(1))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        long
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    let (server, seen) = scripted(vec![
+        (503, vec![("retry-after", "3600")], ""),
+        (201, vec![], ""),
+    ]);
+    let client = ClientLayer::new().layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (503, 1));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}

@@ -37,8 +37,9 @@ pub enum Failure {
 /// layer released the key; `Retry-After` honoured), and `409` when it says the first attempt
 /// is still running (the label contract's `{"error":"request_pending"}`, or a problem whose
 /// type ends in `request_pending`). Never retried: any other answer (`400`, `422`, a conflict,
-/// other `4xx`, `500`, a success), and any answer to a request that had no key, which a retry
-/// could create twice. A `Retry-After` above `cap` waits `cap`.
+/// other `4xx`, `500`, a success), any answer to a request that had no key, which a retry
+/// could create twice, and an answer whose `Retry-After` asks for longer than `cap` (the
+/// server asked for a rest the caller did not allow).
 ///
 /// ```
 /// use std::time::Duration;
@@ -72,9 +73,12 @@ pub fn decide(
     }
     match status {
         StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => Decision::Retry { after: None },
-        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => Decision::Retry {
-            after: retry_after(headers, SystemTime::now()).map(|after| after.min(cap)),
-        },
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
+            match retry_after(headers, SystemTime::now()) {
+                Some(after) if after > cap => Decision::Stop,
+                after => Decision::Retry { after },
+            }
+        }
         StatusCode::CONFLICT if says_pending(body) => Decision::Retry { after: None },
         _ => Decision::Stop,
     }
@@ -132,19 +136,21 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 /// `{"error":"request_pending"}`, or a problem (RFC 9457) whose type ends in
 /// `request_pending`, under any base.
 fn says_pending(body: &[u8]) -> bool {
+    // Any JSON in the members: a string with escapes, or an `error` that is not a string,
+    // is read all the same.
     #[derive(serde::Deserialize)]
-    struct Reply<'a> {
-        #[serde(borrow, default)]
-        error: Option<&'a str>,
-        #[serde(borrow, default, rename = "type")]
-        kind: Option<&'a str>,
+    struct Reply {
+        #[serde(default)]
+        error: serde_json::Value,
+        #[serde(default, rename = "type")]
+        kind: serde_json::Value,
     }
     const PENDING: &str = "request_pending";
-    let Ok(reply) = serde_json::from_slice::<Reply<'_>>(body) else {
+    let Ok(reply) = serde_json::from_slice::<Reply>(body) else {
         return false;
     };
-    let named = reply.error == Some(PENDING);
-    let typed = reply.kind.is_some_and(|kind| {
+    let named = reply.error.as_str() == Some(PENDING);
+    let typed = reply.kind.as_str().is_some_and(|kind| {
         kind.strip_suffix(PENDING)
             .is_some_and(|base| base.is_empty() || base.ends_with(['#', '/']))
     });
@@ -205,6 +211,8 @@ mod tests {
             r#"{"type":"https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#request_pending","status":409}"#,
             r#"{"type":"https://api.example.com/problems/request_pending"}"#,
             r#"{"type":"request_pending"}"#,
+            r#"{"type":"https:\/\/api.example.com\/problems\/request_pending"}"#,
+            r#"{"error":7,"type":"https://x/request_pending"}"#,
         ] {
             assert_eq!(decide_409(pending), retry, "{pending}");
         }
@@ -237,8 +245,13 @@ mod tests {
                 }
             );
             assert_eq!(
-                decide(status, &with_retry_after("3600"), b"", true, CAP),
+                decide(status, &with_retry_after("30"), b"", true, CAP),
                 Decision::Retry { after: Some(CAP) }
+            );
+            // Longer than the caller allows: the answer is the caller's.
+            assert_eq!(
+                decide(status, &with_retry_after("31"), b"", true, CAP),
+                Decision::Stop
             );
             assert_eq!(
                 decide(status, &with_retry_after("soon"), b"", true, CAP),

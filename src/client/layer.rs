@@ -20,6 +20,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use tracing::Instrument;
 
 use super::decision::{Decision, Failure, decide, decide_failure};
+
 use crate::operation::IDEMPOTENCY_KEY;
 
 /// The body a client's answer arrives in: the server's, or a `409`'s read whole to decide on
@@ -50,7 +51,10 @@ const PENDING_BODY_LIMIT: usize = 64 * 1024;
 ///   clones (tower's `TpsBudget`: retries at most a share of first attempts, so that
 ///   retries cannot multiply an outage). The last answer is the caller's when any runs out.
 /// - Only requests whose method the layer keys ([`methods`](Self::methods), default `POST`)
-///   get a key and retries; others are sent once, as they are.
+///   get a key and retries, and fund the budget; others are sent once (their body buffered
+///   alike, within the limit).
+/// - A `Retry-After` longer than [`retry_after_cap`](Self::retry_after_cap) is not cut
+///   short: that answer is the caller's.
 ///
 /// The response carries [`Attempts`] in its extensions.
 ///
@@ -160,7 +164,7 @@ impl ClientLayer {
         self
     }
 
-    /// The longest `Retry-After` honoured; a longer one waits this long.
+    /// The longest `Retry-After` waited for; an answer that asks for longer is the caller's.
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.settings().retry_after_cap = cap;
         self
@@ -241,7 +245,7 @@ where
 
 /// Every attempt of one request.
 async fn send<S, ReqBody, ResBody>(
-    mut inner: S,
+    ready: S,
     settings: Arc<Settings>,
     request: Request<ReqBody>,
 ) -> Result<Response<ClientBody<ResBody>>, BoxError>
@@ -254,42 +258,68 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let started = tokio::time::Instant::now();
+    // The time left before the deadline, if there is one.
+    let left = || {
+        settings
+            .deadline
+            .map(|deadline| deadline.saturating_sub(started.elapsed()))
+    };
+    // A service made ready holds what readiness took (a buffer's slot, a concurrency
+    // permit): let it go while the body is read, and be made ready again after.
+    let mut inner = ready.clone();
+    drop(ready);
     let (mut parts, body) = request.into_parts();
-    let body = Limited::new(body, settings.body_limit)
-        .collect()
-        .await
+    let body = Limited::new(body, settings.body_limit).collect();
+    let body = within(left(), "reading the request body", body)
+        .await?
         .map_err(|error| -> BoxError { format!("the request body: {error}").into() })?
         .to_bytes();
     let keyed = settings.methods.contains(&parts.method);
-    if keyed && !parts.headers.contains_key(&IDEMPOTENCY_KEY) {
-        parts.headers.insert(IDEMPOTENCY_KEY, new_key());
+    if keyed {
+        if !parts.headers.contains_key(&IDEMPOTENCY_KEY) {
+            parts.headers.insert(IDEMPOTENCY_KEY, new_key());
+        }
+        // Only the requests that may be retried fund retries.
+        settings.budget.deposit();
     }
-    settings.budget.deposit();
     let mut attempt: u32 = 1;
     loop {
+        within(left(), "waiting for the service", inner.ready())
+            .await?
+            .map_err(Into::into)?;
         let mut request = Request::new(Full::new(body.clone()));
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.version_mut() = parts.version;
         *request.headers_mut() = parts.headers.clone();
         *request.extensions_mut() = parts.extensions.clone();
-        let span = tracing::debug_span!("attempt", attempt);
-        // An attempt ends by its own timeout or the request's deadline, whichever is first.
-        let left = settings
-            .deadline
-            .map(|deadline| deadline.saturating_sub(started.elapsed()));
-        let timeout = match (settings.attempt_timeout, left) {
+        // An attempt ends by its own timeout or the request's deadline, whichever is first;
+        // a `409`'s body, read to decide, is within the same time.
+        let timeout = match (settings.attempt_timeout, left()) {
             (Some(own), Some(left)) => Some(own.min(left)),
             (own, left) => own.or(left),
         };
-        let answer = one_attempt(&mut inner, request, timeout)
-            .instrument(span)
-            .await;
-        let (decision, answer) = match answer {
-            Ok(response) => {
-                let (decision, response) = judge(response, keyed, settings.retry_after_cap).await?;
-                (decision, Ok(response))
+        let cap = settings.retry_after_cap;
+        let attempted = async {
+            let response = inner
+                .call(request)
+                .await
+                .map_err(|error| (Failure::Connection, error.into()))?;
+            judge(response, keyed, cap).await
+        };
+        let attempted = match timeout {
+            Some(timeout) => tokio::time::timeout(timeout, attempted)
+                .instrument(tracing::debug_span!("attempt", attempt))
+                .await
+                .unwrap_or_else(|elapsed| Err((Failure::Timeout, elapsed.into()))),
+            None => {
+                attempted
+                    .instrument(tracing::debug_span!("attempt", attempt))
+                    .await
             }
+        };
+        let (decision, answer) = match attempted {
+            Ok((decision, response)) => (decision, Ok(response)),
             Err((failure, error)) => (decide_failure(failure, keyed), Err(error)),
         };
         let give = |answer: Result<Response<ClientBody<ResBody>>, BoxError>| {
@@ -301,65 +331,62 @@ where
         let Decision::Retry { after } = decision else {
             return give(answer);
         };
-        if attempt >= settings.max_attempts || !settings.budget.withdraw() {
-            return give(answer);
-        }
         let wait = jitter(settings.backoff, attempt).max(after.unwrap_or_default());
-        if let Some(deadline) = settings.deadline
-            && started.elapsed() + wait >= deadline
-        {
+        let past_deadline = left().is_some_and(|left| wait >= left);
+        // The budget is asked last: a retry the cap or the deadline forbids takes nothing.
+        if attempt >= settings.max_attempts || past_deadline || !settings.budget.withdraw() {
             return give(answer);
         }
+        // The answer is let go before the wait: its connection goes back to the pool.
+        drop(answer);
         tracing::debug!(attempt, ?wait, "retrying with the same key");
         tokio::time::sleep(wait).await;
         attempt += 1;
         inner = inner.clone();
-        if let Err(error) = inner.ready().await {
-            return Err(error.into());
-        }
     }
 }
 
-/// One attempt: its answer, or why there was none.
-async fn one_attempt<S, ResBody>(
-    inner: &mut S,
-    request: Request<Full<Bytes>>,
-    timeout: Option<Duration>,
-) -> Result<Response<ResBody>, (Failure, BoxError)>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
-    let call = inner.call(request);
-    let answer = match timeout {
-        Some(timeout) => match tokio::time::timeout(timeout, call).await {
-            Ok(answer) => answer,
-            Err(elapsed) => return Err((Failure::Timeout, elapsed.into())),
-        },
-        None => call.await,
-    };
-    answer.map_err(|error| (Failure::Connection, error.into()))
+/// `future`'s output, unless `left` (the time left before the deadline) runs out first: then
+/// the request's end, saying what it was `doing`.
+async fn within<F: Future>(
+    left: Option<Duration>,
+    doing: &'static str,
+    future: F,
+) -> Result<F::Output, BoxError> {
+    match left {
+        Some(left) => tokio::time::timeout(left, future)
+            .await
+            .map_err(|_| format!("the deadline passed {doing}").into()),
+        None => Ok(future.await),
+    }
 }
 
-/// The decision on an answer, and the answer to give: a `409`'s body is read (up to a
-/// limit) to tell a pending first attempt from a conflict.
+/// The decision on an answer, and the answer to give. A `409` to a keyed request has its
+/// body read (up to a limit) to tell a pending first attempt from a conflict; one cut short
+/// is a lost answer, and one too long to be the layer's is final, given as it came.
 async fn judge<ResBody>(
     response: Response<ResBody>,
     keyed: bool,
     cap: Duration,
-) -> Result<(Decision, Response<ClientBody<ResBody>>), BoxError>
+) -> Result<(Decision, Response<ClientBody<ResBody>>), (Failure, BoxError)>
 where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
-    if response.status() != StatusCode::CONFLICT {
+    let declared_long = response
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|upper| upper > PENDING_BODY_LIMIT as u64);
+    if response.status() != StatusCode::CONFLICT || !keyed || declared_long {
         let decision = decide(response.status(), response.headers(), b"", keyed, cap);
         return Ok((decision, response.map(Either::Left)));
     }
     let (parts, body) = response.into_parts();
     let body = Limited::new(body, PENDING_BODY_LIMIT)
         .collect()
-        .await?
+        .await
+        .map_err(|error| (Failure::Connection, error))?
         .to_bytes();
     let decision = decide(parts.status, &parts.headers, &body, keyed, cap);
     Ok((
@@ -382,8 +409,7 @@ fn jitter((base, max): (Duration, Duration), attempt: u32) -> Duration {
 fn new_key() -> HeaderValue {
     let bits = (u128::from(random()) << 64) | u128::from(random());
     let text = format!("{bits:032x}");
-    // Hexadecimal digits are a valid header value.
-    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    HeaderValue::try_from(text).expect("hexadecimal digits are a header value")
 }
 
 /// 64 random bits: the process's keyed hash of a counter (a fresh secret key per process,
