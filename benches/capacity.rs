@@ -181,16 +181,16 @@ async fn fill<St: Store + Clone>(
     }
 }
 
-/// Creates (new keys of `run` from `from` on) and then replays (of keys `0..replayable`) a
-/// second, each for `seconds`, from `tasks` tasks.
+/// Creates (new keys of `run` from `records` on) and then replays (of the keys `0..records`
+/// a fill made) a second, each for `seconds`, from `tasks` tasks.
 async fn throughput<St: Store + Clone>(
     store: &St,
     run: u64,
-    from: u64,
-    replayable: u64,
+    records: usize,
     options: &Options,
     response: &StoredResponse,
 ) -> (f64, f64) {
+    let (from, replayable) = (records as u64, records as u64);
     let rate = |replay: bool| {
         let next = Arc::new(AtomicU64::new(from));
         let done = Arc::new(AtomicU64::new(0));
@@ -312,15 +312,7 @@ fn main() {
             let before = resident_bytes() as i64;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = resident_bytes() as i64 - before;
-            let (creates, replays) = throughput(
-                &store,
-                run,
-                records as u64,
-                records as u64,
-                &options,
-                &response,
-            )
-            .await;
+            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             rows.push(Row {
                 store: "memory",
                 bytes: format!("{} resident", per_record(grown, records)),
@@ -344,15 +336,7 @@ fn main() {
             let before = redis_used_memory(&mut connection).await;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = redis_used_memory(&mut connection).await - before;
-            let (creates, replays) = throughput(
-                &store,
-                run,
-                records as u64,
-                records as u64,
-                &options,
-                &response,
-            )
-            .await;
+            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             rows.push(Row {
                 store: "Redis",
                 bytes: format!("{} used_memory", per_record(grown, records)),
@@ -409,15 +393,7 @@ fn main() {
                 .await
                 .expect("VACUUM FULL");
             let compact = size(&client).await - before;
-            let (creates, replays) = throughput(
-                &store,
-                run,
-                records as u64,
-                records as u64,
-                &options,
-                &response,
-            )
-            .await;
+            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             let expired = client
                 .execute(
                     &format!(
@@ -462,15 +438,7 @@ fn main() {
             let before = size();
             fill(&store, run, records, options.tasks, &response).await;
             let grown = size() - before;
-            let (creates, replays) = throughput(
-                &store,
-                run,
-                records as u64,
-                records as u64,
-                &options,
-                &response,
-            )
-            .await;
+            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             let expired = tower_idempotency::store::sqlite::rusqlite::Connection::open(&file)
                 .expect("the file")
                 .execute(

@@ -1002,16 +1002,10 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
         )
         .await
         .unwrap();
-    let tool = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
-            .args(args)
-            .output()
-            .expect("the tool runs")
-    };
+    let tool = common::operator_tool;
     let url = database_url();
     let purged = tool(&["--store", &url, "--table", &table, "purge"]);
-    assert_eq!(purged.status.code(), Some(0));
-    assert_eq!(String::from_utf8_lossy(&purged.stdout), "purged 1\n");
+    assert_eq!((purged.0, purged.1.as_str()), (Some(0), "purged 1\n"));
     let left: Vec<String> = client
         .query(&format!("SELECT key FROM {table} ORDER BY key"), &[])
         .await
@@ -1021,8 +1015,8 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
         .collect();
     assert_eq!(left, ["kept", "pending"]);
     let missing = tool(&["--store", &url, "--table", "no_such_table_here", "purge"]);
-    assert_eq!(missing.status.code(), Some(3));
-    let said = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(missing.0, Some(3));
+    let said = missing.2;
     assert!(said.contains("does not exist"), "{said}");
     client
         .batch_execute(&format!("DROP TABLE {table}"))

@@ -753,17 +753,7 @@ async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operat
 #[tokio::test]
 async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
     use tower_idempotency::store::Operator;
-    let tool = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
-            .args(args)
-            .output()
-            .expect("the tool runs");
-        (
-            output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
-            String::from_utf8(output.stderr).unwrap(),
-        )
-    };
+    let tool = common::operator_tool;
     let url = redis_url();
     let (code, out, note) = tool(&["--store", &url, "purge"]);
     assert_eq!((code, out.as_str()), (Some(0), "purged 0\n"));

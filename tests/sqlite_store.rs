@@ -17,6 +17,20 @@ fn path() -> &'static PathBuf {
     PATH.get_or_init(|| fresh_dir("sqlite").join("records.sqlite3"))
 }
 
+/// Now, in milliseconds since 1970, as the store writes its times.
+fn now_millis() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    i64::try_from(since.unwrap().as_millis()).unwrap()
+}
+
+/// A fresh temporary directory of this run's own, named after `name`, and the path of a
+/// records file in it.
+fn fresh_file(name: &str) -> (PathBuf, PathBuf) {
+    let dir = fresh_dir(name);
+    let file = dir.join("records.sqlite3");
+    (dir, file)
+}
+
 /// A fresh temporary directory of this run's own, named after `name`.
 fn fresh_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -184,8 +198,7 @@ async fn a_completed_record_lives_for_the_default_window() {
 /// unexpired is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
-    let dir = fresh_dir("purge");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("purge");
     let store = SqliteStore::open(&file)
         .await
         .unwrap()
@@ -202,13 +215,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
                      changed_at, expires_at) VALUES (?1, 'x', ?2, ?3, 0, ?4)",
                 )
                 .unwrap();
-            let now = i64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis(),
-            )
-            .unwrap();
+            let now = now_millis();
             let none: Option<Vec<u8>> = None;
             for i in 0..expired {
                 let key = format!("expired-{i}");
@@ -255,8 +262,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
 /// short retention, and empties it of completed records once the stream stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purger_keeps_a_file_at_a_steady_size() {
-    let dir = fresh_dir("purger");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("purger");
     let store = SqliteStore::open(&file)
         .await
         .unwrap()
@@ -301,8 +307,7 @@ async fn a_purger_outside_a_runtime_is_an_error() {
 /// lock, since a file already set up needs no write to open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_while_another_process_writes_waits_for_no_lock() {
-    let dir = fresh_dir("start");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("start");
     drop(SqliteStore::open(&file).await.unwrap());
     let mut writer = rusqlite::Connection::open(&file).unwrap();
     let transaction = writer
@@ -328,8 +333,7 @@ async fn a_start_while_another_process_writes_waits_for_no_lock() {
 /// purge's batches go by it.
 #[tokio::test]
 async fn an_open_puts_back_a_missing_expiry_index() {
-    let dir = fresh_dir("index");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("index");
     drop(SqliteStore::open(&file).await.unwrap());
     let connection = rusqlite::Connection::open(&file).unwrap();
     let indexed = || -> bool {
@@ -359,17 +363,7 @@ async fn an_open_puts_back_a_missing_expiry_index() {
 #[tokio::test]
 async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     use tower_idempotency::store::{Claim, Store, StoredResponse};
-    let tool = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
-            .args(args)
-            .output()
-            .expect("the tool runs");
-        (
-            output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
-            String::from_utf8(output.stderr).unwrap(),
-        )
-    };
+    let tool = common::operator_tool;
     let (code, help, _) = tool(&["--help"]);
     assert_eq!(code, Some(0));
     for word in [
@@ -388,8 +382,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     let (code, _, _) = tool(&["purge"]);
     assert_eq!(code, Some(2), "no store");
 
-    let dir = fresh_dir("tool");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("tool");
     let url = format!("sqlite://{}", file.display());
     let store = SqliteStore::open(&file)
         .await
@@ -451,8 +444,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
 /// A new file is put in WAL mode (readers go on while a process writes), and stays in it.
 #[tokio::test]
 async fn a_new_file_is_in_wal_mode() {
-    let dir = fresh_dir("wal");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("wal");
     drop(SqliteStore::open(&file).await.unwrap());
     let mode = || -> String {
         rusqlite::Connection::open(&file)
@@ -475,17 +467,10 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     use tower_idempotency::scope::store_key;
     use tower_idempotency::store::{Claim, Lease, Reservation, Store};
     let tool = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
-            .args(args)
-            .output()
-            .expect("the tool runs");
-        (
-            output.status.code(),
-            String::from_utf8(output.stdout).unwrap(),
-        )
+        let (code, out, _) = common::operator_tool(args);
+        (code, out)
     };
-    let dir = fresh_dir("tool-commands");
-    let file = dir.join("records.sqlite3");
+    let (dir, file) = fresh_file("tool-commands");
     let url = format!("sqlite://{}", file.display());
     let store = SqliteStore::open(&file).await.unwrap();
     let labels = |key: &str| store_key(None, &http::Method::POST, "/labels", key);
@@ -612,13 +597,7 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
             )
             .unwrap()
     };
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap();
+    let now = now_millis();
     let day = expires(labels("stuck")).expect("a retention") - now;
     assert!((86_390_000..=86_400_000).contains(&day), "{day}");
     assert_eq!(expires(labels("running")), None, "kept for good");

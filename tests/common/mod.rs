@@ -979,3 +979,18 @@ pub fn claims_meanwhile<St: Store>(store: St, claims: usize) -> tokio::task::Joi
         answered
     })
 }
+
+/// The operator's tool (`idempotency_keys`, feature `cli`) run with `args`: its exit code,
+/// what it printed, and what it said on its error output.
+#[cfg(feature = "cli")]
+pub fn operator_tool(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+        .args(args)
+        .output()
+        .expect("the tool runs");
+    (
+        output.status.code(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
