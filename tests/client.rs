@@ -384,3 +384,50 @@ async fn a_stalled_or_long_409_and_a_long_retry_after_are_handled_in_time() {
     assert_eq!(status_and_attempts(client, intent(1)).await, (503, 1));
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
+
+/// The layer's settings each do what they say: the methods it keys, the `Retry-After` cap,
+/// the body limit; a pending `409` of a few kilobytes is still read and retried.
+#[tokio::test(start_paused = true)]
+async fn the_settings_key_cap_and_limit_as_set() {
+    // PUT keyed and retried when asked; POST then sent once, without a key.
+    let (server, seen) = scripted(vec![(503, vec![], ""), (201, vec![], "{}")]);
+    let client = ClientLayer::new()
+        .methods([http::Method::PUT])
+        .layer(server);
+    let put = Request::put("/payments/7")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(status_and_attempts(client.clone(), put).await, (201, 2));
+    assert!(seen.lock().unwrap().iter().all(|(key, _)| key.is_some()));
+    let (server, seen) = scripted(vec![(503, vec![], "")]);
+    let client = ClientLayer::new()
+        .methods([http::Method::PUT])
+        .layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (503, 1));
+    assert_eq!(seen.lock().unwrap()[0].0, None);
+    // A Retry-After past the cap set is final.
+    let (server, _) = scripted(vec![
+        (503, vec![("retry-after", "10")], ""),
+        (201, vec![], ""),
+    ]);
+    let client = ClientLayer::new()
+        .retry_after_cap(Duration::from_secs(5))
+        .layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (503, 1));
+    // A body over the limit is refused before any attempt.
+    let (server, seen) = scripted(vec![(201, vec![], "")]);
+    let client = ClientLayer::new().body_limit(4).layer(server);
+    assert!(client.oneshot(intent(12345)).await.is_err());
+    assert!(seen.lock().unwrap().is_empty());
+    // A pending 409 of a few kilobytes (a problem with details) is read and retried.
+    let padded: &'static str = Box::leak(
+        format!(
+            r#"{{"type":"https://x/request_pending","detail":"{}"}}"#,
+            "x".repeat(4000)
+        )
+        .into_boxed_str(),
+    );
+    let (server, _) = scripted(vec![(409, vec![], padded), (201, vec![], "{}")]);
+    let client = ClientLayer::new().layer(server);
+    assert_eq!(status_and_attempts(client, intent(1)).await, (201, 2));
+}
