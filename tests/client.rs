@@ -431,3 +431,36 @@ async fn the_settings_key_cap_and_limit_as_set() {
     let client = ClientLayer::new().layer(server);
     assert_eq!(status_and_attempts(client, intent(1)).await, (201, 2));
 }
+
+/// A service that is never ready.
+#[derive(Clone)]
+struct NeverReady;
+
+impl tower::Service<Request<Full<Bytes>>> for NeverReady {
+    type Response = Response<Full<Bytes>>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Response<Full<Bytes>>, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Pending
+    }
+
+    fn call(&mut self, _: Request<Full<Bytes>>) -> Self::Future {
+        unreachable!("never ready, never called")
+    }
+}
+
+/// The client is ready when the service under it is: its backpressure reaches the caller.
+#[tokio::test(start_paused = true)]
+async fn readiness_is_the_services() {
+    let mut client = ClientLayer::new().layer(NeverReady);
+    let ready = tokio::time::timeout(
+        Duration::from_secs(1),
+        ServiceExt::<Request<Full<Bytes>>>::ready(&mut client),
+    )
+    .await;
+    assert!(ready.is_err(), "not ready while the service is not");
+}
