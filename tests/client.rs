@@ -464,3 +464,22 @@ async fn readiness_is_the_services() {
     .await;
     assert!(ready.is_err(), "not ready while the service is not");
 }
+
+/// An answer other than a `409` is given as it comes: its body is not read by the layer, so
+/// one that streams slowly reaches the caller at once, after one attempt.
+#[tokio::test(start_paused = true)]
+async fn an_answer_is_given_without_its_body_being_read() {
+    let server = service_fn(|_: Request<Full<Bytes>>| async {
+        let mut response = Response::new(Slow::Stalled);
+        *response.status_mut() = StatusCode::CREATED;
+        Ok::<_, BoxError>(response)
+    });
+    let client = ClientLayer::new()
+        .attempt_timeout(Duration::from_secs(1))
+        .layer(server);
+    let started = tokio::time::Instant::now();
+    let response = client.oneshot(intent(1)).await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(1)));
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}

@@ -447,6 +447,9 @@ mod tests {
     fn keys_are_128_bits_in_hex_and_new_each_time() {
         let keys: std::collections::HashSet<_> = (0..1000).map(|_| new_key()).collect();
         assert_eq!(keys.len(), 1000);
+        // Both halves random: the high one is not all zeros.
+        let high_zero = |key: &HeaderValue| key.to_str().unwrap().starts_with("0000000000000000");
+        assert!(!keys.iter().all(high_zero));
         assert!(
             keys.iter().all(|key| key.len() == 32
                 && key.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()))
