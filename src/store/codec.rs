@@ -54,32 +54,42 @@ pub(crate) fn encode(response: &StoredResponse) -> Bytes {
 /// `prefix`, then `response` as [`encode`] writes it, in one buffer: a record's key and its
 /// response in one allocation (the memory store's).
 pub(crate) fn encode_after(prefix: &[u8], response: &StoredResponse) -> Bytes {
+    let mut buffer = BytesMut::with_capacity(prefix.len() + encoded_len(response));
+    buffer.put_slice(prefix);
+    encode_into(&mut buffer, response);
+    buffer.freeze()
+}
+
+/// The bytes [`encode`] writes for `response` (or more, for a header map cut off at 65,535
+/// values).
+pub(crate) fn encoded_len(response: &StoredResponse) -> usize {
+    3 + fields_len(response.headers())
+        + response.body().len()
+        + response
+            .trailers()
+            .map_or(0, |trailers| 4 + fields_len(trailers))
+}
+
+/// Appends `response` to `buffer` as [`encode`] writes it.
+pub(crate) fn encode_into(buffer: &mut BytesMut, response: &StoredResponse) {
     let body = response.body();
     let trailers = response.trailers();
-    let capacity = prefix.len()
-        + 3
-        + fields_len(response.headers())
-        + body.len()
-        + trailers.map_or(0, |trailers| 4 + fields_len(trailers));
-    let mut buffer = BytesMut::with_capacity(capacity);
-    buffer.put_slice(prefix);
     buffer.put_u8(if trailers.is_some() {
         WITH_TRAILERS
     } else {
         VERSION
     });
     buffer.put_u16(response.status().as_u16());
-    put_fields(&mut buffer, response.headers());
+    put_fields(buffer, response.headers());
     match trailers {
         None => buffer.put_slice(body),
         Some(trailers) => {
             // A stored body is bounded by the layer's response cap, far below 4 GiB.
             buffer.put_u32(body.len() as u32);
             buffer.put_slice(body);
-            put_fields(&mut buffer, trailers);
+            put_fields(buffer, trailers);
         }
     }
-    buffer.freeze()
 }
 
 /// Reads a count and that many values, as [`put_fields`] writes them.

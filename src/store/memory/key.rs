@@ -32,6 +32,7 @@ mod tests {
                 reservation,
                 Tick(0),
                 lease,
+                0,
             ));
         }
         assert_eq!(shard.get(a).map(|r| r.fingerprint), Some([1; 32]));

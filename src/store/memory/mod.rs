@@ -87,6 +87,9 @@ struct Shared {
     /// a store bounded while shared gets the same room (not what its tables hold now, which
     /// slots marked deleted take from).
     sized_for: AtomicUsize,
+    /// The bytes of the last response completed, encoded: the room a claim makes after its
+    /// key for the response to come, so that the record takes one allocation.
+    response_room: AtomicUsize,
     /// The moment every [`Tick`] counts from.
     epoch: Instant,
     /// How far a test moved this store's clock on, in nanoseconds.
@@ -176,6 +179,7 @@ impl MemoryStore {
                 max_records: Some(DEFAULT_MAX_RECORDS),
                 records: AtomicUsize::new(0),
                 sized_for: AtomicUsize::new(0),
+                response_room: AtomicUsize::new(0),
                 epoch: Instant::now(),
                 #[cfg(test)]
                 skew: std::sync::atomic::AtomicU64::new(0),
@@ -237,7 +241,8 @@ impl MemoryStore {
             }
             None => {
                 self.take_room()?;
-                let record = Record::pending(probe, fingerprint, reservation, now(), lease);
+                let room = self.shared.response_room.load(Ordering::Relaxed);
+                let record = Record::pending(probe, fingerprint, reservation, now(), lease, room);
                 shard.insert(record);
                 return Ok(Claim::New(reservation));
             }
@@ -275,9 +280,6 @@ impl MemoryStore {
         reservation: Option<&Reservation>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        // Encoded before the lock, after the key: the record's one allocation, and the copy
-        // of the body is not the shard's to wait for.
-        let data = codec::encode_after(key.as_bytes(), response);
         let reservation = reservation.map(Reservation::halves);
         let (probe, mut shard) = self.locked(key);
         let Some(record) = shard.get_mut(probe) else {
@@ -297,7 +299,13 @@ impl MemoryStore {
             Some(_) => self.now(),
             None => Tick::NEVER,
         };
-        record.complete(data, at);
+        // Encoded under the lock, into the room the claim made after the key: the record's one
+        // allocation. The next claims make as much room (rounded up to the allocator's step,
+        // which leaves room for a response a few bytes longer at no cost): a room of its own
+        // per key would be memory too, and a larger one memory every record keeps.
+        record.complete(response, at);
+        let room = codec::encoded_len(response);
+        self.shared.response_room.store(room, Ordering::Relaxed);
         shard.wake(key);
         // Only with a retention window: the queue finds the record by its hash and `at`.
         if self.shared.retention.is_some() {
@@ -579,6 +587,42 @@ mod tests {
         let forever = in_place.keep_forever();
         assert_eq!(queue(&forever), 0);
         assert!(queue(&forever.retention(hour)) > 0);
+    }
+
+    /// A claim makes room after its key for a response as large as the last one completed:
+    /// the next record of such a response is completed in the allocation
+    /// its claim made.
+    #[tokio::test]
+    async fn a_claim_makes_room_for_a_response_like_the_last() {
+        let store = MemoryStore::new();
+        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{\"label_id\":\"lbl_1\"}"),
+        );
+        let needed = codec::encoded_len(&response);
+        let data = |key: &str| {
+            let (probe, shard) = store.locked(key);
+            match &shard.get(probe).expect("a record").state {
+                State::Pending { data, .. } => (data.as_ptr(), data.capacity()),
+                State::Completed { data, .. } => (data.as_ptr(), data.len()),
+            }
+        };
+        for (key, room) in [("a", 0), ("b", needed)] {
+            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
+                panic!("new");
+            };
+            let (at, capacity) = data(key);
+            assert!(capacity >= key.len() + room, "{key}: room for {room}");
+            assert!(capacity < key.len() + room + 16, "{key}: no more than that");
+            store
+                .complete(key, &reservation, &response)
+                .await
+                .expect("completed");
+            assert_eq!(data(key).0 == at, room > 0, "{key}: in place");
+            assert_eq!(store.completed(key).expect("kept").body(), response.body());
+        }
     }
 
     /// A new store keeps a completed record for the default window: a claim within it

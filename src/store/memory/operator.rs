@@ -16,7 +16,7 @@ impl Operator for MemoryStore {
                 State::Pending { since, until, .. } => {
                     (RecordState::Pending, *since, None, now >= *until)
                 }
-                State::Completed { at } => {
+                State::Completed { at, .. } => {
                     let response = record.response().unwrap_or_default();
                     let status = codec::decode(response).ok().map(|r| r.status());
                     (RecordState::Completed, *at, status, false)

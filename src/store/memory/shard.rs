@@ -5,13 +5,13 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use hashbrown::HashTable;
 
 use super::SHARDS;
 use super::key::Probe;
 use crate::store::waiting::{self, WaiterMap};
-use crate::store::{Lease, Reservation};
+use crate::store::{Lease, Reservation, StoredResponse, codec};
 
 /// A moment, as nanoseconds since the store's epoch: half the size of an `Instant`, and
 /// enough for 584 years.
@@ -52,19 +52,29 @@ pub(super) struct Shard {
 pub(super) struct Record {
     /// The keyed hash of the key, computed once per call: the record's hash in the table.
     pub(super) hash: u64,
-    /// The key, then, once completed, the response in the stores' one encoding: the
-    /// record's one allocation (a replay shares it).
-    data: Bytes,
-    /// How many of `data`'s bytes are the key.
+    /// How many of the record's bytes are the key.
     key_len: usize,
     /// The fingerprint's digest: half the size of its hexadecimal form.
     pub(super) fingerprint: [u8; 32],
+    /// The state, with the record's bytes.
     pub(super) state: State,
 }
+
+/// The most bytes a record's one allocation is made with beyond its key when claimed, for the
+/// response to come: a response larger than that takes an allocation of its own at the
+/// complete.
+const MAX_RESPONSE_ROOM: usize = 1024;
+
+/// The most unused bytes a completed record keeps at the end of its allocation: a response
+/// that leaves more of the room made at the claim is copied into an allocation of its size.
+const MAX_SLACK: usize = 64;
 
 pub(super) enum State {
     /// Reserved under this token.
     Pending {
+        /// The key, with room after it for the response: the record's one allocation,
+        /// written in place at the complete if the response fits.
+        data: BytesMut,
         reservation: [u64; 2],
         /// When it was claimed.
         since: Tick,
@@ -75,9 +85,15 @@ pub(super) enum State {
     },
     /// Completed: the response follows the key in the record's data.
     Completed {
+        /// The key, then the response in the stores' one encoding, then `slack` unused
+        /// bytes: the record's one allocation (a replay shares it).
+        data: Bytes,
         /// When it was completed; only kept with a retention window, else
         /// [`Tick::NEVER`].
         at: Tick,
+        /// How many bytes at the end of `data` are not the response: room made at the claim
+        /// and not taken.
+        slack: u8,
     },
 }
 
@@ -145,7 +161,7 @@ impl Shard {
             // since: found by its hash and that moment.
             let completed_then = |record: &Record| {
                 record.hash == hash
-                    && matches!(record.state, State::Completed { at: completed } if completed == at)
+                    && matches!(record.state, State::Completed { at: completed, .. } if completed == at)
             };
             if let Ok(entry) = self.records.find_entry(hash, completed_then) {
                 entry.remove();
@@ -157,9 +173,10 @@ impl Shard {
 }
 
 impl State {
-    /// A new reservation and its lease, from `now`.
-    pub(super) fn pending(reservation: Reservation, now: Tick, lease: Lease) -> Self {
+    /// A new reservation of `data` (the key, with room after it) and its lease, from `now`.
+    fn pending(data: BytesMut, reservation: Reservation, now: Tick, lease: Lease) -> Self {
         Self::Pending {
+            data,
             reservation: reservation.halves(),
             since: now,
             until: now.after(lease.duration()),
@@ -168,26 +185,41 @@ impl State {
     }
 }
 
+/// The size to allocate for `len` bytes: `len` rounded up to what the allocator hands out
+/// anyway (glibc's chunks: 16-byte steps, 8 bytes of each kept for its size), so that the
+/// room a record is made with beyond its need costs no memory of its own.
+fn allocated(len: usize) -> usize {
+    len.checked_add(8)
+        .and_then(|len| len.checked_next_multiple_of(16))
+        .map_or(len, |size| size - 8)
+}
+
 impl Record {
-    /// A record of `key` pending under `reservation` from `now`.
+    /// A record of `key` pending under `reservation` from `now`, made with room for a response
+    /// of `response_room` bytes after its key.
     pub(super) fn pending(
         probe: Probe<'_>,
         fingerprint: [u8; 32],
         reservation: Reservation,
         now: Tick,
         lease: Lease,
+        response_room: usize,
     ) -> Self {
+        let key = probe.key.as_bytes();
+        let room = response_room.min(MAX_RESPONSE_ROOM);
+        let mut data = BytesMut::with_capacity(allocated(key.len().saturating_add(room)));
+        data.put_slice(key);
         Self {
             hash: probe.hash,
-            data: Bytes::copy_from_slice(probe.key.as_bytes()),
-            key_len: probe.key.len(),
+            key_len: key.len(),
             fingerprint,
-            state: State::pending(reservation, now, lease),
+            state: State::pending(data, reservation, now, lease),
         }
     }
 
     /// Pending again, under a new reservation, with the same key: a take-over, or an expired
-    /// record claimed anew. The key stays where it is, with nothing allocated.
+    /// record claimed anew. The key stays where it is, with nothing allocated unless a replay
+    /// still shares the record's bytes.
     pub(super) fn reclaim(
         &mut self,
         fingerprint: [u8; 32],
@@ -195,22 +227,59 @@ impl Record {
         now: Tick,
         lease: Lease,
     ) {
-        // A response left in `data` is no longer read, and goes at the next complete.
+        let placeholder = State::Completed {
+            data: Bytes::new(),
+            at: Tick::NEVER,
+            slack: 0,
+        };
+        let mut data = match std::mem::replace(&mut self.state, placeholder) {
+            State::Pending { data, .. } => data,
+            // The response left in it is no longer read: only the key is kept.
+            State::Completed { data, .. } => data
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..self.key_len])),
+        };
+        data.truncate(self.key_len);
         self.fingerprint = fingerprint;
-        self.state = State::pending(reservation, now, lease);
+        self.state = State::pending(data, reservation, now, lease);
     }
 
-    /// Completed at `at` with `data`: the key, then the encoded response
-    /// ([`codec::encode_after`](crate::store::codec::encode_after) with this key).
-    pub(super) fn complete(&mut self, data: Bytes, at: Tick) {
-        debug_assert_eq!(data.get(..self.key_len), Some(self.key()));
-        self.data = data;
-        self.state = State::Completed { at };
+    /// Completed at `at` with `response`, encoded after the key: in the room the claim made
+    /// for it when it fits that room closely, else in an allocation of its own. A record
+    /// that is not pending is left as it is (the caller checked it is).
+    pub(super) fn complete(&mut self, response: &StoredResponse, at: Tick) {
+        let State::Pending { data, .. } = &mut self.state else {
+            return;
+        };
+        let needed = self.key_len.saturating_add(codec::encoded_len(response));
+        let slack = data
+            .capacity()
+            .checked_sub(needed)
+            .filter(|slack| *slack <= MAX_SLACK)
+            .and_then(|slack| u8::try_from(slack).ok());
+        let (data, slack) = match slack {
+            Some(_) => {
+                let mut data = std::mem::take(data);
+                codec::encode_into(&mut data, response);
+                // Filled up to its capacity: frozen whole, the buffer is shared as it is, with
+                // no allocation of its own for its count.
+                let slack = data.capacity().saturating_sub(data.len());
+                let slack = u8::try_from(slack).unwrap_or(u8::MAX);
+                data.put_bytes(0, usize::from(slack));
+                (data.freeze(), slack)
+            }
+            None => (codec::encode_after(&data[..self.key_len], response), 0),
+        };
+        self.state = State::Completed { data, at, slack };
     }
 
     /// The record's key.
     pub(super) fn key(&self) -> &[u8] {
-        &self.data[..self.key_len]
+        let data = match &self.state {
+            State::Pending { data, .. } => &data[..],
+            State::Completed { data, .. } => &data[..],
+        };
+        &data[..self.key_len]
     }
 
     /// Whether this is the record of `probe`'s key.
@@ -220,14 +289,16 @@ impl Record {
 
     /// The encoded response of a completed record, sharing the record's allocation.
     pub(super) fn response(&self) -> Option<Bytes> {
-        match self.state {
-            State::Completed { .. } => Some(self.data.slice(self.key_len..)),
+        match &self.state {
+            State::Completed { data, slack, .. } => {
+                Some(data.slice(self.key_len..data.len().saturating_sub(usize::from(*slack))))
+            }
             State::Pending { .. } => None,
         }
     }
 
     pub(super) fn is_expired(&self, now: Tick, retention: Duration) -> bool {
-        matches!(self.state, State::Completed { at } if at != Tick::NEVER && now.since(at) >= retention)
+        matches!(self.state, State::Completed { at, .. } if at != Tick::NEVER && now.since(at) >= retention)
     }
 }
 
@@ -235,4 +306,159 @@ impl Record {
 /// update is a single assignment), so a poisoned lock is still sound to use.
 pub(super) fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderValue, StatusCode};
+
+    use super::*;
+
+    const KEY: &str = "POST /labels label-req-7";
+
+    fn response(body: &'static str) -> StoredResponse {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        StoredResponse::new(
+            StatusCode::CREATED,
+            headers,
+            Bytes::from_static(body.as_bytes()),
+        )
+    }
+
+    fn pending(room: usize) -> Record {
+        let probe = Probe { hash: 7, key: KEY };
+        let lease = Lease::new(Duration::from_secs(1));
+        Record::pending(
+            probe,
+            [1; 32],
+            Reservation::generate(),
+            Tick(0),
+            lease,
+            room,
+        )
+    }
+
+    /// The record's bytes while pending: where they are and how many it may hold.
+    fn pending_data(record: &Record) -> (*const u8, usize) {
+        let State::Pending { data, .. } = &record.state else {
+            panic!("pending");
+        };
+        assert_eq!(&data[..], KEY.as_bytes(), "the key alone");
+        (data.as_ptr(), data.capacity())
+    }
+
+    fn completed_data(record: &Record) -> (*const u8, usize, u8) {
+        let State::Completed { data, slack, .. } = &record.state else {
+            panic!("completed");
+        };
+        (data.as_ptr(), data.len(), *slack)
+    }
+
+    /// A response that fits the room the claim made is written in place: the record keeps
+    /// the one allocation it was claimed with, filled to its end, and reads back exact.
+    #[test]
+    fn a_response_that_fits_is_written_in_the_claims_allocation() {
+        let stored = response("{\"label_id\":\"lbl_1\"}");
+        let needed = codec::encoded_len(&stored);
+        let mut record = pending(needed + 20);
+        let (at, capacity) = pending_data(&record);
+        assert!(capacity >= KEY.len() + needed + 20, "room for it made");
+        assert!(capacity - (KEY.len() + needed) <= MAX_SLACK);
+        record.complete(&stored, Tick(5));
+        let (completed, len, slack) = completed_data(&record);
+        assert_eq!(completed, at, "the same allocation");
+        assert_eq!(len, capacity, "filled to its capacity");
+        assert_eq!(usize::from(slack), capacity - KEY.len() - needed);
+        assert_eq!(record.key(), KEY.as_bytes());
+        let read = codec::decode(record.response().expect("completed")).expect("decodes");
+        assert_eq!(read.body(), stored.body());
+        assert_eq!(read.headers(), stored.headers());
+        assert!(matches!(record.state, State::Completed { at: Tick(5), .. }));
+    }
+
+    /// A response larger than the room, or one that would leave more than
+    /// [`MAX_SLACK`] bytes of it unused, takes an allocation of its size.
+    #[test]
+    fn a_response_that_does_not_fit_closely_takes_an_allocation_of_its_size() {
+        let stored = response("{\"label_id\":\"lbl_1\"}");
+        let needed = codec::encoded_len(&stored);
+        // The most room that is still a byte short, once rounded up to the allocator's step.
+        let short = (0..needed)
+            .rev()
+            .find(|room| allocated(KEY.len() + room) < KEY.len() + needed)
+            .expect("a room too small");
+        assert!(allocated(KEY.len() + short + 1) >= KEY.len() + needed);
+        for room in [0, short, needed + MAX_SLACK + 16] {
+            let mut record = pending(room);
+            let (at, _) = pending_data(&record);
+            record.complete(&stored, Tick(5));
+            let (completed, len, slack) = completed_data(&record);
+            assert_ne!(completed, at, "room {room}: another allocation");
+            assert_eq!((len, slack), (KEY.len() + needed, 0), "room {room}");
+            let read = codec::decode(record.response().expect("completed")).expect("decodes");
+            assert_eq!(read.body(), stored.body(), "room {room}");
+        }
+        // The room made for a response is capped.
+        let record = pending(usize::MAX);
+        let (_, capacity) = pending_data(&record);
+        assert!(capacity <= allocated(KEY.len() + MAX_RESPONSE_ROOM));
+    }
+
+    /// Only a pending record completes.
+    #[test]
+    fn a_completed_record_does_not_complete_again() {
+        let mut record = pending(0);
+        record.complete(&response("first"), Tick(5));
+        record.complete(&response("second"), Tick(6));
+        let read = codec::decode(record.response().expect("completed")).expect("decodes");
+        assert_eq!(read.body(), "first");
+        assert!(matches!(record.state, State::Completed { at: Tick(5), .. }));
+    }
+
+    /// Claimed anew, a completed record keeps its key, in its own allocation when no replay
+    /// shares it, and completes again with the new response.
+    #[test]
+    fn a_reclaimed_record_keeps_its_key() {
+        let lease = Lease::new(Duration::from_secs(1));
+        let stored = response("{\"label_id\":\"lbl_1\"}");
+        for shared in [false, true] {
+            let mut record = pending(codec::encoded_len(&stored));
+            record.complete(&stored, Tick(5));
+            let (at, _, _) = completed_data(&record);
+            let replay = shared.then(|| record.response());
+            record.reclaim([2; 32], Reservation::generate(), Tick(9), lease);
+            let (now, _) = pending_data(&record);
+            assert_eq!(now == at, !shared, "shared {shared}");
+            assert!(record.response().is_none());
+            assert_eq!(record.fingerprint, [2; 32]);
+            record.complete(&response("second"), Tick(10));
+            let read = codec::decode(record.response().expect("completed")).expect("decodes");
+            assert_eq!(read.body(), "second");
+            if let Some(Some(replay)) = replay {
+                let read = codec::decode(replay).expect("decodes");
+                assert_eq!(read.body(), stored.body(), "the replay keeps its bytes");
+            }
+        }
+        // A take-over of a pending record keeps its allocation.
+        let mut record = pending(64);
+        let (at, _) = pending_data(&record);
+        record.reclaim([3; 32], Reservation::generate(), Tick(9), lease);
+        assert_eq!(pending_data(&record).0, at);
+    }
+
+    /// What is allocated for `len` bytes: at least `len`, up to the allocator's next step.
+    #[test]
+    fn the_size_allocated_rounds_up_to_the_allocators_step() {
+        for (len, size) in [
+            (0, 8),
+            (8, 8),
+            (9, 24),
+            (24, 24),
+            (25, 40),
+            (usize::MAX, usize::MAX),
+        ] {
+            assert_eq!(allocated(len), size, "{len}");
+        }
+    }
 }
