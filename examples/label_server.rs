@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
 //!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N]
+//!     [--metrics HOST:PORT (with --features metrics)]
 //!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
 //!
@@ -40,6 +41,7 @@ use tower_idempotency::store::PgTransaction;
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] \
+[--metrics HOST:PORT (with --features metrics)] \
 [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH] \
 [--transactional (with postgres://…: the create's row in the claim's transaction)]";
 
@@ -182,10 +184,11 @@ impl LabelApp {
             rate: self.admit_rate.map(RateLimit::per_second),
         };
         // The log middleware outside reads each outcome from the response extensions.
-        let mut layer = IdempotencyLayer::new(store, LabelContract)
+        let layer = IdempotencyLayer::new(store, LabelContract)
             .global_keys()
             .admission(policies)
             .outcome_extension(true);
+        let mut layer = common::labelled(layer, "labels");
         if let Some(lease) = self.lease {
             layer = layer.lease(lease);
         }

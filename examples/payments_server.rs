@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! cargo run --example payments_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N]
+//!     [--metrics HOST:PORT (with --features metrics)]
+//!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
 //!
 //! - `POST /payments` with `{"amount": <integer ≥ 1>, "currency": "<3 uppercase letters>"}`
@@ -36,7 +38,8 @@ use tower_idempotency::store::DynStore;
 use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] \
+[--metrics HOST:PORT (with --features metrics)] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
 
 /// The body of `POST /payments`.
 #[derive(Clone, Deserialize)]
@@ -158,17 +161,23 @@ impl PaymentsApp {
         let payments_route = Router::new()
             .route("/payments", post(create_payment))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::new(store.clone(), payment)
-                    .global_keys()
-                    .outcome_extension(true),
+                common::labelled(
+                    IdempotencyLayer::new(store.clone(), payment)
+                        .global_keys()
+                        .outcome_extension(true),
+                    "payments",
+                ),
                 self.pending_wait,
             ));
         let refunds_route = Router::new()
             .route("/payments/{payment_id}/refunds", post(create_refund))
             .route_layer(common::with_pending_wait(
-                IdempotencyLayer::new(store, refund)
-                    .global_keys()
-                    .outcome_extension(true),
+                common::labelled(
+                    IdempotencyLayer::new(store, refund)
+                        .global_keys()
+                        .outcome_extension(true),
+                    "refunds",
+                ),
                 self.pending_wait,
             ));
         payments_route.merge(refunds_route).with_state(payments)

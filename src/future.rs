@@ -27,6 +27,7 @@ use tracing::{Instrument, Span};
 
 use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
+use crate::metrics::Metrics;
 use crate::operation::Operation;
 use crate::pipeline::Guard;
 use tower::BoxError;
@@ -67,6 +68,8 @@ pin_project! {
         span: Span,
         // Whether the outcome goes into the response's extensions too.
         extension: bool,
+        // The layer's series, which count the outcome.
+        metrics: Metrics,
     }
 
     impl<S, St, A, O, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, O, ReqBody, ResBody>
@@ -122,6 +125,7 @@ where
         response: Response<ResponseBody<ResBody>>,
         span: Span,
         extension: bool,
+        metrics: Metrics,
     ) -> Self {
         Self {
             state: State::Ready {
@@ -129,6 +133,7 @@ where
             },
             span,
             extension,
+            metrics,
         }
     }
 
@@ -137,6 +142,7 @@ where
             state: State::PassThrough { future },
             span: Span::none(),
             extension: false,
+            metrics: Metrics::default(),
         }
     }
 
@@ -147,6 +153,7 @@ where
         collector: Collector,
         span: Span,
         extension: bool,
+        metrics: Metrics,
     ) -> Self {
         Self {
             state: State::Reading {
@@ -159,18 +166,21 @@ where
             },
             span,
             extension,
+            metrics,
         }
     }
 }
 
-/// Records the outcome on the request's span, with one event, and in the response's
-/// extensions if asked to.
+/// Records the outcome on the request's span, with one event, in the layer's series, and in
+/// the response's extensions if asked to.
 fn finished<B>(
     span: &Span,
     mut response: Response<ResponseBody<B>>,
     extension: bool,
+    metrics: &Metrics,
 ) -> Response<ResponseBody<B>> {
     if let Some(outcome) = response.body().outcome() {
+        metrics.outcome(outcome, response.status());
         span.record("outcome", outcome.as_str());
         tracing::debug!(outcome = %outcome, status = response.status().as_u16(), "idempotency outcome");
         if extension {
@@ -204,7 +214,12 @@ where
             match state.as_mut().project() {
                 StateProj::Ready { response } => {
                     let response = response.take().expect(POLLED_AFTER_COMPLETION);
-                    return Poll::Ready(Ok(finished(span, response, *this.extension)));
+                    return Poll::Ready(Ok(finished(
+                        span,
+                        response,
+                        *this.extension,
+                        this.metrics,
+                    )));
                 }
                 StateProj::PassThrough { future } => {
                     let answer = ready!(future.poll(cx));
@@ -222,7 +237,12 @@ where
                         return Poll::Pending;
                     };
                     // Finished: nothing to hand over on drop.
-                    return Poll::Ready(Ok(finished(span, response, *this.extension)));
+                    return Poll::Ready(Ok(finished(
+                        span,
+                        response,
+                        *this.extension,
+                        this.metrics,
+                    )));
                 }
                 StateProj::Reading { mut body, reading } => {
                     let read = {
@@ -266,7 +286,7 @@ where
                         }
                     };
                     state.set(State::Ready { response: None });
-                    return Poll::Ready(Ok(finished(span, answer, *this.extension)));
+                    return Poll::Ready(Ok(finished(span, answer, *this.extension, this.metrics)));
                 }
             }
         }

@@ -464,7 +464,28 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn max_waiting(mut self, max: usize) -> Self {
-        self.config.waiting = Arc::new(Bounded::new(max));
+        self.config.waiting = Arc::new(Bounded::waiting(max, self.config.metrics.clone()));
+        self
+    }
+
+    /// The `layer` label of this layer's [metrics](crate::metrics) (feature `metrics`):
+    /// `"default"` unless set. Give each guarded endpoint its own, to tell their series apart.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+    ///     .global_keys()
+    ///     .metrics_label("payments");
+    /// # drop(layer);
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_label(mut self, label: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+        let metrics = crate::metrics::Metrics::new(label.into());
+        self.config.waiting = Arc::new(self.config.waiting.relabelled(metrics.clone()));
+        self.config.settling = Arc::new(self.config.settling.relabelled(metrics.clone()));
+        self.config.metrics = metrics;
         self
     }
 

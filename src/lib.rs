@@ -239,6 +239,12 @@ mod fingerprint;
 pub mod future;
 mod headers;
 pub mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+#[path = "metrics/off.rs"]
+mod metrics;
 pub mod operation;
 mod outcome;
 mod pipeline;

@@ -156,7 +156,8 @@ where
         };
         if let Start::Refuse(rejection) = start {
             let response = rejection.into_response(&settings.operation);
-            return ResponseFuture::ready(response, span, settings.outcome_extension);
+            let metrics = settings.metrics.clone();
+            return ResponseFuture::ready(response, span, settings.outcome_extension, metrics);
         }
         // The instance that was polled ready is the one that will be called.
         let clone = self.inner.clone();
@@ -168,6 +169,7 @@ where
         };
         let collector = Collector::new(settings.body_limit);
         let extension = settings.outcome_extension;
-        ResponseFuture::reading(body, parts, guard, collector, span, extension)
+        let metrics = settings.metrics.clone();
+        ResponseFuture::reading(body, parts, guard, collector, span, extension, metrics)
     }
 }

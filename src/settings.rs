@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use crate::metrics::{self, Metrics};
 use crate::operation::Operation;
 use crate::scope::Scope;
 use crate::store::Lease;
@@ -96,6 +97,8 @@ pub(crate) struct Config {
     pub(crate) waiting: Arc<Bounded>,
     /// The layer's lost store answers being settled, bounded, shared as `waiting` is.
     pub(crate) settling: Arc<Bounded>,
+    /// The layer's series, by its label.
+    pub(crate) metrics: Metrics,
 }
 
 impl Default for Config {
@@ -114,8 +117,9 @@ impl Default for Config {
             stored: StoredResponses::Every,
             lease: Lease::default(),
             pending_wait: None,
-            waiting: Arc::new(Bounded::new(DEFAULT_MAX_WAITING)),
-            settling: Arc::new(Bounded::new(MAX_SETTLING)),
+            waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING, Metrics::default())),
+            settling: Arc::new(Bounded::settling(MAX_SETTLING, Metrics::default())),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -142,22 +146,49 @@ pub(crate) struct Settings<O> {
     pub(crate) waiting: Arc<Bounded>,
     /// The lost store answers of this layer being settled now, bounded.
     pub(crate) settling: Arc<Bounded>,
+    /// The layer's series.
+    pub(crate) metrics: Metrics,
 }
 
 /// A count of one layer's tasks of a kind (requests waiting for a pending key, lost store
-/// answers being settled), bounded.
+/// answers being settled), bounded, and reported as a gauge of the layer's series.
 #[derive(Debug)]
 pub(crate) struct Bounded {
     max: usize,
     now: AtomicUsize,
+    metrics: Metrics,
+    series: &'static str,
 }
 
 impl Bounded {
-    pub(crate) fn new(max: usize) -> Self {
+    /// A count of requests waiting for a pending key, at most `max`.
+    pub(crate) fn waiting(max: usize, metrics: Metrics) -> Self {
+        Self::new(max, metrics, metrics::WAITING)
+    }
+
+    /// A count of lost store answers being settled, at most `max`.
+    pub(crate) fn settling(max: usize, metrics: Metrics) -> Self {
+        Self::new(max, metrics, metrics::SETTLING)
+    }
+
+    fn new(max: usize, metrics: Metrics, series: &'static str) -> Self {
         Self {
             max,
             now: AtomicUsize::new(0),
+            metrics,
+            series,
         }
+    }
+
+    /// The same bound, counted anew, reported under `metrics`.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn relabelled(&self, metrics: Metrics) -> Self {
+        Self::new(self.max, metrics, self.series)
+    }
+
+    /// The layer's series this count is reported with.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// A place, if there is one.
@@ -173,11 +204,21 @@ impl Bounded {
     /// Takes a place if one is free. A compare-and-swap, not an add undone on refusal: an add
     /// over the bound, however brief, would refuse a place another caller frees meanwhile.
     fn take(&self) -> bool {
-        self.now
+        let taken = self
+            .now
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 (now < self.max).then_some(now + 1)
-            })
-            .is_ok()
+            });
+        if let Ok(before) = taken {
+            self.metrics.gauge(self.series, before + 1);
+        }
+        taken.is_ok()
+    }
+
+    /// Gives a place back.
+    fn give(&self) {
+        let before = self.now.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.gauge(self.series, before.saturating_sub(1));
     }
 
     /// How many places are taken now.
@@ -192,7 +233,7 @@ pub(crate) struct Slot<'a>(&'a Bounded);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::AcqRel);
+        self.0.give();
     }
 }
 
@@ -201,7 +242,7 @@ pub(crate) struct OwnedSlot(Arc<Bounded>);
 
 impl Drop for OwnedSlot {
     fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::AcqRel);
+        self.0.give();
     }
 }
 
@@ -233,6 +274,7 @@ impl<O: Operation> Settings<O> {
             pending_wait: config.pending_wait,
             waiting: Arc::clone(&config.waiting),
             settling: Arc::clone(&config.settling),
+            metrics: config.metrics.clone(),
             operation,
         }
     }
@@ -269,7 +311,7 @@ mod tests {
     /// are given back one each.
     #[test]
     fn a_refused_place_leaves_the_count_as_it_was() {
-        let bounded = Arc::new(Bounded::new(1));
+        let bounded = Arc::new(Bounded::waiting(1, Metrics::default()));
         let held = bounded.enter().expect("a place");
         assert!(bounded.enter().is_none());
         assert!(bounded.enter_owned().is_none());
@@ -280,5 +322,35 @@ mod tests {
         assert!(bounded.enter().is_none());
         drop(owned);
         assert_eq!(bounded.taken(), 0);
+    }
+
+    /// A count is its layer's gauge: set as each place is taken and given back.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_count_is_reported_as_its_layers_gauge() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let scrape = recorder.handle();
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let metrics = Metrics::new("orders".into());
+        let settling = Arc::new(Bounded::settling(2, metrics.clone()));
+        let waiting = Bounded::waiting(2, metrics).relabelled(Metrics::new("other".into()));
+        let gauge = |series: &str, layer: &str| {
+            let line = format!("{series}{{layer=\"{layer}\"}} ");
+            scrape
+                .render()
+                .lines()
+                .find_map(|l| l.strip_prefix(&line).map(str::to_owned))
+        };
+        let one = settling.enter_owned().expect("a place");
+        let two = settling.enter().expect("a place");
+        assert!(settling.enter().is_none());
+        assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("2"));
+        drop(one);
+        assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("1"));
+        drop(two);
+        assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("0"));
+        let _waiting = waiting.enter().expect("a place");
+        assert_eq!(gauge(metrics::WAITING, "other").as_deref(), Some("1"));
+        assert_eq!(gauge(metrics::WAITING, "orders"), None);
     }
 }

@@ -220,3 +220,289 @@ async fn the_replay_marker_is_off_by_default_and_marks_replays_only() {
     assert_eq!(replay.values("idempotent-replayed"), ["true"]);
     assert_eq!(replay.body, first.body);
 }
+
+/// Metrics, read as an operator scrapes them: Prometheus text from a recorder of the test's
+/// own (local to the test's thread, which runs the whole test on a current-thread runtime).
+#[cfg(feature = "metrics")]
+mod metrics {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+    use tower::{BoxError, Layer, ServiceExt, service_fn};
+    use tower_idempotency::admission::{Admit, Refusal, admit_fn};
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::metrics::{REQUESTS, STORE_CALL_SECONDS, WAITING};
+    use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+
+    /// A recorder for this thread, and its scrape.
+    fn recorder() -> (metrics::LocalRecorderGuard<'static>, PrometheusHandle) {
+        let recorder = Box::leak(Box::new(PrometheusBuilder::new().build_recorder()));
+        let handle = recorder.handle();
+        (metrics::set_default_local_recorder(recorder), handle)
+    }
+
+    /// The value of the series `name` whose labels include `labels`, in `scrape`.
+    fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        scrape
+            .lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .find(|line| {
+                labels
+                    .iter()
+                    .all(|(label, value)| line.contains(&format!("{label}=\"{value}\"")))
+            })
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    fn payment(key: &str, body: &'static str) -> Request<Full<Bytes>> {
+        Request::post("/payments")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    /// A scripted run through a layer labelled `payments`: each outcome counter, by status,
+    /// is the run's count of it, and each store call is timed once per call made.
+    #[tokio::test]
+    async fn each_outcome_counter_equals_the_runs_count() {
+        let (_guard, scrape) = recorder();
+        let creates = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&creates);
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let held = Arc::clone(&gate);
+        let create = service_fn(move |request: Request<RequestBody<Full<Bytes>>>| {
+            let (counted, held) = (Arc::clone(&counted), Arc::clone(&held));
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = request.into_body().collect().await?.to_bytes();
+                if body.as_ref() == br#"{"fail":true}"# {
+                    return Err::<Response<Full<Bytes>>, BoxError>("the create failed".into());
+                }
+                if body.as_ref() == br#"{"hold":true}"# {
+                    held.notified().await;
+                }
+                let mut response = Response::new(Full::new(body));
+                *response.status_mut() = StatusCode::CREATED;
+                Ok(response)
+            }
+        });
+        let admission = admit_fn(|value: &serde_json::Value| {
+            let refuse = value.get("busy").is_some();
+            async move {
+                match refuse {
+                    true => Admit::Refuse(Refusal::TooManyRequests),
+                    false => Admit::Proceed(()),
+                }
+            }
+        });
+        let operation = JsonOperation::<serde_json::Value>::typed();
+        let service = IdempotencyLayer::new(MemoryStore::new(), operation)
+            .global_keys()
+            .admission(admission)
+            .metrics_label("payments")
+            .layer(create);
+        let send = |request: Request<Full<Bytes>>| service.clone().oneshot(request);
+        // Three created, two of them replayed, one conflict.
+        for key in ["a", "b", "c"] {
+            assert_eq!(
+                send(payment(key, r#"{"amount":1}"#))
+                    .await
+                    .unwrap()
+                    .status(),
+                201
+            );
+        }
+        for key in ["a", "b"] {
+            assert_eq!(
+                send(payment(key, r#"{"amount":1}"#))
+                    .await
+                    .unwrap()
+                    .status(),
+                201
+            );
+        }
+        assert_eq!(
+            send(payment("a", r#"{"amount":2}"#))
+                .await
+                .unwrap()
+                .status(),
+            422
+        );
+        // One held while a retry finds it pending; then created.
+        let first = tokio::spawn(send(payment("held", r#"{"hold":true}"#)));
+        while creates.load(Ordering::SeqCst) < 4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            send(payment("held", r#"{"hold":true}"#))
+                .await
+                .unwrap()
+                .status(),
+            409
+        );
+        gate.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), 201);
+        // Refused: by admission (429, released), by validation (400, 415); a create that fails.
+        assert_eq!(
+            send(payment("busy", r#"{"busy":1}"#))
+                .await
+                .unwrap()
+                .status(),
+            429
+        );
+        assert_eq!(send(payment("bad", "{")).await.unwrap().status(), 400);
+        let mut text = payment("text", "{}");
+        text.headers_mut()
+            .insert("content-type", "text/plain".parse().unwrap());
+        assert_eq!(send(text).await.unwrap().status(), 415);
+        assert_eq!(
+            send(payment("fail", r#"{"fail":true}"#))
+                .await
+                .unwrap()
+                .status(),
+            500
+        );
+
+        let scrape = scrape.render();
+        let count = |outcome: &str, status: &str| {
+            let labels = [
+                ("layer", "payments"),
+                ("outcome", outcome),
+                ("status", status),
+            ];
+            value(&scrape, REQUESTS, &labels)
+        };
+        for (outcome, status, expected) in [
+            ("created", "201", 4.0),
+            ("replay", "201", 2.0),
+            ("conflict", "422", 1.0),
+            ("pending", "409", 1.0),
+            ("not_admitted", "429", 1.0),
+            ("rejected", "400", 1.0),
+            ("rejected", "415", 1.0),
+            ("create_failed", "500", 1.0),
+        ] {
+            assert_eq!(
+                count(outcome, status),
+                Some(expected),
+                "{outcome} {status}\n{scrape}"
+            );
+        }
+        let total: f64 = scrape
+            .lines()
+            .filter(|line| line.starts_with(&format!("{REQUESTS}{{")))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(total, 12.0, "every request counted once\n{scrape}");
+        // Claimed: every request past validation (10); completed: the four created; released:
+        // the refused one.
+        let calls = |call: &str| {
+            let name = format!("{STORE_CALL_SECONDS}_count");
+            value(&scrape, &name, &[("layer", "payments"), ("call", call)])
+        };
+        assert_eq!(calls("claim"), Some(10.0), "{scrape}");
+        assert_eq!(calls("complete"), Some(4.0), "{scrape}");
+        assert_eq!(calls("release"), Some(1.0), "{scrape}");
+    }
+
+    /// The requests waiting for a pending key's first attempt, as a gauge: one while a
+    /// retry waits, none once it has its answer.
+    #[tokio::test]
+    async fn the_waiting_gauge_counts_requests_waiting_for_a_first_attempt() {
+        let (_guard, scrape) = recorder();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let held = Arc::clone(&gate);
+        let create = service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
+            let held = Arc::clone(&held);
+            async move {
+                held.notified().await;
+                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *response.status_mut() = StatusCode::CREATED;
+                Ok::<_, BoxError>(response)
+            }
+        });
+        let service = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+            .global_keys()
+            .pending_wait(Duration::from_secs(30))
+            .metrics_label("waiting")
+            .layer(create);
+        let waiting = || value(&scrape.render(), WAITING, &[("layer", "waiting")]);
+        let first = tokio::spawn(service.clone().oneshot(payment("k", "{}")));
+        tokio::task::yield_now().await;
+        let retry = tokio::spawn(service.clone().oneshot(payment("k", "{}")));
+        while waiting() != Some(1.0) {
+            tokio::task::yield_now().await;
+        }
+        gate.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), 201);
+        assert_eq!(retry.await.unwrap().unwrap().status(), 201);
+        assert_eq!(waiting(), Some(0.0));
+    }
+
+    /// The client layer's attempts, first and retries, and the retries its budget refused.
+    #[cfg(feature = "client")]
+    #[tokio::test(start_paused = true)]
+    async fn the_client_layer_counts_its_attempts_and_budget_refusals() {
+        use tower::retry::budget::TpsBudget;
+        use tower_idempotency::client::ClientLayer;
+        use tower_idempotency::metrics::{CLIENT_ATTEMPTS, CLIENT_BUDGET_REFUSALS};
+
+        let (_guard, scrape) = recorder();
+        let answers = Arc::new(AtomicUsize::new(0));
+        // 503, 503, then 201.
+        let server = service_fn(move |_: Request<Full<Bytes>>| {
+            let n = answers.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = if n < 2 {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::CREATED
+                };
+                Ok::<_, BoxError>(response)
+            }
+        });
+        let client = ClientLayer::new()
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+            .metrics_label("payments-client")
+            .layer(server.clone());
+        assert_eq!(
+            client.oneshot(payment("k", "{}")).await.unwrap().status(),
+            201
+        );
+        // A budget with no retries: the first 503 is the answer.
+        let broke = ClientLayer::new()
+            .budget(TpsBudget::new(Duration::from_secs(1), 0, 0.0))
+            .metrics_label("broke")
+            .layer(service_fn(|_: Request<Full<Bytes>>| async {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                Ok::<_, BoxError>(response)
+            }));
+        assert_eq!(
+            broke.oneshot(payment("k", "{}")).await.unwrap().status(),
+            503
+        );
+        let scrape = scrape.render();
+        let attempts = |layer: &str, attempt: &str| {
+            value(
+                &scrape,
+                CLIENT_ATTEMPTS,
+                &[("layer", layer), ("attempt", attempt)],
+            )
+        };
+        assert_eq!(attempts("payments-client", "first"), Some(1.0), "{scrape}");
+        assert_eq!(attempts("payments-client", "retry"), Some(2.0), "{scrape}");
+        assert_eq!(attempts("broke", "first"), Some(1.0), "{scrape}");
+        assert_eq!(attempts("broke", "retry"), None, "{scrape}");
+        let refused = |layer: &str| value(&scrape, CLIENT_BUDGET_REFUSALS, &[("layer", layer)]);
+        assert_eq!(refused("broke"), Some(1.0), "{scrape}");
+        assert_eq!(refused("payments-client"), None, "{scrape}");
+    }
+}

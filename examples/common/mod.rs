@@ -31,6 +31,9 @@ pub struct Options {
     /// `--max-records N`: the most records the memory store holds; 0 holds every record.
     /// Default 1,000,000, the store's own default.
     pub max_records: Option<usize>,
+    /// `--metrics HOST:PORT`: serve the layers' metrics there, at `/metrics`, in Prometheus
+    /// text (built with the feature `metrics`).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Options {
@@ -50,6 +53,7 @@ impl Options {
             retention: Some(tower_idempotency::store::DEFAULT_RETENTION),
             purge_every: Some(Duration::from_secs(3600)),
             max_records: Some(tower_idempotency::store::DEFAULT_MAX_RECORDS),
+            metrics: None,
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -82,6 +86,7 @@ impl Options {
                     let records: usize = value.parse().map_err(|e| bad(&e))?;
                     options.max_records = (records > 0).then_some(records);
                 }
+                "--metrics" => options.metrics = Some(value.parse().map_err(|e| bad(&e))?),
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
                         return Err(format!("unknown flag {flag}\n{usage}"));
@@ -90,6 +95,55 @@ impl Options {
             }
         }
         Ok(options)
+    }
+}
+
+/// `layer` with its metrics `label` (with the feature `metrics`; without it, as it is).
+pub fn labelled<St, O, A, K>(
+    layer: tower_idempotency::IdempotencyLayer<St, O, A, K>,
+    label: &'static str,
+) -> tower_idempotency::IdempotencyLayer<St, O, A, K> {
+    #[cfg(feature = "metrics")]
+    return layer.metrics_label(label);
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = label;
+        layer
+    }
+}
+
+/// Serves the layers' metrics on `--metrics`'s address, if given: Prometheus text at
+/// `/metrics` (at any path but `/health`), from the exporter installed for the process.
+fn serve_metrics(options: &Options) {
+    let Some(addr) = options.metrics else {
+        return;
+    };
+    #[cfg(feature = "metrics")]
+    {
+        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+        use tower_idempotency::metrics::STORE_CALL_SECONDS;
+        // Store call times as histograms (buckets from 50 µs to 2.5 s), which add up across
+        // replicas, rather than the exporter's default summaries.
+        const BUCKETS: [f64; 11] = [
+            0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 2.5,
+        ];
+        let installed = PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .set_buckets_for_metric(Matcher::Full(STORE_CALL_SECONDS.to_owned()), &BUCKETS)
+            .and_then(PrometheusBuilder::install);
+        if let Err(error) = installed {
+            eprintln!("--metrics {addr}: {error}");
+            std::process::exit(1);
+        }
+        tracing::info!("metrics on http://{addr}/metrics");
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        eprintln!(
+            "--metrics {addr}: built without the feature `metrics`; \
+             run with `cargo run --features metrics --example …`"
+        );
+        std::process::exit(2);
     }
 }
 
@@ -311,6 +365,7 @@ pub async fn serve(name: &str, options: &Options, router: Result<Router, String>
         std::process::exit(2);
     });
     let router = router.layer(axum::middleware::from_fn(log));
+    serve_metrics(options);
     let listener = match tokio::net::TcpListener::bind(options.addr).await {
         Ok(listener) => listener,
         Err(error) => {

@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use super::decision::{Decision, Failure, decide, decide_failure};
 
+use crate::metrics::Metrics;
 use crate::operation::IDEMPOTENCY_KEY;
 
 /// The body a client's answer arrives in: the server's, or a `409`'s read whole to decide on
@@ -85,6 +86,7 @@ struct Settings {
     retry_after_cap: Duration,
     body_limit: usize,
     budget: Arc<TpsBudget>,
+    metrics: Metrics,
 }
 
 impl Default for ClientLayer {
@@ -124,6 +126,7 @@ impl ClientLayer {
                 retry_after_cap: Duration::from_secs(30),
                 body_limit: 1024 * 1024,
                 budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+                metrics: Metrics::default(),
             }),
         }
     }
@@ -180,6 +183,24 @@ impl ClientLayer {
     /// retries take from it, first attempts add to it. See tower's `TpsBudget::new`.
     pub fn budget(mut self, budget: TpsBudget) -> Self {
         self.settings().budget = Arc::new(budget);
+        self
+    }
+
+    /// The `layer` label of this layer's [metrics](crate::metrics) (feature `metrics`):
+    /// [`CLIENT_ATTEMPTS`](crate::metrics::CLIENT_ATTEMPTS) and
+    /// [`CLIENT_BUDGET_REFUSALS`](crate::metrics::CLIENT_BUDGET_REFUSALS); `"default"` unless
+    /// set.
+    ///
+    /// ```
+    /// use tower_idempotency::client::ClientLayer;
+    ///
+    /// let layer = ClientLayer::new().metrics_label("payments-client");
+    /// # drop(layer);
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_label(mut self, label: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+        self.settings().metrics = Metrics::new(label.into());
         self
     }
 }
@@ -300,6 +321,7 @@ where
             (own, left) => own.or(left),
         };
         let cap = settings.retry_after_cap;
+        settings.metrics.attempt(attempt > 1);
         let attempted = async {
             let response = inner
                 .call(request)
@@ -334,7 +356,11 @@ where
         let wait = jitter(settings.backoff, attempt).max(after.unwrap_or_default());
         let past_deadline = left().is_some_and(|left| wait >= left);
         // The budget is asked last: a retry the cap or the deadline forbids takes nothing.
-        if attempt >= settings.max_attempts || past_deadline || !settings.budget.withdraw() {
+        if attempt >= settings.max_attempts || past_deadline {
+            return give(answer);
+        }
+        if !settings.budget.withdraw() {
+            settings.metrics.budget_refused();
             return give(answer);
         }
         // The answer is let go before the wait: its connection goes back to the pool.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::wait::tokio_timer;
+use crate::metrics::{Call, Metrics, Started};
 use crate::store::{Reservation, Store, StoreErrorKind};
 
 /// Runs `work` while renewing the lease of `reservation` every third of `lease`, on fixed
@@ -23,8 +24,10 @@ pub(super) fn renewing<'a, F: Future, St: Store>(
     key: &'a str,
     reservation: &'a Reservation,
     lease: Duration,
+    metrics: &'a Metrics,
 ) -> WhileRenewing<'a, F, impl FnOnce() -> Renewals<'a>> {
-    let start = move || -> Renewals<'a> { Box::pin(renew(store, key, reservation, lease)) };
+    let start =
+        move || -> Renewals<'a> { Box::pin(renew(store, key, reservation, lease, metrics)) };
     WhileRenewing {
         work,
         start: Some(start),
@@ -38,6 +41,7 @@ pub(super) async fn renew<St: Store>(
     key: &str,
     reservation: &Reservation,
     lease: Duration,
+    metrics: &Metrics,
 ) {
     let every = lease / 3;
     let mut next = tokio::time::Instant::now() + every;
@@ -49,7 +53,10 @@ pub(super) async fn renew<St: Store>(
     let mut timer = std::pin::pin!(timer);
     loop {
         timer.as_mut().await;
-        match store.renew(key, reservation, lease).await {
+        let started = Started::now();
+        let renewed = store.renew(key, reservation, lease).await;
+        metrics.store_call(Call::Renew, started);
+        match renewed {
             Ok(()) => {}
             Err(error) if error.kind() == StoreErrorKind::ReservationLost => {
                 tracing::error!(

@@ -39,6 +39,7 @@ use self::wait::wait_for_first;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::headers;
+use crate::metrics::{Call, Started};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
@@ -182,9 +183,11 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         } = &self.guard;
         let (key, fingerprint) = (self.key.as_str(), &self.fingerprint);
         let reservation = Reservation::generate();
+        let started = Started::now();
         let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.lease) else {
             return Ok((First::Claim, reservation));
         };
+        settings.metrics.store_call(Call::Claim, started);
         if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.pending_wait) {
             return Ok((First::Wait, reservation));
         }
@@ -296,7 +299,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 }
             };
             let lease = settings.lease.duration();
-            let created = renewing(work, &store, key, &reservation, lease).await;
+            let created = renewing(work, &store, key, &reservation, lease, &settings.metrics).await;
             unsettled.armed = false;
             finish(created, &store, key, &reservation, &settings).await
         }
@@ -384,9 +387,12 @@ async fn claim<St: Store, O: Operation, B>(
         First::New => return Ok(reservation),
         First::Wait => Ok(Claim::Pending),
         First::Claim => {
-            store
+            let started = Started::now();
+            let answer = store
                 .claim_with(key, fingerprint, reservation, settings.lease)
-                .await
+                .await;
+            settings.metrics.store_call(Call::Claim, started);
+            answer
         }
     };
     if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.pending_wait) {
@@ -617,7 +623,10 @@ async fn complete<St: Store>(
     reservation: &Reservation,
     stored: &StoredResponse,
 ) -> Outcome {
-    match store.complete(key, reservation, stored).await {
+    let started = Started::now();
+    let completed = store.complete(key, reservation, stored).await;
+    settling.metrics().store_call(Call::Complete, started);
+    match completed {
         Ok(()) => Outcome::Created,
         Err(error) if error.kind() == StoreErrorKind::Uncommitted => {
             tracing::error!(%error, "the create's transaction did not commit");

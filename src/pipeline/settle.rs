@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
+use crate::metrics::{Call, Started};
 use crate::settings::Bounded;
 use crate::store::{Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
@@ -90,7 +91,10 @@ pub(super) async fn release<St: Store>(
     key: &str,
     reservation: &Reservation,
 ) {
-    if let Err(error) = store.release(key, reservation).await {
+    let started = Started::now();
+    let released = store.release(key, reservation).await;
+    settling.metrics().store_call(Call::Release, started);
+    if let Err(error) = released {
         tracing::warn!(%error, "release failed; settling it");
         if is_unknown(&error) {
             settle(

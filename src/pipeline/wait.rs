@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::settle::release;
 use crate::fingerprint::Fingerprint;
+use crate::metrics::{Call, Started};
 use crate::settings::Settings;
 use crate::store::{Claim, Reservation, Store, StoreError};
 
@@ -48,9 +49,11 @@ pub(super) async fn wait_for_first<St: Store, O>(
     loop {
         // Registered before the look, so a change right after it is not missed.
         let changed = store.changed(key);
+        let started = Started::now();
         let answer = store
             .claim_with(key, fingerprint, reservation, settings.lease)
             .await;
+        settings.metrics.store_call(Call::Claim, started);
         match answer {
             Ok(Claim::Pending) => {}
             Ok(Claim::New(reservation)) if client_left() => {

@@ -1,0 +1,167 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`): what
+//! the layers count and time, for whichever exporter the application installs (Prometheus,
+//! StatsD, OpenTelemetry, …). Without an exporter installed, each report costs a load of the
+//! facade's recorder and nothing more; without the feature, nothing at all.
+//!
+//! Every series carries a `layer` label: the layer's
+//! [`metrics_label`](crate::IdempotencyLayer::metrics_label) (the client layer's
+//! [`metrics_label`](crate::client::ClientLayer::metrics_label)), `"default"` unless set.
+//!
+//! | series | kind | more labels | what it counts |
+//! |---|---|---|---|
+//! | [`REQUESTS`] | counter | `outcome`, `status` | guarded requests by [`Outcome`]: `created`, `replay`, `conflict`, `pending`, `not_admitted` and `rejected` (refused, by `status`), `store_unavailable`, `create_failed`, `complete_failed`, `unstored`; `status` is the answer's |
+//! | [`STORE_CALL_SECONDS`] | histogram | `call` | the time of each store call of a request: `claim`, `complete`, `release`, `renew` |
+//! | [`WAITING`] | gauge | | requests waiting now for a pending key's first attempt ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) |
+//! | [`SETTLING`] | gauge | | lost store answers being settled now, each in a task of its own |
+//! | [`CLIENT_ATTEMPTS`] | counter | `attempt` (`first`, `retry`) | attempts the client layer sent |
+//! | [`CLIENT_BUDGET_REFUSALS`] | counter | | retries the client layer's budget refused (the last answer given instead) |
+//!
+//! ```
+//! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+//!
+//! // With an exporter installed at start-up (`metrics-exporter-prometheus`, say), this
+//! // layer's series carry `layer="payments"`.
+//! let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+//!     .global_keys()
+//!     .metrics_label("payments");
+//! # drop(layer);
+//! ```
+
+use crate::Outcome;
+
+/// Guarded requests by outcome (counter; labels `layer`, `outcome`, `status`).
+pub const REQUESTS: &str = "idempotency_requests_total";
+/// The time of a store call, in seconds (histogram; labels `layer`, `call`).
+pub const STORE_CALL_SECONDS: &str = "idempotency_store_call_seconds";
+/// Requests waiting for a pending key's first attempt now (gauge; label `layer`).
+pub const WAITING: &str = "idempotency_waiting";
+/// Lost store answers being settled now (gauge; label `layer`).
+pub const SETTLING: &str = "idempotency_settling";
+/// Attempts sent by the client layer (counter; labels `layer`, `attempt`).
+pub const CLIENT_ATTEMPTS: &str = "idempotency_client_attempts_total";
+/// Retries the client layer's budget refused (counter; label `layer`).
+pub const CLIENT_BUDGET_REFUSALS: &str = "idempotency_client_budget_refusals_total";
+
+/// The label a layer's series carry unless it is given one.
+pub const DEFAULT_LABEL: &str = "default";
+
+/// A store call, as [`STORE_CALL_SECONDS`]'s `call` label names it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call {
+    Claim,
+    Complete,
+    Release,
+    Renew,
+}
+
+impl Call {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Release => "release",
+            Self::Renew => "renew",
+        }
+    }
+}
+
+/// What one layer reports its series with: its label.
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    layer: ::metrics::SharedString,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            layer: ::metrics::SharedString::const_str(DEFAULT_LABEL),
+        }
+    }
+}
+
+impl Metrics {
+    /// The series of a layer labelled `layer`.
+    pub(crate) fn new(layer: std::borrow::Cow<'static, str>) -> Self {
+        let layer = match layer {
+            std::borrow::Cow::Borrowed(layer) => ::metrics::SharedString::const_str(layer),
+            std::borrow::Cow::Owned(layer) => ::metrics::SharedString::from_owned(layer),
+        };
+        Self { layer }
+    }
+
+    /// One guarded request answered with `outcome` and `status`.
+    pub(crate) fn outcome(&self, outcome: Outcome, status: http::StatusCode) {
+        ::metrics::counter!(
+            REQUESTS,
+            "layer" => self.layer.clone(),
+            "outcome" => outcome.as_str(),
+            "status" => status_label(status),
+        )
+        .increment(1);
+    }
+
+    /// `call` took from `started` until now.
+    pub(crate) fn store_call(&self, call: Call, started: Started) {
+        ::metrics::histogram!(
+            STORE_CALL_SECONDS,
+            "layer" => self.layer.clone(),
+            "call" => call.as_str(),
+        )
+        .record(started.0.elapsed());
+    }
+
+    /// `series` (a gauge) is `now`.
+    pub(crate) fn gauge(&self, series: &'static str, now: usize) {
+        ::metrics::gauge!(series, "layer" => self.layer.clone()).set(now as f64);
+    }
+
+    /// The client layer sent an attempt, its first (`retry` false) or a retry.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) fn attempt(&self, retry: bool) {
+        let attempt = if retry { "retry" } else { "first" };
+        ::metrics::counter!(CLIENT_ATTEMPTS, "layer" => self.layer.clone(), "attempt" => attempt)
+            .increment(1);
+    }
+
+    /// The client layer's budget refused a retry.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) fn budget_refused(&self) {
+        ::metrics::counter!(CLIENT_BUDGET_REFUSALS, "layer" => self.layer.clone()).increment(1);
+    }
+}
+
+/// When a store call started.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Started(std::time::Instant);
+
+impl Started {
+    pub(crate) fn now() -> Self {
+        Self(std::time::Instant::now())
+    }
+}
+
+/// `status` as a label value: the statuses the layer answers with, without an allocation;
+/// others written out.
+fn status_label(status: http::StatusCode) -> ::metrics::SharedString {
+    let known = match status.as_u16() {
+        200 => "200",
+        201 => "201",
+        202 => "202",
+        204 => "204",
+        400 => "400",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        409 => "409",
+        413 => "413",
+        415 => "415",
+        422 => "422",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        _ => return ::metrics::SharedString::from_owned(status.as_str().to_owned()),
+    };
+    ::metrics::SharedString::const_str(known)
+}
