@@ -1,88 +1,161 @@
-//! The client side of the contract: store the operation before the first attempt, then build
-//! every attempt from it, so every retry carries the same `Idempotency-Key` and the same body.
+//! A small load tool on the client layer: sends intents to a create endpoint, each with one
+//! `Idempotency-Key` kept for every attempt, retried within a budget (`ClientLayer`).
 //!
 //! ```text
-//! cargo run --example label_server &
-//! cargo run --example client_retry -- [URL] [PARCEL_ID] [REQUEST_ID]
+//! cargo run --example payments_server &
+//! cargo run --features client --example client_retry -- [--url http://HOST:PORT/PATH]
+//!     [--count N] [--concurrency C] [--lesson]
 //! ```
 //!
-//! Give a `REQUEST_ID` to resume an operation stored earlier: its attempts replay the
-//! original result instead of creating again.
+//! - `--url`: the endpoint, default the payments server's `http://127.0.0.1:3001/payments`.
+//! - `--count N`: how many intents (default 10); `--concurrency C`: how many at once (default 4).
+//! - `--lesson`: send the label contract's body instead of a payment: `request_id` is the
+//!   intent's key and `parcel_id` a fresh one (`cargo run --example label_server`, then
+//!   `--url http://127.0.0.1:3000/labels --lesson`).
 //!
-//! Retries on a lost connection, `409 request_pending`, and `429`/`503` (after their
-//! `Retry-After`), up to a fixed number of attempts; stops at anything else.
+//! It prints one line per intent (its key, its final status, its attempts), then
+//! `intents N, succeeded S, attempts A`, and exits 0 only when every intent succeeded (a
+//! `2xx`); 1 otherwise, 2 for a bad command line.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http::{HeaderValue, Request, Uri};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_idempotency::operation::LabelOperation;
+use tower::{Layer, ServiceExt};
+use tower_idempotency::client::{Attempts, ClientLayer, IntentKey};
 
-const ATTEMPTS: u32 = 8;
+const USAGE: &str = "usage: client_retry [--url http://HOST:PORT/PATH] [--count N] \
+[--concurrency C] [--lesson]";
 
-/// A new operation id: this process's start time and id. A real client persists the whole
-/// operation (in its database, say) before the first attempt.
-fn new_request_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("label-req-{nanos:x}-{}", std::process::id())
+struct Options {
+    url: Uri,
+    count: usize,
+    concurrency: usize,
+    lesson: bool,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+    let mut options = Options {
+        url: Uri::from_static("http://127.0.0.1:3001/payments"),
+        count: 10,
+        concurrency: 4,
+        lesson: false,
+    };
+    while let Some(flag) = args.next() {
+        if flag == "--lesson" {
+            options.lesson = true;
+            continue;
+        }
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.to_owned());
+        }
+        let value = args
+            .next()
+            .ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}\n{USAGE}");
+        match flag.as_str() {
+            "--url" => options.url = value.parse().map_err(|e| bad(&e))?,
+            "--count" => options.count = value.parse().map_err(|e| bad(&e))?,
+            "--concurrency" => {
+                let at_once: usize = value.parse().map_err(|e| bad(&e))?;
+                options.concurrency = at_once.max(1);
+            }
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+        }
+    }
+    Ok(options)
+}
+
+/// The key of intent `n` of this run: unique across runs, so that a shared store's earlier
+/// keys are not replayed. With `--lesson` it is the body's `request_id` too.
+fn key(run: u128, n: usize) -> String {
+    format!("intent-{run:x}-{n}")
+}
+
+/// Intent `n`'s request: a payment, or with `--lesson` the label contract's body.
+fn intent(options: &Options, run: u128, n: usize) -> Request<Full<Bytes>> {
+    let key = key(run, n);
+    let body = if options.lesson {
+        format!(r#"{{"request_id":"{key}","parcel_id":"parcel-{run:x}-{n}"}}"#)
+    } else {
+        format!(r#"{{"amount":{},"currency":"EUR"}}"#, n + 1)
+    };
+    let mut request = Request::post(options.url.clone())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid request");
+    // The intent's key, made once before its first attempt: the client layer sends it with
+    // every attempt (without it, the layer would make one).
+    match HeaderValue::try_from(key) {
+        Ok(key) => drop(request.extensions_mut().insert(IntentKey(key))),
+        Err(_) => unreachable!("hexadecimal digits and dashes are a header value"),
+    }
+    request
 }
 
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
-    let url = args
-        .next()
-        .unwrap_or_else(|| "http://127.0.0.1:3000/labels".to_owned());
-    let parcel_id = args.next().unwrap_or_else(|| "parcel-42".to_owned());
-    // 1. Store the operation before the first attempt (or resume a stored one).
-    let request_id = args.next().unwrap_or_else(new_request_id);
-    let op = LabelOperation::new(request_id, parcel_id);
-    println!("operation {}", op.to_json());
-
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    for attempt in 1..=ATTEMPTS {
-        // 2. Every attempt is built from the stored operation: same key, same bytes.
-        let request = match op.attempt(url.as_str()) {
-            Ok(request) => request.map(|body| Full::new(Bytes::from(body))),
-            Err(error) => {
-                eprintln!("cannot build a request for {url}: {error}");
-                std::process::exit(2);
-            }
-        };
-        let wait = match client.request(request).await {
-            Err(error) => {
-                println!("attempt {attempt}: no answer ({error}); retrying with the same key");
-                Duration::from_millis(200 * u64::from(attempt))
-            }
-            Ok(response) => {
-                let status = response.status();
-                let retry_after = response
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                let body = String::from_utf8_lossy(&body);
-                println!("attempt {attempt}: {} {body}", status.as_u16());
-                match status.as_u16() {
-                    409 if body.contains("request_pending") => {
-                        Duration::from_millis(200 * u64::from(attempt))
+    let options = match parse(std::env::args().skip(1)) {
+        Ok(options) => Arc::new(options),
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = ClientLayer::new()
+        .attempt_timeout(Duration::from_secs(10))
+        .deadline(Duration::from_secs(60))
+        .layer(http);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (succeeded, attempts) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU32::new(0)));
+    let workers: Vec<_> = (0..options.concurrency.min(options.count))
+        .map(|_| {
+            let (client, options, next) = (client.clone(), Arc::clone(&options), Arc::clone(&next));
+            let (succeeded, attempts) = (Arc::clone(&succeeded), Arc::clone(&attempts));
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= options.count {
+                        return;
                     }
-                    429 | 503 => Duration::from_secs(retry_after.unwrap_or(2)),
-                    _ => return, // created (or replayed), or a final refusal
+                    let request = intent(&options, run, n);
+                    let (status, tries) = match client.clone().oneshot(request).await {
+                        Ok(response) => {
+                            let tries = response.extensions().get::<Attempts>().map_or(1, |a| a.0);
+                            (response.status().as_u16().to_string(), tries)
+                        }
+                        Err(error) => (format!("failed ({error})"), 0),
+                    };
+                    if status.starts_with('2') {
+                        succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    attempts.fetch_add(tries, Ordering::Relaxed);
+                    println!("{} {status} attempts {tries}", key(run, n));
                 }
-            }
-        };
-        tokio::time::sleep(wait).await;
+            })
+        })
+        .collect();
+    for worker in workers {
+        if let Err(error) = worker.await {
+            eprintln!("a worker failed: {error}");
+        }
     }
-    println!("gave up after {ATTEMPTS} attempts; the operation is stored and can be retried later");
+    let (succeeded, attempts) = (
+        succeeded.load(Ordering::Relaxed),
+        attempts.load(Ordering::Relaxed),
+    );
+    println!(
+        "intents {}, succeeded {succeeded}, attempts {attempts}",
+        options.count
+    );
+    std::process::exit(if succeeded == options.count { 0 } else { 1 });
 }

@@ -641,3 +641,61 @@ async fn lost_replies_end_to_end_on_postgresql() {
     store.migrate().await.unwrap();
     lost_replies_end_to_end(store).await;
 }
+
+/// A key set as the request's `IntentKey` extension is the one every attempt sends, unless
+/// the request has an `Idempotency-Key` header, which wins; the key sent, made by the layer
+/// too, is in the answer's extensions.
+#[tokio::test(start_paused = true)]
+async fn the_intent_key_is_sent_and_given_back() {
+    use tower_idempotency::client::IntentKey;
+    let key = |value: &'static str| IntentKey(http::HeaderValue::from_static(value));
+    for (header, extension, sent) in [
+        (None, Some("from-extension"), Some("from-extension")),
+        (
+            Some("from-header"),
+            Some("from-extension"),
+            Some("from-header"),
+        ),
+        (None, None, None),
+    ] {
+        let (server, seen) = scripted(vec![(503, vec![], ""), (201, vec![], "{}")]);
+        let client = ClientLayer::new()
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+            .layer(server);
+        let mut request = intent(1);
+        if let Some(header) = header {
+            request
+                .headers_mut()
+                .insert("idempotency-key", header.parse().unwrap());
+        }
+        if let Some(extension) = extension {
+            request.extensions_mut().insert(key(extension));
+        }
+        let response = client.oneshot(request).await.unwrap();
+        let seen: Vec<_> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0], seen[1], "one key for both attempts");
+        let given = response
+            .extensions()
+            .get::<IntentKey>()
+            .expect("the key sent");
+        assert_eq!(Some(given.0.to_str().unwrap()), seen[0].as_deref());
+        match sent {
+            Some(sent) => assert_eq!(seen[0].as_deref(), Some(sent)),
+            None => assert_eq!(seen[0].as_ref().map(String::len), Some(32), "made"),
+        }
+    }
+    // A request the layer does not key carries no key, and gets none back.
+    let (server, seen) = scripted(vec![(200, vec![], "")]);
+    let mut get = intent(1);
+    *get.method_mut() = http::Method::GET;
+    get.extensions_mut().insert(key("ignored"));
+    let response = ClientLayer::new().layer(server).oneshot(get).await.unwrap();
+    assert!(response.extensions().get::<IntentKey>().is_none());
+    assert_eq!(seen.lock().unwrap()[0].0, None);
+}

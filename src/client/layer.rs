@@ -32,6 +32,23 @@ pub type ClientBody<B> = Either<B, Full<Bytes>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts(pub u32);
 
+/// An intent's `Idempotency-Key`. Set in a request's extensions, it is the key the layer
+/// sends with every attempt (unless the request has an `Idempotency-Key` header already,
+/// which wins); the layer puts the key it sent into the response's extensions, whichever it
+/// was, so that a caller that let the layer make one can log it or store it.
+///
+/// ```
+/// use http::{HeaderValue, Request};
+/// use tower_idempotency::client::IntentKey;
+///
+/// let mut request = Request::post("http://127.0.0.1:3001/payments").body(()).unwrap();
+/// request
+///     .extensions_mut()
+///     .insert(IntentKey(HeaderValue::from_static("order-7-payment")));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntentKey(pub HeaderValue);
+
 /// The most of a `409`'s body read to tell a pending first attempt from a conflict.
 const PENDING_BODY_LIMIT: usize = 64 * 1024;
 
@@ -39,8 +56,9 @@ const PENDING_BODY_LIMIT: usize = 64 * 1024;
 /// that makes each request an intent with one `Idempotency-Key`, kept for every attempt, and
 /// retries what is safe to retry with it.
 ///
-/// - The key: the request's own `Idempotency-Key` if it has one, else one the layer makes
-///   (128 bits, 32 hexadecimal characters) before the first attempt.
+/// - The key: the request's own `Idempotency-Key` if it has one, else its [`IntentKey`]
+///   extension, else one the layer makes (128 bits, 32 hexadecimal characters) before the
+///   first attempt.
 /// - The body is read once, up to [`body_limit`](Self::body_limit), and every attempt sends
 ///   the same bytes.
 /// - Retried, with the key: what [`decide`] and [`decide_failure`] say (a connection cut, an
@@ -57,7 +75,7 @@ const PENDING_BODY_LIMIT: usize = 64 * 1024;
 /// - A `Retry-After` longer than [`retry_after_cap`](Self::retry_after_cap) is not cut
 ///   short: that answer is the caller's.
 ///
-/// The response carries [`Attempts`] in its extensions.
+/// The response carries [`Attempts`] in its extensions, and the [`IntentKey`] sent.
 ///
 /// ```
 /// use std::time::Duration;
@@ -296,10 +314,18 @@ where
         .map_err(|error| -> BoxError { format!("the request body: {error}").into() })?
         .to_bytes();
     let keyed = settings.methods.contains(&parts.method);
+    let mut key = None;
     if keyed {
-        if !parts.headers.contains_key(&IDEMPOTENCY_KEY) {
-            parts.headers.insert(IDEMPOTENCY_KEY, new_key());
-        }
+        let sent = match parts.headers.get(&IDEMPOTENCY_KEY) {
+            Some(header) => header.clone(),
+            None => {
+                let chosen = parts.extensions.get::<IntentKey>();
+                let made = chosen.map_or_else(new_key, |key| key.0.clone());
+                parts.headers.insert(IDEMPOTENCY_KEY, made.clone());
+                made
+            }
+        };
+        key = Some(IntentKey(sent));
         // Only the requests that may be retried fund retries.
         settings.budget.deposit();
     }
@@ -347,6 +373,9 @@ where
         let give = |answer: Result<Response<ClientBody<ResBody>>, BoxError>| {
             answer.map(|mut response| {
                 response.extensions_mut().insert(Attempts(attempt));
+                if let Some(key) = &key {
+                    response.extensions_mut().insert(key.clone());
+                }
                 response
             })
         };

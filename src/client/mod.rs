@@ -23,4 +23,4 @@
 pub mod decision;
 mod layer;
 
-pub use self::layer::{Attempts, ClientBody, ClientFuture, ClientLayer, RetryClient};
+pub use self::layer::{Attempts, ClientBody, ClientFuture, ClientLayer, IntentKey, RetryClient};
