@@ -699,3 +699,99 @@ async fn the_intent_key_is_sent_and_given_back() {
     assert!(response.extensions().get::<IntentKey>().is_none());
     assert_eq!(seen.lock().unwrap()[0].0, None);
 }
+
+/// A body of the frames given, in order: data and trailers.
+struct Frames(std::collections::VecDeque<http_body::Frame<Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// A gRPC answer: `grpc-status` `code` in the headers (trailers only) or after a message in
+/// the trailers, or no status at all (`None`: the answer was cut short).
+fn grpc_answer(code: Option<&str>, trailers_only: bool, web: bool) -> Response<Frames> {
+    let mut frames = std::collections::VecDeque::new();
+    let mut response = Response::builder().header(
+        "content-type",
+        if web {
+            "application/grpc-web+proto"
+        } else {
+            "application/grpc"
+        },
+    );
+    match (code, trailers_only) {
+        (Some(code), true) => response = response.header("grpc-status", code),
+        (code, _) => {
+            frames.push_back(http_body::Frame::data(Bytes::from_static(
+                b"\0\0\0\0\x02hi",
+            )));
+            if let Some(code) = code {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", code.parse().unwrap());
+                frames.push_back(http_body::Frame::trailers(trailers));
+            }
+        }
+    }
+    response.body(Frames(frames)).unwrap()
+}
+
+/// gRPC answers are decided by their `grpc-status`, in the headers or the trailers:
+/// `UNAVAILABLE` and `ABORTED` retried, every other code final, an answer without a status a
+/// lost one (retried); the answer read for its trailers is given whole, message and trailers.
+/// gRPC-web answers are decided by their HTTP status.
+#[tokio::test(start_paused = true)]
+async fn grpc_answers_are_decided_by_their_status_in_headers_or_trailers() {
+    type Script = Vec<(Option<&'static str>, bool, bool)>;
+    let run = |script: Script| async move {
+        let next = Arc::new(AtomicUsize::new(0));
+        let served = Arc::clone(&next);
+        let server = service_fn(move |_: Request<Full<Bytes>>| {
+            let i = served.fetch_add(1, Ordering::SeqCst).min(script.len() - 1);
+            let (code, trailers_only, web) = script[i];
+            async move { Ok::<_, BoxError>(grpc_answer(code, trailers_only, web)) }
+        });
+        let client = ClientLayer::new()
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+            .layer(server);
+        let mut call = intent(1);
+        call.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        let response = client.oneshot(call).await.unwrap();
+        let attempts = response.extensions().get::<Attempts>().unwrap().0;
+        let read = response.into_body().collect().await.unwrap();
+        let status = read
+            .trailers()
+            .and_then(|trailers| trailers.get("grpc-status"))
+            .map(|code| code.to_str().unwrap().to_owned());
+        (attempts, read.to_bytes(), status)
+    };
+    // Retried in the trailers and in the headers, then OK in the trailers: given whole.
+    let (attempts, message, status) = run(vec![
+        (Some("14"), false, false),
+        (Some("10"), true, false),
+        (None, false, false),
+        (Some("0"), false, false),
+    ])
+    .await;
+    assert_eq!(attempts, 4);
+    assert_eq!(message.as_ref(), b"\0\0\0\0\x02hi");
+    assert_eq!(status.as_deref(), Some("0"));
+    // Final at once: INVALID_ARGUMENT, FAILED_PRECONDITION, OK in the headers.
+    for code in ["3", "9", "0"] {
+        for trailers_only in [false, true] {
+            let (attempts, _, _) = run(vec![(Some(code), trailers_only, false)]).await;
+            assert_eq!(attempts, 1, "{code} {trailers_only}");
+        }
+    }
+    // gRPC-web: its status is in its body; the HTTP status (200) decides.
+    let (attempts, _, _) = run(vec![(Some("14"), false, true)]).await;
+    assert_eq!(attempts, 1);
+}

@@ -393,3 +393,126 @@ async fn the_health_service_and_its_stream_pass_through_untouched() {
     assert_eq!(first.status(), ServingStatus::Serving);
     assert_eq!(store.len(), 0, "no key, no record: not guarded");
 }
+
+/// The client layer under a tonic client, against the example's server: the reply of each
+/// call's first attempt is lost after the server answered, and some attempts time out while
+/// their create runs (the retry then finds it pending, `ABORTED`, and tries again). Every
+/// call gets its label, and the server creates one label a call.
+#[cfg(feature = "client")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_client_through_the_client_layer_gets_one_label_a_call() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use tower::retry::budget::TpsBudget;
+    use tower::{BoxError, Layer, ServiceExt};
+    use tower_idempotency::client::{Attempts, ClientLayer};
+
+    let server = start(MemoryStore::new(), Duration::from_millis(300)).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Loses the first answer of each key, read whole with its trailers, after the server
+    // made it.
+    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let lossy = tower::service_fn(move |request: http::Request<Full<Bytes>>| {
+        let (channel, seen) = (channel.clone(), Arc::clone(&seen));
+        async move {
+            let key = request.headers()["idempotency-key"].to_str()?.to_owned();
+            let request = request.map(tonic::body::Body::new);
+            let response = channel.oneshot(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await?;
+            let times = {
+                let mut seen = seen.lock().unwrap();
+                let times = seen.entry(key).or_default();
+                *times += 1;
+                *times
+            };
+            if times == 1 {
+                return Err::<http::Response<http_body_util::Collected<Bytes>>, BoxError>(
+                    "connection reset after the answer".into(),
+                );
+            }
+            Ok(http::Response::from_parts(parts, body))
+        }
+    });
+    let layer = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(20))
+        .max_attempts(20)
+        .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
+    let plain = layer.clone().layer(lossy.clone());
+    // Gives up on an attempt before its create ends: the retry finds the key pending.
+    let impatient = layer
+        .attempt_timeout(Duration::from_millis(100))
+        .layer(lossy);
+    let calls = 6;
+    let mut answers = Vec::new();
+    for i in 0..calls {
+        let client = match i % 2 {
+            0 => impatient.clone(),
+            _ => plain.clone(),
+        };
+        answers.push(tokio::spawn(create_label_through(
+            client,
+            format!("call-{i}"),
+        )));
+    }
+    let mut labels = std::collections::HashSet::new();
+    for answer in answers {
+        let (key, answer) = answer.await.unwrap();
+        let answer = answer.unwrap_or_else(|status| panic!("{key}: {status:?}"));
+        assert!(answer.extensions().get::<Attempts>().is_some());
+        let label = answer.into_inner();
+        assert_eq!(label.request_id, key);
+        labels.insert(label.label_id);
+    }
+    assert_eq!(labels.len(), calls, "a label a call");
+    assert_eq!(server.labels.creates(), calls, "one create a call");
+}
+
+/// `CreateLabel` through `client` (a tonic client's service), with `key` as the request id and
+/// the `idempotency-key`. A generic function, so that its future is `Send` for a spawn with a
+/// service whose error is `BoxError`.
+#[cfg(feature = "client")]
+async fn create_label_through<T>(
+    client: T,
+    key: String,
+) -> (
+    String,
+    Result<tonic::Response<grpc_labels::Label>, tonic::Status>,
+)
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tower::BoxError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tower::BoxError> + Send,
+{
+    use grpc_labels::{CREATE_LABEL, CreateLabelRequest, Label};
+    let mut request = tonic::Request::new(CreateLabelRequest {
+        request_id: key.clone(),
+        parcel_id: "parcel-42".to_owned(),
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().unwrap());
+    let mut grpc = tonic::client::Grpc::new(client);
+    if let Err(error) = grpc.ready().await {
+        return (
+            key,
+            Err(tonic::Status::unavailable(error.into().to_string())),
+        );
+    }
+    let answer = grpc
+        .unary(
+            request,
+            http::uri::PathAndQuery::from_static(CREATE_LABEL),
+            tonic_prost::ProstCodec::<CreateLabelRequest, Label>::default(),
+        )
+        .await;
+    (key, answer)
+}

@@ -14,19 +14,16 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tracing::Instrument;
 
-use super::decision::{Decision, Failure, decide, decide_failure};
+use super::body::ClientBody;
+use super::decision::{Decision, Failure, decide, decide_failure, decide_grpc};
 
 use crate::metrics::Metrics;
 use crate::operation::IDEMPOTENCY_KEY;
-
-/// The body a client's answer arrives in: the server's, or a `409`'s read whole to decide on
-/// it.
-pub type ClientBody<B> = Either<B, Full<Bytes>>;
 
 /// How many attempts an answer took, in its response extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +49,10 @@ pub struct IntentKey(pub HeaderValue);
 /// The most of a `409`'s body read to tell a pending first attempt from a conflict.
 const PENDING_BODY_LIMIT: usize = 64 * 1024;
 
+/// The most of a unary gRPC answer read to find its status in its trailers: tonic's default
+/// largest message, and its frame's header.
+const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
+
 /// A [`Layer`] for an HTTP client service (a hyper-util client, or a server stack in tests)
 /// that makes each request an intent with one `Idempotency-Key`, kept for every attempt, and
 /// retries what is safe to retry with it.
@@ -74,6 +75,13 @@ const PENDING_BODY_LIMIT: usize = 64 * 1024;
 ///   alike, within the limit).
 /// - A `Retry-After` longer than [`retry_after_cap`](Self::retry_after_cap) is not cut
 ///   short: that answer is the caller's.
+///
+/// - Unary gRPC (a tonic `Channel` under the layer, its requests' bodies mapped to
+///   `Full<Bytes>`): the key goes in the `idempotency-key` metadata entry (the same header),
+///   and an answer is decided by its `grpc-status` ([`decide_grpc`]): in its headers, or in
+///   its trailers, for which its body is read whole (up to 4 MiB). Put the layer on unary
+///   calls only: a streaming answer would be read to its end before the caller sees it.
+///   gRPC-web answers carry their status in their body, and are decided by their HTTP status.
 ///
 /// The response carries [`Attempts`] in its extensions, and the [`IntentKey`] sent.
 ///
@@ -352,14 +360,16 @@ where
             let response = inner
                 .call(request)
                 .await
-                .map_err(|error| (Failure::Connection, error.into()))?;
+                .map_err(|error| (decide_failure(Failure::Connection, keyed), error.into()))?;
             judge(response, keyed, cap).await
         };
         let attempted = match timeout {
             Some(timeout) => tokio::time::timeout(timeout, attempted)
                 .instrument(tracing::debug_span!("attempt", attempt))
                 .await
-                .unwrap_or_else(|elapsed| Err((Failure::Timeout, elapsed.into()))),
+                .unwrap_or_else(|elapsed| {
+                    Err((decide_failure(Failure::Timeout, keyed), elapsed.into()))
+                }),
             None => {
                 attempted
                     .instrument(tracing::debug_span!("attempt", attempt))
@@ -368,7 +378,7 @@ where
         };
         let (decision, answer) = match attempted {
             Ok((decision, response)) => (decision, Ok(response)),
-            Err((failure, error)) => (decide_failure(failure, keyed), Err(error)),
+            Err((decision, error)) => (decision, Err(error)),
         };
         let give = |answer: Result<Response<ClientBody<ResBody>>, BoxError>| {
             answer.map(|mut response| {
@@ -416,38 +426,97 @@ async fn within<F: Future>(
     }
 }
 
-/// The decision on an answer, and the answer to give. A `409` to a keyed request has its
-/// body read (up to a limit) to tell a pending first attempt from a conflict; one cut short
-/// is a lost answer, and one too long to be the layer's is final, given as it came.
+/// The decision on an answer, and the answer to give; or, for an answer that broke off, the
+/// decision on it and why.
+///
+/// - A unary gRPC answer (`application/grpc`) is decided by its `grpc-status`
+///   ([`decide_grpc`]): in its headers (a trailers-only answer) or in its trailers, for which
+///   its body is read whole (up to a limit); one that ends without a status was cut short, a
+///   lost answer.
+/// - A `409` to a keyed request has its body read (up to a limit) to tell a pending first
+///   attempt from a conflict; one cut short is a lost answer, and one too long to be the
+///   layer's is final, given as it came.
+/// - Any other answer is decided by its status and headers, its body not read.
 async fn judge<ResBody>(
     response: Response<ResBody>,
     keyed: bool,
     cap: Duration,
-) -> Result<(Decision, Response<ClientBody<ResBody>>), (Failure, BoxError)>
+) -> Result<(Decision, Response<ClientBody<ResBody>>), (Decision, BoxError)>
 where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
-    let declared_long = response
-        .body()
-        .size_hint()
-        .upper()
-        .is_some_and(|upper| upper > PENDING_BODY_LIMIT as u64);
-    if response.status() != StatusCode::CONFLICT || !keyed || declared_long {
+    let lost = |error: BoxError| (decide_failure(Failure::Connection, keyed), error);
+    if is_grpc(response.headers()) {
+        if let Some(code) = grpc_status(response.headers()) {
+            return Ok((decide_grpc(code, keyed), response.map(ClientBody::streamed)));
+        }
+        if declared_over(response.body(), GRPC_BODY_LIMIT) {
+            let decision = decide_grpc(GRPC_UNKNOWN, keyed);
+            return Ok((decision, response.map(ClientBody::streamed)));
+        }
+        let (parts, body) = response.into_parts();
+        let read = Limited::new(body, GRPC_BODY_LIMIT)
+            .collect()
+            .await
+            .map_err(lost)?;
+        let trailers = read.trailers().cloned();
+        let Some(code) = trailers.as_ref().and_then(grpc_status) else {
+            return Err(lost("the gRPC answer ended without its status".into()));
+        };
+        let body = ClientBody::read(read.to_bytes(), trailers);
+        return Ok((decide_grpc(code, keyed), Response::from_parts(parts, body)));
+    }
+    if response.status() != StatusCode::CONFLICT
+        || !keyed
+        || declared_over(response.body(), PENDING_BODY_LIMIT)
+    {
         let decision = decide(response.status(), response.headers(), b"", keyed, cap);
-        return Ok((decision, response.map(Either::Left)));
+        return Ok((decision, response.map(ClientBody::streamed)));
     }
     let (parts, body) = response.into_parts();
     let body = Limited::new(body, PENDING_BODY_LIMIT)
         .collect()
         .await
-        .map_err(|error| (Failure::Connection, error))?
+        .map_err(lost)?
         .to_bytes();
     let decision = decide(parts.status, &parts.headers, &body, keyed, cap);
     Ok((
         decision,
-        Response::from_parts(parts, Either::Right(Full::new(body))),
+        Response::from_parts(parts, ClientBody::read(body, None)),
     ))
+}
+
+/// Whether `body` says it is longer than `limit`.
+fn declared_over<B: Body>(body: &B, limit: usize) -> bool {
+    body.size_hint()
+        .upper()
+        .is_some_and(|upper| upper > limit as u64)
+}
+
+/// `grpc-status` `UNKNOWN`: the decision on a gRPC answer whose status is not read (final).
+const GRPC_UNKNOWN: u32 = 2;
+
+/// Whether `headers` are a gRPC answer's (HTTP/2 gRPC; gRPC-web carries its status in its
+/// body, and is decided by its HTTP status).
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value.starts_with("application/grpc") && !value.starts_with("application/grpc-web")
+        })
+}
+
+/// The `grpc-status` in `headers`, if there is a readable one.
+fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
+    headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A random share of the backoff's ceiling for `attempt` (1 for the first retry): full

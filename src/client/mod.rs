@@ -20,7 +20,9 @@
 //! }
 //! ```
 
+mod body;
 pub mod decision;
 mod layer;
 
-pub use self::layer::{Attempts, ClientBody, ClientFuture, ClientLayer, IntentKey, RetryClient};
+pub use self::body::ClientBody;
+pub use self::layer::{Attempts, ClientFuture, ClientLayer, IntentKey, RetryClient};
