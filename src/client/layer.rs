@@ -3,10 +3,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,15 +13,15 @@ use http::header::HeaderValue;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use tower::retry::budget::{Budget, TpsBudget};
+use tower::retry::budget::TpsBudget;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tracing::Instrument;
 
 use super::body::ClientBody;
 use super::decision::{Decision, Failure, decide, decide_failure, decide_grpc};
+use super::retries::{Retries, Settings, intent_key};
 
 use crate::metrics::Metrics;
-use crate::operation::IDEMPOTENCY_KEY;
 
 /// How many attempts an answer took, in its response extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,19 +98,6 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 #[derive(Clone)]
 pub struct ClientLayer {
     settings: Arc<Settings>,
-}
-
-#[derive(Clone)]
-struct Settings {
-    methods: Vec<Method>,
-    max_attempts: u32,
-    attempt_timeout: Option<Duration>,
-    deadline: Option<Duration>,
-    backoff: (Duration, Duration),
-    retry_after_cap: Duration,
-    body_limit: usize,
-    budget: Arc<TpsBudget>,
-    metrics: Metrics,
 }
 
 impl Default for ClientLayer {
@@ -304,42 +289,23 @@ where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
-    let started = tokio::time::Instant::now();
-    // The time left before the deadline, if there is one.
-    let left = || {
-        settings
-            .deadline
-            .map(|deadline| deadline.saturating_sub(started.elapsed()))
-    };
+    let mut retries = Retries::start(&settings);
     // A service made ready holds what readiness took (a buffer's slot, a concurrency
     // permit): let it go while the body is read, and be made ready again after.
     let mut inner = ready.clone();
     drop(ready);
     let (mut parts, body) = request.into_parts();
     let body = Limited::new(body, settings.body_limit).collect();
-    let body = within(left(), "reading the request body", body)
+    let body = retries
+        .within("reading the request body", body)
         .await?
         .map_err(|error| -> BoxError { format!("the request body: {error}").into() })?
         .to_bytes();
-    let keyed = settings.methods.contains(&parts.method);
-    let mut key = None;
-    if keyed {
-        let sent = match parts.headers.get(&IDEMPOTENCY_KEY) {
-            Some(header) => header.clone(),
-            None => {
-                let chosen = parts.extensions.get::<IntentKey>();
-                let made = chosen.map_or_else(new_key, |key| key.0.clone());
-                parts.headers.insert(IDEMPOTENCY_KEY, made.clone());
-                made
-            }
-        };
-        key = Some(IntentKey(sent));
-        // Only the requests that may be retried fund retries.
-        settings.budget.deposit();
-    }
-    let mut attempt: u32 = 1;
+    let keyed = settings.keys(&parts.method);
+    let key = keyed.then(|| intent_key(&settings, &mut parts.headers, &parts.extensions));
     loop {
-        within(left(), "waiting for the service", inner.ready())
+        retries
+            .within("waiting for the service", inner.ready())
             .await?
             .map_err(Into::into)?;
         let mut request = Request::new(Full::new(body.clone()));
@@ -350,12 +316,8 @@ where
         *request.extensions_mut() = parts.extensions.clone();
         // An attempt ends by its own timeout or the request's deadline, whichever is first;
         // a `409`'s body, read to decide, is within the same time.
-        let timeout = match (settings.attempt_timeout, left()) {
-            (Some(own), Some(left)) => Some(own.min(left)),
-            (own, left) => own.or(left),
-        };
+        let timeout = retries.send();
         let cap = settings.retry_after_cap;
-        settings.metrics.attempt(attempt > 1);
         let attempted = async {
             let response = inner
                 .call(request)
@@ -363,6 +325,7 @@ where
                 .map_err(|error| (decide_failure(Failure::Connection, keyed), error.into()))?;
             judge(response, keyed, cap).await
         };
+        let attempt = retries.attempt();
         let attempted = match timeout {
             Some(timeout) => tokio::time::timeout(timeout, attempted)
                 .instrument(tracing::debug_span!("attempt", attempt))
@@ -380,49 +343,19 @@ where
             Ok((decision, response)) => (decision, Ok(response)),
             Err((decision, error)) => (decision, Err(error)),
         };
-        let give = |answer: Result<Response<ClientBody<ResBody>>, BoxError>| {
-            answer.map(|mut response| {
+        let Some(wait) = retries.wait_after(decision) else {
+            return answer.map(|mut response| {
                 response.extensions_mut().insert(Attempts(attempt));
-                if let Some(key) = &key {
-                    response.extensions_mut().insert(key.clone());
+                if let Some(key) = key {
+                    response.extensions_mut().insert(key);
                 }
                 response
-            })
+            });
         };
-        let Decision::Retry { after } = decision else {
-            return give(answer);
-        };
-        let wait = jitter(settings.backoff, attempt).max(after.unwrap_or_default());
-        let past_deadline = left().is_some_and(|left| wait >= left);
-        // The budget is asked last: a retry the cap or the deadline forbids takes nothing.
-        if attempt >= settings.max_attempts || past_deadline {
-            return give(answer);
-        }
-        if !settings.budget.withdraw() {
-            settings.metrics.budget_refused();
-            return give(answer);
-        }
         // The answer is let go before the wait: its connection goes back to the pool.
         drop(answer);
-        tracing::debug!(attempt, ?wait, "retrying with the same key");
-        tokio::time::sleep(wait).await;
-        attempt += 1;
+        retries.next(wait).await;
         inner = inner.clone();
-    }
-}
-
-/// `future`'s output, unless `left` (the time left before the deadline) runs out first: then
-/// the request's end, saying what it was `doing`.
-async fn within<F: Future>(
-    left: Option<Duration>,
-    doing: &'static str,
-    future: F,
-) -> Result<F::Output, BoxError> {
-    match left {
-        Some(left) => tokio::time::timeout(left, future)
-            .await
-            .map_err(|_| format!("the deadline passed {doing}").into()),
-        None => Ok(future.await),
     }
 }
 
@@ -517,66 +450,4 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
         .trim()
         .parse()
         .ok()
-}
-
-/// A random share of the backoff's ceiling for `attempt` (1 for the first retry): full
-/// jitter.
-fn jitter((base, max): (Duration, Duration), attempt: u32) -> Duration {
-    let ceiling = base
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-        .min(max);
-    let share = (random() >> 11) as f64 / (1u64 << 53) as f64;
-    ceiling.mul_f64(share)
-}
-
-/// A new key: 128 random bits as 32 hexadecimal characters.
-fn new_key() -> HeaderValue {
-    let bits = (u128::from(random()) << 64) | u128::from(random());
-    let text = format!("{bits:032x}");
-    HeaderValue::try_from(text).expect("hexadecimal digits are a header value")
-}
-
-/// 64 random bits: the process's keyed hash of a counter (a fresh secret key per process,
-/// from the operating system's randomness).
-fn random() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    static STATE: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-    let state = STATE.get_or_init(std::hash::RandomState::new);
-    state.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jitter_stays_under_a_ceiling_that_doubles_up_to_the_cap() {
-        let backoff = (Duration::from_millis(100), Duration::from_secs(1));
-        for attempt in 1..30 {
-            let ceiling = Duration::from_millis(100 << (attempt - 1).min(20)).min(backoff.1);
-            let waits: Vec<_> = (0..200).map(|_| jitter(backoff, attempt)).collect();
-            assert!(waits.iter().all(|wait| *wait <= ceiling), "{attempt}");
-            assert!(
-                waits.iter().any(|wait| *wait > ceiling / 2),
-                "{attempt}: spread"
-            );
-            assert!(
-                waits.iter().any(|wait| *wait < ceiling / 2),
-                "{attempt}: spread"
-            );
-        }
-    }
-
-    #[test]
-    fn keys_are_128_bits_in_hex_and_new_each_time() {
-        let keys: std::collections::HashSet<_> = (0..1000).map(|_| new_key()).collect();
-        assert_eq!(keys.len(), 1000);
-        // Both halves random: the high one is not all zeros.
-        let high_zero = |key: &HeaderValue| key.to_str().unwrap().starts_with("0000000000000000");
-        assert!(!keys.iter().all(high_zero));
-        assert!(
-            keys.iter().all(|key| key.len() == 32
-                && key.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()))
-        );
-    }
 }

@@ -23,6 +23,7 @@
 mod body;
 pub mod decision;
 mod layer;
+mod retries;
 
 pub use self::body::ClientBody;
 pub use self::layer::{Attempts, ClientFuture, ClientLayer, IntentKey, RetryClient};

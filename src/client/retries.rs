@@ -1,0 +1,201 @@
+//! What every client of the crate shares, the tower layer and the `reqwest` middleware alike:
+//! the settings, an intent's key, and the policy between attempts (the backoff with full
+//! jitter, the attempt cap, the deadline and the budget).
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use http::{Extensions, HeaderMap, Method};
+use tower::BoxError;
+use tower::retry::budget::{Budget, TpsBudget};
+
+use super::decision::Decision;
+use super::layer::IntentKey;
+use crate::metrics::Metrics;
+use crate::operation::IDEMPOTENCY_KEY;
+
+/// A client layer's settings, shared by its clones and the services it builds.
+#[derive(Clone)]
+pub(super) struct Settings {
+    pub(super) methods: Vec<Method>,
+    pub(super) max_attempts: u32,
+    pub(super) attempt_timeout: Option<Duration>,
+    pub(super) deadline: Option<Duration>,
+    pub(super) backoff: (Duration, Duration),
+    pub(super) retry_after_cap: Duration,
+    pub(super) body_limit: usize,
+    pub(super) budget: Arc<TpsBudget>,
+    pub(super) metrics: Metrics,
+}
+
+impl Settings {
+    /// Whether requests of `method` get a key and retries.
+    pub(super) fn keys(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+}
+
+/// The key of a keyed request's intent, set in `headers` for every attempt: its own
+/// `Idempotency-Key` header, else its [`IntentKey`] extension, else one made now. Counts the
+/// intent into the budget: only requests that may be retried fund retries.
+pub(super) fn intent_key(
+    settings: &Settings,
+    headers: &mut HeaderMap,
+    extensions: &Extensions,
+) -> IntentKey {
+    settings.budget.deposit();
+    if let Some(header) = headers.get(&IDEMPOTENCY_KEY) {
+        return IntentKey(header.clone());
+    }
+    let key = extensions
+        .get::<IntentKey>()
+        .map_or_else(new_key, |key| key.0.clone());
+    headers.insert(IDEMPOTENCY_KEY, key.clone());
+    IntentKey(key)
+}
+
+/// The attempts of one request: which one is next, and whether and when there is one.
+pub(super) struct Retries<'a> {
+    settings: &'a Settings,
+    started: tokio::time::Instant,
+    attempt: u32,
+}
+
+impl<'a> Retries<'a> {
+    /// The first attempt, now.
+    pub(super) fn start(settings: &'a Settings) -> Self {
+        Self {
+            settings,
+            started: tokio::time::Instant::now(),
+            attempt: 1,
+        }
+    }
+
+    /// The attempt being made, from 1.
+    pub(super) fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The time left before the deadline, if there is one.
+    pub(super) fn left(&self) -> Option<Duration> {
+        let deadline = self.settings.deadline?;
+        Some(deadline.saturating_sub(self.started.elapsed()))
+    }
+
+    /// The time this attempt may take: its own timeout or the rest of the deadline, whichever
+    /// is shorter. Counts the attempt as sent.
+    pub(super) fn send(&self) -> Option<Duration> {
+        self.settings.metrics.attempt(self.attempt > 1);
+        match (self.settings.attempt_timeout, self.left()) {
+            (Some(own), Some(left)) => Some(own.min(left)),
+            (own, left) => own.or(left),
+        }
+    }
+
+    /// After an attempt decided so: the wait before the next one, or `None` if there is none
+    /// (the answer is final, the attempts or the time ran out, or the budget refused).
+    pub(super) fn wait_after(&self, decision: Decision) -> Option<Duration> {
+        let Decision::Retry { after } = decision else {
+            return None;
+        };
+        let settings = self.settings;
+        let wait = jitter(settings.backoff, self.attempt).max(after.unwrap_or_default());
+        let past_deadline = self.left().is_some_and(|left| wait >= left);
+        // The budget is asked last: a retry the cap or the deadline forbids takes nothing.
+        if self.attempt >= settings.max_attempts || past_deadline {
+            return None;
+        }
+        if !settings.budget.withdraw() {
+            settings.metrics.budget_refused();
+            return None;
+        }
+        Some(wait)
+    }
+
+    /// Waits `wait` for the next attempt.
+    pub(super) async fn next(&mut self, wait: Duration) {
+        tracing::debug!(attempt = self.attempt, ?wait, "retrying with the same key");
+        tokio::time::sleep(wait).await;
+        self.attempt += 1;
+    }
+
+    /// `future`'s output, unless the deadline passes first: then the request's end, saying
+    /// what it was `doing`.
+    pub(super) async fn within<F: Future>(
+        &self,
+        doing: &'static str,
+        future: F,
+    ) -> Result<F::Output, BoxError> {
+        match self.left() {
+            Some(left) => tokio::time::timeout(left, future)
+                .await
+                .map_err(|_| format!("the deadline passed {doing}").into()),
+            None => Ok(future.await),
+        }
+    }
+}
+
+/// A random share of the backoff's ceiling for `attempt` (1 for the first retry): full
+/// jitter.
+fn jitter((base, max): (Duration, Duration), attempt: u32) -> Duration {
+    let ceiling = base
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+        .min(max);
+    let share = (random() >> 11) as f64 / (1u64 << 53) as f64;
+    ceiling.mul_f64(share)
+}
+
+/// A new key: 128 random bits as 32 hexadecimal characters.
+fn new_key() -> HeaderValue {
+    let bits = (u128::from(random()) << 64) | u128::from(random());
+    let text = format!("{bits:032x}");
+    HeaderValue::try_from(text).expect("hexadecimal digits are a header value")
+}
+
+/// 64 random bits: the process's keyed hash of a counter (a fresh secret key per process,
+/// from the operating system's randomness).
+fn random() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static STATE: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let state = STATE.get_or_init(std::hash::RandomState::new);
+    state.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_under_a_ceiling_that_doubles_up_to_the_cap() {
+        let backoff = (Duration::from_millis(100), Duration::from_secs(1));
+        for attempt in 1..30 {
+            let ceiling = Duration::from_millis(100 << (attempt - 1).min(20)).min(backoff.1);
+            let waits: Vec<_> = (0..200).map(|_| jitter(backoff, attempt)).collect();
+            assert!(waits.iter().all(|wait| *wait <= ceiling), "{attempt}");
+            assert!(
+                waits.iter().any(|wait| *wait > ceiling / 2),
+                "{attempt}: spread"
+            );
+            assert!(
+                waits.iter().any(|wait| *wait < ceiling / 2),
+                "{attempt}: spread"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_are_128_bits_in_hex_and_new_each_time() {
+        let keys: std::collections::HashSet<_> = (0..1000).map(|_| new_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        // Both halves random: the high one is not all zeros.
+        let high_zero = |key: &HeaderValue| key.to_str().unwrap().starts_with("0000000000000000");
+        assert!(!keys.iter().all(high_zero));
+        assert!(
+            keys.iter().all(|key| key.len() == 32
+                && key.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+    }
+}
