@@ -82,7 +82,7 @@ pin_project! {
             if let StateProj::Deciding { decision } = this.state.project()
                 && let Some(decision) = decision.take()
             {
-                hand_over(decision, this.span.clone());
+                hand_over(decision, this.span.clone(), this.metrics.clone());
             }
         }
     }
@@ -102,12 +102,16 @@ pin_project! {
     }
 }
 
-/// Moves an abandoned decision to a task of its own, in the request's span.
-fn hand_over<B: 'static>(decision: Decision<B>, span: Span) {
+/// Moves an abandoned decision to a task of its own, in the request's span; its outcome is
+/// counted in the layer's series as any other.
+fn hand_over<B: 'static>(decision: Decision<B>, span: Span, metrics: Metrics) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             runtime.spawn(crate::pipeline::CLIENT_LEFT.scope((), async move {
-                drop(decision.instrument(span).await);
+                let response = decision.instrument(span).await;
+                if let Some(outcome) = response.body().outcome() {
+                    metrics.outcome(outcome, response.status());
+                }
             }));
         }
         Err(_) => tracing::error!(

@@ -464,7 +464,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn max_waiting(mut self, max: usize) -> Self {
-        self.config.waiting = Arc::new(Bounded::waiting(max, self.config.metrics.clone()));
+        self.config.waiting = Arc::new(Bounded::waiting(max));
         self
     }
 
@@ -482,10 +482,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_label(mut self, label: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        let metrics = crate::metrics::Metrics::new(label.into());
-        self.config.waiting = Arc::new(self.config.waiting.relabelled(metrics.clone()));
-        self.config.settling = Arc::new(self.config.settling.relabelled(metrics.clone()));
-        self.config.metrics = metrics;
+        self.config.metrics = crate::metrics::Metrics::new(label.into());
         self
     }
 

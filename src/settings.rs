@@ -117,8 +117,8 @@ impl Default for Config {
             stored: StoredResponses::Every,
             lease: Lease::default(),
             pending_wait: None,
-            waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING, Metrics::default())),
-            settling: Arc::new(Bounded::settling(MAX_SETTLING, Metrics::default())),
+            waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING)),
+            settling: Arc::new(Bounded::settling(MAX_SETTLING)),
             metrics: Metrics::default(),
         }
     }
@@ -143,82 +143,50 @@ pub(crate) struct Settings<O> {
     /// How long a request whose key is pending waits for the first attempt, if at all.
     pub(crate) pending_wait: Option<Duration>,
     /// The requests of this layer waiting now, bounded.
-    pub(crate) waiting: Arc<Bounded>,
+    pub(crate) waiting: Tally,
     /// The lost store answers of this layer being settled now, bounded.
-    pub(crate) settling: Arc<Bounded>,
+    pub(crate) settling: Tally,
     /// The layer's series.
     pub(crate) metrics: Metrics,
 }
 
 /// A count of one layer's tasks of a kind (requests waiting for a pending key, lost store
-/// answers being settled), bounded, and reported as a gauge of the layer's series.
+/// answers being settled), bounded; shared by the layer's clones.
 #[derive(Debug)]
 pub(crate) struct Bounded {
     max: usize,
     now: AtomicUsize,
-    metrics: Metrics,
+    /// The gauge that reports it.
     series: &'static str,
 }
 
 impl Bounded {
     /// A count of requests waiting for a pending key, at most `max`.
-    pub(crate) fn waiting(max: usize, metrics: Metrics) -> Self {
-        Self::new(max, metrics, metrics::WAITING)
+    pub(crate) fn waiting(max: usize) -> Self {
+        Self::new(max, metrics::WAITING)
     }
 
     /// A count of lost store answers being settled, at most `max`.
-    pub(crate) fn settling(max: usize, metrics: Metrics) -> Self {
-        Self::new(max, metrics, metrics::SETTLING)
+    pub(crate) fn settling(max: usize) -> Self {
+        Self::new(max, metrics::SETTLING)
     }
 
-    fn new(max: usize, metrics: Metrics, series: &'static str) -> Self {
+    fn new(max: usize, series: &'static str) -> Self {
         Self {
             max,
             now: AtomicUsize::new(0),
-            metrics,
             series,
         }
-    }
-
-    /// The same bound, counted anew, reported under `metrics`.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn relabelled(&self, metrics: Metrics) -> Self {
-        Self::new(self.max, metrics, self.series)
-    }
-
-    /// The layer's series this count is reported with.
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// A place, if there is one.
-    pub(crate) fn enter(&self) -> Option<Slot<'_>> {
-        self.take().then(|| Slot(self))
-    }
-
-    /// A place a task can own, if there is one.
-    pub(crate) fn enter_owned(self: &Arc<Self>) -> Option<OwnedSlot> {
-        self.take().then(|| OwnedSlot(Arc::clone(self)))
     }
 
     /// Takes a place if one is free. A compare-and-swap, not an add undone on refusal: an add
     /// over the bound, however brief, would refuse a place another caller frees meanwhile.
     fn take(&self) -> bool {
-        let taken = self
-            .now
+        self.now
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 (now < self.max).then_some(now + 1)
-            });
-        if let Ok(before) = taken {
-            self.metrics.gauge(self.series, before + 1);
-        }
-        taken.is_ok()
-    }
-
-    /// Gives a place back.
-    fn give(&self) {
-        let before = self.now.fetch_sub(1, Ordering::AcqRel);
-        self.metrics.gauge(self.series, before.saturating_sub(1));
+            })
+            .is_ok()
     }
 
     /// How many places are taken now.
@@ -228,8 +196,62 @@ impl Bounded {
     }
 }
 
+/// A layer's use of a [`Bounded`] count: the count, shared, and the layer's series, which
+/// report each place taken and given back (a gauge's increment and decrement, so that the
+/// counts of layers with one label add up, and no two updates race).
+#[derive(Debug, Clone)]
+pub(crate) struct Tally {
+    bound: Arc<Bounded>,
+    metrics: Metrics,
+}
+
+impl Tally {
+    pub(crate) fn new(bound: &Arc<Bounded>, metrics: &Metrics) -> Self {
+        Self {
+            bound: Arc::clone(bound),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// The layer's series.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A place, if there is one.
+    pub(crate) fn enter(&self) -> Option<Slot<'_>> {
+        // Lazily: a slot made and dropped would give back a place never taken.
+        self.take().then(|| Slot(self))
+    }
+
+    /// A place a task can own, if there is one.
+    pub(crate) fn enter_owned(&self) -> Option<OwnedSlot> {
+        self.take().then(|| OwnedSlot(self.clone()))
+    }
+
+    fn take(&self) -> bool {
+        let taken = self.bound.take();
+        if taken {
+            self.metrics.gauge(self.bound.series, 1.0);
+        }
+        taken
+    }
+
+    /// Gives a place back.
+    fn give(&self) {
+        self.bound.now.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.gauge(self.bound.series, -1.0);
+    }
+
+    /// How many places are taken now.
+    #[cfg(test)]
+    pub(crate) fn taken(&self) -> usize {
+        self.bound.taken()
+    }
+}
+
 /// One place of a [`Bounded`] count, given back when dropped.
-pub(crate) struct Slot<'a>(&'a Bounded);
+pub(crate) struct Slot<'a>(&'a Tally);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
@@ -238,7 +260,7 @@ impl Drop for Slot<'_> {
 }
 
 /// One place of a [`Bounded`] count a task owns, given back when dropped.
-pub(crate) struct OwnedSlot(Arc<Bounded>);
+pub(crate) struct OwnedSlot(Tally);
 
 impl Drop for OwnedSlot {
     fn drop(&mut self) {
@@ -272,8 +294,8 @@ impl<O: Operation> Settings<O> {
             stored: config.stored,
             lease: config.lease,
             pending_wait: config.pending_wait,
-            waiting: Arc::clone(&config.waiting),
-            settling: Arc::clone(&config.settling),
+            waiting: Tally::new(&config.waiting, &config.metrics),
+            settling: Tally::new(&config.settling, &config.metrics),
             metrics: config.metrics.clone(),
             operation,
         }
@@ -284,34 +306,44 @@ impl<O: Operation> Settings<O> {
 mod tests {
     use super::*;
 
+    /// The tally of `config`'s `bound`, reported under the default label.
+    fn tally(bound: &Arc<Bounded>) -> Tally {
+        Tally::new(bound, &Metrics::default())
+    }
+
     /// Each layer settles lost store answers within a bound of its own: one layer's full
     /// count (a long outage of its store) leaves another's places free, and the clones of a
     /// layer (its configuration cloned) share theirs; a place is given back when its task ends.
     #[test]
     fn each_layer_settles_within_its_own_bound() {
         let (a, b) = (Config::default(), Config::default());
+        let settling = tally(&a.settling);
         let held: Vec<_> = (0..MAX_SETTLING)
-            .map(|_| a.settling.enter_owned().expect("a place"))
+            .map(|_| settling.enter_owned().expect("a place"))
             .collect();
-        assert!(a.settling.enter_owned().is_none(), "a's bound is reached");
+        assert!(settling.enter_owned().is_none(), "a's bound is reached");
         assert!(
-            a.clone().settling.enter_owned().is_none(),
+            tally(&a.clone().settling).enter_owned().is_none(),
             "its clone shares it"
         );
-        assert!(b.settling.enter_owned().is_some(), "b's places are its own");
+        assert!(
+            tally(&b.settling).enter_owned().is_some(),
+            "b's places are its own"
+        );
         drop(held);
-        assert_eq!(a.settling.taken(), 0);
-        let waiting = a.waiting.enter();
-        assert_eq!((a.waiting.taken(), a.settling.taken()), (1, 0));
-        drop(waiting);
-        assert_eq!(a.waiting.taken(), 0);
+        assert_eq!(settling.taken(), 0);
+        let waiting = tally(&a.waiting);
+        let place = waiting.enter();
+        assert_eq!((waiting.taken(), settling.taken()), (1, 0));
+        drop(place);
+        assert_eq!(waiting.taken(), 0);
     }
 
     /// A place refused gives nothing back: the count stays at its bound, and the places held
     /// are given back one each.
     #[test]
     fn a_refused_place_leaves_the_count_as_it_was() {
-        let bounded = Arc::new(Bounded::waiting(1, Metrics::default()));
+        let bounded = tally(&Arc::new(Bounded::waiting(1)));
         let held = bounded.enter().expect("a place");
         assert!(bounded.enter().is_none());
         assert!(bounded.enter_owned().is_none());
@@ -324,16 +356,20 @@ mod tests {
         assert_eq!(bounded.taken(), 0);
     }
 
-    /// A count is its layer's gauge: set as each place is taken and given back.
+    /// A count is its layer's gauge, moved up and down as each place is taken and given back:
+    /// the counts of two layers with one label add up, and a layer labelled otherwise shares
+    /// its bound but reports under its own label.
     #[cfg(feature = "metrics")]
     #[test]
     fn a_count_is_reported_as_its_layers_gauge() {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let scrape = recorder.handle();
         let _local = ::metrics::set_default_local_recorder(&recorder);
-        let metrics = Metrics::new("orders".into());
-        let settling = Arc::new(Bounded::settling(2, metrics.clone()));
-        let waiting = Bounded::waiting(2, metrics).relabelled(Metrics::new("other".into()));
+        let orders = Metrics::new("orders".into());
+        let bound = Arc::new(Bounded::settling(2));
+        let settling = Tally::new(&bound, &orders);
+        let other = Tally::new(&Arc::new(Bounded::settling(10)), &orders);
+        let relabelled = Tally::new(&bound, &Metrics::new("other".into()));
         let gauge = |series: &str, layer: &str| {
             let line = format!("{series}{{layer=\"{layer}\"}} ");
             scrape
@@ -344,13 +380,17 @@ mod tests {
         let one = settling.enter_owned().expect("a place");
         let two = settling.enter().expect("a place");
         assert!(settling.enter().is_none());
+        assert!(relabelled.enter().is_none(), "the bound is shared");
         assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("2"));
+        let three = other.enter().expect("a place of its own");
+        assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("3"));
         drop(one);
+        drop(three);
         assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("1"));
         drop(two);
         assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("0"));
-        let _waiting = waiting.enter().expect("a place");
-        assert_eq!(gauge(metrics::WAITING, "other").as_deref(), Some("1"));
-        assert_eq!(gauge(metrics::WAITING, "orders"), None);
+        let _place = relabelled.enter().expect("a place");
+        assert_eq!(gauge(metrics::SETTLING, "other").as_deref(), Some("1"));
+        assert_eq!(gauge(metrics::SETTLING, "orders").as_deref(), Some("0"));
     }
 }

@@ -795,3 +795,217 @@ async fn grpc_answers_are_decided_by_their_status_in_headers_or_trailers() {
     let (attempts, _, _) = run(vec![(Some("14"), false, true)]).await;
     assert_eq!(attempts, 1);
 }
+
+/// The same lost replies through `reqwest` with the client layer's middleware: every intent
+/// gets its 201, the server creates once an intent, and a conflict is the caller's at once.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_through_reqwest_create_once() {
+    use tower_idempotency::client::IntentKey;
+    let intents: u32 = 12;
+    let (server, creates) = serve(MemoryStore::new()).await;
+    let (proxy, lost) = losing_proxy(server, intents as usize).await;
+    let retries = ClientLayer::new()
+        .backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .attempt_timeout(Duration::from_secs(10))
+        .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0))
+        .reqwest_middleware();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(retries)
+        .build();
+    let sent: Vec<_> = (1..=intents)
+        .map(|amount| {
+            let request = client
+                .post(format!("http://{proxy}/payments"))
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"amount":{amount}}}"#));
+            tokio::spawn(async move {
+                let response = request.send().await.expect("an answer");
+                let attempts = response.extensions().get::<Attempts>().unwrap().0;
+                let key = response.extensions().get::<IntentKey>().cloned().unwrap();
+                let status = response.status();
+                (status, attempts, key, response.text().await.unwrap())
+            })
+        })
+        .collect();
+    let mut attempted = 0;
+    let mut keys = std::collections::HashSet::new();
+    for (amount, reply) in (1..=intents).zip(sent) {
+        let (status, attempts, key, body) = reply.await.unwrap();
+        assert_eq!(status, 201, "intent {amount}");
+        assert!(
+            body.ends_with(&format!(r#""request":{{"amount":{amount}}}}}"#)),
+            "{body}"
+        );
+        attempted += attempts as usize;
+        keys.insert(key);
+    }
+    let lost = lost.load(Ordering::SeqCst);
+    assert!(lost + 1 >= intents as usize, "replies lost: {lost}");
+    assert!(attempted >= intents as usize + lost, "{attempted} attempts");
+    assert_eq!(keys.len(), intents as usize, "a key an intent");
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        intents as usize,
+        "one create an intent"
+    );
+    // A key reused for another body: the server's 422 is final, after one attempt.
+    let reused = client
+        .post(format!("http://{proxy}/payments"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", keys.iter().next().unwrap().0.clone())
+        .body(r#"{"amount":999}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reused.status(), 422);
+    assert_eq!(reused.extensions().get::<Attempts>(), Some(&Attempts(1)));
+}
+
+/// An answer too long for the layer to decide on (a gRPC answer over 4 MiB, a `409` over
+/// 64 KiB, neither saying its length) is final, after one attempt, and given whole: what the
+/// layer read, then the rest, then the trailers.
+#[tokio::test(start_paused = true)]
+async fn an_answer_too_long_to_decide_on_is_final_and_given_whole() {
+    let chunk = Bytes::from(vec![b'x'; 1024 * 1024]);
+    for (content_type, status, chunks) in [
+        ("application/grpc", 200, 5),
+        ("application/problem+json", 409, 1),
+    ] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let sent = chunk.clone();
+        let server = service_fn(move |_: Request<Full<Bytes>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut frames: std::collections::VecDeque<_> = (0..chunks)
+                .map(|_| http_body::Frame::data(sent.clone()))
+                .collect();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            frames.push_back(http_body::Frame::trailers(trailers));
+            let response = Response::builder()
+                .status(status)
+                .header("content-type", content_type)
+                .body(Frames(frames))
+                .unwrap();
+            async move { Ok::<_, BoxError>(response) }
+        });
+        let response = ClientLayer::new()
+            .layer(server)
+            .oneshot(intent(1))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status);
+        assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(1)));
+        let read = response.into_body().collect().await.unwrap();
+        let trailers = read.trailers().cloned();
+        assert_eq!(
+            read.to_bytes().len(),
+            chunks * chunk.len(),
+            "{content_type}"
+        );
+        assert_eq!(
+            trailers.and_then(|t| t.get("grpc-status").cloned()),
+            Some("0".parse().unwrap())
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "{content_type}: not retried"
+        );
+    }
+}
+
+/// A server that answers every request `409` with a chunked body whose first chunk it sends,
+/// then stalls, the connection open.
+#[cfg(feature = "reqwest")]
+async fn stalling_409() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let head = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\
+                            transfer-encoding: chunked\r\n\r\n5\r\n{\"err\r\n";
+                let _ = socket.write_all(head.as_bytes()).await;
+                // Stalls: read until the client goes away.
+                let _ = socket.read(&mut request).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Through `reqwest`, a `409` whose body stalls is given up by the attempt's time, and the
+/// request ends by its deadline; a body that cannot be sent twice is sent once, within the
+/// deadline too, with its key and its one attempt on the answer.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_answers_are_read_within_the_attempts_time() {
+    use tower_idempotency::client::IntentKey;
+    let stalling = stalling_409().await;
+    let layer = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .attempt_timeout(Duration::from_millis(200))
+        .deadline(Duration::from_secs(1))
+        .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(layer.reqwest_middleware())
+        .build();
+    let started = std::time::Instant::now();
+    let stalled = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .post(format!("http://{stalling}/payments"))
+            .body(r#"{"amount":1}"#)
+            .send(),
+    )
+    .await
+    .expect("ended by the deadline");
+    assert!(stalled.is_err(), "no answer in time");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // A body that cannot be cloned: sent once, within the deadline.
+    let once = || reqwest::Body::wrap(Full::new(Bytes::from_static(br#"{"amount":2}"#)));
+    let started = std::time::Instant::now();
+    let stalled = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .post(format!("http://{stalling}/payments"))
+            .body(once())
+            .send(),
+    )
+    .await
+    .expect("ended by the deadline");
+    assert!(stalled.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (server, creates) = serve(MemoryStore::new()).await;
+    let response = client
+        .post(format!("http://{server}/payments"))
+        .header("content-type", "application/json")
+        .body(once())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(1)));
+    assert_eq!(
+        response
+            .extensions()
+            .get::<IntentKey>()
+            .map(|key| key.0.len()),
+        Some(32),
+        "the key the middleware made"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}

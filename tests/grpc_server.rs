@@ -441,9 +441,10 @@ async fn a_tonic_client_through_the_client_layer_gets_one_label_a_call() {
             Ok(http::Response::from_parts(parts, body))
         }
     });
+    // Retries enough, and far enough apart, to outlast a create of 300 ms on a loaded machine.
     let layer = ClientLayer::new()
-        .backoff(Duration::from_millis(1), Duration::from_millis(20))
-        .max_attempts(20)
+        .backoff(Duration::from_millis(5), Duration::from_millis(100))
+        .max_attempts(100)
         .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
     let plain = layer.clone().layer(lossy.clone());
     // Gives up on an attempt before its create ends: the retry finds the key pending.

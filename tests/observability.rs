@@ -411,6 +411,57 @@ mod metrics {
         assert_eq!(calls("release"), Some(1.0), "{scrape}");
     }
 
+    /// A request whose client went away mid-create is finished in a task of its own, and its
+    /// outcome counted all the same.
+    #[tokio::test]
+    async fn the_outcome_of_a_request_whose_client_left_is_counted() {
+        let (_guard, scrape) = recorder();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let held = Arc::clone(&gate);
+        let create = service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
+            let held = Arc::clone(&held);
+            async move {
+                held.notified().await;
+                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *response.status_mut() = StatusCode::CREATED;
+                Ok::<_, BoxError>(response)
+            }
+        });
+        let store = MemoryStore::new();
+        let mut service = IdempotencyLayer::new(store.clone(), JsonOperation::new())
+            .global_keys()
+            .metrics_label("left")
+            .layer(create);
+        let call = tower::Service::call(&mut service, payment("k", "{}"));
+        let mut call = Box::pin(call);
+        // Polled until it waits for its create, then dropped: the client went away.
+        let polled = futures_poll(call.as_mut());
+        assert!(polled.is_pending());
+        drop(call);
+        gate.notify_one();
+        while store.completed("POST /payments k").is_none() {
+            tokio::task::yield_now().await;
+        }
+        let created = [("layer", "left"), ("outcome", "created"), ("status", "201")];
+        let counted = async {
+            while value(&scrape.render(), REQUESTS, &created).is_none() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), counted)
+            .await
+            .expect("counted");
+        assert_eq!(value(&scrape.render(), REQUESTS, &created), Some(1.0));
+    }
+
+    /// Polls `future` once.
+    fn futures_poll<F: std::future::Future>(
+        future: std::pin::Pin<&mut F>,
+    ) -> std::task::Poll<F::Output> {
+        let waker = std::task::Waker::noop();
+        future.poll(&mut std::task::Context::from_waker(waker))
+    }
+
     /// The requests waiting for a pending key's first attempt, as a gauge: one while a
     /// retry waits, none once it has its answer.
     #[tokio::test]

@@ -42,6 +42,11 @@ pin_project! {
             data: Option<Bytes>,
             trailers: Option<HeaderMap>,
         },
+        // A body read in part by the layer: what it read, then the rest as it streams.
+        Resumed {
+            read: Option<Bytes>,
+            rest: Pin<Box<B>>,
+        },
     }
 }
 
@@ -64,6 +69,49 @@ impl<B> ClientBody<B> {
     }
 }
 
+/// A body read up to a limit: whole, or over the limit and given on as it streams.
+pub(super) enum ReadUpTo<B> {
+    /// The whole body: its bytes and its trailers.
+    Whole(Bytes, Option<HeaderMap>),
+    /// Over the limit: what was read, then the rest.
+    Over(ClientBody<B>),
+}
+
+/// Reads `body` whole if it is at most `limit` bytes; a longer one is read no further, and
+/// given on whole (what was read, then the rest), so that an answer too long to decide on is
+/// still the caller's. An error of the body is an answer cut short.
+pub(super) async fn read_up_to<B>(body: B, limit: usize) -> Result<ReadUpTo<B>, BoxError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    let mut body = Box::pin(body);
+    let mut read = bytes::BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame.map_err(Into::into)?.into_data() {
+            Ok(mut data) => {
+                bytes::BufMut::put(&mut read, &mut data);
+                if read.len() > limit {
+                    let read = Some(read.freeze());
+                    let inner = Inner::Resumed { read, rest: body };
+                    return Ok(ReadUpTo::Over(ClientBody { inner }));
+                }
+                continue;
+            }
+            Err(frame) => frame,
+        };
+        if let Ok(more) = frame.into_trailers() {
+            match &mut trailers {
+                Some(trailers) => trailers.extend(more),
+                None => trailers = Some(more),
+            }
+        }
+    }
+    Ok(ReadUpTo::Whole(read.freeze(), trailers))
+}
+
 impl<B> std::fmt::Debug for ClientBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner {
@@ -73,8 +121,30 @@ impl<B> std::fmt::Debug for ClientBody<B> {
                 .field("bytes", &data.as_ref().map_or(0, Bytes::len))
                 .field("trailers", trailers)
                 .finish(),
+            Inner::Resumed { read, .. } => f
+                .debug_struct("ClientBody::Resumed")
+                .field("read", &read.as_ref().map_or(0, Bytes::len))
+                .finish_non_exhaustive(),
         }
     }
+}
+
+/// A polled frame of `B`, or of this body.
+type Polled<D, E> = Poll<Option<Result<Frame<D>, E>>>;
+
+/// A frame of the server's body, as a frame of this one.
+fn forward<B>(polled: Polled<B::Data, B::Error>) -> Polled<Bytes, BoxError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    polled.map(|frame| {
+        frame.map(|frame| {
+            frame
+                .map(|frame| frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
+                .map_err(Into::into)
+        })
+    })
 }
 
 impl<B> Body for ClientBody<B>
@@ -90,15 +160,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().inner.project() {
-            InnerProj::Streamed { body } => body.poll_frame(cx).map(|frame| {
-                frame.map(|frame| {
-                    frame
-                        .map(|frame| {
-                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
-                        })
-                        .map_err(Into::into)
-                })
-            }),
+            InnerProj::Streamed { body } => forward::<B>(body.poll_frame(cx)),
             InnerProj::Read { data, trailers } => {
                 let frame = match (data.take(), trailers.take()) {
                     (Some(data), None) => Frame::data(data),
@@ -112,6 +174,12 @@ where
                 };
                 Poll::Ready(Some(Ok(frame)))
             }
+            InnerProj::Resumed { read, rest } => {
+                if let Some(read) = read.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(read))));
+                }
+                forward::<B>(rest.as_mut().poll_frame(cx))
+            }
         }
     }
 
@@ -119,12 +187,23 @@ where
         match &self.inner {
             Inner::Streamed { body } => body.is_end_stream(),
             Inner::Read { data, trailers } => data.is_none() && trailers.is_none(),
+            Inner::Resumed { read, rest } => read.is_none() && rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Streamed { body } => body.size_hint(),
+            Inner::Resumed { read, rest } => {
+                let read = read.as_ref().map_or(0, |read| read.len() as u64);
+                let rest = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
+            }
             Inner::Read { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -10,7 +10,8 @@ use http::{HeaderMap, StatusCode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Send the same request again, with the same key: after the backoff, and not before
-    /// `after` when the server said when (`Retry-After`, already capped).
+    /// `after` when the server said when (`Retry-After`, no longer than the cap: a longer
+    /// one is [`Stop`](Decision::Stop)).
     Retry {
         /// The least wait the server asked for, if it asked.
         after: Option<Duration>,

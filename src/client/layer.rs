@@ -17,7 +17,7 @@ use tower::retry::budget::TpsBudget;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tracing::Instrument;
 
-use super::body::ClientBody;
+use super::body::{ClientBody, ReadUpTo, read_up_to};
 use super::decision::{Decision, Failure, decide, decide_failure, decide_grpc};
 use super::retries::{Retries, Settings, intent_key};
 
@@ -32,6 +32,11 @@ pub struct Attempts(pub u32);
 /// which wins); the layer puts the key it sent into the response's extensions, whichever it
 /// was, so that a caller that let the layer make one can log it or store it.
 ///
+/// An error (the attempts or the deadline ran out without an answer) carries no key. An
+/// intent that may be tried again later, after the layer gave up, must keep its key: set it
+/// here (or as the header), and store it with the intent before the first attempt, so that a
+/// later try is the same intent, not a second create.
+///
 /// ```
 /// use http::{HeaderValue, Request};
 /// use tower_idempotency::client::IntentKey;
@@ -41,11 +46,11 @@ pub struct Attempts(pub u32);
 ///     .extensions_mut()
 ///     .insert(IntentKey(HeaderValue::from_static("order-7-payment")));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IntentKey(pub HeaderValue);
 
 /// The most of a `409`'s body read to tell a pending first attempt from a conflict.
-const PENDING_BODY_LIMIT: usize = 64 * 1024;
+pub(super) const PENDING_BODY_LIMIT: usize = 64 * 1024;
 
 /// The most of a unary gRPC answer read to find its status in its trailers: tonic's default
 /// largest message, and its frame's header.
@@ -83,17 +88,34 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 ///
 /// The response carries [`Attempts`] in its extensions, and the [`IntentKey`] sent.
 ///
+/// The service under the layer takes `http::Request<Full<Bytes>>` (the buffered body) and
+/// may answer with any body; the layer answers with a [`ClientBody`] over it, and its errors
+/// are `tower::BoxError`. With hyper-util's client:
+///
 /// ```
 /// use std::time::Duration;
-/// use tower::ServiceBuilder;
-/// use tower_idempotency::client::ClientLayer;
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use hyper_util::client::legacy::Client;
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::{Layer, ServiceExt};
+/// use tower_idempotency::client::{Attempts, ClientLayer, IntentKey};
 ///
-/// # fn client<S>(http: S) -> impl Sized
-/// # where S: tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> {
-/// let client = ServiceBuilder::new()
-///     .layer(ClientLayer::new().max_attempts(5).attempt_timeout(Duration::from_secs(2)))
-///     .service(http);
-/// # client }
+/// # async fn run() -> Result<(), tower::BoxError> {
+/// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let client = ClientLayer::new()
+///     .max_attempts(5)
+///     .attempt_timeout(Duration::from_secs(2))
+///     .layer(http);
+/// let order = http::Request::post("http://127.0.0.1:3001/payments")
+///     .header("content-type", "application/json")
+///     .body(Full::new(Bytes::from_static(br#"{"amount":1250,"currency":"EUR"}"#)))?;
+/// let response = client.oneshot(order).await?;
+/// let key = response.extensions().get::<IntentKey>().cloned();
+/// let attempts = response.extensions().get::<Attempts>().map_or(1, |a| a.0);
+/// let body = response.into_body().collect().await?.to_bytes();
+/// println!("{key:?} after {attempts} attempts: {body:?}");
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct ClientLayer {
@@ -142,6 +164,12 @@ impl ClientLayer {
         }
     }
 
+    /// The settings its services and middleware share.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(super) fn shared(&self) -> &Arc<Settings> {
+        &self.settings
+    }
+
     fn settings(&mut self) -> &mut Settings {
         Arc::make_mut(&mut self.settings)
     }
@@ -164,8 +192,9 @@ impl ClientLayer {
         self
     }
 
-    /// How long a request may take over all its attempts and waits: past it, no new attempt
-    /// starts, and the last answer (or failure) is the caller's.
+    /// How long a request may take over all its attempts and waits: an attempt still running
+    /// when it passes is given up (as by [`attempt_timeout`](Self::attempt_timeout)), no new
+    /// attempt starts, and the last answer (or failure) is the caller's.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.settings().deadline = Some(deadline);
         self
@@ -302,7 +331,10 @@ where
         .map_err(|error| -> BoxError { format!("the request body: {error}").into() })?
         .to_bytes();
     let keyed = settings.keys(&parts.method);
-    let key = keyed.then(|| intent_key(&settings, &mut parts.headers, &parts.extensions));
+    let key = keyed.then(|| {
+        settings.fund();
+        intent_key(&mut parts.headers, &parts.extensions)
+    });
     loop {
         retries
             .within("waiting for the service", inner.ready())
@@ -367,9 +399,11 @@ where
 ///   its body is read whole (up to a limit); one that ends without a status was cut short, a
 ///   lost answer.
 /// - A `409` to a keyed request has its body read (up to a limit) to tell a pending first
-///   attempt from a conflict; one cut short is a lost answer, and one too long to be the
-///   layer's is final, given as it came.
+///   attempt from a conflict; one cut short is a lost answer.
 /// - Any other answer is decided by its status and headers, its body not read.
+///
+/// An answer longer than the limit is final (it is not the layer's), and given whole: what
+/// was read, then the rest.
 async fn judge<ResBody>(
     response: Response<ResBody>,
     keyed: bool,
@@ -379,56 +413,39 @@ where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
+    if !keyed {
+        // Nothing is retried without a key: the answer is the caller's, as it streams.
+        return Ok((Decision::Stop, response.map(ClientBody::streamed)));
+    }
     let lost = |error: BoxError| (decide_failure(Failure::Connection, keyed), error);
-    if is_grpc(response.headers()) {
-        if let Some(code) = grpc_status(response.headers()) {
-            return Ok((decide_grpc(code, keyed), response.map(ClientBody::streamed)));
-        }
-        if declared_over(response.body(), GRPC_BODY_LIMIT) {
-            let decision = decide_grpc(GRPC_UNKNOWN, keyed);
+    let grpc = is_grpc(response.headers());
+    if grpc && let Some(code) = grpc_status(response.headers()) {
+        return Ok((decide_grpc(code, keyed), response.map(ClientBody::streamed)));
+    }
+    let limit = match response.status() {
+        _ if grpc => GRPC_BODY_LIMIT,
+        StatusCode::CONFLICT => PENDING_BODY_LIMIT,
+        status => {
+            let decision = decide(status, response.headers(), b"", keyed, cap);
             return Ok((decision, response.map(ClientBody::streamed)));
         }
-        let (parts, body) = response.into_parts();
-        let read = Limited::new(body, GRPC_BODY_LIMIT)
-            .collect()
-            .await
-            .map_err(lost)?;
-        let trailers = read.trailers().cloned();
+    };
+    let (parts, body) = response.into_parts();
+    let (data, trailers) = match read_up_to(body, limit).await.map_err(lost)? {
+        ReadUpTo::Whole(data, trailers) => (data, trailers),
+        ReadUpTo::Over(body) => return Ok((Decision::Stop, Response::from_parts(parts, body))),
+    };
+    let decision = if grpc {
         let Some(code) = trailers.as_ref().and_then(grpc_status) else {
             return Err(lost("the gRPC answer ended without its status".into()));
         };
-        let body = ClientBody::read(read.to_bytes(), trailers);
-        return Ok((decide_grpc(code, keyed), Response::from_parts(parts, body)));
-    }
-    if response.status() != StatusCode::CONFLICT
-        || !keyed
-        || declared_over(response.body(), PENDING_BODY_LIMIT)
-    {
-        let decision = decide(response.status(), response.headers(), b"", keyed, cap);
-        return Ok((decision, response.map(ClientBody::streamed)));
-    }
-    let (parts, body) = response.into_parts();
-    let body = Limited::new(body, PENDING_BODY_LIMIT)
-        .collect()
-        .await
-        .map_err(lost)?
-        .to_bytes();
-    let decision = decide(parts.status, &parts.headers, &body, keyed, cap);
-    Ok((
-        decision,
-        Response::from_parts(parts, ClientBody::read(body, None)),
-    ))
+        decide_grpc(code, keyed)
+    } else {
+        decide(parts.status, &parts.headers, &data, keyed, cap)
+    };
+    let body = ClientBody::read(data, trailers);
+    Ok((decision, Response::from_parts(parts, body)))
 }
-
-/// Whether `body` says it is longer than `limit`.
-fn declared_over<B: Body>(body: &B, limit: usize) -> bool {
-    body.size_hint()
-        .upper()
-        .is_some_and(|upper| upper > limit as u64)
-}
-
-/// `grpc-status` `UNKNOWN`: the decision on a gRPC answer whose status is not read (final).
-const GRPC_UNKNOWN: u32 = 2;
 
 /// Whether `headers` are a gRPC answer's (HTTP/2 gRPC; gRPC-web carries its status in its
 /// body, and is decided by its HTTP status).

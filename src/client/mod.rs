@@ -23,7 +23,13 @@
 mod body;
 pub mod decision;
 mod layer;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+mod reqwest;
 mod retries;
 
 pub use self::body::ClientBody;
 pub use self::layer::{Attempts, ClientFuture, ClientLayer, IntentKey, RetryClient};
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::reqwest::RetryMiddleware;

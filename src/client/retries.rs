@@ -36,17 +36,16 @@ impl Settings {
     pub(super) fn keys(&self, method: &Method) -> bool {
         self.methods.contains(method)
     }
+
+    /// Counts an intent that may be retried into the budget: only those fund retries.
+    pub(super) fn fund(&self) {
+        self.budget.deposit();
+    }
 }
 
 /// The key of a keyed request's intent, set in `headers` for every attempt: its own
-/// `Idempotency-Key` header, else its [`IntentKey`] extension, else one made now. Counts the
-/// intent into the budget: only requests that may be retried fund retries.
-pub(super) fn intent_key(
-    settings: &Settings,
-    headers: &mut HeaderMap,
-    extensions: &Extensions,
-) -> IntentKey {
-    settings.budget.deposit();
+/// `Idempotency-Key` header, else its [`IntentKey`] extension, else one made now.
+pub(super) fn intent_key(headers: &mut HeaderMap, extensions: &Extensions) -> IntentKey {
     if let Some(header) = headers.get(&IDEMPOTENCY_KEY) {
         return IntentKey(header.clone());
     }

@@ -16,15 +16,28 @@
 //! | [`CLIENT_ATTEMPTS`] | counter | `attempt` (`first`, `retry`) | attempts the client layer sent |
 //! | [`CLIENT_BUDGET_REFUSALS`] | counter | | retries the client layer's budget refused (the last answer given instead) |
 //!
+//! The crate reports through `metrics` 0.24: install an exporter built on that version. With
+//! `metrics-exporter-prometheus` (0.18), store call times as histograms rather than its
+//! default summaries, and the scrape on a port of its own:
+//!
 //! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use tower_idempotency::metrics::STORE_CALL_SECONDS;
 //! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 //!
-//! // With an exporter installed at start-up (`metrics-exporter-prometheus`, say), this
-//! // layer's series carry `layer="payments"`.
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! PrometheusBuilder::new()
+//!     .with_http_listener(([127, 0, 0, 1], 9464))
+//!     .set_buckets_for_metric(
+//!         Matcher::Full(STORE_CALL_SECONDS.to_owned()),
+//!         &[0.0001, 0.001, 0.01, 0.1, 1.0],
+//!     )?
+//!     .install()?;
+//! // This layer's series carry `layer="payments"`.
 //! let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
 //!     .global_keys()
 //!     .metrics_label("payments");
-//! # drop(layer);
+//! # drop(layer); Ok(()) }
 //! ```
 
 use crate::Outcome;
@@ -110,9 +123,9 @@ impl Metrics {
         .record(started.0.elapsed());
     }
 
-    /// `series` (a gauge) is `now`.
-    pub(crate) fn gauge(&self, series: &'static str, now: usize) {
-        ::metrics::gauge!(series, "layer" => self.layer.clone()).set(now as f64);
+    /// `series` (a gauge) moves by `delta`.
+    pub(crate) fn gauge(&self, series: &'static str, delta: f64) {
+        ::metrics::gauge!(series, "layer" => self.layer.clone()).increment(delta);
     }
 
     /// The client layer sent an attempt, its first (`retry` false) or a retry.

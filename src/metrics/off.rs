@@ -28,7 +28,7 @@ impl Metrics {
     pub(crate) fn store_call(&self, _: Call, _: Started) {}
 
     #[inline(always)]
-    pub(crate) fn gauge(&self, _: &'static str, _: usize) {}
+    pub(crate) fn gauge(&self, _: &'static str, _: f64) {}
 
     #[inline(always)]
     #[cfg_attr(not(feature = "client"), allow(dead_code))]

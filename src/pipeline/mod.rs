@@ -43,7 +43,7 @@ use crate::metrics::{Call, Started};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
-use crate::settings::{Bounded, OtherPaths, Settings, StoredResponses};
+use crate::settings::{OtherPaths, Settings, StoredResponses, Tally};
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// What step 1 decided.
@@ -617,7 +617,7 @@ enum Then {
 /// A transaction that did not commit ([`StoreErrorKind::Uncommitted`]) is
 /// [`Outcome::StoreUnavailable`]: the create's writes went with it, or may have.
 async fn complete<St: Store>(
-    settling: &Arc<Bounded>,
+    settling: &Tally,
     store: &St,
     key: &str,
     reservation: &Reservation,

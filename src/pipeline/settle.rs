@@ -2,12 +2,11 @@
 //! behind: a lost claim undone, a lost release or complete repeated, an unfinished create
 //! abandoned.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
-use crate::settings::Bounded;
+use crate::settings::Tally;
 use crate::store::{Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
 /// Whether a failed store call may still have taken effect: its answer was lost.
@@ -44,7 +43,7 @@ pub(super) enum Settle {
 /// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
 /// fails is tried again.
 pub(super) fn settle<St: Store>(
-    settling: &Arc<Bounded>,
+    settling: &Tally,
     store: St,
     key: String,
     reservation: Reservation,
@@ -86,7 +85,7 @@ pub(super) fn settle<St: Store>(
 /// its answer is lost, it is settled later; any other failure leaves the key pending, which
 /// is safe.
 pub(super) async fn release<St: Store>(
-    settling: &Arc<Bounded>,
+    settling: &Tally,
     store: &St,
     key: &str,
     reservation: &Reservation,

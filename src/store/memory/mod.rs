@@ -15,7 +15,7 @@ mod operator;
 mod shard;
 
 use self::key::Probe;
-use self::shard::{Record, Shard, State, Tick, lock};
+use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
@@ -281,6 +281,11 @@ impl MemoryStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let reservation = reservation.map(Reservation::halves);
+        // A response no claim's room can hold is encoded before the lock, in a buffer of its
+        // own: the shard waits for no large copy.
+        let encoded = codec::encoded_len(response);
+        let large =
+            (encoded > LARGEST_IN_PLACE).then(|| codec::encode_after(key.as_bytes(), response));
         let (probe, mut shard) = self.locked(key);
         let Some(record) = shard.get_mut(probe) else {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
@@ -303,9 +308,8 @@ impl MemoryStore {
         // allocation. The next claims make as much room (rounded up to the allocator's step,
         // which leaves room for a response a few bytes longer at no cost): a room of its own
         // per key would be memory too, and a larger one memory every record keeps.
-        record.complete(response, at);
-        let room = codec::encoded_len(response);
-        self.shared.response_room.store(room, Ordering::Relaxed);
+        record.complete_with(response, large, at);
+        self.shared.response_room.store(encoded, Ordering::Relaxed);
         shard.wake(key);
         // Only with a retention window: the queue finds the record by its hash and `at`.
         if self.shared.retention.is_some() {
@@ -622,6 +626,28 @@ mod tests {
                 .expect("completed");
             assert_eq!(data(key).0 == at, room > 0, "{key}: in place");
             assert_eq!(store.completed(key).expect("kept").body(), response.body());
+        }
+        // A response larger than any room: encoded on its own, kept exactly; the room the
+        // next claim makes is capped.
+        let large = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from(vec![7u8; 4 * LARGEST_IN_PLACE]),
+        );
+        for key in ["c", "d"] {
+            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
+                panic!("new");
+            };
+            let (_, capacity) = data(key);
+            assert!(
+                capacity <= key.len() + LARGEST_IN_PLACE,
+                "{key}: {capacity}"
+            );
+            store
+                .complete(key, &reservation, &large)
+                .await
+                .expect("completed");
+            assert_eq!(store.completed(key).expect("kept").body(), large.body());
         }
     }
 

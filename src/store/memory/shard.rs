@@ -65,6 +65,11 @@ pub(super) struct Record {
 /// complete.
 const MAX_RESPONSE_ROOM: usize = 1024;
 
+/// The largest encoded response a claim's room may hold (its room, rounded up to the
+/// allocator's step): a larger one is encoded before the shard's lock is taken, so that the
+/// shard waits for no large copy.
+pub(super) const LARGEST_IN_PLACE: usize = MAX_RESPONSE_ROOM + 16;
+
 /// The most unused bytes a completed record keeps at the end of its allocation: a response
 /// that leaves more of the room made at the claim is copied into an allocation of its size.
 const MAX_SLACK: usize = 64;
@@ -247,10 +252,31 @@ impl Record {
     /// Completed at `at` with `response`, encoded after the key: in the room the claim made
     /// for it when it fits that room closely, else in an allocation of its own. A record
     /// that is not pending is left as it is (the caller checked it is).
+    #[cfg(test)]
     pub(super) fn complete(&mut self, response: &StoredResponse, at: Tick) {
+        self.complete_with(response, None, at);
+    }
+
+    /// [`complete`](Self::complete), with the key and the response already encoded into a
+    /// buffer of their own if `encoded` is given (one too large for any claim's room, encoded
+    /// before the shard's lock).
+    pub(super) fn complete_with(
+        &mut self,
+        response: &StoredResponse,
+        encoded: Option<Bytes>,
+        at: Tick,
+    ) {
         let State::Pending { data, .. } = &mut self.state else {
             return;
         };
+        if let Some(encoded) = encoded {
+            self.state = State::Completed {
+                data: encoded,
+                at,
+                slack: 0,
+            };
+            return;
+        }
         let needed = self.key_len.saturating_add(codec::encoded_len(response));
         let slack = data
             .capacity()
@@ -403,6 +429,23 @@ mod tests {
         let record = pending(usize::MAX);
         let (_, capacity) = pending_data(&record);
         assert!(capacity <= allocated(KEY.len() + MAX_RESPONSE_ROOM));
+    }
+
+    /// A response encoded before the lock is the record's as given: its own buffer, no slack.
+    #[test]
+    fn a_response_encoded_before_the_lock_is_kept_as_given() {
+        let stored = response("{\"label_id\":\"lbl_1\"}");
+        let mut record = pending(codec::encoded_len(&stored));
+        let (at, _) = pending_data(&record);
+        let encoded = codec::encode_after(KEY.as_bytes(), &stored);
+        let given = encoded.as_ptr();
+        record.complete_with(&stored, Some(encoded), Tick(5));
+        let (completed, len, slack) = completed_data(&record);
+        assert_eq!(completed, given, "the buffer given");
+        assert_ne!(completed, at);
+        assert_eq!((len, slack), (KEY.len() + codec::encoded_len(&stored), 0));
+        let read = codec::decode(record.response().expect("completed")).expect("decodes");
+        assert_eq!(read.body(), stored.body());
     }
 
     /// Only a pending record completes.
