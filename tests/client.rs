@@ -916,10 +916,10 @@ async fn an_answer_too_long_to_decide_on_is_final_and_given_whole() {
     }
 }
 
-/// A server that answers every request `409` with a chunked body whose first chunk it sends,
-/// then stalls, the connection open.
+/// A server that answers every request `status` with a chunked body whose first chunk it
+/// sends, then stalls, the connection open.
 #[cfg(feature = "reqwest")]
-async fn stalling_409() -> std::net::SocketAddr {
+async fn stalling(status: u16) -> std::net::SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -928,8 +928,10 @@ async fn stalling_409() -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let mut request = [0u8; 4096];
                 let _ = socket.read(&mut request).await;
-                let head = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\
-                            transfer-encoding: chunked\r\n\r\n5\r\n{\"err\r\n";
+                let head = format!(
+                    "HTTP/1.1 {status} Stalled\r\ncontent-type: application/json\r\n\
+                     transfer-encoding: chunked\r\n\r\n5\r\n{{\"err\r\n"
+                );
                 let _ = socket.write_all(head.as_bytes()).await;
                 // Stalls: read until the client goes away.
                 let _ = socket.read(&mut request).await;
@@ -946,7 +948,7 @@ async fn stalling_409() -> std::net::SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reqwest_answers_are_read_within_the_attempts_time() {
     use tower_idempotency::client::IntentKey;
-    let stalling = stalling_409().await;
+    let stalling = stalling(409).await;
     let layer = ClientLayer::new()
         .backoff(Duration::from_millis(1), Duration::from_millis(5))
         .attempt_timeout(Duration::from_millis(200))
@@ -1008,4 +1010,245 @@ async fn reqwest_answers_are_read_within_the_attempts_time() {
         "the key the middleware made"
     );
     assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+/// A body of `len` bytes in chunks of at most 1 MiB, then `trailers` if any: no declared
+/// length.
+fn long_body(len: usize, trailers: Option<http::HeaderMap>) -> Frames {
+    let mut frames = std::collections::VecDeque::new();
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1024 * 1024);
+        frames.push_back(http_body::Frame::data(Bytes::from(vec![b' '; chunk])));
+        left -= chunk;
+    }
+    if let Some(trailers) = trailers {
+        frames.push_back(http_body::Frame::trailers(trailers));
+    }
+    Frames(frames)
+}
+
+/// The limits are inclusive: a gRPC answer of exactly 4 MiB and its frame header, or a `409`
+/// of exactly 64 KiB, is read whole and decided on (here: retried, as `UNAVAILABLE` and a
+/// pending first attempt say); one byte more is final, however it would have been decided.
+#[tokio::test(start_paused = true)]
+async fn the_limits_of_what_is_read_to_decide_are_inclusive() {
+    let pending = br#"{"error":"request_pending"}"#;
+    for (grpc, limit) in [(true, 4 * 1024 * 1024 + 5), (false, 64 * 1024)] {
+        for (len, retried) in [(limit, true), (limit + 1, false)] {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let counted = Arc::clone(&calls);
+            let server = service_fn(move |_: Request<Full<Bytes>>| {
+                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                let response = if !first {
+                    Response::builder().status(201).body(long_body(0, None))
+                } else if grpc {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", "14".parse().unwrap());
+                    Response::builder()
+                        .header("content-type", "application/grpc")
+                        .body(long_body(len, Some(trailers)))
+                } else {
+                    // A pending answer padded with spaces after its JSON, to `len` bytes.
+                    let mut body = long_body(len - pending.len(), None);
+                    body.0
+                        .push_front(http_body::Frame::data(Bytes::from_static(pending)));
+                    Response::builder().status(409).body(body)
+                };
+                async move { Ok::<_, BoxError>(response.unwrap()) }
+            });
+            let response = ClientLayer::new()
+                .backoff(Duration::from_millis(1), Duration::from_millis(1))
+                .layer(server)
+                .oneshot(intent(1))
+                .await
+                .unwrap();
+            let attempts = response.extensions().get::<Attempts>().unwrap().0;
+            assert_eq!(
+                attempts,
+                if retried { 2 } else { 1 },
+                "grpc {grpc}, {len} bytes"
+            );
+            if !retried {
+                // What the layer read first, then the rest: not over until the rest is.
+                use http_body::Body as _;
+                let mut body = std::pin::pin!(response.into_body());
+                let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+                assert!(!body.is_end_stream(), "the rest to come");
+                let rest = body.collect().await.unwrap().to_bytes();
+                assert_eq!(first.len() + rest.len(), len, "given whole");
+            }
+        }
+    }
+}
+
+/// A body the layer read whole ends when its data and trailers are out, not before; the
+/// server's body, streamed, ends when the server's does.
+#[tokio::test(start_paused = true)]
+async fn a_read_body_ends_with_its_last_frame() {
+    use http_body::Body as _;
+    let server = service_fn(|_: Request<Full<Bytes>>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "3".parse().unwrap());
+        let response = Response::builder()
+            .header("content-type", "application/grpc")
+            .body(long_body(10, Some(trailers)))
+            .unwrap();
+        Ok::<_, BoxError>(response)
+    });
+    let response = ClientLayer::new()
+        .layer(server)
+        .oneshot(intent(1))
+        .await
+        .unwrap();
+    let mut body = std::pin::pin!(response.into_body());
+    assert!(!body.is_end_stream(), "data and trailers to come");
+    assert_eq!(body.size_hint().exact(), Some(10));
+    let data = body.frame().await.unwrap().unwrap();
+    assert_eq!(data.data_ref().map(Bytes::len), Some(10));
+    assert!(!body.is_end_stream(), "the trailers to come");
+    let trailers = body.frame().await.unwrap().unwrap();
+    assert!(trailers.is_trailers());
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+    // Streamed: the server's own.
+    let (server, _) = scripted(vec![(201, vec![], "")]);
+    let response = ClientLayer::new()
+        .layer(server)
+        .oneshot(intent(1))
+        .await
+        .unwrap();
+    assert!(response.body().is_end_stream(), "an empty Full");
+    let (server, _) = scripted(vec![(201, vec![], "{}")]);
+    let response = ClientLayer::new()
+        .layer(server)
+        .oneshot(intent(1))
+        .await
+        .unwrap();
+    assert!(!response.body().is_end_stream());
+}
+
+/// Through `reqwest`, only an error that may have lost an answer is retried: a redirect loop
+/// (reqwest's own error, not a connection's) and another middleware's error are final, after
+/// one attempt.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_errors_that_lost_no_answer_are_final() {
+    use std::sync::atomic::AtomicUsize;
+    // A server that redirects every request to itself.
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&seen);
+    let router = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { (StatusCode::FOUND, [("location", "/again")]) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let layer = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(layer.reqwest_middleware())
+        .build();
+    let looped = client
+        .post(format!("http://{addr}/payments"))
+        .body("{}")
+        .send()
+        .await;
+    assert!(looped.is_err(), "too many redirects");
+    let one_attempt = seen.load(Ordering::SeqCst);
+    assert!(
+        (2..=20).contains(&one_attempt),
+        "one attempt's redirects: {one_attempt}"
+    );
+    // Another middleware's error.
+    struct Refuses(Arc<AtomicUsize>);
+    #[async_trait::async_trait]
+    impl reqwest_middleware::Middleware for Refuses {
+        async fn handle(
+            &self,
+            _: reqwest::Request,
+            _: &mut http::Extensions,
+            _: reqwest_middleware::Next<'_>,
+        ) -> reqwest_middleware::Result<reqwest::Response> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("refused"),
+            ))
+        }
+    }
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(layer.reqwest_middleware())
+        .with(Refuses(Arc::clone(&refusals)))
+        .build();
+    let refused = client
+        .post(format!("http://{addr}/payments"))
+        .body("{}")
+        .send()
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(refusals.load(Ordering::SeqCst), 1, "not retried");
+}
+
+/// Through `reqwest`: an attempt that runs out of its time is retried with the same key, and
+/// a cloneable request funds the retry budget (a budget of no free retries allows it); an
+/// answer other than a `409` is given without its body being read, one that stalls included.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_retries_a_timed_out_attempt_on_the_intents_own_budget() {
+    use tower_idempotency::client::IntentKey;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = Arc::clone(&keys);
+    let router = axum::Router::new().fallback(move |headers: http::HeaderMap| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+        seen.lock().unwrap().push(key);
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            StatusCode::CREATED
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let layer = ClientLayer::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .attempt_timeout(Duration::from_millis(300))
+        // No retry but those the intents fund.
+        .budget(TpsBudget::new(Duration::from_secs(10), 0, 1.0));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(layer.reqwest_middleware())
+        .build();
+    let response = client
+        .post(format!("http://{addr}/payments"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+    let key = response.extensions().get::<IntentKey>().unwrap().0.clone();
+    assert_eq!(*keys.lock().unwrap(), [key.to_str().unwrap(); 2]);
+    // A 201 whose body stalls: given at once, its body the caller's to read.
+    let stalling = stalling(201).await;
+    let started = std::time::Instant::now();
+    let response = client
+        .post(format!("http://{stalling}/payments"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(1)));
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
 }

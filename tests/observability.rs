@@ -259,6 +259,28 @@ mod metrics {
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
     }
 
+    /// A create that answers `201` once `gate` lets it.
+    fn gated_create(
+        gate: Arc<tokio::sync::Notify>,
+    ) -> impl tower::Service<
+        Request<RequestBody<Full<Bytes>>>,
+        Response = Response<Full<Bytes>>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
+            let held = Arc::clone(&gate);
+            async move {
+                held.notified().await;
+                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *response.status_mut() = StatusCode::CREATED;
+                Ok::<_, BoxError>(response)
+            }
+        })
+    }
+
     fn payment(key: &str, body: &'static str) -> Request<Full<Bytes>> {
         Request::post("/payments")
             .header("content-type", "application/json")
@@ -417,16 +439,7 @@ mod metrics {
     async fn the_outcome_of_a_request_whose_client_left_is_counted() {
         let (_guard, scrape) = recorder();
         let gate = Arc::new(tokio::sync::Notify::new());
-        let held = Arc::clone(&gate);
-        let create = service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
-            let held = Arc::clone(&held);
-            async move {
-                held.notified().await;
-                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
-                *response.status_mut() = StatusCode::CREATED;
-                Ok::<_, BoxError>(response)
-            }
-        });
+        let create = gated_create(Arc::clone(&gate));
         let store = MemoryStore::new();
         let mut service = IdempotencyLayer::new(store.clone(), JsonOperation::new())
             .global_keys()
@@ -468,16 +481,7 @@ mod metrics {
     async fn the_waiting_gauge_counts_requests_waiting_for_a_first_attempt() {
         let (_guard, scrape) = recorder();
         let gate = Arc::new(tokio::sync::Notify::new());
-        let held = Arc::clone(&gate);
-        let create = service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
-            let held = Arc::clone(&held);
-            async move {
-                held.notified().await;
-                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
-                *response.status_mut() = StatusCode::CREATED;
-                Ok::<_, BoxError>(response)
-            }
-        });
+        let create = gated_create(Arc::clone(&gate));
         let service = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
             .global_keys()
             .pending_wait(Duration::from_secs(30))

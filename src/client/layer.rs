@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HeaderValue;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -27,28 +26,6 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts(pub u32);
 
-/// An intent's `Idempotency-Key`. Set in a request's extensions, it is the key the layer
-/// sends with every attempt (unless the request has an `Idempotency-Key` header already,
-/// which wins); the layer puts the key it sent into the response's extensions, whichever it
-/// was, so that a caller that let the layer make one can log it or store it.
-///
-/// An error (the attempts or the deadline ran out without an answer) carries no key. An
-/// intent that may be tried again later, after the layer gave up, must keep its key: set it
-/// here (or as the header), and store it with the intent before the first attempt, so that a
-/// later try is the same intent, not a second create.
-///
-/// ```
-/// use http::{HeaderValue, Request};
-/// use tower_idempotency::client::IntentKey;
-///
-/// let mut request = Request::post("http://127.0.0.1:3001/payments").body(()).unwrap();
-/// request
-///     .extensions_mut()
-///     .insert(IntentKey(HeaderValue::from_static("order-7-payment")));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IntentKey(pub HeaderValue);
-
 /// The most of a `409`'s body read to tell a pending first attempt from a conflict.
 pub(super) const PENDING_BODY_LIMIT: usize = 64 * 1024;
 
@@ -60,7 +37,7 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 /// that makes each request an intent with one `Idempotency-Key`, kept for every attempt, and
 /// retries what is safe to retry with it.
 ///
-/// - The key: the request's own `Idempotency-Key` if it has one, else its [`IntentKey`]
+/// - The key: the request's own `Idempotency-Key` if it has one, else its [`IntentKey`](super::IntentKey)
 ///   extension, else one the layer makes (128 bits, 32 hexadecimal characters) before the
 ///   first attempt.
 /// - The body is read once, up to [`body_limit`](Self::body_limit), and every attempt sends
@@ -86,7 +63,7 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 ///   calls only: a streaming answer would be read to its end before the caller sees it.
 ///   gRPC-web answers carry their status in their body, and are decided by their HTTP status.
 ///
-/// The response carries [`Attempts`] in its extensions, and the [`IntentKey`] sent.
+/// The response carries [`Attempts`] in its extensions, and the [`IntentKey`](super::IntentKey) sent.
 ///
 /// The service under the layer takes `http::Request<Full<Bytes>>` (the buffered body) and
 /// may answer with any body; the layer answers with a [`ClientBody`] over it, and its errors
@@ -117,6 +94,12 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 /// println!("{key:?} after {attempts} attempts: {body:?}");
 /// # Ok(()) }
 /// ```
+///
+/// A service under the layer whose error is `tower::BoxError` (a stack with tower's
+/// `Timeout`, say) may make the compiler refuse a `tokio::spawn` of an `async` block that
+/// calls the client, with "implementation of `From` is not general enough" (a limit of the
+/// compiler's reasoning about such blocks, not of the layer): make the call in an `async fn`
+/// generic over the service, or map the service's errors to a concrete type.
 #[derive(Clone)]
 pub struct ClientLayer {
     settings: Arc<Settings>,

@@ -29,7 +29,8 @@ mod reqwest;
 mod retries;
 
 pub use self::body::ClientBody;
-pub use self::layer::{Attempts, ClientFuture, ClientLayer, IntentKey, RetryClient};
+pub use self::layer::{Attempts, ClientFuture, ClientLayer, RetryClient};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use self::reqwest::RetryMiddleware;
+pub use self::retries::IntentKey;

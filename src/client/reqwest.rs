@@ -63,46 +63,38 @@ impl ClientLayer {
     }
 }
 
-/// A `409`'s body, read to decide on it, that broke off: a lost answer.
+/// Why an attempt of the middleware's own got no answer.
 #[derive(Debug)]
-struct Broken(String);
+enum Lost {
+    /// A `409`'s body, read to decide on it, broke off.
+    Broken(String),
+    /// The attempt ran out of its time.
+    TimedOut(Duration),
+}
 
-impl std::fmt::Display for Broken {
+impl std::fmt::Display for Lost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the answer broke off: {}", self.0)
+        match self {
+            Self::Broken(error) => write!(f, "the answer broke off: {error}"),
+            Self::TimedOut(after) => write!(f, "the attempt timed out after {after:?}"),
+        }
     }
 }
 
-impl std::error::Error for Broken {}
+impl std::error::Error for Lost {}
 
-/// An attempt that ran out of its time.
-#[derive(Debug)]
-struct AttemptTimedOut(Duration);
-
-impl std::fmt::Display for AttemptTimedOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the attempt timed out after {:?}", self.0)
-    }
-}
-
-impl std::error::Error for AttemptTimedOut {}
-
-/// Why a `reqwest` attempt got no answer, if it may have reached the server: its connection
-/// failed or broke, or it timed out. Any other error (a request that could not be built, a
-/// redirect loop, another middleware's) is final.
+/// Why a `reqwest` error got no answer, if the request may have reached the server: its
+/// connection failed or broke (reqwest's own timeouts among them: of the connect, the request
+/// or the body). Any other error (a request that could not be built, a redirect loop, another
+/// middleware's) is final.
 fn failure(error: &reqwest_middleware::Error) -> Option<Failure> {
     match error {
-        reqwest_middleware::Error::Reqwest(error) if error.is_timeout() => Some(Failure::Timeout),
         reqwest_middleware::Error::Reqwest(error)
             if error.is_connect() || error.is_request() || error.is_body() =>
         {
             Some(Failure::Connection)
         }
-        reqwest_middleware::Error::Middleware(error)
-            if error.downcast_ref::<AttemptTimedOut>().is_some() =>
-        {
-            Some(Failure::Timeout)
-        }
+        // The middleware's own attempt timeout is decided where it happens.
         _ => None,
     }
 }
@@ -150,7 +142,7 @@ impl Middleware for RetryMiddleware {
                 Some(timeout) => match tokio::time::timeout(timeout, attempted).await {
                     Ok(attempted) => attempted,
                     Err(_) => {
-                        let error = reqwest_middleware::Error::middleware(AttemptTimedOut(timeout));
+                        let error = reqwest_middleware::Error::middleware(Lost::TimedOut(timeout));
                         (decide_failure(Failure::Timeout, keyed), Err(error))
                     }
                 },
@@ -200,7 +192,7 @@ async fn judge(
         Ok(ReadUpTo::Over(body)) => (Decision::Stop, reqwest::Body::wrap(body)),
         // Cut short: a lost answer.
         Err(error) => {
-            let error = reqwest_middleware::Error::middleware(Broken(error.to_string()));
+            let error = reqwest_middleware::Error::middleware(Lost::Broken(error.to_string()));
             return (decide_failure(Failure::Connection, keyed), Err(error));
         }
     };

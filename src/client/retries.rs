@@ -13,9 +13,30 @@ use tower::BoxError;
 use tower::retry::budget::{Budget, TpsBudget};
 
 use super::decision::Decision;
-use super::layer::IntentKey;
 use crate::metrics::Metrics;
 use crate::operation::IDEMPOTENCY_KEY;
+
+/// An intent's `Idempotency-Key`. Set in a request's extensions, it is the key the layer
+/// sends with every attempt (unless the request has an `Idempotency-Key` header already,
+/// which wins); the layer puts the key it sent into the response's extensions, whichever it
+/// was, so that a caller that let the layer make one can log it or store it.
+///
+/// An error (the attempts or the deadline ran out without an answer) carries no key. An
+/// intent that may be tried again later, after the layer gave up, must keep its key: set it
+/// here (or as the header), and store it with the intent before the first attempt, so that a
+/// later try is the same intent, not a second create.
+///
+/// ```
+/// use http::{HeaderValue, Request};
+/// use tower_idempotency::client::IntentKey;
+///
+/// let mut request = Request::post("http://127.0.0.1:3001/payments").body(()).unwrap();
+/// request
+///     .extensions_mut()
+///     .insert(IntentKey(HeaderValue::from_static("order-7-payment")));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IntentKey(pub HeaderValue);
 
 /// A client layer's settings, shared by its clones and the services it builds.
 #[derive(Clone)]
