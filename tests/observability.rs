@@ -330,66 +330,32 @@ mod metrics {
             .metrics_label("payments")
             .layer(create);
         let send = |request: Request<Full<Bytes>>| service.clone().oneshot(request);
+        // The status of a payment `body` under `key`.
+        let status = |key, body| {
+            let answer = send(payment(key, body));
+            async move { answer.await.unwrap().status().as_u16() }
+        };
         // Three created, two of them replayed, one conflict.
-        for key in ["a", "b", "c"] {
-            assert_eq!(
-                send(payment(key, r#"{"amount":1}"#))
-                    .await
-                    .unwrap()
-                    .status(),
-                201
-            );
+        for key in ["a", "b", "c", "a", "b"] {
+            assert_eq!(status(key, r#"{"amount":1}"#).await, 201);
         }
-        for key in ["a", "b"] {
-            assert_eq!(
-                send(payment(key, r#"{"amount":1}"#))
-                    .await
-                    .unwrap()
-                    .status(),
-                201
-            );
-        }
-        assert_eq!(
-            send(payment("a", r#"{"amount":2}"#))
-                .await
-                .unwrap()
-                .status(),
-            422
-        );
+        assert_eq!(status("a", r#"{"amount":2}"#).await, 422);
         // One held while a retry finds it pending; then created.
         let first = tokio::spawn(send(payment("held", r#"{"hold":true}"#)));
         while creates.load(Ordering::SeqCst) < 4 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(
-            send(payment("held", r#"{"hold":true}"#))
-                .await
-                .unwrap()
-                .status(),
-            409
-        );
+        assert_eq!(status("held", r#"{"hold":true}"#).await, 409);
         gate.notify_one();
         assert_eq!(first.await.unwrap().unwrap().status(), 201);
         // Refused: by admission (429, released), by validation (400, 415); a create that fails.
-        assert_eq!(
-            send(payment("busy", r#"{"busy":1}"#))
-                .await
-                .unwrap()
-                .status(),
-            429
-        );
-        assert_eq!(send(payment("bad", "{")).await.unwrap().status(), 400);
+        assert_eq!(status("busy", r#"{"busy":1}"#).await, 429);
+        assert_eq!(status("bad", "{").await, 400);
         let mut text = payment("text", "{}");
         text.headers_mut()
             .insert("content-type", "text/plain".parse().unwrap());
         assert_eq!(send(text).await.unwrap().status(), 415);
-        assert_eq!(
-            send(payment("fail", r#"{"fail":true}"#))
-                .await
-                .unwrap()
-                .status(),
-            500
-        );
+        assert_eq!(status("fail", r#"{"fail":true}"#).await, 500);
 
         let scrape = scrape.render();
         let count = |outcome: &str, status: &str| {

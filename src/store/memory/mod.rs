@@ -308,7 +308,7 @@ impl MemoryStore {
         // allocation. The next claims make as much room (rounded up to the allocator's step,
         // which leaves room for a response a few bytes longer at no cost): a room of its own
         // per key would be memory too, and a larger one memory every record keeps.
-        record.complete_with(response, large, at);
+        record.complete_with(response, encoded, large, at);
         self.shared.response_room.store(encoded, Ordering::Relaxed);
         shard.wake(key);
         // Only with a retention window: the queue finds the record by its hash and `at`.

@@ -254,15 +254,17 @@ impl Record {
     /// that is not pending is left as it is (the caller checked it is).
     #[cfg(test)]
     pub(super) fn complete(&mut self, response: &StoredResponse, at: Tick) {
-        self.complete_with(response, None, at);
+        self.complete_with(response, codec::encoded_len(response), None, at);
     }
 
     /// [`complete`](Self::complete), with the key and the response already encoded into a
     /// buffer of their own if `encoded` is given (one too large for any claim's room, encoded
     /// before the shard's lock).
+    /// `encoded_len` is the response's [`codec::encoded_len`], computed once by the caller.
     pub(super) fn complete_with(
         &mut self,
         response: &StoredResponse,
+        encoded_len: usize,
         encoded: Option<Bytes>,
         at: Tick,
     ) {
@@ -277,7 +279,7 @@ impl Record {
             };
             return;
         }
-        let needed = self.key_len.saturating_add(codec::encoded_len(response));
+        let needed = self.key_len.saturating_add(encoded_len);
         let slack = data
             .capacity()
             .checked_sub(needed)
@@ -439,7 +441,8 @@ mod tests {
         let (at, _) = pending_data(&record);
         let encoded = codec::encode_after(KEY.as_bytes(), &stored);
         let given = encoded.as_ptr();
-        record.complete_with(&stored, Some(encoded), Tick(5));
+        let len = codec::encoded_len(&stored);
+        record.complete_with(&stored, len, Some(encoded), Tick(5));
         let (completed, len, slack) = completed_data(&record);
         assert_eq!(completed, given, "the buffer given");
         assert_ne!(completed, at);
