@@ -4,8 +4,8 @@
 //! `cargo bench --bench allocations` prints allocations, and the bytes per key of 100,000
 //! completed keys. `allocations memory <n>` measures `n` keys instead. `allocations <path> <n>`
 //! sends `n` requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
-//! `refuse_400`, `json_new`, `json_replay`; `axum_bare` and `axum_new` through an axum
-//! router), for `benches/instructions.sh` to count under callgrind. Counts, not times:
+//! `refuse_400`, `json_new`, `json_replay`; `floor`, the new path on a store that keeps
+//! nothing; `axum_bare` and `axum_new` through an axum router), for `benches/instructions.sh` to count under callgrind. Counts, not times:
 //! the same on every machine for the same binary.
 
 mod common;
@@ -139,7 +139,7 @@ fn routers() -> [axum::Router; 2] {
 /// One request of the named path.
 fn path_request(path: &str, i: usize) -> Request<Full<Bytes>> {
     match path {
-        "new" | "axum_new" | "axum_bare" => valid(&format!("k{i}")),
+        "new" | "floor" | "axum_new" | "axum_bare" => valid(&format!("k{i}")),
         "refuse_415" => request("k", "text/plain", "{}"),
         "refuse_413" => {
             let mut request = valid("k");
@@ -239,6 +239,15 @@ fn main() {
         Create,
     );
     let json = common::json_service(MemoryStore::new().keep_forever());
+    // The layer's own steps, with the store's work taken out.
+    let floor = tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(
+            common::KeepsNothing,
+            tower_idempotency::LabelContract,
+        )
+        .global_keys(),
+        Create,
+    );
     let bare = tower::service_fn(|request: Request<Full<Bytes>>| {
         let mut create = Create;
         let future = create.call(request.map(RequestBody::inner));
@@ -275,6 +284,8 @@ fn main() {
                 count_axum(&runtime, &axum_layered, request);
             } else if path == "bare" {
                 count(&runtime, &bare, request);
+            } else if path == "floor" {
+                count(&runtime, &floor, request);
             } else if path.starts_with("json") {
                 count(&runtime, &json, request);
             } else {

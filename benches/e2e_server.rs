@@ -1,8 +1,12 @@
 //! The server for the end-to-end load run (`benches/load.sh`): one create handler, served
 //! either bare or behind the layer on the memory store, on one worker thread.
 //!
-//! `e2e_server bare|layered|retained HOST:PORT`: `retained` is the layer on a store that
-//! keeps completed records for one second, as a deployment keeps them for its retry window.
+//! `e2e_server bare|layered|retained|floor HOST:PORT`: `retained` is the layer on a store that
+//! keeps completed records for one second, as a deployment keeps them for its retry window;
+//! `floor` the layer on a store that keeps nothing, the floor of what the layer costs with any
+//! store.
+
+mod common;
 
 use std::time::Duration;
 
@@ -33,7 +37,7 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     let [mode, addr] = args.as_slice() else {
-        eprintln!("usage: e2e_server bare|layered|retained HOST:PORT");
+        eprintln!("usage: e2e_server bare|layered|retained|floor HOST:PORT");
         std::process::exit(2);
     };
     let router = Router::new().route("/labels", post(create));
@@ -47,6 +51,8 @@ fn main() {
             };
             router.route_layer(IdempotencyLayer::new(store, LabelContract).global_keys())
         }
+        "floor" => router
+            .route_layer(IdempotencyLayer::new(common::KeepsNothing, LabelContract).global_keys()),
         other => {
             eprintln!("unknown mode {other}");
             std::process::exit(2);

@@ -2,12 +2,15 @@
 #![allow(dead_code)]
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::Full;
 use tower::Service;
+use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResponse};
 
 #[path = "../../tests/common/lesson.rs"]
 mod lesson;
@@ -125,4 +128,61 @@ pub fn replays<S, B>(
             criterion::BatchSize::SmallInput,
         );
     });
+}
+
+/// A store that keeps nothing: every claim new, every complete accepted. Not a store anyone
+/// should run, but the floor of what the layer costs with any store: its own steps (the body
+/// read, the parse, the fingerprint, the key, the decision, the response read and handed
+/// back), with the store's work taken out. The comparison harness and the load run's `floor`
+/// server measure it beside the memory store.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeepsNothing;
+
+impl tower_idempotency::Store for KeepsNothing {
+    fn claim_with(
+        &self,
+        _: &str,
+        _: &tower_idempotency::operation::Fingerprint,
+        reservation: Reservation,
+        _: Lease,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        std::future::ready(Ok(Claim::New(reservation)))
+    }
+
+    fn claim_now(
+        &self,
+        _: &str,
+        _: &tower_idempotency::operation::Fingerprint,
+        reservation: Reservation,
+        _: Lease,
+    ) -> Option<Result<Claim, StoreError>> {
+        Some(Ok(Claim::New(reservation)))
+    }
+
+    fn renew(
+        &self,
+        _: &str,
+        _: &Reservation,
+        _: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn complete(
+        &self,
+        _: &str,
+        _: &Reservation,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::hint::black_box(response);
+        std::future::ready(Ok(()))
+    }
+
+    fn release(
+        &self,
+        _: &str,
+        _: &Reservation,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
