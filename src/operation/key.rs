@@ -66,11 +66,7 @@ impl fmt::Display for IdempotencyKey {
 
 /// The key of the one `Idempotency-Key` header in `headers`, borrowed unless it was quoted.
 pub(crate) fn key_in(headers: &HeaderMap) -> Option<Cow<'_, str>> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    match (values.next(), values.next()) {
-        (Some(value), None) => key_of(value),
-        _ => None,
-    }
+    crate::headers::single(headers, &IDEMPOTENCY_KEY).and_then(key_of)
 }
 
 /// The head check of an operation keyed by the `Idempotency-Key` header: guard the request if

@@ -6,10 +6,7 @@ use http::header::CONTENT_TYPE;
 /// The media type of the one `Content-Type` value, trimmed, if the value parses (parameters
 /// allowed); `None` if it is missing, repeated or unparsable.
 pub(crate) fn media_type(headers: &HeaderMap) -> Option<&str> {
-    let mut values = headers.get_all(CONTENT_TYPE).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return None;
-    };
+    let value = crate::headers::single(headers, &CONTENT_TYPE)?;
     // The value nearly every client sends, without the general parse.
     if value.as_bytes() == b"application/json" {
         return Some("application/json");

@@ -372,11 +372,9 @@ impl Operation for LabelContract {
 /// Contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`; the key,
 /// borrowed from the header.
 fn matching_key<'a>(headers: &'a HeaderMap, request_id: &str) -> Option<&'a str> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    match (values.next(), values.next()) {
-        (Some(key), None) if key.as_bytes() == request_id.as_bytes() => key.to_str().ok(),
-        _ => None,
-    }
+    crate::headers::single(headers, &IDEMPOTENCY_KEY)
+        .filter(|key| key.as_bytes() == request_id.as_bytes())
+        .and_then(|key| key.to_str().ok())
 }
 
 #[cfg(test)]
