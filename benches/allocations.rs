@@ -5,8 +5,9 @@
 //! completed keys. `allocations memory <n>` measures `n` keys instead. `allocations <path> <n>`
 //! sends `n` requests of one path only (`bare`, `new`, `replay`, `refuse_415`, `refuse_413`,
 //! `refuse_400`, `json_new`, `json_replay`; `floor`, the new path on a store that keeps
-//! nothing; `axum_bare` and `axum_new` through an axum router), for `benches/instructions.sh` to count under callgrind. Counts, not times:
-//! the same on every machine for the same binary.
+//! nothing; `axum_bare` and `axum_new` through an axum router), for
+//! `benches/instructions.sh` to count under callgrind. Counts, not times: the same on every
+//! machine for the same binary.
 
 mod common;
 

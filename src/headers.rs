@@ -1,4 +1,5 @@
-//! Which headers of a created response are stored and replayed.
+//! Which headers of a created response are stored and replayed, and the one value of a
+//! request header that must appear once.
 //!
 //! Hop-by-hop headers describe one connection, not the response, and are never stored:
 //! `Connection`, every header `Connection` names, `Keep-Alive`, `Proxy-Connection`,
