@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --example grpc_label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--store memory|redis://…|postgres://…|sqlite://PATH]
 //! cargo run --example grpc_label_server -- client [--addr HOST:PORT] [--key KEY]
 //!     [--request-id ID] [--parcel-id ID] [--web]
 //! ```
@@ -23,7 +23,7 @@ use grpc_labels::{Labels, LabelsClient, operation, web};
 use tower_idempotency::IdempotencyLayer;
 
 const USAGE: &str = "usage: grpc_label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
        grpc_label_server client [--addr HOST:PORT] [--key KEY] [--request-id ID] \
 [--parcel-id ID] [--web]";
 
@@ -53,7 +53,7 @@ async fn main() {
     };
     // The key is the request's own id, shared by every client: the lesson's global keys.
     let layer = IdempotencyLayer::new(store, operation()).global_keys();
-    let layer = common::with_pending_wait(layer, options.pending_wait);
+    let layer = common::with_wait_and_drain(layer, options.pending_wait);
     let listener = match tokio::net::TcpListener::bind(options.addr).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -62,14 +62,9 @@ async fn main() {
         }
     };
     tracing::info!(addr = %options.addr, store = %options.store, "grpc label server listening");
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
     let labels = Labels::new(options.create_delay);
-    if let Err(error) = grpc_labels::serve(listener, layer, labels, shutdown).await {
-        eprintln!("grpc label server: {error}");
-        std::process::exit(1);
-    }
+    let serve = grpc_labels::serve(listener, layer, labels, common::terminated());
+    common::drained(serve, options.drain).await;
 }
 
 /// The client subcommand: one call, its answer printed; the exit code is 0 for `OK`.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N]
+//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N]
 //!     [--metrics HOST:PORT (with --features metrics)]
 //!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
@@ -40,7 +40,7 @@ use tower_idempotency::store::DynStore;
 use tower_idempotency::store::PgTransaction;
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] \
+[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] \
 [--metrics HOST:PORT (with --features metrics)] \
 [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH] \
 [--transactional (with postgres://…: the create's row in the claim's transaction)]";
@@ -192,7 +192,7 @@ impl LabelApp {
         if let Some(lease) = self.lease {
             layer = layer.lease(lease);
         }
-        let guarded = common::with_pending_wait(layer, self.pending_wait).layer(create);
+        let guarded = common::with_wait_and_drain(layer, self.pending_wait).layer(create);
         Router::new().fallback_service(guarded)
     }
 }

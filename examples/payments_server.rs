@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example payments_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N]
 //!     [--metrics HOST:PORT (with --features metrics)]
 //!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
@@ -38,7 +38,7 @@ use tower_idempotency::store::DynStore;
 use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] \
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] \
 [--metrics HOST:PORT (with --features metrics)] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
 
 /// The body of `POST /payments`.
@@ -160,7 +160,7 @@ impl PaymentsApp {
         // scopes keys by its authenticated client with `.scope(…)` instead.
         let payments_route = Router::new()
             .route("/payments", post(create_payment))
-            .route_layer(common::with_pending_wait(
+            .route_layer(common::with_wait_and_drain(
                 common::labelled(
                     IdempotencyLayer::new(store.clone(), payment)
                         .global_keys()
@@ -171,7 +171,7 @@ impl PaymentsApp {
             ));
         let refunds_route = Router::new()
             .route("/payments/{payment_id}/refunds", post(create_refund))
-            .route_layer(common::with_pending_wait(
+            .route_layer(common::with_wait_and_drain(
                 common::labelled(
                     IdempotencyLayer::new(store, refund)
                         .global_keys()

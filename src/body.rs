@@ -41,6 +41,9 @@ pin_project! {
     enum Kind<B> {
         Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
         Inner { #[pin] body: B },
+        // A body read in part, past the cap: what was read, then the rest of it. Boxed, so
+        // that it could be moved out of the read that began it.
+        Resumed { read: [Option<Bytes>; 2], body: Pin<Box<B>> },
     }
 }
 
@@ -66,6 +69,10 @@ impl<B: Body<Data = Bytes>> Kind<B> {
                     .map(Ok),
             ),
             KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Resumed { read, body } => match read.iter_mut().find_map(Option::take) {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => body.as_mut().poll_frame(cx),
+            },
         }
     }
 
@@ -73,6 +80,9 @@ impl<B: Body<Data = Bytes>> Kind<B> {
         match self {
             Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
+            Kind::Resumed { read, body } => {
+                read.iter().all(Option::is_none) && body.is_end_stream()
+            }
         }
     }
 
@@ -93,6 +103,16 @@ impl<B: Body<Data = Bytes>> Kind<B> {
                 }
             }
             Kind::Inner { body } => body.size_hint(),
+            Kind::Resumed { read, body } => {
+                let read = read.iter().flatten().map(|d| d.len() as u64).sum::<u64>();
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
+            }
         }
     }
 }
@@ -148,7 +168,7 @@ macro_rules! body_impls {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 let kind = match &self.kind {
                     Kind::Full { data, .. } => data.as_ref().map_or(0, Bytes::len).to_string(),
-                    Kind::Inner { .. } => "inner".to_owned(),
+                    Kind::Inner { .. } | Kind::Resumed { .. } => "inner".to_owned(),
                 };
                 f.debug_tuple(stringify!($name)).field(&kind).finish()
             }
@@ -266,6 +286,11 @@ impl Collector {
         Ok(())
     }
 
+    /// Whether `len` more bytes stay within the limit.
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        self.len.saturating_add(len) <= self.limit
+    }
+
     /// The whole body.
     pub(crate) fn finish(self) -> Bytes {
         match (self.first, self.joined) {
@@ -291,22 +316,58 @@ pub(crate) fn body_error(error: impl Into<BoxError>) -> ReadError {
 }
 
 pin_project! {
+    #[project = SourceProj]
+    enum Source<B> {
+        // A body whose size hint says it fits: read where it is.
+        Fits { #[pin] body: B },
+        // A body that may not fit: boxed, so that past the cap it moves on to the reply.
+        Open { body: Option<Pin<Box<B>>> },
+    }
+}
+
+/// What [`ReadLimited`] read.
+pub(crate) enum Read<B> {
+    /// The whole body, and its trailers.
+    Whole(Bytes, Option<HeaderMap>),
+    /// More than the cap: what was read, and the body still to read.
+    Over(ResponseBody<B>),
+    /// The body failed, or went past the cap its size hint said it fits in.
+    Failed(ReadError),
+}
+
+pin_project! {
     /// Reads a whole body of at most `limit` bytes with a [`Collector`], and its trailers: the
     /// created response. A future of its own rather than an `async fn`, so that the decision
     /// that awaits it holds the body once.
+    ///
+    /// A body whose size hint bounds it within the limit (a created response almost always
+    /// is: its length is known) is read where it is. Any other is boxed first, so that one
+    /// that goes past the limit is handed back whole, what was read and the rest of it, to
+    /// be given to the client rather than dropped.
     pub(crate) struct ReadLimited<B> {
         #[pin]
-        body: B,
+        source: Source<B>,
         collector: Option<Collector>,
         // Boxed: only a gRPC reply has them, and every decision would hold room for a map.
         trailers: Option<Box<HeaderMap>>,
     }
 }
 
-impl<B> ReadLimited<B> {
+impl<B: Body> ReadLimited<B> {
     pub(crate) fn new(body: B, limit: usize) -> Self {
+        let fits = body
+            .size_hint()
+            .upper()
+            .is_some_and(|upper| upper <= limit as u64);
+        let source = if fits {
+            Source::Fits { body }
+        } else {
+            Source::Open {
+                body: Some(Box::pin(body)),
+            }
+        };
         Self {
-            body,
+            source,
             collector: Some(Collector::new(limit)),
             trailers: None,
         }
@@ -314,7 +375,7 @@ impl<B> ReadLimited<B> {
 }
 
 impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
-    type Output = Result<(Bytes, Option<HeaderMap>), ReadError>;
+    type Output = Read<B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -322,11 +383,35 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
             panic!("ReadLimited polled after completion");
         };
         loop {
-            let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) else {
+            let polled = match this.source.as_mut().project() {
+                SourceProj::Fits { body } => body.poll_frame(cx),
+                SourceProj::Open { body: Some(body) } => body.as_mut().poll_frame(cx),
+                SourceProj::Open { body: None } => {
+                    panic!("ReadLimited polled after completion")
+                }
+            };
+            let Some(frame) = std::task::ready!(polled) else {
                 break;
             };
             let pushed = match frame {
                 Ok(frame) => match frame.into_data() {
+                    Ok(data) if !collector.fits(data.len()) => {
+                        let read = this.collector.take().map(Collector::finish);
+                        return Poll::Ready(match this.source.as_mut().project() {
+                            SourceProj::Open { body } => match body.take() {
+                                Some(body) => Read::Over(ResponseBody {
+                                    kind: Kind::Resumed {
+                                        read: [read, Some(data)],
+                                        body,
+                                    },
+                                    outcome: None,
+                                }),
+                                None => Read::Failed(ReadError::Broken),
+                            },
+                            // Its size hint said it fits: a body that lies about its size.
+                            SourceProj::Fits { .. } => Read::Failed(ReadError::TooLarge),
+                        });
+                    }
                     Ok(data) => collector.push(data),
                     Err(frame) => {
                         // Every value of every trailers frame, in order (an HTTP/2 server
@@ -345,7 +430,7 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
             if let Err(error) = pushed {
                 // Done: a later poll is one after completion, not a second read.
                 *this.collector = None;
-                return Poll::Ready(Err(error));
+                return Poll::Ready(Read::Failed(error));
             }
         }
         let body = this
@@ -353,7 +438,10 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
             .take()
             .map(Collector::finish)
             .unwrap_or_default();
-        Poll::Ready(Ok((body, this.trailers.take().map(|trailers| *trailers))))
+        Poll::Ready(Read::Whole(
+            body,
+            this.trailers.take().map(|trailers| *trailers),
+        ))
     }
 }
 
@@ -430,12 +518,82 @@ mod tests {
         let mut read = std::pin::pin!(ReadLimited::new(failing, 100));
         assert!(matches!(
             read.as_mut().poll(&mut cx),
-            Poll::Ready(Err(ReadError::Broken))
+            Poll::Ready(Read::Failed(ReadError::Broken))
         ));
         let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             read.as_mut().poll(&mut cx).is_ready()
         }));
         assert!(again.is_err(), "a poll after completion");
+    }
+
+    /// A body past the cap is handed back whole: what was read, the frame that went past,
+    /// then the rest, and its trailers; a body whose size hint lied about fitting is refused.
+    #[test]
+    fn a_body_past_the_cap_is_handed_back_whole() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let frames = || {
+            Frames(
+                [
+                    Ok(Frame::data(Bytes::from_static(b"abc"))),
+                    Ok(Frame::data(Bytes::from_static(b"def"))),
+                    Ok(Frame::data(Bytes::from_static(b"ghij"))),
+                    Ok(Frame::data(Bytes::from_static(b"kl"))),
+                    Ok(Frame::trailers(trailers.clone())),
+                ]
+                .into(),
+            )
+        };
+        let mut read = std::pin::pin!(ReadLimited::new(frames(), 8));
+        let Poll::Ready(Read::Over(body)) = read.as_mut().poll(&mut cx) else {
+            panic!("past the cap")
+        };
+        assert_eq!(body.size_hint().lower(), 10);
+        assert!(!body.is_end_stream());
+        let mut body = std::pin::pin!(body);
+        let mut data = Vec::new();
+        let mut got_trailers = None;
+        while let Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut cx) {
+            match frame.into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => got_trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert_eq!(data, b"abcdefghijkl");
+        assert_eq!(got_trailers, Some(trailers.clone()));
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+
+        // Exactly at the cap: whole.
+        let mut read = std::pin::pin!(ReadLimited::new(frames(), 12));
+        let Poll::Ready(Read::Whole(whole, Some(_))) = read.as_mut().poll(&mut cx) else {
+            panic!("whole at the cap")
+        };
+        assert_eq!(whole, "abcdefghijkl");
+
+        /// A body that says it has at most one byte.
+        struct Lying(Frames);
+        impl Body for Lying {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+                Pin::new(&mut self.0).poll_frame(cx)
+            }
+            fn size_hint(&self) -> SizeHint {
+                SizeHint::with_exact(1)
+            }
+        }
+        let mut read = std::pin::pin!(ReadLimited::new(Lying(frames()), 8));
+        assert!(matches!(
+            read.as_mut().poll(&mut cx),
+            Poll::Ready(Read::Failed(ReadError::TooLarge))
+        ));
     }
 
     #[test]

@@ -278,11 +278,13 @@ where
                             claimed.trace(span);
                             match claimed.claim_now() {
                                 Err(response) => response,
-                                Ok((first, reservation)) => {
+                                Ok((first, reservation, in_flight)) => {
                                     state.set(State::Deciding {
-                                        decision: Some(Box::pin(
-                                            claimed.run::<ReqBody, ResBody>(first, reservation),
-                                        )),
+                                        decision: Some(Box::pin(claimed.run::<ReqBody, ResBody>(
+                                            first,
+                                            reservation,
+                                            in_flight,
+                                        ))),
                                     });
                                     continue;
                                 }

@@ -25,7 +25,7 @@ use crate::store::{Lease, Store};
 /// [`RawOperation`](crate::RawOperation) for any bytes, [`GrpcOperation`](crate::GrpcOperation)
 /// for unary gRPC, or a strict contract such as [`LabelContract`](crate::LabelContract)), the
 /// [`Admission`](crate::admission::Admission) policy, the key space, the guarded path, the
-/// request body limit, the cap on a created response (default 64 KiB) and which responses are
+/// request body limit, the cap on a created response (default 1 MiB) and which responses are
 /// stored.
 ///
 /// # The key space is chosen, never assumed
@@ -242,10 +242,33 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
+    /// Sets the shutdown handle of the layer's services: once the drain closes, a request that
+    /// reaches its claim is refused with the operation's *store unavailable* answer (`503`
+    /// with `Retry-After`), and [`Drain::shutdown`](crate::drain::Drain::shutdown) waits for
+    /// the requests past their claim to complete. See [`drain`](crate::drain).
+    ///
+    /// ```
+    /// use tower_idempotency::drain::Drain;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let drain = Drain::new();
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).drain(&drain);
+    /// # drop(layer);
+    /// ```
+    pub fn drain(mut self, drain: &crate::drain::Drain) -> Self {
+        self.config.drain = Some(drain.clone());
+        self
+    }
+
     /// Sets the cap, in bytes, on a created response the layer buffers and stores. Default
-    /// 64 KiB. A response over it is not stored: the key stays pending and the client gets
-    /// the operation's *response too large* answer (`500`; see its reply table, e.g.
-    /// the [`problem`](crate::problem) page for the generic operations).
+    /// 1 MiB ([`DEFAULT_RESPONSE_LIMIT`]).
+    ///
+    /// A created response over the cap was a create that succeeded, and is answered so: the
+    /// client gets it whole, its first bytes from the buffer and the rest streamed from the
+    /// inner service, never buffered past the cap. Its key is completed, before the reply,
+    /// with a compact record: the status and headers, no body, marked
+    /// [`IDEMPOTENT_BODY_OMITTED`](crate::reply::IDEMPOTENT_BODY_OMITTED), which is what a
+    /// retry gets. See [`StoredResponses`] for everything a create leaves.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};

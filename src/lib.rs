@@ -235,6 +235,7 @@ pub mod body;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
+pub mod drain;
 mod fingerprint;
 pub mod future;
 mod headers;

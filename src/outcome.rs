@@ -39,7 +39,7 @@ pub enum Outcome {
     /// The store failed to claim: the operation's *store unavailable* answer (`503`), nothing
     /// created.
     StoreUnavailable,
-    /// The create failed without an answer (an error, a panic, a response over the cap); see
+    /// The create failed without an answer (an error, a panic, a response body that failed); see
     /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     CreateFailed,
     /// The create answered something other than `2xx`, passed on unstored; see
@@ -119,7 +119,9 @@ pub enum Rejection {
     StoreUnavailable,
     /// The create failed.
     CreateFailed,
-    /// The created response was over the cap.
+    /// The created response body went past the size its own size hint declared (a response
+    /// merely over the cap is given whole and stored compact: see
+    /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap)).
     ResponseTooLarge,
 }
 

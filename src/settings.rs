@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use crate::drain::Drain;
 use crate::metrics::{self, Metrics};
 use crate::operation::Operation;
 use crate::scope::Scope;
@@ -22,7 +23,7 @@ pub const DEFAULT_MAX_WAITING: usize = 1_000;
 pub(crate) const MAX_SETTLING: usize = 10_000;
 
 /// The default cap on a created response the layer buffers and stores, in bytes.
-pub const DEFAULT_RESPONSE_LIMIT: usize = 64 * 1024;
+pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
 /// What the layer does with a request on a path other than the guarded one, when a path is set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,13 +42,24 @@ pub enum OtherPaths {
 /// # A create that fails
 ///
 /// A create that fails without an answer (the inner service returns an error or panics, or
-/// its response is over the cap) leaves its key taken under either setting, since it may
+/// its response body fails) leaves its key taken under either setting, since it may
 /// have taken effect, and the client gets the operation's *create failed* answer (`500`);
 /// a create that answers is stored and replayed, whatever its status, under
 /// [`Every`](Self::Every), while under [`Successful`](Self::Successful) an answer other than
 /// `2xx` is passed on unstored and its key released, so a retry creates anew (only a store
 /// that undoes the create, `TransactionalPostgresStore` (feature `postgres`), frees the key
 /// of a create that failed, since nothing of it remains).
+///
+/// # A response over the cap
+///
+/// A create that answers with a response over the
+/// [cap](crate::IdempotencyLayer::response_limit) succeeded, and is stored and answered as
+/// one: the client gets the response whole (streamed past the cap, not buffered), and the key
+/// is completed with a compact record, its status and headers with an empty body and
+/// [`Idempotent-Body-Omitted: true`](crate::reply::IDEMPOTENT_BODY_OMITTED), which a retry
+/// gets: the original status and `Location`, never a second create nor a pending key. The
+/// transactional store commits it as any other. Only a body that goes past the size its own
+/// size hint declared is a failed create (*response too large*, `500`, the key pending).
 ///
 /// (This is the one place that says it; the crate's tests hold every case:
 /// `a_failed_create_under_every_setting_error_answer_and_panic`.)
@@ -99,6 +111,8 @@ pub(crate) struct Config {
     pub(crate) settling: Arc<Bounded>,
     /// The layer's series, by its label.
     pub(crate) metrics: Metrics,
+    /// The shutdown handle, if one is set.
+    pub(crate) drain: Option<Drain>,
 }
 
 impl Default for Config {
@@ -120,6 +134,7 @@ impl Default for Config {
             waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING)),
             settling: Arc::new(Bounded::settling(MAX_SETTLING)),
             metrics: Metrics::default(),
+            drain: None,
         }
     }
 }
@@ -146,6 +161,8 @@ pub(crate) struct Settings<O> {
     pub(crate) waiting: Tally,
     /// The lost store answers of this layer being settled now, bounded.
     pub(crate) settling: Tally,
+    /// The shutdown handle, if one is set.
+    pub(crate) drain: Option<Drain>,
     /// The layer's series.
     pub(crate) metrics: Metrics,
 }
@@ -296,6 +313,7 @@ impl<O: Operation> Settings<O> {
             pending_wait: config.pending_wait,
             waiting: Tally::new(&config.waiting, &config.metrics),
             settling: Tally::new(&config.settling, &config.metrics),
+            drain: config.drain.clone(),
             metrics: config.metrics.clone(),
             operation,
         }

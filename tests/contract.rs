@@ -475,17 +475,22 @@ async fn a_failed_create_is_500_and_the_key_stays_pending() {
         .exact(409, r#"{"error":"request_pending"}"#);
 }
 
+/// A create that succeeded is never answered as failed: over the cap, its response is given
+/// whole, and the key completed with its status and headers, no body.
 #[tokio::test]
-async fn a_created_response_over_the_cap_is_500_and_the_key_stays_pending() {
+async fn a_created_response_over_the_cap_is_given_whole_and_its_key_completed() {
     let rig = Rig::with_layer(|layer| layer.response_limit(16));
-    rig.send_expecting(valid(), &["claim", "admit", "create", "abandon", "write"])
+    rig.send_expecting(valid(), &["claim", "admit", "create", "complete", "write"])
         .await
-        .exact(500, r#"{"error":"response_too_large"}"#);
-    assert!(rig.memory.is_pending(&key_of(KEY)));
-    assert_eq!(rig.creates(), 1);
-    rig.send(valid())
-        .await
-        .exact(409, r#"{"error":"request_pending"}"#);
+        .exact(201, CREATED_BODY);
+    assert!(!rig.memory.is_pending(&key_of(KEY)));
+    let retry = rig.send_expecting(valid(), &["claim", "write"]).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.body.is_empty());
+    retry
+        .header("idempotent-body-omitted", &["true"])
+        .header("content-type", &["application/json"]);
+    assert_eq!(retry.outcome, Some(tower_idempotency::Outcome::Replay));
     assert_eq!(rig.creates(), 1);
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::payments::*;
 use common::*;
-use http::{Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service as _, ServiceBuilder, ServiceExt};
 use tower_idempotency::admission::Refusal;
@@ -272,7 +272,7 @@ async fn conflict_pending_admission_and_store_failures_are_problems() {
 }
 
 #[tokio::test]
-async fn a_failed_or_oversized_create_is_a_500_problem_and_the_key_stays_taken() {
+async fn a_failed_create_is_a_500_problem_and_the_key_stays_taken() {
     let failing = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
         Err::<Response<Full<Bytes>>, _>(CreateError("down"))
     }));
@@ -284,18 +284,41 @@ async fn a_failed_or_oversized_create_is_a_500_problem_and_the_key_stays_taken()
     send(&service, post(Some("f"), BODY))
         .await
         .problem(409, "request_pending", None);
+}
 
-    let big = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
-        Ok::<_, CreateError>(Response::new(Full::new(Bytes::from(vec![b'x'; 100]))))
+/// A created response over the cap is the create's answer, given whole; its retry gets its
+/// status and headers with no body, never a pending key nor a second create.
+#[tokio::test]
+async fn an_oversized_created_response_is_given_whole_and_its_retry_gets_its_head() {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&creates);
+    let big = Inner::new(tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            let mut response = Response::new(Full::new(Bytes::from(vec![b'x'; 100])));
+            *response.status_mut() = StatusCode::CREATED;
+            response
+                .headers_mut()
+                .insert("location", HeaderValue::from_static("/payments/big"));
+            Ok::<_, CreateError>(response)
+        }
     }));
-    let layer = layer.response_limit(99);
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
+        .global_keys()
+        .response_limit(99);
     let service = tower::Layer::layer(&layer, big);
-    send(&service, post(Some("big"), BODY))
-        .await
-        .problem(500, "response_too_large", None);
-    send(&service, post(Some("big"), BODY))
-        .await
-        .problem(409, "request_pending", None);
+    let first = send(&service, post(Some("big"), BODY)).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body, vec![b'x'; 100]);
+    assert_eq!(first.outcome, Some(Outcome::Created));
+    let retry = send(&service, post(Some("big"), BODY)).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.body.is_empty());
+    retry
+        .header("location", &["/payments/big"])
+        .header("idempotent-body-omitted", &["true"]);
+    assert_eq!(retry.outcome, Some(Outcome::Replay));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
 
 /// Re-serialisations of one payload are one operation; any change of a value is another.
@@ -1123,4 +1146,57 @@ fn a_bad_json_pointer_is_an_error_that_names_it() {
         JsonOperation::new().key_member("").is_ok(),
         "the whole body"
     );
+}
+
+/// A shutdown strands no key: 20 creates of two seconds each are in flight when the drain
+/// starts; each is answered by its create and completed, and a request arriving meanwhile is
+/// refused before its claim with `Retry-After`.
+#[tokio::test(start_paused = true)]
+async fn a_drain_completes_every_create_in_flight_and_refuses_new_claims() {
+    let drain = tower_idempotency::drain::Drain::new();
+    let store = MemoryStore::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation())
+        .global_keys()
+        .drain(&drain);
+    let service = tower::Layer::layer(
+        &layer,
+        payment_create(Arc::clone(&creates), Duration::from_secs(2)),
+    );
+    let requests: Vec<_> = (0..20)
+        .map(|i| {
+            let service = service.clone();
+            tokio::spawn(async move { send(&service, post(Some(&format!("d{i}")), BODY)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(drain.in_flight(), 20);
+    let shutdown = tokio::spawn({
+        let drain = drain.clone();
+        async move { drain.shutdown(Duration::from_secs(30)).await }
+    });
+    drain.closed().await;
+    let late = send(&service, post(Some("late"), BODY)).await;
+    late.problem(503, "store_unavailable", None)
+        .header("retry-after", &["2"]);
+    assert_eq!(late.outcome, Some(Outcome::StoreUnavailable));
+    assert_eq!(shutdown.await.unwrap(), Ok(()));
+    for request in requests {
+        let reply = request.await.unwrap();
+        assert_eq!(reply.status, 201);
+        assert_eq!(reply.outcome, Some(Outcome::Created));
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 20);
+    for i in 0..20 {
+        let key =
+            tower_idempotency::scope::store_key(None, &Method::POST, "/payments", &format!("d{i}"));
+        assert!(!store.is_pending(&key), "{key} completed");
+    }
+    assert!(!store.is_pending(&tower_idempotency::scope::store_key(
+        None,
+        &Method::POST,
+        "/payments",
+        "late"
+    )));
+    assert_eq!(store.len(), 20, "the late request claimed nothing");
 }

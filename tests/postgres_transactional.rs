@@ -37,11 +37,17 @@ struct Db {
 
 impl Db {
     async fn new(name: &str) -> Self {
+        Self::retaining(name, Duration::from_secs(24 * 3600)).await
+    }
+
+    /// As [`Db::new`], completed records kept for `retention`.
+    async fn retaining(name: &str, retention: Duration) -> Self {
         let store = PostgresStore::connect(&database_url())
             .await
             .expect("PostgreSQL at DATABASE_URL")
             .table(&format!("tx_records_{name}"))
-            .unwrap();
+            .unwrap()
+            .retention(retention);
         store.migrate().await.unwrap();
         let labels = format!("tx_labels_{name}");
         let client = store.pool().get().await.unwrap();
@@ -76,6 +82,35 @@ impl Db {
     async fn recorded(&self, request_id: &str) -> bool {
         let key = store_key(None, &http::Method::POST, "/labels", request_id);
         self.store.store().inspect(&key).await.unwrap().is_some()
+    }
+
+    /// Waits until the committed record of `request_id` is past its retention.
+    async fn expired(&self, request_id: &str) {
+        let key = store_key(None, &http::Method::POST, "/labels", request_id);
+        let client = self.store.store().pool().get().await.unwrap();
+        let sql = format!(
+            "SELECT expires_at <= now() FROM {} WHERE key = $1",
+            self.store.store().table_name()
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = client.query_one(&sql, &[&key]).await.unwrap();
+            if row.get::<_, Option<bool>>(0) == Some(true) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the record never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until a create holds a transaction open.
+    async fn one_open(&self, first: &tokio::task::JoinHandle<Reply>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.store.open_transactions() == 0 {
+            assert!(!first.is_finished(), "the attempt ended before its create");
+            assert!(Instant::now() < deadline, "the attempt never claimed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The layer over [`create`] on this store.
@@ -302,7 +337,7 @@ async fn a_second_attempt_while_the_first_is_open_is_pending_at_once() {
 }
 
 #[tokio::test]
-async fn a_response_over_the_cap_rolls_back() {
+async fn a_response_over_the_cap_commits_with_its_compact_record() {
     let db = Db::new("cap").await;
     let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
         .global_keys()
@@ -310,10 +345,16 @@ async fn a_response_over_the_cap_rolls_back() {
         .response_limit(4)
         .layer(create(db.labels.clone()));
     let over = send(&service, "c-1", "ok").await;
-    assert_eq!(over.status, 500, "{:?}", over.body);
-    assert_eq!(db.rows("c-1").await, 0);
-    assert!(!db.recorded("c-1").await);
+    assert_eq!(over.status, 201, "{:?}", over.body);
+    assert_eq!(&over.body[..], br#"{"label_id":"label-c-1"}"#);
+    assert_eq!(db.rows("c-1").await, 1);
+    assert!(db.recorded("c-1").await);
     assert_eq!(db.store.open_transactions(), 0);
+    let retry = send(&service, "c-1", "ok").await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.headers["idempotent-body-omitted"], "true");
+    assert_eq!(db.rows("c-1").await, 1);
 }
 
 /// A response body that panics when read.
@@ -538,4 +579,62 @@ async fn an_operator_sees_resolves_and_forgets_a_stuck_key_through_the_store() {
     assert!(store.forget(&key).await.unwrap());
     assert!(store.inspect(&key).await.unwrap().is_none());
     assert!(!store.forget(&key).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_an_expired_key_is_created_again_is_pending_not_its_old_response() {
+    let db = Db::retaining("expired_mid_create", Duration::from_millis(500)).await;
+    let service = db.service();
+    let first = send(&service, "x-1", "slow").await;
+    assert_eq!(first.status, 201);
+    db.expired("x-1").await;
+    // The first intent's label stands for a resource of its own; the key's new create makes
+    // another.
+    let client = db.store.store().pool().get().await.unwrap();
+    client
+        .execute(&format!("DELETE FROM {}", db.labels), &[])
+        .await
+        .unwrap();
+    let again = {
+        let service = service.clone();
+        tokio::spawn(async move { send(&service, "x-1", "slow").await })
+    };
+    db.one_open(&again).await;
+    // Its transaction holds the key and takes the expired record over: a retry is told the
+    // key is in flight, neither given the old label nor refused as another body.
+    let retry = send(&service, "x-1", "slow").await;
+    assert_eq!(retry.status, 409, "{:?}", retry.body);
+    assert!(
+        std::str::from_utf8(&retry.body)
+            .unwrap()
+            .contains("request_pending"),
+        "{:?}",
+        retry.body
+    );
+    let other_body = send(&service, "x-1", "ok").await;
+    assert_eq!(other_body.status, 409, "{:?}", other_body.body);
+    assert!(
+        std::str::from_utf8(&other_body.body)
+            .unwrap()
+            .contains("request_pending")
+    );
+    let again = again.await.unwrap();
+    assert_eq!(again.status, 201);
+    assert_eq!(send(&service, "x-1", "slow").await.body, again.body);
+    assert_eq!(db.rows("x-1").await, 1);
+}
+
+#[tokio::test]
+async fn retention_counts_from_the_complete_not_the_claim() {
+    // The create runs two seconds, as long as the window: a record whose retention counted
+    // from the claim's transaction would commit expired, and the retry would create again.
+    let db = Db::retaining("retention_from_complete", Duration::from_secs(2)).await;
+    let service = db.service();
+    let first = send(&service, "r-1", "slow").await;
+    assert_eq!(first.status, 201);
+    let retry = send(&service, "r-1", "slow").await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(db.rows("r-1").await, 1);
 }

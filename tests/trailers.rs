@@ -146,15 +146,22 @@ async fn trailers_are_kept_whole_filtered_and_capped() {
         );
     }
 
-    // A trailer that takes the response over the cap is refused as a body would be.
+    // A trailer that takes the response over the cap: the response is given whole, with its
+    // trailers, and stored as its head alone.
     let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
         .global_keys()
         .response_limit(100);
     let service = tower::Layer::layer(&layer, create(200));
-    let response = service.oneshot(valid()).await.unwrap();
-    assert_eq!(response.status(), 500);
-    let (body, _) = read(response).await;
-    assert_eq!(body, r#"{"error":"response_too_large"}"#);
+    let response = service.clone().oneshot(valid()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let (body, trailers) = read(response).await;
+    assert_eq!(body, "message");
+    assert_eq!(trailers.expect("trailers")["x-big"].len(), 200);
+    let retry = service.oneshot(valid()).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-body-omitted"], "true");
+    let (body, trailers) = read(retry).await;
+    assert_eq!(body, "");
+    assert!(trailers.is_none());
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! line per request, ids unique across processes, and serving.
 #![allow(dead_code)]
 
+use std::future::IntoFuture as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -10,6 +11,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
+use tower_idempotency::drain::Drain;
 use tower_idempotency::operation::IDEMPOTENCY_KEY;
 use tower_idempotency::store::DynStore;
 use tower_idempotency::{MemoryStore, Outcome};
@@ -34,6 +36,9 @@ pub struct Options {
     /// `--metrics HOST:PORT`: serve the layers' metrics there, at `/metrics`, in Prometheus
     /// text (built with the feature `metrics`).
     pub metrics: Option<SocketAddr>,
+    /// `--drain-s N`: on `SIGTERM` or Ctrl-C, how long the creates in flight have to complete
+    /// while the server stops accepting and refuses new claims. Default 30.
+    pub drain: Duration,
 }
 
 impl Options {
@@ -54,6 +59,7 @@ impl Options {
             purge_every: Some(Duration::from_secs(3600)),
             max_records: Some(tower_idempotency::store::DEFAULT_MAX_RECORDS),
             metrics: None,
+            drain: Duration::from_secs(30),
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -87,6 +93,9 @@ impl Options {
                     options.max_records = (records > 0).then_some(records);
                 }
                 "--metrics" => options.metrics = Some(value.parse().map_err(|e| bad(&e))?),
+                "--drain-s" => {
+                    options.drain = Duration::from_secs(value.parse().map_err(|e| bad(&e))?)
+                }
                 _ => {
                     if !extra(&flag, &value).map_err(|e| bad(&e))? {
                         return Err(format!("unknown flag {flag}\n{usage}"));
@@ -147,14 +156,77 @@ fn serve_metrics(options: &Options) {
     }
 }
 
-/// `layer` with the `--pending-wait-ms` setting, if one was given.
-pub fn with_pending_wait<St, O, A, K>(
+/// `layer` with the `--pending-wait-ms` setting, if one was given, and the process's
+/// [`drain`].
+pub fn with_wait_and_drain<St, O, A, K>(
     layer: tower_idempotency::IdempotencyLayer<St, O, A, K>,
     wait: Option<Duration>,
 ) -> tower_idempotency::IdempotencyLayer<St, O, A, K> {
+    let layer = layer.drain(drain());
     match wait {
         Some(wait) => layer.pending_wait(wait),
         None => layer,
+    }
+}
+
+/// The drain of every layer of the process: closed on `SIGTERM` or Ctrl-C.
+pub fn drain() -> &'static Drain {
+    static DRAIN: std::sync::OnceLock<Drain> = std::sync::OnceLock::new();
+    DRAIN.get_or_init(Drain::new)
+}
+
+/// Ends on `SIGTERM` or Ctrl-C, and closes the [`drain`]: no new claims from then on.
+pub async fn terminated() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down: no new claims; creates in flight run to their complete");
+    drain().close();
+}
+
+/// Runs `serve` (a server whose graceful shutdown starts on [`terminated`]) until it ended
+/// and every create in flight completed, or `deadline` after the signal; then returns, so
+/// that the process exits 0.
+pub async fn drained<E: std::fmt::Display>(
+    serve: impl std::future::Future<Output = Result<(), E>>,
+    deadline: Duration,
+) {
+    let drain = drain();
+    let give_up = async {
+        drain.closed().await;
+        tokio::time::sleep(deadline).await;
+    };
+    let started = tokio::select! {
+        served = serve => {
+            if let Err(error) = served {
+                eprintln!("server failed: {error}");
+                std::process::exit(1);
+            }
+            tokio::time::Instant::now()
+        }
+        () = give_up => tokio::time::Instant::now() - deadline,
+    };
+    // Decisions whose clients left run on as tasks of their own: wait for them too.
+    let left = deadline.saturating_sub(started.elapsed());
+    match drain.shutdown(left).await {
+        Ok(()) => tracing::info!("drained: every create in flight completed"),
+        Err(unfinished) => tracing::warn!("{unfinished}"),
     }
 }
 
@@ -378,10 +450,8 @@ pub async fn serve(name: &str, options: &Options, router: Result<Router, String>
         options.addr,
         options.store
     );
-    if let Err(error) = axum::serve(listener, router).await {
-        eprintln!("server failed: {error}");
-        std::process::exit(1);
-    }
+    let serve = axum::serve(listener, router).with_graceful_shutdown(terminated());
+    drained(serve.into_future(), options.drain).await;
 }
 
 /// Sets up logging: `info` unless `RUST_LOG` says otherwise.

@@ -38,6 +38,7 @@ pub(crate) use self::wait::CLIENT_LEFT;
 use self::wait::wait_for_first;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
+use crate::drain::InFlight;
 use crate::headers;
 use crate::metrics::{Call, Started};
 use crate::operation::{self, Fingerprint, Operation, Parsed};
@@ -174,25 +175,38 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
     // The reply moves once, into the future's next state: boxing it would cost an allocation
     // per replay.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn claim_now<B>(&self) -> Result<(First, Reservation), Response<ResponseBody<B>>>
+    pub(crate) fn claim_now<B>(
+        &self,
+    ) -> Result<(First, Reservation, Option<InFlight>), Response<ResponseBody<B>>>
     where
         St: Store,
     {
         let Guard {
             store, settings, ..
         } = &self.guard;
+        // A closing server claims nothing new; what is past its claim is counted until done.
+        let in_flight = match &settings.drain {
+            None => None,
+            Some(drain) => match drain.enter() {
+                Some(in_flight) => Some(in_flight),
+                None => {
+                    tracing::info!("draining: the request is refused before its claim");
+                    return Err(Rejection::StoreUnavailable.into_response(&settings.operation));
+                }
+            },
+        };
         let (key, fingerprint) = (self.key.as_str(), &self.fingerprint);
         let reservation = Reservation::generate();
         let started = Started::now();
         let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.lease) else {
-            return Ok((First::Claim, reservation));
+            return Ok((First::Claim, reservation, in_flight));
         };
         settings.metrics.store_call(Call::Claim, started);
         if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.pending_wait) {
-            return Ok((First::Wait, reservation));
+            return Ok((First::Wait, reservation, in_flight));
         }
         answered(answer, store, key, fingerprint, reservation, settings)
-            .map(|reservation| (First::New, reservation))
+            .map(|reservation| (First::New, reservation, in_flight))
     }
 
     /// Steps 4 (unless the claim was made at once) to 8, contract §4 and §5: claim, admit,
@@ -207,6 +221,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
         self,
         first: First,
         mut reservation: Reservation,
+        in_flight: Option<InFlight>,
     ) -> impl Future<Output = Response<ResponseBody<ResBody>>>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
@@ -235,6 +250,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             value,
         });
         async move {
+            // Counted by the layer's drain, if any, until the decision ends.
+            let _in_flight = in_flight;
             let operation = &settings.operation;
             let key = key.as_str();
             // The reservation is the decision's own, where it stays: every step after the
@@ -294,7 +311,8 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     }
                 };
                 match collect(response, &settings).await {
-                    Ok(stored) => Ok((stored, permit)),
+                    Ok(Collected::Whole(stored)) => Ok((stored, permit, None)),
+                    Ok(Collected::Over(compact, given)) => Ok((compact, permit, Some(given))),
                     Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
                 }
             };
@@ -321,7 +339,9 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     async move {
         let operation = &settings.operation;
         let outcome = match &created {
-            Ok((stored, _)) => complete(&settings.settling, store, key, reservation, stored).await,
+            Ok((stored, _, _)) => {
+                complete(&settings.settling, store, key, reservation, stored).await
+            }
             Err((_, then)) => {
                 match then {
                     Then::Release => release(&settings.settling, store, key, reservation).await,
@@ -332,15 +352,17 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
             }
         };
         match created {
-            Ok((stored, permit)) => {
+            Ok((stored, permit, given)) => {
                 drop(permit);
-                match outcome {
+                match (outcome, given) {
                     // The create's writes may not have committed: its response is not the
                     // answer.
-                    Outcome::StoreUnavailable => {
+                    (Outcome::StoreUnavailable, _) => {
                         Rejection::StoreUnavailable.into_response(operation)
                     }
-                    outcome => reply::stored(stored, outcome),
+                    // Over the cap: the response itself, whole, its record the compact one.
+                    (outcome, Some(given)) => given.map(|body| body.with_outcome(outcome)),
+                    (outcome, None) => reply::stored(stored, outcome),
                 }
             }
             Err((response, _)) => response,
@@ -348,9 +370,13 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     }
 }
 
-/// What the create ended with: the response to store and the admission's permit, or the
+/// What the create ended with: the response to store, the admission's permit and, for a
+/// response over the cap, the response to give (whole) rather than the stored one; or the
 /// response to give unstored and what to do with the reservation.
-type Created<P, B> = Result<(StoredResponse, P), (Response<ResponseBody<B>>, Then)>;
+type Created<P, B> = Result<
+    (StoredResponse, P, Option<Box<Response<ResponseBody<B>>>>),
+    (Response<ResponseBody<B>>, Then),
+>;
 
 /// What the create takes: the inner service and the request, taken from the decision when
 /// the create starts.
@@ -555,8 +581,17 @@ pin_project! {
     }
 }
 
+/// What [`collect`] read of a created response.
+enum Collected<B> {
+    /// The response whole: stored and given.
+    Whole(StoredResponse),
+    /// A response over the cap: its compact record ([`compact`]), and the response to give,
+    /// whole.
+    Over(StoredResponse, Box<Response<ResponseBody<B>>>),
+}
+
 impl<B: Body<Data = Bytes>, O> Future for Collect<'_, B, O> {
-    type Output = Result<StoredResponse, Rejection>;
+    type Output = Result<Collected<B>, Rejection>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -565,30 +600,48 @@ impl<B: Body<Data = Bytes>, O> Future for Collect<'_, B, O> {
     }
 }
 
-/// What the store keeps of a created response read whole, or why it is not kept.
-fn stored<O>(
+/// What the store keeps of a created response, and what is given: the response read whole,
+/// or, past the cap, its compact record and the response itself; or why neither is.
+fn stored<B, O>(
     parts: Option<http::response::Parts>,
-    read: Result<(Bytes, Option<http::HeaderMap>), ReadError>,
+    read: body::Read<B>,
     settings: &Settings<O>,
-) -> Result<StoredResponse, Rejection> {
+) -> Result<Collected<B>, Rejection> {
+    let Some(mut parts) = parts else {
+        return Err(Rejection::CreateFailed);
+    };
     let (body, trailers) = match read {
-        Ok(read) => read,
-        Err(ReadError::TooLarge) => {
-            tracing::error!("created response over the cap; the key stays pending");
+        body::Read::Whole(body, trailers) => (body, trailers),
+        body::Read::Over(body) => {
+            headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
+            tracing::warn!(
+                cap = settings.response_limit,
+                "created response over the cap: given whole, its record without the body"
+            );
+            let compact = compact(parts.status, &parts.headers);
+            return Ok(Collected::Over(
+                compact,
+                Box::new(Response::from_parts(parts, body)),
+            ));
+        }
+        body::Read::Failed(ReadError::TooLarge) => {
+            tracing::error!(
+                "created response past the size its body declared; the key stays pending"
+            );
             return Err(Rejection::ResponseTooLarge);
         }
-        Err(ReadError::Broken) => {
+        body::Read::Failed(ReadError::Broken) => {
             tracing::error!("created response body failed; the key stays pending");
             return Err(Rejection::CreateFailed);
         }
     };
-    let Some(mut parts) = parts else {
-        return Err(Rejection::CreateFailed);
-    };
     headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
-    let stored = StoredResponse::new(parts.status, parts.headers, body);
     let Some(mut trailers) = trailers else {
-        return Ok(stored);
+        return Ok(Collected::Whole(StoredResponse::new(
+            parts.status,
+            parts.headers,
+            body,
+        )));
     };
     // The trailers are stored as the headers are: the same exclusions, within the same cap.
     headers::retain_storable(&mut trailers, &settings.excluded_headers);
@@ -596,11 +649,41 @@ fn stored<O>(
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
-    if stored.body().len().saturating_add(trailer_bytes) > settings.response_limit {
-        tracing::error!("created response over the cap with its trailers; the key stays pending");
-        return Err(Rejection::ResponseTooLarge);
+    if body.len().saturating_add(trailer_bytes) > settings.response_limit {
+        tracing::warn!(
+            cap = settings.response_limit,
+            "created response over the cap with its trailers: given whole, its record without the body"
+        );
+        let compact = compact(parts.status, &parts.headers);
+        let body = ResponseBody::full_with_trailers(body, Some(trailers));
+        return Ok(Collected::Over(
+            compact,
+            Box::new(Response::from_parts(parts, body)),
+        ));
     }
-    Ok(stored.with_trailers(trailers))
+    Ok(Collected::Whole(
+        StoredResponse::new(parts.status, parts.headers, body).with_trailers(trailers),
+    ))
+}
+
+/// The record of a created response over the cap: its status and headers, no body, and
+/// [`IDEMPOTENT_BODY_OMITTED`](reply::IDEMPOTENT_BODY_OMITTED); the headers that describe
+/// the body it no longer has are left out.
+fn compact(status: http::StatusCode, headers: &http::HeaderMap) -> StoredResponse {
+    use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE};
+    let mut kept = http::HeaderMap::with_capacity(headers.len() + 1);
+    for (name, value) in headers {
+        if ![CONTENT_LENGTH, CONTENT_ENCODING, CONTENT_RANGE].contains(name)
+            && !matches!(name.as_str(), "content-md5" | "digest" | "content-digest")
+        {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept.insert(
+        reply::IDEMPOTENT_BODY_OMITTED,
+        HeaderValue::from_static("true"),
+    );
+    StoredResponse::new(status, kept, Bytes::new())
 }
 
 /// What follows a create that ends without a stored response.

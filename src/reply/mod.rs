@@ -13,6 +13,19 @@ pub use crate::outcome::{Invalid, Outcome, Rejection};
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
+/// The header of a stored response whose body was not kept, because the created response
+/// was over the cap ([`IdempotencyLayer::response_limit`](crate::IdempotencyLayer::response_limit)):
+/// `Idempotent-Body-Omitted: true`. The first client got the response whole; a retry gets its
+/// status and headers (`Location`, `ETag`, …), an empty body, and this header. The headers
+/// that describe the body (`Content-Length`, `Content-Encoding`, `Content-Range` and the
+/// digests) are not kept.
+///
+/// ```
+/// assert_eq!(tower_idempotency::reply::IDEMPOTENT_BODY_OMITTED, "idempotent-body-omitted");
+/// ```
+pub const IDEMPOTENT_BODY_OMITTED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-body-omitted");
+
 impl Rejection {
     /// The rejection as the response `operation` writes, with its outcome attached.
     pub(crate) fn into_response<O: Operation, B>(self, operation: &O) -> Response<ResponseBody<B>> {

@@ -10,6 +10,7 @@ pub(super) struct Sql {
     pub(super) renew: String,
     pub(super) wait_for_claim: String,
     pub(super) inspect: String,
+    pub(super) committed: String,
     pub(super) pending: String,
     pub(super) resolve: String,
     pub(super) forget: String,
@@ -33,12 +34,18 @@ impl Sql {
         // A statement that changes records returns, for each, whether a request waits on it;
         // the change is then announced by a statement of its own (see `PostgresStore::change`).
         let announced = |statement: String| format!("{statement} RETURNING waited");
-        let complete = format!(
-            "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
-             changed_at = now(), expires_at = CASE \
-             WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond' END \
-             WHERE key = $1 AND token = $2"
-        );
+        // The record completed at `clock`: the statement's start in a statement of its own,
+        // the moment of the complete inside a transaction that began with the claim (its
+        // `now()` is the claim's, so the retention would count from the claim and a create as
+        // long as the window would commit a record expired already).
+        let complete = |clock: &str| {
+            format!(
+                "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
+                 changed_at = {clock}, expires_at = CASE \
+                 WHEN $4::bigint > 0 THEN {clock} + $4::bigint * interval '1 millisecond' END \
+                 WHERE key = $1 AND token = $2"
+            )
+        };
         Self {
             table: table.to_owned(),
             claim: format!(
@@ -67,11 +74,12 @@ impl Sql {
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2"
             ),
-            complete: announced(complete.clone()),
+            complete: announced(complete("now()")),
             // In the claim's own transaction only: the record's version was written by this
             // transaction (a `COMMIT` sent on it since would have ended it).
             complete_in_transaction: format!(
-                "{complete} AND xmin::text::bigint = txid_current() % 4294967296"
+                "{} AND xmin::text::bigint = txid_current() % 4294967296",
+                complete("clock_timestamp()")
             ),
             release: announced(format!(
                 "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
@@ -144,6 +152,13 @@ impl Sql {
                 "SELECT fingerprint, token IS NOT NULL, response, \
                  (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
                  token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
+                 FROM {quoted} WHERE key = $1"
+            ),
+            // What a claim answers from the committed record while another transaction holds
+            // the key: its fingerprint, its response, and whether it is past its retention
+            // (then it is being taken over, not replayed).
+            committed: format!(
+                "SELECT fingerprint, response, COALESCE(expires_at <= now(), false) \
                  FROM {quoted} WHERE key = $1"
             ),
             pending: format!(

@@ -40,7 +40,8 @@ use crate::store::{
 /// at the key does not wait on it: an advisory lock taken with the claim
 /// (`pg_try_advisory_xact_lock` on 64 bits of the SHA-256 of the table and the key) tells it
 /// the key is in flight, and it answers from the committed record: a replay or a conflict if
-/// one is there, `request_pending` otherwise, at once (or it waits, with
+/// one is there and within its retention, `request_pending` otherwise (a record past its
+/// retention is being created again, never replayed), at once (or it waits, with
 /// [`pending_wait`](crate::IdempotencyLayer::pending_wait), polling every
 /// [`CHANGE_POLL_INTERVAL`]). So while the first attempt runs, another body under its key is
 /// `request_pending` too, not a conflict: its fingerprint is not committed yet. Two keys whose
@@ -271,7 +272,7 @@ impl TransactionalPostgresStore {
 
     /// Begins a transaction on `connection` and takes the key's lock, in one round trip, then
     /// claims in it. A lock held by another transaction answers from the committed record:
-    /// a replay or a conflict if there is one, pending otherwise.
+    /// a replay or a conflict if there is one within its retention, pending otherwise.
     async fn claim_in(
         &self,
         connection: &Connection,
@@ -316,13 +317,19 @@ impl TransactionalPostgresStore {
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
         let params: [&(dyn ToSql + Sync); 1] = [&key];
-        let inspect = query_opt_on(client, &self.store.sql.inspect, &params);
-        let Some(row) = within(self.store.timeout, inspect).await? else {
+        let committed = query_opt_on(client, &self.store.sql.committed, &params);
+        let Some(row) = within(self.store.timeout, committed).await? else {
             return Ok(Claim::Pending);
         };
         let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
         let stored_fingerprint: &str = row.try_get(0).map_err(corrupt)?;
-        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+        let response: Option<Vec<u8>> = row.try_get(1).map_err(corrupt)?;
+        let expired: bool = row.try_get(2).map_err(corrupt)?;
+        // Past its retention, the record is absent: the transaction holding the key is
+        // creating it again, so neither its old response nor its old fingerprint answers.
+        if expired {
+            return Ok(Claim::Pending);
+        }
         if stored_fingerprint != fingerprint.to_hex().as_str() {
             return Ok(Claim::Conflict);
         }

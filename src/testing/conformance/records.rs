@@ -214,3 +214,104 @@ pub async fn retention_drops_completed_records_only(store: impl Store, retention
         "pending never expires"
     );
 }
+
+/// A body of `count` chunks of `size` bytes each (byte `i` of the whole is `i % 251`), its
+/// length not declared.
+struct Chunks {
+    count: usize,
+    size: usize,
+    sent: usize,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.sent == self.count {
+            return std::task::Poll::Ready(None);
+        }
+        let start = self.sent * self.size;
+        let chunk: Vec<u8> = (start..start + self.size)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        self.sent += 1;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(chunk)))))
+    }
+}
+
+/// Through the layer, a create that answers 2 MiB, twice the default cap: the first client
+/// gets all of it with its status and headers; the key is completed with the compact record,
+/// so a retry gets the status, `Location` and `Idempotent-Body-Omitted: true` with an empty
+/// body; one create.
+pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(store: impl Store) {
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&creates);
+    let create = tower::service_fn(move |_: http::Request<crate::body::RequestBody<String>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            let mut response = http::Response::new(Chunks {
+                count: 32,
+                size: 64 * 1024,
+                sent: 0,
+            });
+            *response.status_mut() = StatusCode::CREATED;
+            let headers = response.headers_mut();
+            headers.insert(
+                http::header::LOCATION,
+                HeaderValue::from_static("/labels/big"),
+            );
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            headers.insert(
+                http::header::CONTENT_LENGTH,
+                HeaderValue::from_static("2097152"),
+            );
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let service = tower::Layer::layer(
+        &crate::IdempotencyLayer::new(store, crate::LabelContract).global_keys(),
+        create,
+    );
+    let operation = crate::operation::LabelOperation::new(unique_key("over-cap"), "parcel-big");
+    let send = || async {
+        let response = service
+            .clone()
+            .oneshot(operation.attempt("/labels").unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let outcome = body.outcome();
+        let body = body.collect().await.unwrap().to_bytes();
+        (parts, outcome, body)
+    };
+    let (first, outcome, body) = send().await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(outcome, Some(crate::Outcome::Created));
+    assert_eq!(first.headers["location"], "/labels/big");
+    assert_eq!(first.headers["content-length"], "2097152");
+    assert!(!first.headers.contains_key("idempotent-body-omitted"));
+    assert_eq!(body.len(), 2 * 1024 * 1024);
+    assert!(body.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+
+    let (retry, outcome, body) = send().await;
+    assert_eq!(outcome, Some(crate::Outcome::Replay));
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.headers["location"], "/labels/big");
+    assert_eq!(retry.headers["content-type"], "application/octet-stream");
+    assert_eq!(retry.headers["idempotent-body-omitted"], "true");
+    assert!(!retry.headers.contains_key("content-length"));
+    assert!(body.is_empty());
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
