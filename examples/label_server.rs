@@ -91,6 +91,7 @@ async fn create_label(
     Json(op): Json<LabelOperation>,
 ) -> Response {
     if !labels.create_delay.is_zero() {
+        tracing::info!(request_id = %op.request_id, "create started");
         tokio::time::sleep(labels.create_delay).await;
     }
     created(&op, &labels.ids.next())
