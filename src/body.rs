@@ -42,8 +42,18 @@ pin_project! {
         Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
         Inner { #[pin] body: B },
         // A body read in part, past the cap: what was read, then the rest of it. Boxed, so
-        // that it could be moved out of the read that began it.
-        Resumed { read: [Option<Bytes>; 2], body: Pin<Box<B>> },
+        // that it could be moved out of the read that began it, and so that every response
+        // body holds one pointer for it.
+        Resumed { rest: Pin<Box<Rest<B>>> },
+    }
+}
+
+pin_project! {
+    /// A body read in part: what was read of it, then the body itself.
+    pub(crate) struct Rest<B> {
+        read: [Option<Bytes>; 2],
+        #[pin]
+        body: B,
     }
 }
 
@@ -69,10 +79,13 @@ impl<B: Body<Data = Bytes>> Kind<B> {
                     .map(Ok),
             ),
             KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Resumed { read, body } => match read.iter_mut().find_map(Option::take) {
-                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                None => body.as_mut().poll_frame(cx),
-            },
+            KindProj::Resumed { rest } => {
+                let rest = rest.as_mut().project();
+                match rest.read.iter_mut().find_map(Option::take) {
+                    Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    None => rest.body.poll_frame(cx),
+                }
+            }
         }
     }
 
@@ -80,8 +93,8 @@ impl<B: Body<Data = Bytes>> Kind<B> {
         match self {
             Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Resumed { read, body } => {
-                read.iter().all(Option::is_none) && body.is_end_stream()
+            Kind::Resumed { rest } => {
+                rest.read.iter().all(Option::is_none) && rest.body.is_end_stream()
             }
         }
     }
@@ -103,9 +116,10 @@ impl<B: Body<Data = Bytes>> Kind<B> {
                 }
             }
             Kind::Inner { body } => body.size_hint(),
-            Kind::Resumed { read, body } => {
-                let read = read.iter().flatten().map(|d| d.len() as u64).sum::<u64>();
-                let rest = body.size_hint();
+            Kind::Resumed { rest } => {
+                let read = rest.read.iter().flatten().map(|d| d.len() as u64);
+                let read = read.sum::<u64>();
+                let rest = rest.body.size_hint();
                 let mut hint = SizeHint::new();
                 hint.set_lower(rest.lower().saturating_add(read));
                 if let Some(upper) = rest.upper() {
@@ -321,7 +335,7 @@ pin_project! {
         // A body whose size hint says it fits: read where it is.
         Fits { #[pin] body: B },
         // A body that may not fit: boxed, so that past the cap it moves on to the reply.
-        Open { body: Option<Pin<Box<B>>> },
+        Open { rest: Option<Pin<Box<Rest<B>>>> },
     }
 }
 
@@ -363,7 +377,10 @@ impl<B: Body> ReadLimited<B> {
             Source::Fits { body }
         } else {
             Source::Open {
-                body: Some(Box::pin(body)),
+                rest: Some(Box::pin(Rest {
+                    read: [None, None],
+                    body,
+                })),
             }
         };
         Self {
@@ -385,8 +402,10 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
         loop {
             let polled = match this.source.as_mut().project() {
                 SourceProj::Fits { body } => body.poll_frame(cx),
-                SourceProj::Open { body: Some(body) } => body.as_mut().poll_frame(cx),
-                SourceProj::Open { body: None } => {
+                SourceProj::Open { rest: Some(rest) } => {
+                    rest.as_mut().project().body.poll_frame(cx)
+                }
+                SourceProj::Open { rest: None } => {
                     panic!("ReadLimited polled after completion")
                 }
             };
@@ -396,16 +415,20 @@ impl<B: Body<Data = Bytes>> Future for ReadLimited<B> {
             let pushed = match frame {
                 Ok(frame) => match frame.into_data() {
                     Ok(data) if !collector.fits(data.len()) => {
-                        let read = this.collector.take().map(Collector::finish);
+                        let read = this
+                            .collector
+                            .take()
+                            .map(Collector::finish)
+                            .filter(|read| !read.is_empty());
                         return Poll::Ready(match this.source.as_mut().project() {
-                            SourceProj::Open { body } => match body.take() {
-                                Some(body) => Read::Over(ResponseBody {
-                                    kind: Kind::Resumed {
-                                        read: [read, Some(data)],
-                                        body,
-                                    },
-                                    outcome: None,
-                                }),
+                            SourceProj::Open { rest } => match rest.take() {
+                                Some(mut rest) => {
+                                    *rest.as_mut().project().read = [read, Some(data)];
+                                    Read::Over(ResponseBody {
+                                        kind: Kind::Resumed { rest },
+                                        outcome: None,
+                                    })
+                                }
                                 None => Read::Failed(ReadError::Broken),
                             },
                             // Its size hint said it fits: a body that lies about its size.

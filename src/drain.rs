@@ -170,7 +170,9 @@ impl Drain {
     /// ```
     pub async fn shutdown(&self, deadline: Duration) -> Result<(), Unfinished> {
         self.close();
-        let until = tokio::time::Instant::now() + deadline;
+        let now = tokio::time::Instant::now();
+        // A deadline past what the clock can add is no deadline.
+        let until = now.checked_add(deadline);
         loop {
             let mut idle = pin!(self.inner.idle.notified());
             idle.as_mut().enable();
@@ -178,6 +180,10 @@ impl Drain {
             if in_flight == 0 {
                 return Ok(());
             }
+            let Some(until) = until else {
+                idle.await;
+                continue;
+            };
             if tokio::time::timeout_at(until, idle).await.is_err() {
                 return match self.in_flight() {
                     0 => Ok(()),
@@ -185,6 +191,14 @@ impl Drain {
                 };
             }
         }
+    }
+
+    /// Work that finishes what a request began (settling a lost store answer, abandoning an
+    /// unfinished create): counted until the returned guard is dropped, closed or not, so
+    /// that a shutdown waits for it too.
+    pub(crate) fn hold(&self) -> InFlight {
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(&self.inner))
     }
 
     /// A request about to claim: counted until the returned guard is dropped, or `None` if the
@@ -250,6 +264,22 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(3));
         drop(held);
         assert_eq!(drain.shutdown(Duration::ZERO).await, Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_held_after_the_close_is_waited_for_and_any_deadline_is_taken() {
+        let drain = Drain::new();
+        drain.close();
+        let held = drain.hold();
+        assert_eq!(drain.in_flight(), 1);
+        let waiting = tokio::spawn({
+            let drain = drain.clone();
+            async move { drain.shutdown(Duration::MAX).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!waiting.is_finished());
+        drop(held);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub enum Outcome {
     /// The store failed to claim: the operation's *store unavailable* answer (`503`), nothing
     /// created.
     StoreUnavailable,
-    /// The create failed without an answer (an error, a panic, a response body that failed); see
+    /// The create failed without an answer (an error, a panic, a response body that failed within the cap); see
     /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     CreateFailed,
     /// The create answered something other than `2xx`, passed on unstored; see

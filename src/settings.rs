@@ -42,7 +42,7 @@ pub enum OtherPaths {
 /// # A create that fails
 ///
 /// A create that fails without an answer (the inner service returns an error or panics, or
-/// its response body fails) leaves its key taken under either setting, since it may
+/// its response body fails within the cap) leaves its key taken under either setting, since it may
 /// have taken effect, and the client gets the operation's *create failed* answer (`500`);
 /// a create that answers is stored and replayed, whatever its status, under
 /// [`Every`](Self::Every), while under [`Successful`](Self::Successful) an answer other than
@@ -58,8 +58,13 @@ pub enum OtherPaths {
 /// is completed with a compact record, its status and headers with an empty body and
 /// [`Idempotent-Body-Omitted: true`](crate::reply::IDEMPOTENT_BODY_OMITTED), which a retry
 /// gets: the original status and `Location`, never a second create nor a pending key. The
-/// transactional store commits it as any other. Only a body that goes past the size its own
-/// size hint declared is a failed create (*response too large*, `500`, the key pending).
+/// transactional store commits it as any other. The key is completed before the rest of the
+/// body is read: a body that fails past the cap breaks off the first client's transfer, while
+/// its key is completed already and a retry gets the compact record. So a create's effects
+/// must be done when it answers: in the transactional store, a write made through its
+/// `PgTransaction` while the body streams fails, the transaction having committed. Only a
+/// body that goes past the size its own size hint declared is a failed create (*response too
+/// large*, `500`, the key pending).
 ///
 /// (This is the one place that says it; the crate's tests hold every case:
 /// `a_failed_create_under_every_setting_error_answer_and_panic`.)
@@ -220,6 +225,8 @@ impl Bounded {
 pub(crate) struct Tally {
     bound: Arc<Bounded>,
     metrics: Metrics,
+    /// The layer's drain, if any, which waits for the tasks this count bounds.
+    drain: Option<Drain>,
 }
 
 impl Tally {
@@ -227,7 +234,19 @@ impl Tally {
         Self {
             bound: Arc::clone(bound),
             metrics: metrics.clone(),
+            drain: None,
         }
+    }
+
+    /// This count, its tasks waited for by `drain`.
+    pub(crate) fn with_drain(mut self, drain: Option<Drain>) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    /// The drain that waits for this count's tasks, if any.
+    pub(crate) fn drain(&self) -> Option<&Drain> {
+        self.drain.as_ref()
     }
 
     /// The layer's series.
@@ -312,7 +331,8 @@ impl<O: Operation> Settings<O> {
             lease: config.lease,
             pending_wait: config.pending_wait,
             waiting: Tally::new(&config.waiting, &config.metrics),
-            settling: Tally::new(&config.settling, &config.metrics),
+            settling: Tally::new(&config.settling, &config.metrics)
+                .with_drain(config.drain.clone()),
             drain: config.drain.clone(),
             metrics: config.metrics.clone(),
             operation,

@@ -1200,3 +1200,75 @@ async fn a_drain_completes_every_create_in_flight_and_refuses_new_claims() {
     )));
     assert_eq!(store.len(), 20, "the late request claimed nothing");
 }
+
+/// A complete whose answer was lost is settled by a task of its own: the drain waits for it,
+/// so a shutdown does not end the process with the key pending.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_a_lost_complete_to_be_settled() {
+    let drain = tower_idempotency::drain::Drain::new();
+    let store = RecordingStore::new(MemoryStore::new(), Journal::new());
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation())
+        .global_keys()
+        .drain(&drain);
+    let service = tower::Layer::layer(&layer, payment_create(creates, Duration::ZERO));
+    store.fail("complete");
+    let reply = send(&service, post(Some("lost-complete"), BODY)).await;
+    assert_eq!(reply.status, 201);
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    let key =
+        tower_idempotency::scope::store_key(None, &Method::POST, "/payments", "lost-complete");
+    assert!(store.inner().is_pending(&key));
+    let shutdown = tokio::spawn({
+        let drain = drain.clone();
+        async move { drain.shutdown(Duration::from_secs(60)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!shutdown.is_finished(), "the settling is still trying");
+    store.recover();
+    assert_eq!(shutdown.await.unwrap(), Ok(()));
+    assert!(
+        !store.inner().is_pending(&key),
+        "settled before the shutdown ended"
+    );
+}
+
+/// A request waiting for a first attempt stops waiting when the drain closes (it answers
+/// pending at once), and never claims after the close.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_stops_waiting_when_the_drain_closes() {
+    let drain = tower_idempotency::drain::Drain::new();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
+        .global_keys()
+        .pending_wait(Duration::from_secs(60))
+        .drain(&drain);
+    let service = tower::Layer::layer(
+        &layer,
+        payment_create(Arc::clone(&creates), Duration::from_secs(10)),
+    );
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, post(Some("w"), BODY)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiting = tokio::spawn({
+        let service = service.clone();
+        async move { send(&service, post(Some("w"), BODY)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "waits for the first attempt");
+    let shutdown = tokio::spawn({
+        let drain = drain.clone();
+        async move { drain.shutdown(Duration::from_secs(60)).await }
+    });
+    let waited = waiting.await.unwrap();
+    waited.problem(409, "request_pending", None);
+    assert!(
+        !first.is_finished(),
+        "answered before the first attempt ended"
+    );
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(shutdown.await.unwrap(), Ok(()));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}

@@ -452,6 +452,61 @@ async fn pooled_connections_carry_the_store_timeout_as_statement_timeout() {
     );
 }
 
+/// A timeout past what PostgreSQL's `statement_timeout` takes (about 24.8 days), up to
+/// `Duration::MAX`, is clamped to its largest value: every connection still opens and claims.
+#[tokio::test]
+async fn a_timeout_past_the_statement_timeouts_range_is_clamped() {
+    for timeout in [Duration::from_secs(30 * 24 * 3600), Duration::MAX] {
+        let store = PostgresStore::connect(&database_url())
+            .await
+            .unwrap()
+            .timeout(timeout);
+        let client = store.pool().get().await.expect("a connection");
+        let row = client
+            .query_one("SHOW statement_timeout", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "2147483647ms");
+        drop(client);
+        let key = format!(
+            "clamped-{}",
+            tower_idempotency::store::Reservation::generate()
+        );
+        let fingerprint = tower_idempotency::LabelContract::fingerprint("clamped", "p");
+        assert!(matches!(
+            store.claim(&key, &fingerprint).await,
+            Ok(tower_idempotency::store::Claim::New(_))
+        ));
+    }
+}
+
+/// The operator's listing of pending keys gets ten store timeouts, as its docs say, on the
+/// database's side too: here it waits out a table lock held six times the store's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_listing_gets_ten_timeouts_on_the_database_too() {
+    use tower_idempotency::store::Operator;
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(200))
+        .table("pending_listing_time")
+        .unwrap();
+    store.migrate().await.unwrap();
+    let mut holder = store.pool().get().await.unwrap();
+    let lock = holder.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE pending_listing_time IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let listing = tokio::spawn({
+        let store = store.clone();
+        async move { store.pending_older_than(Duration::ZERO).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    lock.commit().await.unwrap();
+    let listed = listing.await.unwrap();
+    assert!(listed.is_ok(), "{listed:?}");
+}
+
 /// A claim that reached the database and committed, whose answer was lost (dropped by the
 /// proxy, then the connection cut): settled, so the retry creates once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,13 +196,17 @@ pub async fn terminated() {
         () = ctrl_c => {}
         () = term => {}
     }
+    let _ = SIGNALLED.set(tokio::time::Instant::now());
     tracing::info!("shutting down: no new claims; creates in flight run to their complete");
     drain().close();
 }
 
+/// When [`terminated`] was signalled.
+static SIGNALLED: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+
 /// Runs `serve` (a server whose graceful shutdown starts on [`terminated`]) until it ended
-/// and every create in flight completed, or `deadline` after the signal; then returns, so
-/// that the process exits 0.
+/// and every create in flight completed, or `deadline` after the signal, whichever is first;
+/// then returns, so that the process exits 0.
 pub async fn drained<E: std::fmt::Display>(
     serve: impl std::future::Future<Output = Result<(), E>>,
     deadline: Duration,
@@ -212,19 +216,19 @@ pub async fn drained<E: std::fmt::Display>(
         drain.closed().await;
         tokio::time::sleep(deadline).await;
     };
-    let started = tokio::select! {
+    tokio::select! {
         served = serve => {
             if let Err(error) = served {
                 eprintln!("server failed: {error}");
                 std::process::exit(1);
             }
-            tokio::time::Instant::now()
         }
-        () = give_up => tokio::time::Instant::now() - deadline,
-    };
-    // Decisions whose clients left run on as tasks of their own: wait for them too.
-    let left = deadline.saturating_sub(started.elapsed());
-    match drain.shutdown(left).await {
+        () = give_up => {}
+    }
+    // Decisions whose clients left, and lost store answers being settled, run on as tasks
+    // of their own: wait for them too, within what is left of the deadline.
+    let since = SIGNALLED.get().map_or(Duration::ZERO, |at| at.elapsed());
+    match drain.shutdown(deadline.saturating_sub(since)).await {
         Ok(()) => tracing::info!("drained: every create in flight completed"),
         Err(unfinished) => tracing::warn!("{unfinished}"),
     }

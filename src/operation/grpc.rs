@@ -37,9 +37,15 @@ const GRPC: &str = "application/grpc";
 /// | first attempt in flight | 10 `ABORTED` | `request_pending` |
 /// | admission: rate refusal (429) | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
 /// | admission: concurrency refusal (503), store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
-/// | create failed, response over the cap | 13 `INTERNAL` | `create_failed`, `response_too_large` |
+/// | create failed, response past the size its body declared | 13 `INTERNAL` | `create_failed`, `response_too_large` |
 /// | a guarded path not called as gRPC: another method, another content type | 12 `UNIMPLEMENTED` | `method_not_allowed`, `unsupported_media_type` |
 /// | off the layer's configured path (with `OtherPaths::NotFound`) | 12 `UNIMPLEMENTED` | `not_found` |
+///
+/// A response over the [cap](crate::IdempotencyLayer::response_limit) (1 MiB by default) is
+/// given whole, but its record keeps no body and no trailers
+/// ([`StoredResponses`](crate::StoredResponses#a-response-over-the-cap)): its replay has no
+/// `grpc-status`, which a gRPC client reads as a call that broke off. Set the cap above the
+/// largest message the service answers (tonic decodes at most 4 MiB by default).
 ///
 /// A gRPC error is an HTTP 200 whose status is in its trailers, so
 /// [`StoredResponses::Successful`](crate::StoredResponses::Successful) stores it as a success:

@@ -250,14 +250,22 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             value,
         });
         async move {
-            // Counted by the layer's drain, if any, until the decision ends.
-            let _in_flight = in_flight;
             let operation = &settings.operation;
-            let key = key.as_str();
+            // The key is read where it is (`key.as_str()` at each use): a `&str` held across
+            // the awaits would take a fat pointer's room in every state of the decision.
             // The reservation is the decision's own, where it stays: every step after the
             // claim refers to it.
             if !matches!(first, First::New) {
-                match claim(&store, key, &fingerprint, reservation, &settings, first).await {
+                match claim(
+                    &store,
+                    key.as_str(),
+                    &fingerprint,
+                    reservation,
+                    &settings,
+                    first,
+                )
+                .await
+                {
                     Ok(held) => reservation = held,
                     Err(response) => return response,
                 }
@@ -266,12 +274,12 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             // unwinds (a panicking response body) or is dropped abandons it.
             let mut unsettled = Unsettled {
                 store: &store,
-                key,
+                key: &key,
                 reservation: &reservation,
                 armed: true,
             };
             if let Some(input) = &mut input {
-                store.attach(key, &reservation, &mut input.parts.extensions);
+                store.attach(key.as_str(), &reservation, &mut input.parts.extensions);
             }
             // Admission, the create and its response read whole, under one lease renewed as
             // they go; a release, when one is due, after the renewals stopped.
@@ -311,15 +319,19 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     }
                 };
                 match collect(response, &settings).await {
-                    Ok(Collected::Whole(stored)) => Ok((stored, permit, None)),
-                    Ok(Collected::Over(compact, given)) => Ok((compact, permit, Some(given))),
+                    Ok(collected) => Ok((collected, permit)),
                     Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
                 }
             };
             let lease = settings.lease.duration();
-            let created = renewing(work, &store, key, &reservation, lease, &settings.metrics).await;
+            let (key, metrics) = (key.as_str(), &settings.metrics);
+            let created = renewing(work, &store, key, &reservation, lease, metrics).await;
             unsettled.armed = false;
-            finish(created, &store, key, &reservation, &settings).await
+            let response = finish(created, &store, key, &reservation, &settings).await;
+            // Counted by the layer's drain, if any, until the decision ends (an early return,
+            // or the decision dropped, lets go of it too).
+            drop(in_flight);
+            response
         }
     }
 }
@@ -339,7 +351,11 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     async move {
         let operation = &settings.operation;
         let outcome = match &created {
-            Ok((stored, _, _)) => {
+            Ok((collected, _)) => {
+                let stored = match collected {
+                    Collected::Whole(stored) => stored,
+                    Collected::Over(over) => &over.0,
+                };
                 complete(&settings.settling, store, key, reservation, stored).await
             }
             Err((_, then)) => {
@@ -352,17 +368,19 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
             }
         };
         match created {
-            Ok((stored, permit, given)) => {
+            Ok((collected, permit)) => {
                 drop(permit);
-                match (outcome, given) {
+                match (outcome, collected) {
                     // The create's writes may not have committed: its response is not the
                     // answer.
                     (Outcome::StoreUnavailable, _) => {
                         Rejection::StoreUnavailable.into_response(operation)
                     }
+                    (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
                     // Over the cap: the response itself, whole, its record the compact one.
-                    (outcome, Some(given)) => given.map(|body| body.with_outcome(outcome)),
-                    (outcome, None) => reply::stored(stored, outcome),
+                    (outcome, Collected::Over(over)) => {
+                        over.1.map(|body| body.with_outcome(outcome))
+                    }
                 }
             }
             Err((response, _)) => response,
@@ -370,13 +388,10 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     }
 }
 
-/// What the create ended with: the response to store, the admission's permit and, for a
-/// response over the cap, the response to give (whole) rather than the stored one; or the
-/// response to give unstored and what to do with the reservation.
-type Created<P, B> = Result<
-    (StoredResponse, P, Option<Box<Response<ResponseBody<B>>>>),
-    (Response<ResponseBody<B>>, Then),
->;
+/// What the create ended with: the response read (to store, and for one over the cap, to
+/// give whole) and the admission's permit; or the response to give unstored and what to do
+/// with the reservation.
+type Created<P, B> = Result<(Collected<B>, P), (Response<ResponseBody<B>>, Then)>;
 
 /// What the create takes: the inner service and the request, taken from the decision when
 /// the create starts.
@@ -586,8 +601,8 @@ enum Collected<B> {
     /// The response whole: stored and given.
     Whole(StoredResponse),
     /// A response over the cap: its compact record ([`compact`]), and the response to give,
-    /// whole.
-    Over(StoredResponse, Box<Response<ResponseBody<B>>>),
+    /// whole. Boxed: it is rare, and every decision would hold room for it.
+    Over(Box<(StoredResponse, Response<ResponseBody<B>>)>),
 }
 
 impl<B: Body<Data = Bytes>, O> Future for Collect<'_, B, O> {
@@ -619,10 +634,10 @@ fn stored<B, O>(
                 "created response over the cap: given whole, its record without the body"
             );
             let compact = compact(parts.status, &parts.headers);
-            return Ok(Collected::Over(
+            return Ok(Collected::Over(Box::new((
                 compact,
-                Box::new(Response::from_parts(parts, body)),
-            ));
+                Response::from_parts(parts, body),
+            ))));
         }
         body::Read::Failed(ReadError::TooLarge) => {
             tracing::error!(
@@ -656,10 +671,10 @@ fn stored<B, O>(
         );
         let compact = compact(parts.status, &parts.headers);
         let body = ResponseBody::full_with_trailers(body, Some(trailers));
-        return Ok(Collected::Over(
+        return Ok(Collected::Over(Box::new((
             compact,
-            Box::new(Response::from_parts(parts, body)),
-        ));
+            Response::from_parts(parts, body),
+        ))));
     }
     Ok(Collected::Whole(
         StoredResponse::new(parts.status, parts.headers, body).with_trailers(trailers),
@@ -674,7 +689,10 @@ fn compact(status: http::StatusCode, headers: &http::HeaderMap) -> StoredRespons
     let mut kept = http::HeaderMap::with_capacity(headers.len() + 1);
     for (name, value) in headers {
         if ![CONTENT_LENGTH, CONTENT_ENCODING, CONTENT_RANGE].contains(name)
-            && !matches!(name.as_str(), "content-md5" | "digest" | "content-digest")
+            && !matches!(
+                name.as_str(),
+                "content-md5" | "digest" | "content-digest" | "repr-digest"
+            )
         {
             kept.append(name.clone(), value.clone());
         }

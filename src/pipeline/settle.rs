@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
+use crate::scope::KeyBuf;
 use crate::settings::Tally;
 use crate::store::{Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
@@ -42,6 +44,8 @@ pub(super) enum Settle {
 /// ([`Store::settle_claim`]: after the lost claim, whatever it did). A lost release or
 /// complete is repeated; `ReservationLost` means it took effect already. Each attempt that
 /// fails is tried again.
+///
+/// The layer's drain, if any, counts the task: a shutdown waits for it as for the request.
 pub(super) fn settle<St: Store>(
     settling: &Tally,
     store: St,
@@ -56,8 +60,10 @@ pub(super) fn settle<St: Store>(
         tracing::error!("too many lost store answers being settled; this key may stay pending");
         return;
     };
+    let held = settling.drain().map(Drain::hold);
     let settling = async move {
         let _slot = slot;
+        let _held = held;
         for delay in settle_delays() {
             tokio::time::sleep(delay).await;
             let result = match &what {
@@ -112,7 +118,7 @@ pub(super) async fn release<St: Store>(
 /// store rolls back rather than keep its transaction open.
 pub(super) struct Unsettled<'a, St: Store> {
     pub(super) store: &'a St,
-    pub(super) key: &'a str,
+    pub(super) key: &'a KeyBuf,
     pub(super) reservation: &'a Reservation,
     pub(super) armed: bool,
 }
@@ -122,8 +128,11 @@ impl<St: Store> Drop for Unsettled<'_, St> {
         if !self.armed {
             return;
         }
-        let (store, key, reservation) =
-            (self.store.clone(), self.key.to_owned(), *self.reservation);
+        let (store, key, reservation) = (
+            self.store.clone(),
+            self.key.as_str().to_owned(),
+            *self.reservation,
+        );
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(async move {
                 store.abandon(&key, &reservation).await;

@@ -7,6 +7,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use super::settle::release;
+use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
 use crate::settings::Settings;
@@ -26,8 +27,9 @@ pub(super) fn client_left() -> bool {
 /// Waits up to `wait` for the first attempt at a pending key: looks again each time the
 /// store says the key may have changed, and answers what the first claim that is not pending
 /// answers (a replay, or the key anew if the first attempt was released), or pending when the
-/// wait runs out, too many requests of the layer wait already, or the client went away (a
-/// key claimed anew for a client that left is released at once: nobody creates for it).
+/// wait runs out, too many requests of the layer wait already, the client went away, or the
+/// layer's drain closed (a key claimed anew for a client that left, or after the drain
+/// closed, is released at once: nobody creates for it).
 pub(super) async fn wait_for_first<St: Store, O>(
     store: &St,
     key: &str,
@@ -46,6 +48,14 @@ pub(super) async fn wait_for_first<St: Store, O>(
         return Ok(Claim::Pending);
     };
     let mut timer = std::pin::pin!(timer);
+    let drain = settings.drain.as_ref();
+    let mut closing = std::pin::pin!(async {
+        match drain {
+            Some(drain) => drain.closed().await,
+            None => std::future::pending().await,
+        }
+    });
+    let stop = || client_left() || drain.is_some_and(Drain::is_closed);
     loop {
         // Registered before the look, so a change right after it is not missed.
         let changed = store.changed(key);
@@ -56,16 +66,20 @@ pub(super) async fn wait_for_first<St: Store, O>(
         settings.metrics.store_call(Call::Claim, started);
         match answer {
             Ok(Claim::Pending) => {}
-            Ok(Claim::New(reservation)) if client_left() => {
+            Ok(Claim::New(reservation)) if stop() => {
                 release(&settings.settling, store, key, &reservation).await;
                 return Ok(Claim::Pending);
             }
             answer => return answer,
         }
         let mut changed = std::pin::pin!(changed);
-        // Whether the key may have changed; not if the client left or the deadline passed.
+        // Whether the key may have changed; not if the client left, the drain closed or the
+        // deadline passed.
         let changed = std::future::poll_fn(|cx| {
-            if client_left() || timer.as_mut().poll(cx).is_ready() {
+            if client_left()
+                || closing.as_mut().poll(cx).is_ready()
+                || timer.as_mut().poll(cx).is_ready()
+            {
                 Poll::Ready(false)
             } else {
                 changed.as_mut().poll(cx).map(|()| true)

@@ -171,7 +171,7 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let statement_timeout = Arc::new(AtomicU64::new(millis(DEFAULT_TIMEOUT)));
+        let statement_timeout = Arc::new(AtomicU64::new(statement_timeout_ms(DEFAULT_TIMEOUT)));
         let for_new_connections = Arc::clone(&statement_timeout);
         let pool = Pool::builder(manager)
             .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
@@ -269,7 +269,7 @@ impl PostgresStore {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         if let Some(statement_timeout) = &self.statement_timeout {
-            statement_timeout.store(millis(timeout).max(1), Ordering::Relaxed);
+            statement_timeout.store(statement_timeout_ms(timeout), Ordering::Relaxed);
         }
         self
     }
@@ -514,6 +514,13 @@ impl std::fmt::Debug for PostgresStore {
 /// A duration in whole milliseconds, as PostgreSQL settings take it.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `timeout` as a `statement_timeout`: whole milliseconds from 1 (0 would turn it off) to the
+/// largest PostgreSQL takes (`i32::MAX`, about 24.8 days), past which it refuses the setting
+/// and with it every connection.
+pub(super) fn statement_timeout_ms(timeout: Duration) -> u64 {
+    millis(timeout).clamp(1, i32::MAX as u64)
 }
 
 /// A lease in whole milliseconds, as the statements take it.

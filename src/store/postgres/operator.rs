@@ -10,7 +10,7 @@ use crate::store::{
     Operator, RecordInfo, RecordState, StoreError, StoreErrorKind, StoredResponse, within,
 };
 
-use super::{PostgresStore, guarded, table_key, unavailable};
+use super::{PostgresStore, guarded, statement_timeout_ms, table_key, unavailable};
 
 impl Operator for PostgresStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -44,12 +44,26 @@ impl Operator for PostgresStore {
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
         let millis =
             i64::try_from(age.min(crate::store::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
-        let rows = within(self.timeout.saturating_mul(10), async {
-            let client = self.client().await?;
-            client
+        // A listing scans the table: ten store timeouts, on the client's side and as the
+        // statement's own `statement_timeout` (the pool's connections carry one timeout), set
+        // for its transaction alone.
+        let listing = self.timeout.saturating_mul(10);
+        let rows = within(listing, async {
+            let mut client = self.client().await?;
+            let transaction = client.transaction().await.map_err(unavailable)?;
+            transaction
+                .batch_execute(&format!(
+                    "SET LOCAL statement_timeout = {}",
+                    statement_timeout_ms(listing)
+                ))
+                .await
+                .map_err(unavailable)?;
+            let rows = transaction
                 .query(&self.sql.pending, &[&millis])
                 .await
-                .map_err(unavailable)
+                .map_err(unavailable)?;
+            transaction.commit().await.map_err(unavailable)?;
+            Ok(rows)
         })
         .await?;
         rows.iter()
