@@ -27,7 +27,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::client::{Attempts, ClientLayer, IntentKey};
+use tower_idempotency::client::{Attempts, ClientLayer, GaveUp, IntentKey};
 
 const USAGE: &str = "usage: client_retry [--url http://HOST:PORT/PATH] [--count N] \
 [--concurrency C] [--lesson]";
@@ -133,7 +133,14 @@ async fn main() {
                             let tries = response.extensions().get::<Attempts>().map_or(1, |a| a.0);
                             (response.status().as_u16().to_string(), tries)
                         }
-                        Err(error) => (format!("failed ({error})"), 0),
+                        // Why the layer stopped, and after how many attempts.
+                        Err(error) => match error.downcast_ref::<GaveUp>() {
+                            Some(gave_up) => (
+                                format!("failed ({}: {})", gave_up.stop, gave_up.source),
+                                gave_up.attempts,
+                            ),
+                            None => (format!("failed ({error})"), 0),
+                        },
                     };
                     if status.starts_with('2') {
                         succeeded.fetch_add(1, Ordering::Relaxed);

@@ -1252,3 +1252,125 @@ async fn reqwest_retries_a_timed_out_attempt_on_the_intents_own_budget() {
         started.elapsed()
     );
 }
+
+/// An outer `tower::retry` policy for the tests: retries a failed request up to `0` times,
+/// cloning it whole.
+#[derive(Clone)]
+struct Again(usize);
+
+impl<Res> tower::retry::Policy<Request<Full<Bytes>>, Res, BoxError> for Again {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<Full<Bytes>>,
+        result: &mut Result<Res, BoxError>,
+    ) -> Option<Self::Future> {
+        (result.is_err() && self.0 > 0).then(|| {
+            self.0 -= 1;
+            std::future::ready(())
+        })
+    }
+
+    fn clone_request(&mut self, request: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::new(request.body().clone());
+        *clone.method_mut() = request.method().clone();
+        *clone.uri_mut() = request.uri().clone();
+        *clone.headers_mut() = request.headers().clone();
+        *clone.extensions_mut() = request.extensions().clone();
+        Some(clone)
+    }
+}
+
+/// `tower::retry::Retry` outside the client layer, whose own attempts run out at the first
+/// lost reply: with `SameKey` every outer retry is the same intent (one create an intent);
+/// with the plain policy each is a new key, and a reply lost after the server created is a
+/// second create. The layer's error says how many attempts it made and why it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outer_tower_retry_with_same_key_creates_once_an_intent() {
+    use tower_idempotency::client::{GaveUp, SameKey, Stop};
+    let intents = 3;
+    let lose = 3;
+    for same_key in [true, false] {
+        let (server, creates) = serve(MemoryStore::new()).await;
+        let (proxy, lost) = losing_proxy(server, lose).await;
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let http = tower::ServiceBuilder::new()
+            .map_err(|error: hyper_util::client::legacy::Error| -> BoxError { Box::new(error) })
+            .service(http);
+        let inner = ClientLayer::new().max_attempts(1).layer(http);
+        // What the layer says when it gives up.
+        let mut first = intent(1);
+        *first.uri_mut() = format!("http://{proxy}/payments").parse().unwrap();
+        let error = inner
+            .clone()
+            .oneshot(first)
+            .await
+            .expect_err("a lost reply");
+        let gave_up = error.downcast_ref::<GaveUp>().expect("a GaveUp");
+        assert_eq!((gave_up.attempts, gave_up.stop), (1, Stop::AttemptCap));
+        assert!(gave_up.key.is_some());
+        for amount in 1..=intents {
+            let mut request = intent(amount);
+            *request.uri_mut() = format!("http://{proxy}/payments").parse().unwrap();
+            let status = if same_key {
+                let client = tower::retry::Retry::new(SameKey(Again(lose)), inner.clone());
+                client.oneshot(request).await.expect("an answer").status()
+            } else {
+                let client = tower::retry::Retry::new(Again(lose), inner.clone());
+                client.oneshot(request).await.expect("an answer").status()
+            };
+            assert_eq!(status, StatusCode::CREATED, "intent {amount}");
+        }
+        assert_eq!(lost.load(Ordering::SeqCst), lose);
+        // The first request's intent created once, its key then dropped: one create more.
+        let created = creates.load(Ordering::SeqCst);
+        if same_key {
+            assert_eq!(created, 1 + intents as usize, "one create an intent");
+        } else {
+            assert!(
+                created > 1 + intents as usize,
+                "a new key each retry: {created}"
+            );
+        }
+    }
+}
+
+/// reqwest-retry outside the middleware, whose own attempts run out at the first lost reply:
+/// the key the middleware made is written back to the request's extensions, which
+/// reqwest-middleware hands every attempt, so each outer retry is the same intent.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_retry_outside_the_middleware_creates_once_an_intent() {
+    use reqwest_retry::{RetryTransientMiddleware, policies::ExponentialBackoff};
+    let intents = 3;
+    let lose = 3;
+    let (server, creates) = serve(MemoryStore::new()).await;
+    let (proxy, lost) = losing_proxy(server, lose).await;
+    let ours = ClientLayer::new().max_attempts(1).reqwest_middleware();
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(1), Duration::from_millis(20))
+        .build_with_max_retries(lose as u32);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryTransientMiddleware::new_with_policy(policy))
+        .with(ours)
+        .build();
+    for amount in 1..=intents {
+        let response = client
+            .post(format!("http://{proxy}/payments"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"amount":{amount}}}"#))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(response.status(), 201, "intent {amount}");
+    }
+    assert_eq!(lost.load(Ordering::SeqCst), lose);
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        intents as usize,
+        "one create an intent"
+    );
+}

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::body::{ClientBody, ReadUpTo, read_up_to};
 use super::decision::{Decision, Failure, decide, decide_failure, decide_grpc};
-use super::retries::{Retries, Settings, intent_key};
+use super::retries::{GaveUp, Retries, Settings, Stop, intent_key};
 
 use crate::metrics::Metrics;
 
@@ -316,13 +316,29 @@ where
     let keyed = settings.keys(&parts.method);
     let key = keyed.then(|| {
         settings.fund();
-        intent_key(&mut parts.headers, &parts.extensions)
+        let key = intent_key(&mut parts.headers, &parts.extensions);
+        // In the request's extensions too, as every attempt carries them.
+        parts.extensions.insert(key.clone());
+        key
     });
+    let gave_up = |attempts: u32, stop: Stop, source: BoxError| -> BoxError {
+        Box::new(GaveUp {
+            attempts,
+            stop,
+            key: key.clone(),
+            source,
+        })
+    };
     loop {
-        retries
+        let made = retries.attempt() - 1;
+        match retries
             .within("waiting for the service", inner.ready())
-            .await?
-            .map_err(Into::into)?;
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(gave_up(made, Stop::Final, error.into())),
+            Err(error) => return Err(gave_up(made, Stop::Deadline, error)),
+        }
         let mut request = Request::new(Full::new(body.clone()));
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
@@ -358,14 +374,20 @@ where
             Ok((decision, response)) => (decision, Ok(response)),
             Err((decision, error)) => (decision, Err(error)),
         };
-        let Some(wait) = retries.wait_after(decision) else {
-            return answer.map(|mut response| {
-                response.extensions_mut().insert(Attempts(attempt));
-                if let Some(key) = key {
-                    response.extensions_mut().insert(key);
-                }
-                response
-            });
+        let wait = match retries.wait_after(decision) {
+            Ok(wait) => wait,
+            Err(stop) => {
+                return match answer {
+                    Ok(mut response) => {
+                        response.extensions_mut().insert(Attempts(attempt));
+                        if let Some(key) = key {
+                            response.extensions_mut().insert(key);
+                        }
+                        Ok(response)
+                    }
+                    Err(source) => Err(gave_up(attempt, stop, source)),
+                };
+            }
         };
         // The answer is let go before the wait: its connection goes back to the pool.
         drop(answer);

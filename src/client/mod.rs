@@ -33,4 +33,4 @@ pub use self::layer::{Attempts, ClientFuture, ClientLayer, RetryClient};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use self::reqwest::RetryMiddleware;
-pub use self::retries::IntentKey;
+pub use self::retries::{GaveUp, IntentKey, SameKey, Stop};

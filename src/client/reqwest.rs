@@ -26,7 +26,9 @@ use super::retries::{Retries, Settings, intent_key};
 ///
 /// Built against `reqwest` 0.13 and `reqwest-middleware` 0.5. It is the only retrying
 /// middleware a client needs: another (`reqwest-retry`) in the same stack would retry
-/// again, outside this one's budget.
+/// again, outside this one's budget. If one is there all the same, outside this one, its
+/// retries are the same intent: the key made here is written back to the request's
+/// extensions, which reqwest-middleware hands every attempt, as an [`IntentKey`](super::IntentKey).
 ///
 /// ```
 /// use std::time::Duration;
@@ -114,6 +116,10 @@ impl Middleware for RetryMiddleware {
         let keyed = settings.keys(request.method());
         let key = keyed.then(|| {
             let key = intent_key(request.headers_mut(), extensions);
+            // Written back where a retrier outside this middleware finds it: reqwest-middleware
+            // hands every middleware's attempts the same extensions, so an outer retry of
+            // this request (reqwest-retry's, say) sends it with this key again.
+            extensions.insert(key.clone());
             if !once {
                 settings.fund();
             }
@@ -149,7 +155,7 @@ impl Middleware for RetryMiddleware {
                 None => attempted.await,
             };
             let next_attempt = match kept {
-                Some(kept) => retries.wait_after(decision).map(|wait| (wait, kept)),
+                Some(kept) => retries.wait_after(decision).ok().map(|wait| (wait, kept)),
                 None => None,
             };
             let Some((wait, kept)) = next_attempt else {

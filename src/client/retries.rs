@@ -21,10 +21,12 @@ use crate::operation::IDEMPOTENCY_KEY;
 /// which wins); the layer puts the key it sent into the response's extensions, whichever it
 /// was, so that a caller that let the layer make one can log it or store it.
 ///
-/// An error (the attempts or the deadline ran out without an answer) carries no key. An
-/// intent that may be tried again later, after the layer gave up, must keep its key: set it
-/// here (or as the header), and store it with the intent before the first attempt, so that a
-/// later try is the same intent, not a second create.
+/// The layer's error when it gave up without an answer ([`GaveUp`]) carries the key too, and
+/// the reqwest middleware writes it back to the request's extensions; a retrier outside the
+/// tower layer reuses it through [`SameKey`]. An intent that may be tried again much later,
+/// after the process that made its key is gone, must keep its key: set it here (or as the
+/// header), and store it with the intent before the first attempt, so that a later try is
+/// the same intent, not a second create.
 ///
 /// ```
 /// use http::{HeaderValue, Request};
@@ -37,6 +39,138 @@ use crate::operation::IDEMPOTENCY_KEY;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IntentKey(pub HeaderValue);
+
+/// Why a client layer made no more attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stop {
+    /// The last answer, or failure, is final: it may not be retried (a failure of a request
+    /// without a key, one that cannot have reached the server, or an answer that decides).
+    Final,
+    /// [`max_attempts`](super::ClientLayer::max_attempts) were made.
+    AttemptCap,
+    /// The [`deadline`](super::ClientLayer::deadline) passed, or would have before the next
+    /// attempt.
+    Deadline,
+    /// The retry [`budget`](super::ClientLayer::budget) had nothing left.
+    Budget,
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Final => "the failure is final",
+            Self::AttemptCap => "the attempts ran out",
+            Self::Deadline => "the deadline passed",
+            Self::Budget => "the retry budget ran out",
+        })
+    }
+}
+
+/// The error of a request the client layer gave up on without an answer: how many attempts
+/// it made, why it stopped, the intent's key if it had one, and the last attempt's error as
+/// its [`source`](std::error::Error::source). A caller finds it in the layer's
+/// `tower::BoxError` with `downcast_ref`.
+///
+/// The key is the one to retry the intent with later, by hand or by a retrier outside the
+/// layer ([`SameKey`](super::SameKey)): under another key, a request whose answer was lost
+/// after the server created would create again.
+///
+/// ```
+/// use tower_idempotency::client::{GaveUp, Stop};
+///
+/// fn explain(error: &tower::BoxError) -> String {
+///     match error.downcast_ref::<GaveUp>() {
+///         Some(gave_up) if gave_up.stop == Stop::Deadline => {
+///             format!("out of time after {} attempts", gave_up.attempts)
+///         }
+///         Some(gave_up) => gave_up.to_string(),
+///         None => error.to_string(),
+///     }
+/// }
+/// # drop(explain);
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct GaveUp {
+    /// The attempts made, the first included (0 if none could be sent).
+    pub attempts: u32,
+    /// Why no more were made.
+    pub stop: Stop,
+    /// The intent's key, if its request was keyed.
+    pub key: Option<IntentKey>,
+    /// The last attempt's error.
+    pub source: BoxError,
+}
+
+impl std::fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer after {} attempt", self.attempts)?;
+        if self.attempts != 1 {
+            f.write_str("s")?;
+        }
+        write!(f, " ({})", self.stop)
+    }
+}
+
+impl std::error::Error for GaveUp {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// A `tower::retry::Policy` for a retrier outside a [`ClientLayer`](super::ClientLayer):
+/// `policy`, and before each retry the intent's key, from the answer's extensions or the
+/// layer's [`GaveUp`] error, set as the retried request's [`IntentKey`], so that every outer
+/// retry is the same intent. A request that has an `Idempotency-Key` header keeps it.
+///
+/// `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
+/// plain policy would retry under a new key each time: a request whose answer was lost after
+/// the server created, once the layer's own attempts ran out, would then create again.
+///
+/// ```
+/// use tower::retry::Policy;
+/// use tower_idempotency::client::{ClientLayer, SameKey};
+///
+/// # fn build<P: Clone, S>(policy: P, http: S) {
+/// // `policy` is the outer retrier's own `tower::retry::Policy`.
+/// let client = tower::ServiceBuilder::new()
+///     .retry(SameKey(policy))
+///     .layer(ClientLayer::new())
+///     .service(http);
+/// # drop(client);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SameKey<P>(pub P);
+
+impl<P, B, Res> tower::retry::Policy<http::Request<B>, http::Response<Res>, BoxError> for SameKey<P>
+where
+    P: tower::retry::Policy<http::Request<B>, http::Response<Res>, BoxError>,
+{
+    type Future = P::Future;
+
+    fn retry(
+        &mut self,
+        request: &mut http::Request<B>,
+        result: &mut Result<http::Response<Res>, BoxError>,
+    ) -> Option<Self::Future> {
+        let key = match result {
+            Ok(response) => response.extensions().get::<IntentKey>().cloned(),
+            Err(error) => error
+                .downcast_ref::<GaveUp>()
+                .and_then(|gave_up| gave_up.key.clone()),
+        };
+        if let Some(key) = key {
+            request.extensions_mut().insert(key);
+        }
+        self.0.retry(request, result)
+    }
+
+    fn clone_request(&mut self, request: &http::Request<B>) -> Option<http::Request<B>> {
+        self.0.clone_request(request)
+    }
+}
 
 /// A client layer's settings, shared by its clones and the services it builds.
 #[derive(Clone)]
@@ -115,24 +249,26 @@ impl<'a> Retries<'a> {
         }
     }
 
-    /// After an attempt decided so: the wait before the next one, or `None` if there is none
-    /// (the answer is final, the attempts or the time ran out, or the budget refused).
-    pub(super) fn wait_after(&self, decision: Decision) -> Option<Duration> {
+    /// After an attempt decided so: the wait before the next one, or why there is none (the
+    /// answer is final, the attempts or the time ran out, or the budget refused).
+    pub(super) fn wait_after(&self, decision: Decision) -> Result<Duration, Stop> {
         let Decision::Retry { after } = decision else {
-            return None;
+            return Err(Stop::Final);
         };
         let settings = self.settings;
         let wait = jitter(settings.backoff, self.attempt).max(after.unwrap_or_default());
-        let past_deadline = self.left().is_some_and(|left| wait >= left);
         // The budget is asked last: a retry the cap or the deadline forbids takes nothing.
-        if self.attempt >= settings.max_attempts || past_deadline {
-            return None;
+        if self.attempt >= settings.max_attempts {
+            return Err(Stop::AttemptCap);
+        }
+        if self.left().is_some_and(|left| wait >= left) {
+            return Err(Stop::Deadline);
         }
         if !settings.budget.withdraw() {
             settings.metrics.budget_refused();
-            return None;
+            return Err(Stop::Budget);
         }
-        Some(wait)
+        Ok(wait)
     }
 
     /// Waits `wait` for the next attempt.
