@@ -1,7 +1,8 @@
 //! [`IdempotencyLayer`]: the configuration, and the [`Layer`] that builds the service.
 
 pub use crate::settings::{
-    DEFAULT_MAX_WAITING, DEFAULT_RESPONSE_LIMIT, OtherPaths, StoredResponses,
+    DEFAULT_MAX_WAITING, DEFAULT_PENDING_RETRY_AFTER, DEFAULT_RESPONSE_LIMIT, DEFAULT_RETRY_AFTER,
+    OtherPaths, StoredResponses,
 };
 
 use std::sync::Arc;
@@ -239,6 +240,39 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// ```
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.config.body_limit = Some(limit);
+        self
+    }
+
+    /// Sets the `Retry-After` of the refusals that ask a client to come back: admission's
+    /// `429` and `503` and the store's `503 store_unavailable`, in whole seconds (rounded up).
+    /// Default [`DEFAULT_RETRY_AFTER`], 2 s, the label contract's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).retry_after(Duration::from_secs(5));
+    /// # drop(layer);
+    /// ```
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.config.retry_after = after;
+        self
+    }
+
+    /// Sets the `Retry-After` of a pending key's `409 request_pending`, in whole seconds
+    /// (rounded up), where the operation sends one: the generic operations do (the IETF
+    /// draft's peers and the payment protocols that cite it send one); the label contract's
+    /// reply has none. Default [`DEFAULT_PENDING_RETRY_AFTER`], 1 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).pending_retry_after(Duration::from_secs(3));
+    /// # drop(layer);
+    /// ```
+    pub fn pending_retry_after(mut self, after: Duration) -> Self {
+        self.config.pending_retry_after = after;
         self
     }
 

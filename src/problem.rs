@@ -249,11 +249,14 @@ pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    if matches!(
-        rejection,
-        Rejection::NotAdmitted(_) | Rejection::StoreUnavailable
-    ) {
-        headers.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+    match rejection {
+        Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+        }
+        Rejection::Pending => {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
     }
     response
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 
 use crate::drain::Drain;
 use crate::metrics::{self, Metrics};
@@ -24,6 +24,20 @@ pub(crate) const MAX_SETTLING: usize = 10_000;
 
 /// The default cap on a created response the layer buffers and stores, in bytes.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
+/// The default `Retry-After` of the refusals that ask a client to come back: admission's
+/// (`429`, `503`) and the store's (`503 store_unavailable`).
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// The default `Retry-After` of a pending key's `409`, where the operation sends one (the
+/// generic operations do; the label contract's reply has none).
+pub const DEFAULT_PENDING_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `duration` as a `Retry-After` value: whole seconds, rounded up.
+fn seconds(duration: Duration) -> HeaderValue {
+    let whole = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    HeaderValue::from(whole)
+}
 
 /// What the layer does with a request on a path other than the guarded one, when a path is set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -118,6 +132,10 @@ pub(crate) struct Config {
     pub(crate) metrics: Metrics,
     /// The shutdown handle, if one is set.
     pub(crate) drain: Option<Drain>,
+    /// The `Retry-After` of the refusals that say to come back (admission, store).
+    pub(crate) retry_after: Duration,
+    /// The `Retry-After` of a pending key's reply, where the operation sends one.
+    pub(crate) pending_retry_after: Duration,
 }
 
 impl Default for Config {
@@ -140,6 +158,8 @@ impl Default for Config {
             settling: Arc::new(Bounded::settling(MAX_SETTLING)),
             metrics: Metrics::default(),
             drain: None,
+            retry_after: DEFAULT_RETRY_AFTER,
+            pending_retry_after: DEFAULT_PENDING_RETRY_AFTER,
         }
     }
 }
@@ -168,6 +188,10 @@ pub(crate) struct Settings<O> {
     pub(crate) settling: Tally,
     /// The shutdown handle, if one is set.
     pub(crate) drain: Option<Drain>,
+    /// `Retry-After` of the refusals, in seconds.
+    pub(crate) retry_after: HeaderValue,
+    /// `Retry-After` of a pending key's reply, in seconds.
+    pub(crate) pending_retry_after: HeaderValue,
     /// The layer's series.
     pub(crate) metrics: Metrics,
 }
@@ -334,6 +358,8 @@ impl<O: Operation> Settings<O> {
             settling: Tally::new(&config.settling, &config.metrics)
                 .with_drain(config.drain.clone()),
             drain: config.drain.clone(),
+            retry_after: seconds(config.retry_after),
+            pending_retry_after: seconds(config.pending_retry_after),
             metrics: config.metrics.clone(),
             operation,
         }

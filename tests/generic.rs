@@ -1272,3 +1272,46 @@ async fn a_waiting_request_stops_waiting_when_the_drain_closes() {
     assert_eq!(shutdown.await.unwrap(), Ok(()));
     assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
+
+/// A pending key's `409` says when to come back (`Retry-After: 1` by default), and both that
+/// value and the refusals' are the layer's settings.
+#[tokio::test]
+async fn retry_after_of_a_pending_key_and_of_the_refusals_are_settings() {
+    let (service, _, store, _, _) = rig(|l| l);
+    let gate_key = "pending-one";
+    // A pending key: claimed through the store, never completed.
+    let key = tower_idempotency::scope::store_key(None, &Method::POST, "/payments", gate_key);
+    let fingerprint = {
+        let op = payment_operation();
+        let parts = post(Some(gate_key), BODY).into_parts().0;
+        tower_idempotency::Operation::parse(&op, &parts, &Bytes::from_static(BODY.as_bytes()))
+            .unwrap()
+            .fingerprint
+    };
+    assert!(matches!(
+        tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await,
+        Ok(tower_idempotency::store::Claim::New(_))
+    ));
+    send(&service, post(Some(gate_key), BODY))
+        .await
+        .problem(409, "request_pending", None)
+        .header("retry-after", &["1"]);
+
+    let (service, _, store, admission, _) = rig(|l| {
+        l.pending_retry_after(Duration::from_millis(2500))
+            .retry_after(Duration::from_secs(7))
+    });
+    assert!(matches!(
+        tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await,
+        Ok(tower_idempotency::store::Claim::New(_))
+    ));
+    send(&service, post(Some(gate_key), BODY))
+        .await
+        .problem(409, "request_pending", None)
+        .header("retry-after", &["3"]);
+    admission.refuse(Some(Refusal::TooManyRequests));
+    send(&service, post(Some("refused"), BODY))
+        .await
+        .problem(429, "not_admitted", None)
+        .header("retry-after", &["7"]);
+}

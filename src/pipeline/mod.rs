@@ -120,7 +120,7 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
                 parts,
                 body,
             }),
-            Err(rejection) => Err(rejection.into_response(&self.settings.operation)),
+            Err(rejection) => Err(rejection.into_response(&self.settings)),
         }
     }
 
@@ -191,7 +191,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 Some(in_flight) => Some(in_flight),
                 None => {
                     tracing::info!("draining: the request is refused before its claim");
-                    return Err(Rejection::StoreUnavailable.into_response(&settings.operation));
+                    return Err(Rejection::StoreUnavailable.into_response(settings));
                 }
             },
         };
@@ -250,7 +250,6 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
             value,
         });
         async move {
-            let operation = &settings.operation;
             // The key is read where it is (`key.as_str()` at each use): a `&str` held across
             // the awaits would take a fat pointer's room in every state of the decision.
             // The reservation is the decision's own, where it stays: every step after the
@@ -299,12 +298,12 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                             Rejection::NotAdmitted(_) => Then::Release,
                             _ => Then::Abandon,
                         };
-                        return Err((rejection.into_response(operation), then));
+                        return Err((rejection.into_response(&settings), then));
                     }
                 };
                 let Some(input) = input.take() else {
                     return Err((
-                        Rejection::CreateFailed.into_response(operation),
+                        Rejection::CreateFailed.into_response(&settings),
                         Then::Abandon,
                     ));
                 };
@@ -315,12 +314,12 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     Keep::Store(response) => response,
                     Keep::Release(response) => return Err((response, Then::Release)),
                     Keep::Pending(rejection) => {
-                        return Err((rejection.into_response(operation), Then::Abandon));
+                        return Err((rejection.into_response(&settings), Then::Abandon));
                     }
                 };
                 match collect(response, &settings).await {
                     Ok(collected) => Ok((collected, permit)),
-                    Err(rejection) => Err((rejection.into_response(operation), Then::Abandon)),
+                    Err(rejection) => Err((rejection.into_response(&settings), Then::Abandon)),
                 }
             };
             let lease = settings.lease.duration();
@@ -349,7 +348,6 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     settings: &'a Settings<O>,
 ) -> impl Future<Output = Response<ResponseBody<B>>> + 'a {
     async move {
-        let operation = &settings.operation;
         let outcome = match &created {
             Ok((collected, _)) => {
                 let stored = match collected {
@@ -374,7 +372,7 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
                     // The create's writes may not have committed: its response is not the
                     // answer.
                     (Outcome::StoreUnavailable, _) => {
-                        Rejection::StoreUnavailable.into_response(operation)
+                        Rejection::StoreUnavailable.into_response(settings)
                     }
                     (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
                     // Over the cap: the response itself, whole, its record the compact one.
@@ -491,7 +489,7 @@ fn answered<St: Store, O: Operation, B>(
             Rejection::StoreUnavailable
         }
     };
-    Err(rejection.into_response(&settings.operation))
+    Err(rejection.into_response(settings))
 }
 
 /// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is

@@ -1,11 +1,14 @@
 //! What the layer answers itself: the [`Rejection`]s each operation writes in its own format,
 //! the [`Outcome`] it reports, and stored responses turned into replies.
 
+use bytes::Bytes;
 use http::Response;
+use http::header::RETRY_AFTER;
 
 use crate::body::ResponseBody;
 use crate::operation::Operation;
 pub use crate::outcome::{Invalid, Outcome, Rejection};
+use crate::settings::Settings;
 
 /// The replay marker header, sent on replays only when
 /// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
@@ -27,12 +30,29 @@ pub const IDEMPOTENT_BODY_OMITTED: http::HeaderName =
     http::HeaderName::from_static("idempotent-body-omitted");
 
 impl Rejection {
-    /// The rejection as the response `operation` writes, with its outcome attached.
-    pub(crate) fn into_response<O: Operation, B>(self, operation: &O) -> Response<ResponseBody<B>> {
-        let response = operation.reply(&self);
-        let outcome = self.outcome(response.status());
-        response.map(|body| ResponseBody::full(body).with_outcome(outcome))
+    /// The rejection as the response the layer's operation writes, with its outcome attached,
+    /// and the layer's `Retry-After` where the operation sends one.
+    pub(crate) fn into_response<O: Operation, B>(
+        self,
+        settings: &Settings<O>,
+    ) -> Response<ResponseBody<B>> {
+        let mut response = settings.operation.reply(&self);
+        let retry_after = match self {
+            Rejection::Pending => &settings.pending_retry_after,
+            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => &settings.retry_after,
+            _ => return finish(self, response),
+        };
+        if let Some(value) = response.headers_mut().get_mut(RETRY_AFTER) {
+            value.clone_from(retry_after);
+        }
+        finish(self, response)
     }
+}
+
+/// `response` with the outcome of `rejection`.
+fn finish<B>(rejection: Rejection, response: Response<Bytes>) -> Response<ResponseBody<B>> {
+    let outcome = rejection.outcome(response.status());
+    response.map(|body| ResponseBody::full(body).with_outcome(outcome))
 }
 
 /// The table of `operation`'s replies in Markdown, as the docs show it: the body whole, or
