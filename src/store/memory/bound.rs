@@ -86,13 +86,16 @@ impl MemoryStore {
         let Some(max) = self.shared.max_records else {
             return Ok(());
         };
-        let held = self.shared.records.fetch_add(1, Ordering::AcqRel);
-        if held < max {
-            Ok(())
-        } else {
-            self.shared.records.fetch_sub(1, Ordering::AcqRel);
-            Err(StoreError::new(StoreErrorKind::CapacityExceeded))
-        }
+        // Taken only if there is room, in one step: an add undone on refusal would count a
+        // refused claim for a moment, and another claim could then be refused while a place
+        // is free.
+        self.shared
+            .records
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < max).then_some(held + 1)
+            })
+            .map(drop)
+            .map_err(|_| StoreError::new(StoreErrorKind::CapacityExceeded))
     }
 
     /// Gives back the room of `n` records dropped.
@@ -100,5 +103,42 @@ impl MemoryStore {
         if self.shared.max_records.is_some() && n > 0 {
             self.shared.records.fetch_sub(n, Ordering::AcqRel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Claims and releases racing at the bound never count more records than the bound, not
+    /// even for a moment: a count past it would refuse a claim while a place is free.
+    #[test]
+    fn the_count_never_passes_the_bound_under_racing_claims() {
+        let store = MemoryStore::new().max_records(4);
+        for _ in 0..4 {
+            store.take_room().unwrap();
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let racers: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, stop) = (store.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if store.take_room().is_ok() {
+                            store.give_room(1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut most = 0;
+        for _ in 0..200_000 {
+            most = most.max(store.shared.records.load(Ordering::Acquire));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for racer in racers {
+            racer.join().unwrap();
+        }
+        assert!(most <= 4, "counted {most} records of a bound of 4");
     }
 }
