@@ -294,7 +294,7 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
             error.kind(),
             tower_idempotency::store::StoreErrorKind::InvalidConfig
         );
-        assert!(error.to_string().contains(policy), "{error}");
+        assert!(format!("{error:#}").contains(policy), "{error:#}");
         let allowed = RedisStore::connect_allowing_eviction(&server.url())
             .await
             .unwrap();
@@ -417,7 +417,10 @@ async fn writes_wait_for_the_replicas_asked_for() {
         error.kind(),
         tower_idempotency::store::StoreErrorKind::Unavailable
     );
-    assert!(error.to_string().contains("1 of 2 replicas"), "{error}");
+    assert!(
+        format!("{error:#}").contains("1 of 2 replicas"),
+        "{error:#}"
+    );
 }
 
 /// A claim that reached Redis and took effect, whose answer was lost (dropped by a proxy,

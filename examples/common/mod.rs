@@ -261,7 +261,7 @@ fn keep_purging(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(purger),
-            Err(error) => tracing::error!(%error, "the store's expired records are not purged"),
+            Err(error) => tracing::error!("the store's expired records are not purged: {error:#}"),
         }
     }
 }
@@ -286,10 +286,10 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
         use tower_idempotency::store::{PostgresStore, TransactionalPostgresStore};
         let store = PostgresStore::connect(url)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("{e:#}"))?;
         let store = retained!(store, retention);
-        store.migrate().await.map_err(|e| e.to_string())?;
-        let client = store.pool().get().await.map_err(|e| e.to_string())?;
+        store.migrate().await.map_err(|e| format!("{e:#}"))?;
+        let client = store.pool().get().await.map_err(|e| format!("{e:#}"))?;
         client
             // Under a lock, so that replicas starting together create it once.
             .batch_execute(
@@ -301,7 +301,7 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
                  created_at timestamptz NOT NULL DEFAULT now())",
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("{e:#}"))?;
         keep_purging(options, || store.purge_every(every(options)));
         Ok(DynStore::new(TransactionalPostgresStore::new(store)))
     }
@@ -330,7 +330,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         {
             let store = tower_idempotency::store::RedisStore::connect(url)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("{e:#}"))?;
             let store = retained!(store, retention);
             return Ok(DynStore::new(store));
         }
@@ -343,7 +343,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
             let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("{e:#}"))?;
             let store = retained!(store, retention);
             return Ok(DynStore::new(store));
         }
@@ -355,9 +355,9 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         {
             let store = tower_idempotency::store::PostgresStore::connect(url)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("{e:#}"))?;
             let store = retained!(store, retention);
-            store.migrate().await.map_err(|e| e.to_string())?;
+            store.migrate().await.map_err(|e| format!("{e:#}"))?;
             keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
         }
@@ -369,7 +369,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         {
             let store = tower_idempotency::store::SqliteStore::open(path)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("{e:#}"))?;
             let store = retained!(store, retention);
             keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));

@@ -65,7 +65,10 @@ pub(super) async fn renew<St: Store>(
                 );
                 return;
             }
-            Err(error) => tracing::warn!(%error, "renewing the lease failed"),
+            Err(error) => tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "renewing the lease failed"
+            ),
         }
         // The next deadline ahead; past one a renewal took longer than a third of the
         // lease, skipped.

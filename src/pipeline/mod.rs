@@ -476,7 +476,10 @@ fn answered<St: Store, O: Operation, B>(
         Ok(Claim::Pending) => Rejection::Pending,
         Ok(Claim::Conflict) => Rejection::Conflict,
         Err(error) => {
-            tracing::warn!(%error, "claim failed; nothing created");
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "claim failed; nothing created"
+            );
             if is_unknown(&error) {
                 settle(
                     &settings.settling,
@@ -728,11 +731,17 @@ async fn complete<St: Store>(
     match completed {
         Ok(()) => Outcome::Created,
         Err(error) if error.kind() == StoreErrorKind::Uncommitted => {
-            tracing::error!(%error, "the create's transaction did not commit");
+            tracing::error!(
+                error = &error as &dyn std::error::Error,
+                "the create's transaction did not commit"
+            );
             Outcome::StoreUnavailable
         }
         Err(error) => {
-            tracing::error!(%error, "complete failed after the create");
+            tracing::error!(
+                error = &error as &dyn std::error::Error,
+                "complete failed after the create"
+            );
             if is_unknown(&error) {
                 settle(
                     settling,

@@ -76,7 +76,10 @@ pub(super) fn settle<St: Store>(
             match result {
                 Ok(()) => return,
                 Err(error) if error.kind() == StoreErrorKind::ReservationLost => return,
-                Err(error) => tracing::debug!(%error, "settling a lost store answer; trying again"),
+                Err(error) => tracing::debug!(
+                    error = &error as &dyn std::error::Error,
+                    "settling a lost store answer; trying again"
+                ),
             }
         }
         tracing::error!("a lost store answer could not be settled; the key may stay pending");
@@ -100,7 +103,10 @@ pub(super) async fn release<St: Store>(
     let released = store.release(key, reservation).await;
     settling.metrics().store_call(Call::Release, started);
     if let Err(error) = released {
-        tracing::warn!(%error, "release failed; settling it");
+        tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "release failed; settling it"
+        );
         if is_unknown(&error) {
             settle(
                 settling,

@@ -35,7 +35,9 @@ pub enum StoreErrorKind {
 /// The one error type of every [`Store`](crate::Store).
 ///
 /// Backends convert their driver errors into it, keeping the original as its
-/// [`source`](std::error::Error::source).
+/// [`source`](std::error::Error::source). Its `Display` says what went wrong, not its source
+/// (an error chain would print the cause twice); the alternate form (`{:#}`) adds every
+/// cause of the chain.
 ///
 /// ```
 /// use tower_idempotency::store::{StoreError, StoreErrorKind};
@@ -43,6 +45,10 @@ pub enum StoreErrorKind {
 /// let error = StoreError::new(StoreErrorKind::Timeout);
 /// assert_eq!(error.kind(), StoreErrorKind::Timeout);
 /// assert_eq!(error.to_string(), "store timed out");
+///
+/// let error = StoreError::with_source(StoreErrorKind::Unavailable, "connection refused");
+/// assert_eq!(error.to_string(), "store unavailable");
+/// assert_eq!(format!("{error:#}"), "store unavailable: connection refused");
 /// ```
 #[derive(Debug)]
 pub struct StoreError {
@@ -82,10 +88,15 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unsupported => "not supported by this store",
             StoreErrorKind::Uncommitted => "store transaction not committed",
         };
-        match &self.source {
-            Some(source) => write!(f, "{what}: {source}"),
-            None => f.write_str(what),
+        f.write_str(what)?;
+        if f.alternate() {
+            let mut cause = std::error::Error::source(self);
+            while let Some(error) = cause {
+                write!(f, ": {error}")?;
+                cause = error.source();
+            }
         }
+        Ok(())
     }
 }
 

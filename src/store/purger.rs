@@ -40,7 +40,10 @@ impl Purger {
                 match purge().await {
                     Ok(0) => tracing::debug!("purge: nothing expired"),
                     Ok(removed) => tracing::info!(removed, "purge: expired records deleted"),
-                    Err(error) => tracing::warn!(%error, "purge failed; trying again later"),
+                    Err(error) => tracing::warn!(
+                        error = &error as &dyn std::error::Error,
+                        "purge failed; trying again later"
+                    ),
                 }
                 tokio::time::sleep(interval).await;
             }

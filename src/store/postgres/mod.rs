@@ -358,7 +358,11 @@ impl PostgresStore {
                 Err(error)
                     if error.kind() == StoreErrorKind::Timeout && attempt < MIGRATE_ATTEMPTS =>
                 {
-                    tracing::debug!(%error, attempt, "migrate waits for the table's lock; trying again");
+                    tracing::debug!(
+                        error = &error as &dyn std::error::Error,
+                        attempt,
+                        "migrate waits for the table's lock; trying again"
+                    );
                     tokio::time::sleep(pauses.next().unwrap_or(MAX_MIGRATE_PAUSE)).await;
                 }
                 other => return other,
@@ -464,7 +468,10 @@ impl PostgresStore {
     /// woken looks again within a second.
     async fn announce(&self, key: &str) {
         if let Err(error) = self.execute(&self.sql.announce, &[&key]).await {
-            tracing::debug!(%error, "cannot announce a change; its waiters poll");
+            tracing::debug!(
+                error = &error as &dyn std::error::Error,
+                "cannot announce a change; its waiters poll"
+            );
         }
     }
 

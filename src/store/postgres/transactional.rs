@@ -265,7 +265,10 @@ impl TransactionalPostgresStore {
         if let Some(connection) = transaction.take(self.store.timeout).await
             && let Err(error) = end(connection, "ROLLBACK", self.store.timeout).await
         {
-            tracing::warn!(%error, "rollback failed; the connection was closed instead");
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "rollback failed; the connection was closed instead"
+            );
         }
         true
     }

@@ -134,7 +134,10 @@ impl Operator for RedisStore {
                 .query_async(&mut connection)
                 .await;
             if let Err(error) = published {
-                tracing::debug!(%error, "publishing a forgotten key failed");
+                tracing::debug!(
+                    error = &error as &dyn std::error::Error,
+                    "publishing a forgotten key failed"
+                );
             }
             Ok(deleted > 0)
         };
