@@ -1069,6 +1069,45 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
         .map(|row| row.get(0))
         .collect();
     assert_eq!(left, ["kept", "pending"]);
+    // A key over 512 bytes is kept as its digest, which `pending` prints and the other
+    // commands take as it is printed.
+    let long = "k".repeat(600);
+    let long_key = tower_idempotency::scope::store_key(None, &http::Method::POST, "/labels", &long);
+    store
+        .claim(
+            &long_key,
+            &tower_idempotency::LabelContract::fingerprint("long", "p"),
+        )
+        .await
+        .unwrap();
+    let listed = tool(&[
+        "--store",
+        &url,
+        "--table",
+        &table,
+        "pending",
+        "--older-than",
+        "0s",
+    ]);
+    let digest = listed
+        .1
+        .lines()
+        .find(|line| line.starts_with("sha256:"))
+        .expect("the long key's digest")
+        .to_owned();
+    let shown = tool(&["--store", &url, "--table", &table, "show", &digest]);
+    assert_eq!(
+        (shown.0, shown.1.lines().next()),
+        (Some(0), Some("state pending"))
+    );
+    let forgot = tool(&["--store", &url, "--table", &table, "forget", &digest]);
+    assert_eq!(forgot.0, Some(0), "{}", forgot.2);
+    assert!(
+        tower_idempotency::store::Operator::inspect(&store, &long_key)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let missing = tool(&["--store", &url, "--table", "no_such_table_here", "purge"]);
     assert_eq!(missing.0, Some(3));
     let said = missing.2;

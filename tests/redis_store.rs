@@ -768,5 +768,42 @@ async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
     let (code, out, _) = tool(&["--store", &url, "show", &key]);
     assert_eq!(code, Some(0));
     assert_eq!(out.lines().next(), Some("state completed"));
+    // The method in any case is the endpoint's.
+    let (code, out, _) = tool(&["--store", &url, "--method", "post", "show", &key]);
+    assert_eq!(
+        (code, out.lines().next()),
+        (Some(0), Some("state completed"))
+    );
     assert!(store.forget(&store_key).await.unwrap());
+
+    // A store under a prefix of its own, as the README's example sets one.
+    let prefixed = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .prefix("tool-test:idempotency:");
+    complete_new(&prefixed, &store_key).await;
+    let (code, _, _) = tool(&["--store", &url, "show", &key]);
+    assert_eq!(code, Some(1), "not under the default prefix");
+    let shown = tool(&[
+        "--store",
+        &url,
+        "--prefix",
+        "tool-test:idempotency:",
+        "show",
+        &key,
+    ]);
+    assert_eq!(
+        (shown.0, shown.1.lines().next()),
+        (Some(0), Some("state completed"))
+    );
+    let forgot = tool(&[
+        "--store",
+        &url,
+        "--prefix",
+        "tool-test:idempotency:",
+        "forget",
+        &key,
+    ]);
+    assert_eq!(forgot.0, Some(0));
+    assert!(prefixed.inspect(&store_key).await.unwrap().is_none());
 }

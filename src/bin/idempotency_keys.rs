@@ -20,7 +20,7 @@ use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
+[--scope SCOPE] [--table NAME] [--prefix PREFIX] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
 [--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
 | purge)";
 
@@ -46,7 +46,8 @@ OPTIONS
   --store URL        redis://HOST:PORT, redis-cluster://HOST:PORT[,HOST:PORT...],
                      postgres://USER@HOST:PORT/DB or sqlite://PATH
   --table NAME       the PostgreSQL table (default idempotency_records)
-  --method METHOD    the endpoint's method (default POST)
+  --prefix PREFIX    the Redis key prefix the servers were given with .prefix(...), if any
+  --method METHOD    the endpoint's method (default POST; any case)
   --path PATH        the endpoint's path (default /labels)
   --scope SCOPE      the key space the layer was given with .scope(...), if any
   --retention-s N    how long a resolved key replays, as the servers keep a completed key
@@ -58,7 +59,9 @@ OPTIONS
 
 Keys are the ones clients send; the store key is derived as the layer derives it. `pending`
 prints this endpoint's keys, and the sha256: digests PostgreSQL keeps for keys over 512 bytes
-(whose endpoint it cannot tell). Output is plain text a script can read.
+(whose endpoint it cannot tell); show, forget and resolve take such a digest as printed
+(sha256: and 64 hexadecimal digits) as the stored key itself. Output is plain text a script
+can read.
 
 EXIT CODES
   0 done, 1 no such record (for resolve: none pending), 2 a bad command line (a store URL,
@@ -92,6 +95,7 @@ enum Command {
 struct Options {
     store: String,
     table: Option<String>,
+    prefix: Option<String>,
     method: Method,
     path: String,
     scope: Option<String>,
@@ -126,6 +130,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let (mut store, mut table, mut method, mut path, mut scope) =
         (None, None, Method::POST, "/labels".to_owned(), None);
+    let mut prefix = None;
     let mut words = Vec::new();
     let (mut older_than, mut status, mut body_file) = (None, None, None);
     let mut headers = HeaderMap::new();
@@ -137,7 +142,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
         match arg.as_str() {
             "--store" => store = Some(value()?),
             "--table" => table = Some(value()?),
-            "--method" => method = value()?.parse().map_err(|e| format!("--method: {e}"))?,
+            "--prefix" => prefix = Some(value()?),
+            // Methods are written in capitals on the wire: `post` is the endpoint's POST.
+            "--method" => {
+                method = value()?
+                    .to_ascii_uppercase()
+                    .parse()
+                    .map_err(|e| format!("--method: {e}"))?
+            }
             "--path" => path = value()?,
             "--scope" => scope = Some(value()?),
             "--older-than" => older_than = Some(duration(&value()?)?),
@@ -196,6 +208,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
     Ok(Some(Options {
         store: store.ok_or("--store URL is required")?,
         table,
+        prefix,
         method,
         path,
         scope,
@@ -229,9 +242,24 @@ impl Purge for tower_idempotency::store::SqliteStore {
     }
 }
 
+/// Whether `key` is a stored digest as `pending` prints it: `sha256:` and 64 lowercase
+/// hexadecimal digits (PostgreSQL keeps a key over 512 bytes so).
+fn is_digest(key: &str) -> bool {
+    key.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// Runs the command on `store`; the exit code.
 async fn run(store: impl Operator + Purge, options: &Options) -> Result<u8, StoreError> {
     let key_of = |key: &str| {
+        // A digest as `pending` prints it is the stored key itself.
+        if is_digest(key) {
+            return key.to_owned();
+        }
         store_key(
             options.scope.as_deref(),
             &options.method,
@@ -339,12 +367,18 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     let url = options.store.as_str();
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         // An operator looks at whatever is there, whatever the eviction policy.
-        let store = RedisStore::connect_allowing_eviction(url).await?;
+        let mut store = RedisStore::connect_allowing_eviction(url).await?;
+        if let Some(prefix) = &options.prefix {
+            store = store.prefix(prefix.as_str());
+        }
         return run(configured!(store, options), options).await;
     }
     if let Some(seeds) = url.strip_prefix("redis-cluster://") {
         let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
-        let store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
+        let mut store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
+        if let Some(prefix) = &options.prefix {
+            store = store.prefix(prefix.as_str());
+        }
         return run(configured!(store, options), options).await;
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
