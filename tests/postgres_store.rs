@@ -507,6 +507,77 @@ async fn a_pending_listing_gets_ten_timeouts_on_the_database_too() {
     assert!(listed.is_ok(), "{listed:?}");
 }
 
+/// A table whose expiry index is missing gets it built concurrently, outside the store's
+/// timeout: writers go on while the build waits for a transaction open on the table, and a
+/// build longer than the timeout completes (before, it was cancelled by the timeout and
+/// started again, about thirty times, and `migrate` failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_expiry_index_is_built_concurrently_and_writers_go_on() {
+    let table = "missing_expiry_index";
+    let store = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "SET statement_timeout = 0; TRUNCATE {table}; \
+             DROP INDEX IF EXISTS \"{table}_expires_at\"; \
+             INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'row-' || i, 'f', '\\x00', now() + i * interval '1 second' \
+             FROM generate_series(1, 1000000) i"
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    let mut holder = store.pool().get().await.unwrap();
+    let open = holder.transaction().await.unwrap();
+    open.execute(
+        &format!("INSERT INTO {table} (key, fingerprint) VALUES ('held', 'f')"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let quick = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .table(table)
+        .unwrap()
+        .timeout(Duration::from_millis(100));
+    let migrating = tokio::spawn(async move { quick.migrate().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The build waits for the open transaction; claims do not wait for the build.
+    for i in 0..5 {
+        let key = format!("while-building-{i}");
+        let fingerprint = LabelContract::fingerprint(&key, "p");
+        assert!(matches!(
+            store.claim(&key, &fingerprint).await,
+            Ok(Claim::New(_))
+        ));
+    }
+    open.commit().await.unwrap();
+    migrating.await.unwrap().expect("the index built");
+    let client = store.pool().get().await.unwrap();
+    let valid: bool = client
+        .query_one(
+            &format!(
+                "SELECT indisvalid FROM pg_index \
+                 WHERE indexrelid = to_regclass('\"{table}_expires_at\"')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(valid);
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
 /// A claim that reached the database and committed, whose answer was lost (dropped by the
 /// proxy, then the connection cut): settled, so the retry creates once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

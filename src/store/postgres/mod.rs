@@ -321,7 +321,10 @@ impl PostgresStore {
     /// waits for no open transaction (the transactional store holds one for every create),
     /// and no claim waits for it. A change waits for its lock a tenth of a second at a time,
     /// so claims queue behind it no longer than that, and is tried again, with pauses growing
-    /// to a second, for about half a minute.
+    /// to a second, for about half a minute. A missing (or invalid) expiry index is built
+    /// with `CREATE INDEX CONCURRENTLY` on a connection of its own, unbounded by the store's
+    /// timeout: writers go on while it builds, and `migrate` returns when it is built (it
+    /// waits for the transactions open on the table to end, as such a build does).
     ///
     /// # Errors
     ///
@@ -351,7 +354,13 @@ impl PostgresStore {
                         }
                         _ => unavailable(error),
                     })?;
-                transaction.commit().await.map_err(unavailable)
+                let indexed = transaction
+                    .query_one(&self.sql.expiry_index, &[])
+                    .await
+                    .map_err(unavailable)
+                    .and_then(index_valid)?;
+                transaction.commit().await.map_err(unavailable)?;
+                Ok(indexed)
             })
             .await;
             match tried {
@@ -365,10 +374,40 @@ impl PostgresStore {
                     );
                     tokio::time::sleep(pauses.next().unwrap_or(MAX_MIGRATE_PAUSE)).await;
                 }
-                other => return other,
+                Err(error) => return Err(error),
+                Ok(true) => return Ok(()),
+                Ok(false) => return self.build_expiry_index().await,
             }
         }
         Err(StoreError::new(StoreErrorKind::Timeout))
+    }
+
+    /// Builds the expiry index if it is missing, or invalid (a build interrupted), with
+    /// `CREATE INDEX CONCURRENTLY`: the table's writers go on while it builds, however long
+    /// the table. It runs outside any transaction, on a connection taken out of the pool for
+    /// it (its session settings are its own, and it is closed after), unbounded by the
+    /// store's timeout, and waits for the transactions open on the table to end.
+    async fn build_expiry_index(&self) -> Result<(), StoreError> {
+        let connection = within(self.timeout, self.client()).await?;
+        let connection = deadpool_postgres::Object::take(connection);
+        tracing::info!(
+            table = %self.sql.table,
+            "building the expiry index concurrently; writers go on meanwhile"
+        );
+        let run = |sql| connection.batch_execute(sql);
+        run(&self.sql.lock_for_index).await.map_err(unavailable)?;
+        // Another replica may have built it while this one waited for the lock.
+        let indexed = connection
+            .query_one(&self.sql.expiry_index, &[])
+            .await
+            .map_err(unavailable);
+        if indexed.and_then(index_valid)? {
+            return Ok(());
+        }
+        run(&self.sql.drop_expiry_index)
+            .await
+            .map_err(unavailable)?;
+        run(&self.sql.build_expiry_index).await.map_err(unavailable)
     }
 
     /// Deletes the completed records past their retention, and returns how many: in batches
@@ -521,6 +560,12 @@ impl std::fmt::Debug for PostgresStore {
 /// A duration in whole milliseconds, as PostgreSQL settings take it.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether the expiry index is there and valid, from the row of `Sql::expiry_index`.
+fn index_valid(row: tokio_postgres::Row) -> Result<bool, StoreError> {
+    row.try_get(0)
+        .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
 }
 
 /// `timeout` as a `statement_timeout`: whole milliseconds from 1 (0 would turn it off) to the

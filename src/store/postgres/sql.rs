@@ -23,6 +23,10 @@ pub(super) struct Sql {
     pub(super) listen: String,
     pub(super) purge: String,
     pub(super) migrate: String,
+    pub(super) expiry_index: String,
+    pub(super) lock_for_index: String,
+    pub(super) drop_expiry_index: String,
+    pub(super) build_expiry_index: String,
 }
 
 impl Sql {
@@ -142,11 +146,27 @@ impl Sql {
                  AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
                  END IF; \
-                 IF to_regclass('\"{table}_expires_at\"') IS NULL THEN \
-                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {quoted} (expires_at) \
-                 WHERE expires_at IS NOT NULL; \
-                 END IF; \
                  END $migrate$;"
+            ),
+            // The expiry index: whether it is there and valid (a build that was interrupted
+            // leaves an invalid one).
+            expiry_index: format!(
+                "SELECT COALESCE((SELECT indisvalid FROM pg_index \
+                 WHERE indexrelid = to_regclass('\"{table}_expires_at\"')), false), \
+                 to_regclass('\"{table}_expires_at\"') IS NOT NULL"
+            ),
+            // The index is built without stopping the table's writers, outside any
+            // transaction, on a connection of its own (each statement on its own: a string
+            // of several is one transaction): one replica at a time (a session lock), a
+            // leftover of an interrupted build dropped first.
+            lock_for_index: format!(
+                "SET statement_timeout = 0; SET lock_timeout = 0; \
+                 SELECT pg_advisory_lock(hashtext('tower-idempotency index {table}'))"
+            ),
+            drop_expiry_index: format!("DROP INDEX CONCURRENTLY IF EXISTS \"{table}_expires_at\""),
+            build_expiry_index: format!(
+                "CREATE INDEX CONCURRENTLY \"{table}_expires_at\" ON {quoted} (expires_at) \
+                 WHERE expires_at IS NOT NULL"
             ),
             inspect: format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
