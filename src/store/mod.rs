@@ -149,6 +149,10 @@ pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_sec
 /// clients send.
 pub const DEFAULT_MAX_RECORDS: usize = 1_000_000;
 
+/// The default bound on the bytes a [`MemoryStore`]'s records take: 1 GiB (see
+/// [`MemoryStore::max_bytes`] for what a record counts, and why this).
+pub const DEFAULT_MAX_BYTES: usize = 1 << 30;
+
 /// The longest retention a remote store keeps: a hundred years. A longer one (up to
 /// `Duration::MAX`) is clamped to it, since backends cannot add more to the current time.
 pub const MAX_RETENTION: std::time::Duration =

@@ -1,6 +1,7 @@
-//! The bound: the most records a memory store holds, and the room each record takes of it.
+//! The bounds: the most records a memory store holds and the most bytes they take, and the
+//! room each record takes of them.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use super::MemoryStore;
@@ -36,10 +37,73 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn max_records(self, max: usize) -> Self {
-        self.with_bound(Some(max))
+        let bytes = self.shared.max_bytes;
+        self.with_bounds(Some(max), bytes)
     }
 
-    /// Holds every record it is sent, without a bound: the process then grows with every
+    /// Holds records of at most `max` bytes in all, pending and completed (default
+    /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES), 1 GiB), beside the bound on
+    /// their number: when a new key's record would take the store past it, the claim fails
+    /// with [`StoreErrorKind::CapacityExceeded`] (`503`, `store_unavailable`, with
+    /// `Retry-After`) until releases or the retention make room.
+    ///
+    /// A record counts its data (the key, then its response, or while pending the room made
+    /// for the response to come, up to a kilobyte) and 256 bytes for its place in the store's
+    /// table and expiry queue. The count is exact: every claim, complete, release, expiry and
+    /// forget moves it by what the record took and takes. Only a new key is refused: a
+    /// complete is never refused for its size (the create ran; its response is stored), so a
+    /// large response can take the store past the bound, and new keys wait until it is back
+    /// under. With the [response cap](crate::IdempotencyLayer::response_limit), a record
+    /// takes at most about 1 MiB.
+    ///
+    /// Why 1 GiB: the default bound of a million records takes about 350 MB when its
+    /// responses are a few hundred bytes; a gigabyte leaves room for responses of a few
+    /// kilobytes at that count, while a million keys kept pending (which never expire)
+    /// reserving their kilobyte each, or a few thousand responses near the cap, cannot take
+    /// the process's memory with them. Like [`max_records`](Self::max_records), it returns an
+    /// **empty** store.
+    ///
+    /// ```
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::store::StoreErrorKind;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::new().max_bytes(300);
+    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
+    /// assert!(store.held_bytes() > 256);
+    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
+    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
+    /// # }
+    /// ```
+    pub fn max_bytes(self, max: usize) -> Self {
+        let records = self.shared.max_records;
+        self.with_bounds(records, Some(max))
+    }
+
+    /// The bytes the records take now, as [`max_bytes`](Self::max_bytes) counts them; `0`
+    /// for a store without a byte bound, which does not count them.
+    ///
+    /// ```
+    /// assert_eq!(tower_idempotency::MemoryStore::new().held_bytes(), 0);
+    /// ```
+    pub fn held_bytes(&self) -> usize {
+        self.shared.bytes.load(Ordering::Acquire)
+    }
+
+    /// The most bytes this store's records take at once, `None` without a byte bound.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::DEFAULT_MAX_BYTES;
+    ///
+    /// assert_eq!(MemoryStore::new().byte_bound(), Some(DEFAULT_MAX_BYTES));
+    /// assert_eq!(MemoryStore::new().unbounded().byte_bound(), None);
+    /// ```
+    pub fn byte_bound(&self) -> Option<usize> {
+        self.shared.max_bytes
+    }
+
+    /// Holds every record it is sent, without a bound on their number or their bytes: the
+    /// process then grows with every
     /// distinct key its clients send, until it runs out of memory. For a store whose keys
     /// the server chooses, or that something in front of it bounds. Like
     /// [`max_records`](Self::max_records), it returns an empty store.
@@ -53,7 +117,7 @@ impl MemoryStore {
     /// assert_eq!(MemoryStore::new().unbounded().record_bound(), None);
     /// ```
     pub fn unbounded(self) -> Self {
-        self.with_bound(None)
+        self.with_bounds(None, None)
     }
 
     /// The most records this store holds at once, `None` without a bound.
@@ -61,9 +125,9 @@ impl MemoryStore {
         self.shared.max_records
     }
 
-    /// This store with the bound `max`: made new in place when not shared yet, else a new
-    /// store beside the one its clones hold, with the same retention and room.
-    pub(super) fn with_bound(mut self, max: Option<usize>) -> Self {
+    /// This store with the bounds `records` and `bytes`: made new in place when not shared
+    /// yet, else a new store beside the one its clones hold, with the same retention and room.
+    pub(super) fn with_bounds(mut self, records: Option<usize>, bytes: Option<usize>) -> Self {
         // Not shared: bounded in place, a store made new (emptied) with the room reserved in
         // its shards kept.
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -73,42 +137,152 @@ impl MemoryStore {
                 shard.expiry.clear();
                 shard.waiters.clear();
             }
-            shared.max_records = max;
+            shared.max_records = records;
             *shared.records.get_mut() = 0;
+            shared.max_bytes = bytes;
+            *shared.bytes.get_mut() = 0;
             return self;
         }
         // Shared: a new store, beside the one its clones hold, with the same room.
-        self.beside(self.shared.retention, max)
+        self.beside(self.shared.retention, records, bytes)
     }
 
-    /// Takes room for one more record, if the store is bounded and has it.
-    pub(super) fn take_room(&self) -> Result<(), StoreError> {
-        let Some(max) = self.shared.max_records else {
-            return Ok(());
-        };
-        // Taken only if there is room, in one step: an add undone on refusal would count a
-        // refused claim for a moment, and another claim could then be refused while a place
-        // is free.
-        self.shared
-            .records
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held < max).then_some(held + 1)
-            })
-            .map(drop)
-            .map_err(|_| StoreError::new(StoreErrorKind::CapacityExceeded))
-    }
-
-    /// Gives back the room of `n` records dropped.
-    pub(super) fn give_room(&self, n: usize) {
-        if self.shared.max_records.is_some() && n > 0 {
-            self.shared.records.fetch_sub(n, Ordering::AcqRel);
+    /// Takes room for one more record of `bytes` bytes, if the store has it under both of its
+    /// bounds; none of either if not.
+    pub(super) fn take_room(&self, bytes: usize) -> Result<(), StoreError> {
+        let shared = &*self.shared;
+        take(&shared.records, shared.max_records, 1)?;
+        if let Err(full) = take(&shared.bytes, shared.max_bytes, bytes) {
+            give(&shared.records, shared.max_records, 1);
+            return Err(full);
         }
+        Ok(())
+    }
+
+    /// Gives back the room of `records` records dropped, which took `bytes` bytes.
+    pub(super) fn give_room(&self, records: usize, bytes: usize) {
+        give(&self.shared.records, self.shared.max_records, records);
+        give(&self.shared.bytes, self.shared.max_bytes, bytes);
+    }
+
+    /// A record that took `before` bytes takes `after` now: never refused (a complete, or a
+    /// record claimed anew in its own place), so the count may go past the bound.
+    pub(super) fn resize(&self, before: usize, after: usize) {
+        if self.shared.max_bytes.is_none() {
+            return;
+        }
+        if after > before {
+            self.shared
+                .bytes
+                .fetch_add(after - before, Ordering::AcqRel);
+        } else {
+            give(&self.shared.bytes, self.shared.max_bytes, before - after);
+        }
+    }
+}
+
+/// Takes `n` of `held` if that stays within `max` (none to take without a bound): in one step,
+/// since an add undone on refusal would count a refused claim for a moment, and another claim
+/// could then be refused while there is room.
+fn take(held: &AtomicUsize, max: Option<usize>, n: usize) -> Result<(), StoreError> {
+    let Some(max) = max else {
+        return Ok(());
+    };
+    held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+        now.checked_add(n).filter(|after| *after <= max)
+    })
+    .map(drop)
+    .map_err(|_| StoreError::new(StoreErrorKind::CapacityExceeded))
+}
+
+/// Gives back `n` of `held`, when it is counted (a bound is set).
+fn give(held: &AtomicUsize, max: Option<usize>, n: usize) {
+    if max.is_some() && n > 0 {
+        held.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::shard::{RECORD_BYTES, lock};
+    use crate::store::{Claim, Operator, StoredResponse};
+    use crate::{LabelContract, Store};
+
+    /// Claims, completes of every size (in a claim's room, past it, past the room's
+    /// kilobyte), releases, forgets, take-overs of expired keys and expiries racing on four
+    /// threads: the bytes counted are those the records take, exactly, at the end; and a
+    /// claim past the bound is refused, room given back lets it in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_bytes_counted_are_the_records_bytes_under_racing_calls() {
+        let store = MemoryStore::with_retention(std::time::Duration::from_millis(2))
+            .max_bytes(usize::MAX / 2);
+        let tasks: Vec<_> = (0..4)
+            .map(|task| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..2_000usize {
+                        // A small key space: keys come back, expired or pending.
+                        let key = format!("k{}", (i * 7 + task) % 300);
+                        let fingerprint = LabelContract::fingerprint(&key, "p");
+                        let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await
+                        else {
+                            continue;
+                        };
+                        match i % 5 {
+                            0 => drop(store.release(&key, &reservation).await),
+                            1 => drop(store.forget(&key).await),
+                            size => {
+                                let body = vec![b'x'; (size - 1) * 900 + i % 50];
+                                let response = StoredResponse::new(
+                                    http::StatusCode::CREATED,
+                                    http::HeaderMap::new(),
+                                    bytes::Bytes::from(body),
+                                );
+                                drop(store.complete(&key, &reservation, &response).await);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert!(store.held_bytes() > 0);
+        assert_eq!(store.held_bytes(), shard_records_bytes(&store));
+
+        // A bound just over one record: the next new key is refused until room is given back.
+        let store = MemoryStore::new().max_bytes(RECORD + 200);
+        let fingerprint = LabelContract::fingerprint("a", "p");
+        let Ok(Claim::New(first)) = store.claim("a", &fingerprint).await else {
+            panic!("room for one")
+        };
+        let held = store.held_bytes();
+        assert_eq!(held, shard_records_bytes(&store));
+        let refused = store.claim("b", &fingerprint).await.unwrap_err();
+        assert_eq!(refused.kind(), StoreErrorKind::CapacityExceeded);
+        assert_eq!(store.held_bytes(), held, "a refused claim takes nothing");
+        store.release("a", &first).await.unwrap();
+        assert_eq!(store.held_bytes(), 0);
+        assert!(matches!(
+            store.claim("b", &fingerprint).await,
+            Ok(Claim::New(_))
+        ));
+    }
+
+    /// A pending record's place, as the bound counts it.
+    const RECORD: usize = RECORD_BYTES;
+
+    /// The bytes of every record the store holds, counted anew.
+    fn shard_records_bytes(store: &MemoryStore) -> usize {
+        store
+            .shared
+            .shards
+            .iter()
+            .map(|shard| lock(shard).records.iter().map(|r| r.bytes()).sum::<usize>())
+            .sum()
+    }
 
     /// Claims and releases racing at the bound never count more records than the bound, not
     /// even for a moment: a count past it would refuse a claim while a place is free.
@@ -116,7 +290,7 @@ mod tests {
     fn the_count_never_passes_the_bound_under_racing_claims() {
         let store = MemoryStore::new().max_records(4);
         for _ in 0..4 {
-            store.take_room().unwrap();
+            store.take_room(0).unwrap();
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let racers: Vec<_> = (0..3)
@@ -124,8 +298,8 @@ mod tests {
                 let (store, stop) = (store.clone(), Arc::clone(&stop));
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        if store.take_room().is_ok() {
-                            store.give_room(1);
+                        if store.take_room(0).is_ok() {
+                            store.give_room(1, 0);
                         }
                     }
                 })

@@ -19,8 +19,8 @@ use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Reservation, Store,
+    StoreError, StoreErrorKind, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -46,10 +46,12 @@ const SWEEP_WHEN_FULL: usize = 64;
 /// It is **not** shared between replicas and does **not** survive a restart: use it for one
 /// process, tests and examples, and a shared store (Redis, PostgreSQL) in a real deployment.
 ///
-/// It holds at most [`DEFAULT_MAX_RECORDS`] records (one million) unless
-/// [`max_records`](MemoryStore::max_records) sets another bound or
-/// [`unbounded`](MemoryStore::unbounded) none: a flood of distinct keys gets the operation's
-/// *store unavailable* answer once it is full, not the process's memory.
+/// It holds at most [`DEFAULT_MAX_RECORDS`] records (one million) of at most
+/// [`DEFAULT_MAX_BYTES`] in all (1 GiB) unless [`max_records`](MemoryStore::max_records) and
+/// [`max_bytes`](MemoryStore::max_bytes) set other bounds or
+/// [`unbounded`](MemoryStore::unbounded) none: a flood of distinct keys, or of large
+/// responses, gets the operation's *store unavailable* answer once it is full, not the
+/// process's memory.
 ///
 /// Pending records never expire. *Completed* records older than the retention window
 /// ([`DEFAULT_RETENTION`], 24 hours, unless [`MemoryStore::with_retention`] sets another or
@@ -83,6 +85,11 @@ struct Shared {
     max_records: Option<usize>,
     /// Records held, pending and completed (kept only when bounded).
     records: AtomicUsize,
+    /// The most bytes the records take at once, if bounded.
+    max_bytes: Option<usize>,
+    /// The bytes the records take ([`Record::bytes`]), pending and completed (kept only when
+    /// bounded).
+    bytes: AtomicUsize,
     /// The most records [`MemoryStore::with_capacity`] was asked to make room for, so that
     /// a store bounded while shared gets the same room (not what its tables hold now, which
     /// slots marked deleted take from).
@@ -153,7 +160,7 @@ impl MemoryStore {
             let sized_for = *shared.sized_for.get_mut();
             return self.with_capacity(sized_for);
         }
-        self.beside(retention, self.shared.max_records)
+        self.beside(retention, self.shared.max_records, self.shared.max_bytes)
     }
 
     /// How long completed records are kept, `None` for the life of the process.
@@ -178,6 +185,8 @@ impl MemoryStore {
                 retention,
                 max_records: Some(DEFAULT_MAX_RECORDS),
                 records: AtomicUsize::new(0),
+                max_bytes: Some(DEFAULT_MAX_BYTES),
+                bytes: AtomicUsize::new(0),
                 sized_for: AtomicUsize::new(0),
                 response_room: AtomicUsize::new(0),
                 epoch: Instant::now(),
@@ -189,10 +198,15 @@ impl MemoryStore {
 
     /// A new store beside this one (whose clones keep it), with `retention` and the bound
     /// `max`, and the room this one was sized for.
-    fn beside(&self, retention: Option<Duration>, max: Option<usize>) -> Self {
+    fn beside(
+        &self,
+        retention: Option<Duration>,
+        max_records: Option<usize>,
+        max_bytes: Option<usize>,
+    ) -> Self {
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
         Self::build(retention)
-            .with_bound(max)
+            .with_bounds(max_records, max_bytes)
             .with_capacity(sized_for)
     }
 
@@ -211,8 +225,8 @@ impl MemoryStore {
         let mut now = || *clock.get_or_insert_with(|| self.now());
         let (probe, mut shard) = self.locked(key);
         if let Some(retention) = self.shared.retention {
-            let dropped = shard.sweep(now(), retention, SWEEP_PER_CLAIM);
-            self.give_room(dropped);
+            let (dropped, bytes) = shard.sweep(now(), retention, SWEEP_PER_CLAIM);
+            self.give_room(dropped, bytes);
         }
         let retention = self.shared.retention;
         let stored = match shard.get_mut(probe) {
@@ -227,7 +241,9 @@ impl MemoryStore {
                     State::Pending {
                         until, take_over, ..
                     } if *take_over && lease.takes_over() && now() >= *until => {
+                        let before = record.bytes();
                         record.reclaim(fingerprint, reservation, now(), lease);
+                        self.resize(before, record.bytes());
                         return Ok(Claim::New(reservation));
                     }
                     State::Pending { .. } => return Ok(Claim::Pending),
@@ -236,13 +252,15 @@ impl MemoryStore {
             }
             // Expired: a new operation.
             Some(record) => {
+                let before = record.bytes();
                 record.reclaim(fingerprint, reservation, now(), lease);
+                self.resize(before, record.bytes());
                 return Ok(Claim::New(reservation));
             }
             None => {
-                self.take_room()?;
                 let room = self.shared.response_room.load(Ordering::Relaxed);
                 let record = Record::pending(probe, fingerprint, reservation, now(), lease, room);
+                self.take_room(record.bytes())?;
                 shard.insert(record);
                 return Ok(Claim::New(reservation));
             }
@@ -308,7 +326,9 @@ impl MemoryStore {
         // allocation. The next claims make as much room (rounded up to the allocator's step,
         // which leaves room for a response a few bytes longer at no cost): a room of its own
         // per key would be memory too, and a larger one memory every record keeps.
+        let before = record.bytes();
         record.complete_with(response, encoded, large, at);
+        self.resize(before, record.bytes());
         self.shared.response_room.store(encoded, Ordering::Relaxed);
         shard.wake(key);
         // Only with a retention window: the queue finds the record by its hash and `at`.
@@ -406,9 +426,9 @@ impl MemoryStore {
             .shards
             .iter()
             .map(|shard| lock(shard).sweep(now, retention, limit))
-            .sum();
-        self.give_room(dropped);
-        dropped
+            .fold((0, 0), |(records, bytes), (r, b)| (records + r, bytes + b));
+        self.give_room(dropped.0, dropped.1);
+        dropped.0
     }
 
     /// `key` with its hash: one keyed hash for the whole call.
@@ -527,9 +547,10 @@ impl Store for MemoryStore {
                 },
                 ..
             }) if *held == reservation.halves() => {
+                let bytes = shard.get(probe).map_or(0, Record::bytes);
                 shard.remove(probe);
                 shard.wake(key);
-                self.give_room(1);
+                self.give_room(1, bytes);
                 Ok(())
             }
             _ => Err(StoreError::new(StoreErrorKind::ReservationLost)),

@@ -59,10 +59,11 @@ impl Operator for MemoryStore {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let (probe, mut shard) = self.locked(key);
+        let bytes = shard.get(probe).map_or(0, super::shard::Record::bytes);
         let removed = shard.remove(probe);
         shard.wake(key);
         drop(shard);
-        self.give_room(usize::from(removed));
+        self.give_room(usize::from(removed), bytes);
         Ok(removed)
     }
 }

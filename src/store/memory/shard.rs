@@ -70,6 +70,10 @@ const MAX_RESPONSE_ROOM: usize = 1024;
 /// shard waits for no large copy.
 pub(super) const LARGEST_IN_PLACE: usize = MAX_RESPONSE_ROOM + 16;
 
+/// What a record's place costs beside its data, as the byte bound counts it: its slot in the
+/// table (121 bytes, in a table kept at most half full) and an expiry entry.
+pub(super) const RECORD_BYTES: usize = 256;
+
 /// The most unused bytes a completed record keeps at the end of its allocation: a response
 /// that leaves more of the room made at the claim is copied into an allocation of its size.
 const MAX_SLACK: usize = 64;
@@ -151,9 +155,10 @@ impl Shard {
     }
 
     /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
-    /// at most, and returns how many records it dropped.
-    pub(super) fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> usize {
-        let mut dropped = 0;
+    /// at most, and returns how many records it dropped and the [bytes](Record::bytes) they
+    /// took.
+    pub(super) fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> (usize, usize) {
+        let (mut dropped, mut bytes) = (0, 0);
         for _ in 0..limit {
             match self.expiry.front() {
                 Some((at, _)) if now.since(*at) >= retention => {}
@@ -169,11 +174,12 @@ impl Shard {
                     && matches!(record.state, State::Completed { at: completed, .. } if completed == at)
             };
             if let Ok(entry) = self.records.find_entry(hash, completed_then) {
+                bytes += entry.get().bytes();
                 entry.remove();
                 dropped += 1;
             }
         }
-        dropped
+        (dropped, bytes)
     }
 }
 
@@ -308,6 +314,17 @@ impl Record {
             State::Completed { data, .. } => &data[..],
         };
         &data[..self.key_len]
+    }
+
+    /// The bytes this record takes, as a memory store's byte bound counts them: its data (the
+    /// key, and the response or the room for it) and [`RECORD_BYTES`] for its place in the
+    /// table and the expiry queue.
+    pub(super) fn bytes(&self) -> usize {
+        let data = match &self.state {
+            State::Pending { data, .. } => data.capacity(),
+            State::Completed { data, .. } => data.len(),
+        };
+        data.saturating_add(RECORD_BYTES)
     }
 
     /// Whether this is the record of `probe`'s key.
