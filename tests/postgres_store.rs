@@ -1183,8 +1183,37 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     assert_eq!(missing.0, Some(3));
     let said = missing.2;
     assert!(said.contains("does not exist"), "{said}");
+    // A purge that fails after its first batch says what that batch deleted.
     client
-        .batch_execute(&format!("DROP TABLE {table}"))
+        .batch_execute(&format!(
+            "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'expired-' || i, 'f', '\\x00', now() - interval '2 hours' \
+             FROM generate_series(1, 5000) i; \
+             INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             VALUES ('poison', 'f', '\\x00', now() - interval '1 hour'); \
+             CREATE OR REPLACE FUNCTION {table}_poison() RETURNS trigger AS $$ BEGIN \
+             IF OLD.key = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; \
+             RETURN OLD; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER poison BEFORE DELETE ON {table} \
+             FOR EACH ROW EXECUTE FUNCTION {table}_poison();"
+        ))
+        .await
+        .unwrap();
+    let failed = tool(&[
+        "--store",
+        &url,
+        "--table",
+        &table,
+        "--timeout-s",
+        "10",
+        "purge",
+    ]);
+    assert_eq!((failed.0, failed.1.as_str()), (Some(3), "purged 5000\n"));
+    assert!(failed.2.contains("poisoned row"), "{}", failed.2);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE {table}; DROP FUNCTION {table}_poison()"
+        ))
         .await
         .unwrap();
 }

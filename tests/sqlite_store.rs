@@ -357,6 +357,49 @@ async fn an_open_puts_back_a_missing_expiry_index() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The operator's tool on another application's SQLite file: refused as not a store's (exit
+/// 2), and the file left as it was: its journal mode kept, no table made.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_leaves_another_applications_file_as_it_was() {
+    let (dir, file) = fresh_file("foreign");
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    connection
+        .execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    let mode = |connection: &rusqlite::Connection| -> String {
+        connection
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .unwrap()
+    };
+    assert_eq!(mode(&connection), "delete");
+    drop(connection);
+    let url = format!("sqlite://{}", file.display());
+    for command in [
+        &["show", "k"][..],
+        &["pending", "--older-than", "0s"],
+        &["purge"],
+    ] {
+        let mut args = vec!["--store", url.as_str()];
+        args.extend_from_slice(command);
+        let (code, _, said) = common::operator_tool(&args);
+        assert_eq!(code, Some(2), "{command:?}: {said}");
+        assert!(said.contains("not a store's"), "{said}");
+    }
+    let connection = rusqlite::Connection::open(&file).unwrap();
+    assert_eq!(mode(&connection), "delete", "the journal mode as it was");
+    let tables: i64 = connection
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'idempotency%'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "no table made");
+    drop(connection);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The operator's tool (`idempotency_keys`, feature `cli`) on a SQLite file: its help, its
 /// exit codes, and `purge`, which deletes the expired records and nothing else.
 #[cfg(feature = "cli")]

@@ -220,25 +220,26 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
 
 /// What `purge` does on a store.
 trait Purge {
-    /// Deletes the expired records: how many, or `None` for a store that expires them itself.
-    async fn purge(&self) -> Result<Option<u64>, StoreError>;
+    /// Deletes the expired records, adding how many to `purged`: `false` for a store that
+    /// expires them itself.
+    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError>;
 }
 
 impl Purge for tower_idempotency::store::RedisStore {
-    async fn purge(&self) -> Result<Option<u64>, StoreError> {
-        Ok(None)
+    async fn purge(&self, _: &mut u64) -> Result<bool, StoreError> {
+        Ok(false)
     }
 }
 
 impl Purge for tower_idempotency::store::PostgresStore {
-    async fn purge(&self) -> Result<Option<u64>, StoreError> {
-        self.purge_expired().await.map(Some)
+    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
+        self.purge_expired_counting(purged).await.map(|()| true)
     }
 }
 
 impl Purge for tower_idempotency::store::SqliteStore {
-    async fn purge(&self) -> Result<Option<u64>, StoreError> {
-        self.purge_expired().await.map(Some)
+    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
+        self.purge_expired_counting(purged).await.map(|()| true)
     }
 }
 
@@ -334,11 +335,18 @@ async fn run(store: impl Operator + Purge, options: &Options) -> Result<u8, Stor
             Err(error) => Err(error),
         },
         Command::Purge => {
-            match store.purge().await? {
-                Some(purged) => out!("purged {purged}"),
-                None => {
+            let mut purged = 0;
+            match store.purge(&mut purged).await {
+                Ok(true) => out!("purged {purged}"),
+                Ok(false) => {
                     out!("purged 0");
                     eprintln!("Redis deletes each completed record when its time to live ends");
+                }
+                // What the batches before the failure deleted stays deleted: said, then the
+                // failure.
+                Err(error) => {
+                    out!("purged {purged}");
+                    return Err(error);
                 }
             }
             Ok(0)
@@ -389,14 +397,9 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
         return run(configured!(store, options), options).await;
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
-        // Opening makes a missing file: a mistyped path would look like an empty store.
-        if !std::path::Path::new(path).is_file() {
-            return Err(StoreError::with_source(
-                StoreErrorKind::InvalidConfig,
-                format!("{path}: no such file"),
-            ));
-        }
-        let store = SqliteStore::open(path).await?;
+        // As the file is: a mistyped path is not made an empty store, and another
+        // application's file is not switched to WAL or given a table.
+        let store = SqliteStore::open_existing(path).await?;
         return run(configured!(store, options), options).await;
     }
     Err(StoreError::with_source(

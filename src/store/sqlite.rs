@@ -126,6 +126,25 @@ fn prepare(connection: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Checks the file holds a store's table, changing nothing: not a store's file is a
+/// `CannotOpen` error (an invalid configuration).
+fn existing(connection: &Connection) -> rusqlite::Result<()> {
+    let tables: i64 = connection.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+         AND name = 'idempotency_records'",
+        [],
+        |row| row.get(0),
+    )?;
+    if tables == 1 {
+        Ok(())
+    } else {
+        Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some("the file holds no idempotency_records table: not a store's".to_owned()),
+        ))
+    }
+}
+
 /// A record as a claim reads it.
 struct Row {
     fingerprint: String,
@@ -260,7 +279,39 @@ impl SqliteStore {
     ///
     /// A [`StoreError`] if the file cannot be opened or written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_owned();
+        Self::open_with(path.as_ref(), prepare).await
+    }
+
+    /// Opens the store in the existing file at `path` as it is: its journal mode unchanged,
+    /// nothing created. For a tool that looks at a file another process made (the operator's
+    /// `idempotency_keys`), which may not be a store's at all.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] if the file is missing or holds no store's table; a
+    /// [`StoreError`] if it cannot be read.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// let store = tower_idempotency::store::SqliteStore::open_existing("/var/lib/app/keys.db").await?;
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub async fn open_existing(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        if !path.is_file() {
+            return Err(StoreError::with_source(
+                StoreErrorKind::InvalidConfig,
+                format!("{}: no such file", path.display()),
+            ));
+        }
+        Self::open_with(path, existing).await
+    }
+
+    async fn open_with(
+        path: &Path,
+        prepare: fn(&Connection) -> rusqlite::Result<()>,
+    ) -> Result<Self, StoreError> {
+        let path = path.to_owned();
         let (opened, result) = tokio::sync::oneshot::channel();
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -354,8 +405,28 @@ impl SqliteStore {
     /// A [`StoreError`] if the file cannot be written; the records of the batches before it
     /// stay deleted.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        self.purge_expired_counting(&mut purged).await?;
+        Ok(purged)
+    }
+
+    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
+    /// it goes: after a failure it holds what the batches before it deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge_expired`](Self::purge_expired).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::SqliteStore) {
+    /// let mut purged = 0;
+    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
+    ///     eprintln!("purged {purged}, then: {error:#}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
         let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        let mut removed = 0;
         loop {
             let started = std::time::Instant::now();
             let deleted = self
@@ -370,9 +441,9 @@ impl SqliteStore {
                 })
                 .await
                 .map(|rows| u64::try_from(rows).unwrap_or(u64::MAX))?;
-            removed += deleted;
+            *purged += deleted;
             if deleted < PURGE_BATCH {
-                return Ok(removed);
+                return Ok(());
             }
             // SQLite's write lock is not fair: a writer of another process polls for it
             // (busy_timeout) and would miss it if the next batch took it at once. A pause of

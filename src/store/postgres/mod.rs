@@ -423,8 +423,28 @@ impl PostgresStore {
     /// A [`StoreError`] if the database cannot be reached or refuses; the records of the
     /// batches before it stay deleted.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        self.purge_expired_counting(&mut purged).await?;
+        Ok(purged)
+    }
+
+    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
+    /// it goes: after a failure it holds what the batches before it deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge_expired`](Self::purge_expired).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::PostgresStore) {
+    /// let mut purged = 0;
+    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
+    ///     eprintln!("purged {purged}, then: {error:#}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
         let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        let mut removed = 0;
         loop {
             let deleted = within(self.timeout, async {
                 let client = self.client().await?;
@@ -434,9 +454,9 @@ impl PostgresStore {
                     .map_err(unavailable)
             })
             .await?;
-            removed += deleted;
+            *purged += deleted;
             if deleted < PURGE_BATCH {
-                return Ok(removed);
+                return Ok(());
             }
             tokio::task::yield_now().await;
         }
