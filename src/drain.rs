@@ -3,30 +3,47 @@
 //!
 //! A server that stops while creates run (a deploy's `SIGTERM`) would leave each of their keys
 //! pending until its lease lapses or an operator acts, and every retry meanwhile would get
-//! `409`. With a drain on the layer, a server that stops first stops accepting, then calls
-//! [`Drain::shutdown`]: every request already past its claim runs its create and its complete
-//! (within the deadline given), while a request that arrives meanwhile is refused before its
-//! claim with the operation's *store unavailable* answer (`503` with `Retry-After`), which a
-//! client retries elsewhere or later.
+//! `409`. With a drain on the layer, on the signal a server closes the drain
+//! ([`Drain::close`]) and starts its own graceful shutdown (it stops accepting connections
+//! and lets those open finish their requests); every request already past its claim runs its
+//! create and its complete, while a request that still arrives (on a connection kept open,
+//! or to a server that still accepts) is refused before its claim with the operation's
+//! *store unavailable* answer (`503` with `Retry-After`), which a client retries elsewhere
+//! or later. The server's graceful shutdown has no deadline of its own: bound it, then wait
+//! with [`Drain::shutdown`] for the work that outlives its connection (a create whose client
+//! left, a lost store answer being settled), within what is left of the deadline.
 //!
-//! ```
+//! With axum (the example servers do this, with `SIGTERM` and Ctrl-C):
+//!
+//! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::drain::Drain;
 //! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 //!
-//! # async fn run() {
+//! # async fn create() -> &'static str { "" }
+//! # async fn run(signal: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
 //! let drain = Drain::new();
 //! let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
 //!     .global_keys()
 //!     .drain(&drain);
-//! // … serve with `layer`; on SIGTERM, stop accepting (axum's or hyper's graceful shutdown)
-//! // and then:
-//! match drain.shutdown(Duration::from_secs(30)).await {
+//! let app = axum::Router::new().route("/payments", axum::routing::post(create).route_layer(layer));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
+//! let closing = drain.clone();
+//! let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+//!     signal.await; // SIGTERM
+//!     closing.close();
+//! });
+//! let deadline = Duration::from_secs(30);
+//! let started = tokio::time::Instant::now();
+//! tokio::select! {
+//!     served = serve => served?,
+//!     () = async { drain.closed().await; tokio::time::sleep(deadline).await } => {}
+//! }
+//! match drain.shutdown(deadline.saturating_sub(started.elapsed())).await {
 //!     Ok(()) => println!("every create in flight completed"),
 //!     Err(unfinished) => eprintln!("{unfinished}"),
 //! }
-//! # drop(layer);
-//! # }
+//! # Ok(()) }
 //! ```
 
 use std::fmt;

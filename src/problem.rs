@@ -223,7 +223,7 @@ pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
                 "store_unavailable",
                 "Store unavailable",
                 503,
-                "The idempotency store did not answer; nothing was created. Retry after the delay."
+                "The idempotency store cannot take the request now; nothing was created. Retry after the delay."
             ),
         ),
         Rejection::CreateFailed => fixed(

@@ -37,7 +37,8 @@ pub enum Failure {
 /// could not answer; `503` with `Retry-After` honoured), `429` (a refused admission: the
 /// layer released the key; `Retry-After` honoured), and `409` when it says the first attempt
 /// is still running (the label contract's `{"error":"request_pending"}`, or a problem whose
-/// type ends in `request_pending`). Never retried: any other answer (`400`, `422`, a conflict,
+/// type ends in `request_pending`; `Retry-After` honoured, as the generic operations send
+/// one). Never retried: any other answer (`400`, `422`, a conflict,
 /// other `4xx`, `500`, a success), any answer to a request that had no key, which a retry
 /// could create twice, and an answer whose `Retry-After` asks for longer than `cap` (the
 /// server asked for a rest the caller did not allow).
@@ -59,6 +60,14 @@ pub enum Failure {
 ///     decide(StatusCode::CONFLICT, &HeaderMap::new(), pending, true, cap),
 ///     Decision::Retry { after: None }
 /// );
+/// assert_eq!(
+///     decide(StatusCode::CONFLICT, &headers, pending, true, cap),
+///     Decision::Retry { after: Some(Duration::from_secs(2)) }
+/// );
+/// assert_eq!(
+///     decide(StatusCode::CONFLICT, &headers, pending, true, Duration::from_secs(1)),
+///     Decision::Stop
+/// );
 /// assert_eq!(decide(StatusCode::UNPROCESSABLE_ENTITY, &headers, b"", true, cap), Decision::Stop);
 /// assert_eq!(decide(StatusCode::SERVICE_UNAVAILABLE, &headers, b"", false, cap), Decision::Stop);
 /// ```
@@ -74,14 +83,18 @@ pub fn decide(
     }
     match status {
         StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => Decision::Retry { after: None },
-        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
-            match retry_after(headers, SystemTime::now()) {
-                Some(after) if after > cap => Decision::Stop,
-                after => Decision::Retry { after },
-            }
-        }
-        StatusCode::CONFLICT if says_pending(body) => Decision::Retry { after: None },
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => honouring(headers, cap),
+        StatusCode::CONFLICT if says_pending(body) => honouring(headers, cap),
         _ => Decision::Stop,
+    }
+}
+
+/// A retry no sooner than the answer's `Retry-After`, if it has one; none if it asks for
+/// longer than `cap`.
+fn honouring(headers: &HeaderMap, cap: Duration) -> Decision {
+    match retry_after(headers, SystemTime::now()) {
+        Some(after) if after > cap => Decision::Stop,
+        after => Decision::Retry { after },
     }
 }
 
@@ -232,13 +245,19 @@ mod tests {
         }
     }
 
-    /// `Retry-After` is honoured on `503` and `429`, as seconds or as a date, and capped.
+    /// `Retry-After` is honoured on `503`, `429` and a pending first attempt's `409`, as
+    /// seconds or as a date, and capped.
     #[test]
     fn retry_after_is_honoured_and_capped() {
+        let pending = br#"{"error":"request_pending"}"#;
         for status in [
             StatusCode::SERVICE_UNAVAILABLE,
             StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::CONFLICT,
         ] {
+            let decide = |status, headers: &HeaderMap, _: &[u8], keyed, cap| {
+                decide(status, headers, pending, keyed, cap)
+            };
             assert_eq!(
                 decide(status, &with_retry_after("2"), b"", true, CAP),
                 Decision::Retry {

@@ -67,7 +67,8 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 ///
 /// The service under the layer takes `http::Request<Full<Bytes>>` (the buffered body) and
 /// may answer with any body; the layer answers with a [`ClientBody`] over it, and its errors
-/// are `tower::BoxError`. With hyper-util's client:
+/// are `tower::BoxError` (a [`GaveUp`](super::GaveUp) when it gives up without an answer).
+/// With hyper-util's client (its features `client-legacy`, `http1` and `tokio`):
 ///
 /// ```
 /// use std::time::Duration;

@@ -24,6 +24,11 @@ use super::retries::{Retries, Settings, intent_key};
 /// [`IntentKey`](super::IntentKey) sent in its extensions; to choose the key, set the header
 /// or an `IntentKey` with `reqwest_middleware::RequestBuilder::with_extension`.
 ///
+/// A request it gives up on without an answer fails with the last attempt's error as it came
+/// (a `reqwest_middleware::Error::Reqwest` for a connection that failed, so that a retrier
+/// outside it still reads it), not with the tower layer's [`GaveUp`](super::GaveUp): to keep
+/// the key for a later try, choose it and set it before sending.
+///
 /// Built against `reqwest` 0.13 and `reqwest-middleware` 0.5. It is the only retrying
 /// middleware a client needs: another (`reqwest-retry`) in the same stack would retry
 /// again, outside this one's budget. If one is there all the same, outside this one, its

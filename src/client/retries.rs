@@ -124,7 +124,8 @@ impl std::error::Error for GaveUp {
 /// layer's [`GaveUp`] error, set as the retried request's [`IntentKey`], so that every outer
 /// retry is the same intent. A request that has an `Idempotency-Key` header keeps it.
 ///
-/// `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
+/// (`ServiceBuilder::retry` needs tower's feature `retry`, which the crate's `client` turns
+/// on.) `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
 /// plain policy would retry under a new key each time: a request whose answer was lost after
 /// the server created, once the layer's own attempts ran out, would then create again.
 ///
