@@ -35,7 +35,9 @@ pub const DEFAULT_PENDING_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// `duration` as a `Retry-After` value: whole seconds, rounded up.
 fn seconds(duration: Duration) -> HeaderValue {
-    let whole = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    let whole = duration
+        .as_secs()
+        .saturating_add(u64::from(duration.subsec_nanos() > 0));
     HeaderValue::from(whole)
 }
 

@@ -540,13 +540,18 @@ async fn a_missing_expiry_index_is_built_concurrently_and_writers_go_on() {
     )
     .await
     .unwrap();
-    let quick = PostgresStore::connect(&database_url())
-        .await
-        .unwrap()
-        .table(table)
-        .unwrap()
-        .timeout(Duration::from_millis(100));
-    let migrating = tokio::spawn(async move { quick.migrate().await });
+    // Two replicas starting at once: one builds, the other waits for it (a lock waited for
+    // in a statement would hold a snapshot the build waits for: a deadlock).
+    let mut migrations = Vec::new();
+    for _ in 0..2 {
+        let quick = PostgresStore::connect(&database_url())
+            .await
+            .unwrap()
+            .table(table)
+            .unwrap()
+            .timeout(Duration::from_millis(100));
+        migrations.push(tokio::spawn(async move { quick.migrate().await }));
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The build waits for the open transaction; claims do not wait for the build.
     for i in 0..5 {
@@ -558,7 +563,9 @@ async fn a_missing_expiry_index_is_built_concurrently_and_writers_go_on() {
         ));
     }
     open.commit().await.unwrap();
-    migrating.await.unwrap().expect("the index built");
+    for migrating in migrations {
+        migrating.await.unwrap().expect("the index built");
+    }
     let client = store.pool().get().await.unwrap();
     let valid: bool = client
         .query_one(

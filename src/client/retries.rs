@@ -124,10 +124,14 @@ impl std::error::Error for GaveUp {
 /// layer's [`GaveUp`] error, set as the retried request's [`IntentKey`], so that every outer
 /// retry is the same intent. A request that has an `Idempotency-Key` header keeps it.
 ///
-/// (`ServiceBuilder::retry` needs tower's feature `retry`, which the crate's `client` turns
-/// on.) `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
+/// `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
 /// plain policy would retry under a new key each time: a request whose answer was lost after
-/// the server created, once the layer's own attempts ran out, would then create again.
+/// the server created, once the layer's own attempts ran out, would then create again. A
+/// layer between the retrier and the client layer that fails with an error of its own (a
+/// `tower::timeout::Timeout` outside `ClientLayer`) hides the key the same way: put such
+/// limits on the client layer itself ([`attempt_timeout`](super::ClientLayer::attempt_timeout),
+/// [`deadline`](super::ClientLayer::deadline)). (`ServiceBuilder::retry` needs tower's
+/// feature `retry`, which the crate's `client` turns on.)
 ///
 /// ```
 /// use tower::retry::Policy;

@@ -49,6 +49,23 @@ pub enum StoreErrorKind {
 /// let error = StoreError::with_source(StoreErrorKind::Unavailable, "connection refused");
 /// assert_eq!(error.to_string(), "store unavailable");
 /// assert_eq!(format!("{error:#}"), "store unavailable: connection refused");
+///
+/// // A cause that quotes its own source is not followed by it again.
+/// #[derive(Debug)]
+/// struct Quoting(std::io::Error);
+/// impl std::fmt::Display for Quoting {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         write!(f, "creating a connection: {}", self.0)
+///     }
+/// }
+/// impl std::error::Error for Quoting {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+/// let refused = std::io::Error::other("refused");
+/// let error = StoreError::with_source(StoreErrorKind::Unavailable, Quoting(refused));
+/// assert_eq!(format!("{error:#}"), "store unavailable: creating a connection: refused");
 /// ```
 #[derive(Debug)]
 pub struct StoreError {
@@ -88,15 +105,22 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unsupported => "not supported by this store",
             StoreErrorKind::Uncommitted => "store transaction not committed",
         };
-        f.write_str(what)?;
-        if f.alternate() {
-            let mut cause = std::error::Error::source(self);
-            while let Some(error) = cause {
-                write!(f, ": {error}")?;
-                cause = error.source();
-            }
+        if !f.alternate() {
+            return f.write_str(what);
         }
-        Ok(())
+        // The causes in order, each unless the text so far ends with it already (a cause
+        // that quotes its own source).
+        let mut text = what.to_owned();
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            let said = error.to_string();
+            if !text.ends_with(&said) {
+                text.push_str(": ");
+                text.push_str(&said);
+            }
+            cause = error.source();
+        }
+        f.write_str(&text)
     }
 }
 

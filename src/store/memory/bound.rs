@@ -149,6 +149,10 @@ impl MemoryStore {
 
     /// Takes room for one more record of `bytes` bytes, if the store has it under both of its
     /// bounds; none of either if not.
+    ///
+    /// The two are taken one after the other: a claim refused by the second holds the first
+    /// for a moment, in which another claim may find it taken (only with both bounds all
+    /// but reached).
     pub(super) fn take_room(&self, bytes: usize) -> Result<(), StoreError> {
         let shared = &*self.shared;
         take(&shared.records, shared.max_records, 1)?;
@@ -254,6 +258,12 @@ mod tests {
 
         // A bound just over one record: the next new key is refused until room is given back.
         let store = MemoryStore::new().max_bytes(RECORD + 200);
+        // A store made new (another retention) counts from nothing again.
+        let fingerprint = LabelContract::fingerprint("a", "p");
+        store.claim("a", &fingerprint).await.unwrap();
+        assert!(store.held_bytes() > 0);
+        let store = store.retention(std::time::Duration::from_secs(60));
+        assert_eq!(store.held_bytes(), 0);
         let fingerprint = LabelContract::fingerprint("a", "p");
         let Ok(Claim::New(first)) = store.claim("a", &fingerprint).await else {
             panic!("room for one")

@@ -157,6 +157,7 @@ impl MemoryStore {
                 shard.expiry = VecDeque::new();
             }
             *shared.records.get_mut() = 0;
+            *shared.bytes.get_mut() = 0;
             let sized_for = *shared.sized_for.get_mut();
             return self.with_capacity(sized_for);
         }

@@ -103,6 +103,10 @@ const MIGRATE_LOCK_WAIT: Duration = Duration::from_millis(100);
 /// [`migrate_pauses`] between them: about half a minute in all.
 const MIGRATE_ATTEMPTS: usize = 30;
 
+/// The longest a missing expiry index's build may take, its wait for older transactions
+/// included: [`PostgresStore::migrate`] fails past it, saying so.
+const INDEX_BUILD_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// The longest pause between two attempts of [`PostgresStore::migrate`].
 const MAX_MIGRATE_PAUSE: Duration = Duration::from_secs(1);
 
@@ -323,8 +327,9 @@ impl PostgresStore {
     /// so claims queue behind it no longer than that, and is tried again, with pauses growing
     /// to a second, for about half a minute. A missing (or invalid) expiry index is built
     /// with `CREATE INDEX CONCURRENTLY` on a connection of its own, unbounded by the store's
-    /// timeout: writers go on while it builds, and `migrate` returns when it is built (it
-    /// waits for the transactions open on the table to end, as such a build does).
+    /// timeout: writers go on while it builds, one replica builds it while the others wait,
+    /// and `migrate` returns when it is built (such a build waits for the database's
+    /// transactions older than it, at most ten minutes in all, then fails saying so).
     ///
     /// # Errors
     ///
@@ -385,29 +390,82 @@ impl PostgresStore {
     /// Builds the expiry index if it is missing, or invalid (a build interrupted), with
     /// `CREATE INDEX CONCURRENTLY`: the table's writers go on while it builds, however long
     /// the table. It runs outside any transaction, on a connection taken out of the pool for
-    /// it (its session settings are its own, and it is closed after), unbounded by the
-    /// store's timeout, and waits for the transactions open on the table to end.
+    /// it (its session settings are its own, and it is closed after), one replica at a time
+    /// (the others wait for a session lock, tried every so often), within
+    /// [`INDEX_BUILD_TIMEOUT`] rather than the store's timeout. Such a build waits for every
+    /// transaction of the database that began before it (an idle one left open anywhere
+    /// holds it up), so past that time it fails, saying so, and the next `migrate` drops the
+    /// invalid index it left and builds it again.
     async fn build_expiry_index(&self) -> Result<(), StoreError> {
         let connection = within(self.timeout, self.client()).await?;
         let connection = deadpool_postgres::Object::take(connection);
+        let bounded = format!(
+            "SET statement_timeout = {}; SET lock_timeout = 0",
+            statement_timeout_ms(INDEX_BUILD_TIMEOUT)
+        );
+        connection
+            .batch_execute(&bounded)
+            .await
+            .map_err(unavailable)?;
+        let valid = || async {
+            connection
+                .query_one(&self.sql.expiry_index, &[])
+                .await
+                .map_err(unavailable)
+                .and_then(index_valid)
+        };
+        let started = tokio::time::Instant::now();
+        let mut pause = MIGRATE_LOCK_WAIT;
+        loop {
+            let row = connection
+                .query_one(&self.sql.lock_for_index, &[])
+                .await
+                .map_err(unavailable)?;
+            if row
+                .try_get::<_, bool>(0)
+                .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?
+            {
+                break;
+            }
+            // Another replica builds it: done when it is valid.
+            if valid().await? {
+                return Ok(());
+            }
+            if started.elapsed() >= INDEX_BUILD_TIMEOUT {
+                return Err(StoreError::with_source(
+                    StoreErrorKind::Timeout,
+                    "another replica's build of the expiry index did not end in time",
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_MIGRATE_PAUSE);
+        }
+        // Built by another replica while this one waited for the lock.
+        if valid().await? {
+            return Ok(());
+        }
         tracing::info!(
             table = %self.sql.table,
             "building the expiry index concurrently; writers go on meanwhile"
         );
-        let run = |sql| connection.batch_execute(sql);
-        run(&self.sql.lock_for_index).await.map_err(unavailable)?;
-        // Another replica may have built it while this one waited for the lock.
-        let indexed = connection
-            .query_one(&self.sql.expiry_index, &[])
-            .await
-            .map_err(unavailable);
-        if indexed.and_then(index_valid)? {
-            return Ok(());
-        }
-        run(&self.sql.drop_expiry_index)
+        connection
+            .batch_execute(&self.sql.drop_expiry_index)
             .await
             .map_err(unavailable)?;
-        run(&self.sql.build_expiry_index).await.map_err(unavailable)
+        connection
+            .batch_execute(&self.sql.build_expiry_index)
+            .await
+            .map_err(unavailable)?;
+        // One made meanwhile without the lock (a replica of an earlier version) is taken
+        // only if it is valid.
+        if valid().await? {
+            Ok(())
+        } else {
+            Err(StoreError::with_source(
+                StoreErrorKind::Unavailable,
+                "the expiry index was left invalid; migrate again to build it anew",
+            ))
+        }
     }
 
     /// Deletes the completed records past their retention, and returns how many: in batches

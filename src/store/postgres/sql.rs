@@ -159,14 +159,15 @@ impl Sql {
             // transaction, on a connection of its own (each statement on its own: a string
             // of several is one transaction): one replica at a time (a session lock), a
             // leftover of an interrupted build dropped first.
+            // Tried, not waited for: a statement waiting for the lock would hold a snapshot,
+            // which another replica's build waits for (a deadlock).
             lock_for_index: format!(
-                "SET statement_timeout = 0; SET lock_timeout = 0; \
-                 SELECT pg_advisory_lock(hashtext('tower-idempotency index {table}'))"
+                "SELECT pg_try_advisory_lock(hashtext('tower-idempotency index {table}'))"
             ),
             drop_expiry_index: format!("DROP INDEX CONCURRENTLY IF EXISTS \"{table}_expires_at\""),
             build_expiry_index: format!(
-                "CREATE INDEX CONCURRENTLY \"{table}_expires_at\" ON {quoted} (expires_at) \
-                 WHERE expires_at IS NOT NULL"
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{table}_expires_at\" ON {quoted} \
+                 (expires_at) WHERE expires_at IS NOT NULL"
             ),
             inspect: format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
