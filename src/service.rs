@@ -155,7 +155,7 @@ where
             span
         };
         if let Start::Refuse(rejection) = start {
-            let response = rejection.into_response(settings);
+            let response = settings.refuse(rejection);
             let metrics = settings.metrics.clone();
             return ResponseFuture::ready(response, span, settings.outcome_extension, metrics);
         }

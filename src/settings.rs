@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use crate::body::ResponseBody;
 use crate::drain::Drain;
 use crate::metrics::{self, Metrics};
 use crate::operation::Operation;
+use crate::reply::{Rejection, RetryAfter};
 use crate::scope::Scope;
 use crate::store::Lease;
 
@@ -190,10 +192,8 @@ pub(crate) struct Settings<O> {
     pub(crate) settling: Tally,
     /// The shutdown handle, if one is set.
     pub(crate) drain: Option<Drain>,
-    /// `Retry-After` of the refusals, in seconds.
-    pub(crate) retry_after: HeaderValue,
-    /// `Retry-After` of a pending key's reply, in seconds.
-    pub(crate) pending_retry_after: HeaderValue,
+    /// The `Retry-After` values of the layer's replies.
+    pub(crate) retry_after: RetryAfter,
     /// The layer's series.
     pub(crate) metrics: Metrics,
 }
@@ -331,6 +331,13 @@ impl Drop for OwnedSlot {
 }
 
 impl<O: Operation> Settings<O> {
+    /// `rejection` as this layer's operation writes it, with the layer's `Retry-After`.
+    pub(crate) fn refuse<B>(&self, rejection: Rejection) -> http::Response<ResponseBody<B>> {
+        rejection.into_response(&self.operation, &self.retry_after)
+    }
+}
+
+impl<O: Operation> Settings<O> {
     /// Resolves `config` for `operation`.
     pub(crate) fn new(operation: O, config: &Config) -> Self {
         let path = match &config.path {
@@ -360,8 +367,10 @@ impl<O: Operation> Settings<O> {
             settling: Tally::new(&config.settling, &config.metrics)
                 .with_drain(config.drain.clone()),
             drain: config.drain.clone(),
-            retry_after: seconds(config.retry_after),
-            pending_retry_after: seconds(config.pending_retry_after),
+            retry_after: RetryAfter {
+                pending: seconds(config.pending_retry_after),
+                refused: seconds(config.retry_after),
+            },
             metrics: config.metrics.clone(),
             operation,
         }

@@ -1288,10 +1288,18 @@ async fn retry_after_of_a_pending_key_and_of_the_refusals_are_settings() {
             .unwrap()
             .fingerprint
     };
-    assert!(matches!(
-        tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await,
-        Ok(tower_idempotency::store::Claim::New(_))
-    ));
+    // The key pending in `store`: claimed through it, never completed.
+    let pending = |store: RecordingStore| {
+        let (key, fingerprint) = (key.clone(), fingerprint);
+        async move {
+            let claimed = tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await;
+            assert!(matches!(
+                claimed,
+                Ok(tower_idempotency::store::Claim::New(_))
+            ));
+        }
+    };
+    pending(store).await;
     send(&service, post(Some(gate_key), BODY))
         .await
         .problem(409, "request_pending", None)
@@ -1301,10 +1309,7 @@ async fn retry_after_of_a_pending_key_and_of_the_refusals_are_settings() {
         l.pending_retry_after(Duration::from_millis(2500))
             .retry_after(Duration::from_secs(7))
     });
-    assert!(matches!(
-        tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await,
-        Ok(tower_idempotency::store::Claim::New(_))
-    ));
+    pending(store).await;
     send(&service, post(Some(gate_key), BODY))
         .await
         .problem(409, "request_pending", None)

@@ -439,15 +439,5 @@ async fn main() -> ExitCode {
 
 /// A store error with its causes: a driver's own text ("db error") says little without them.
 fn chain(error: &StoreError) -> String {
-    let mut message = format!("store: {error}");
-    let mut cause = std::error::Error::source(error);
-    while let Some(error) = cause {
-        let text = error.to_string();
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        cause = error.source();
-    }
-    message
+    format!("store: {error:#}")
 }

@@ -120,7 +120,7 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
                 parts,
                 body,
             }),
-            Err(rejection) => Err(rejection.into_response(&self.settings)),
+            Err(rejection) => Err(self.settings.refuse(rejection)),
         }
     }
 
@@ -191,7 +191,7 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                 Some(in_flight) => Some(in_flight),
                 None => {
                     tracing::info!("draining: the request is refused before its claim");
-                    return Err(Rejection::StoreUnavailable.into_response(settings));
+                    return Err(settings.refuse(Rejection::StoreUnavailable));
                 }
             },
         };
@@ -298,14 +298,11 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                             Rejection::NotAdmitted(_) => Then::Release,
                             _ => Then::Abandon,
                         };
-                        return Err((rejection.into_response(&settings), then));
+                        return Err((settings.refuse(rejection), then));
                     }
                 };
                 let Some(input) = input.take() else {
-                    return Err((
-                        Rejection::CreateFailed.into_response(&settings),
-                        Then::Abandon,
-                    ));
+                    return Err((settings.refuse(Rejection::CreateFailed), Then::Abandon));
                 };
                 let response = match keep(
                     create(input, settings.value_extension).await,
@@ -314,12 +311,12 @@ impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
                     Keep::Store(response) => response,
                     Keep::Release(response) => return Err((response, Then::Release)),
                     Keep::Pending(rejection) => {
-                        return Err((rejection.into_response(&settings), Then::Abandon));
+                        return Err((settings.refuse(rejection), Then::Abandon));
                     }
                 };
                 match collect(response, &settings).await {
                     Ok(collected) => Ok((collected, permit)),
-                    Err(rejection) => Err((rejection.into_response(&settings), Then::Abandon)),
+                    Err(rejection) => Err((settings.refuse(rejection), Then::Abandon)),
                 }
             };
             let lease = settings.lease.duration();
@@ -371,9 +368,7 @@ fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
                 match (outcome, collected) {
                     // The create's writes may not have committed: its response is not the
                     // answer.
-                    (Outcome::StoreUnavailable, _) => {
-                        Rejection::StoreUnavailable.into_response(settings)
-                    }
+                    (Outcome::StoreUnavailable, _) => settings.refuse(Rejection::StoreUnavailable),
                     (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
                     // Over the cap: the response itself, whole, its record the compact one.
                     (outcome, Collected::Over(over)) => {
@@ -492,7 +487,7 @@ fn answered<St: Store, O: Operation, B>(
             Rejection::StoreUnavailable
         }
     };
-    Err(rejection.into_response(settings))
+    Err(settings.refuse(rejection))
 }
 
 /// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is

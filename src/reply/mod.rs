@@ -1,14 +1,12 @@
 //! What the layer answers itself: the [`Rejection`]s each operation writes in its own format,
 //! the [`Outcome`] it reports, and stored responses turned into replies.
 
-use bytes::Bytes;
 use http::Response;
 use http::header::RETRY_AFTER;
 
 use crate::body::ResponseBody;
 use crate::operation::Operation;
 pub use crate::outcome::{Invalid, Outcome, Rejection};
-use crate::settings::Settings;
 
 /// The replay marker header, sent on replays only when
 /// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
@@ -30,29 +28,32 @@ pub const IDEMPOTENT_BODY_OMITTED: http::HeaderName =
     http::HeaderName::from_static("idempotent-body-omitted");
 
 impl Rejection {
-    /// The rejection as the response the layer's operation writes, with its outcome attached,
-    /// and the layer's `Retry-After` where the operation sends one.
+    /// The rejection as the response `operation` writes, with its outcome attached, and
+    /// `retry_after` (the pending key's, or the refusals') where the operation sends one.
     pub(crate) fn into_response<O: Operation, B>(
         self,
-        settings: &Settings<O>,
+        operation: &O,
+        retry_after: &RetryAfter,
     ) -> Response<ResponseBody<B>> {
-        let mut response = settings.operation.reply(&self);
-        let retry_after = match self {
-            Rejection::Pending => &settings.pending_retry_after,
-            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => &settings.retry_after,
-            _ => return finish(self, response),
+        let mut response = operation.reply(&self);
+        let value = match self {
+            Rejection::Pending => Some(&retry_after.pending),
+            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => Some(&retry_after.refused),
+            _ => None,
         };
-        if let Some(value) = response.headers_mut().get_mut(RETRY_AFTER) {
-            value.clone_from(retry_after);
+        if let (Some(value), Some(header)) = (value, response.headers_mut().get_mut(RETRY_AFTER)) {
+            header.clone_from(value);
         }
-        finish(self, response)
+        let outcome = self.outcome(response.status());
+        response.map(|body| ResponseBody::full(body).with_outcome(outcome))
     }
 }
 
-/// `response` with the outcome of `rejection`.
-fn finish<B>(rejection: Rejection, response: Response<Bytes>) -> Response<ResponseBody<B>> {
-    let outcome = rejection.outcome(response.status());
-    response.map(|body| ResponseBody::full(body).with_outcome(outcome))
+/// A layer's `Retry-After` values, in seconds: a pending key's and the refusals'.
+#[derive(Debug)]
+pub(crate) struct RetryAfter {
+    pub(crate) pending: http::HeaderValue,
+    pub(crate) refused: http::HeaderValue,
 }
 
 /// The table of `operation`'s replies in Markdown, as the docs show it: the body whole, or
