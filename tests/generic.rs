@@ -1320,3 +1320,24 @@ async fn retry_after_of_a_pending_key_and_of_the_refusals_are_settings() {
         .problem(429, "not_admitted", None)
         .header("retry-after", &["7"]);
 }
+
+/// The default cap on a created response is 1 MiB: a response of a million bytes is stored
+/// whole and replayed byte for byte.
+#[tokio::test]
+async fn a_response_within_the_default_cap_of_a_mebibyte_is_stored_whole() {
+    let big = Inner::new(tower::service_fn(|_: Request<RequestBody<Chunks>>| async {
+        let mut response = Response::new(Full::new(Bytes::from(vec![b'y'; 1_000_000])));
+        *response.status_mut() = StatusCode::CREATED;
+        Ok::<_, CreateError>(response)
+    }));
+    let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation()).global_keys();
+    let service = tower::Layer::layer(&layer, big);
+    assert_eq!(
+        send(&service, post(Some("mib"), BODY)).await.body.len(),
+        1_000_000
+    );
+    let replay = send(&service, post(Some("mib"), BODY)).await;
+    assert_eq!(replay.outcome, Some(Outcome::Replay));
+    assert_eq!(replay.body, vec![b'y'; 1_000_000]);
+    assert!(replay.headers.get("idempotent-body-omitted").is_none());
+}

@@ -182,3 +182,37 @@ async fn a_body_with_trailers_claims_no_exact_length_and_one_without_does() {
         assert_eq!(response.body().size_hint().exact(), Some(7), "{attempt}");
     }
 }
+
+/// A response exactly at the cap with its trailers is stored whole; a byte less of cap, and
+/// it is given whole but stored as its head.
+#[tokio::test]
+async fn a_response_at_the_cap_with_its_trailers_is_stored_whole() {
+    let trailers = grpc_trailers();
+    let trailer_bytes: usize = trailers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    let at_cap = b"message".len() + trailer_bytes;
+    for (limit, whole) in [(at_cap, true), (at_cap - 1, false)] {
+        let trailers = trailers.clone();
+        let create = tower::service_fn(move |_: Request<RequestBody<Chunks>>| {
+            let body = Trailing {
+                data: Some(Bytes::from_static(b"message")),
+                trailers: [trailers.clone()].into(),
+            };
+            async move { Ok::<_, Infallible>(Response::new(body)) }
+        });
+        let layer = tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+            .global_keys()
+            .response_limit(limit);
+        let service = tower::Layer::layer(&layer, create);
+        let (first, _) = read(service.clone().oneshot(valid()).await.unwrap()).await;
+        assert_eq!(first, "message");
+        let retry = service.oneshot(valid()).await.unwrap();
+        let omitted = retry.headers().contains_key("idempotent-body-omitted");
+        assert_eq!(omitted, !whole, "cap {limit}");
+        let (body, replayed_trailers) = read(retry).await;
+        assert_eq!(body.is_empty(), !whole, "cap {limit}");
+        assert_eq!(replayed_trailers.is_some(), whole, "cap {limit}");
+    }
+}
