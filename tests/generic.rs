@@ -1341,3 +1341,30 @@ async fn a_response_within_the_default_cap_of_a_mebibyte_is_stored_whole() {
     assert_eq!(replay.body, vec![b'y'; 1_000_000]);
     assert!(replay.headers.get("idempotent-body-omitted").is_none());
 }
+
+/// A lost complete whose record another hand changed meanwhile (an operator forgot it): the
+/// settling stops at its first `ReservationLost`, and the drain waits no longer for it.
+#[tokio::test(start_paused = true)]
+async fn settling_stops_once_the_reservation_is_lost() {
+    use tower_idempotency::store::Operator;
+    let drain = tower_idempotency::drain::Drain::new();
+    let store = RecordingStore::new(MemoryStore::new(), Journal::new());
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation())
+        .global_keys()
+        .drain(&drain);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(creates, Duration::ZERO));
+    store.fail("complete");
+    let reply = send(&service, post(Some("forgotten"), BODY)).await;
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    let key = tower_idempotency::scope::store_key(None, &Method::POST, "/payments", "forgotten");
+    assert!(store.inner().forget(&key).await.unwrap());
+    store.recover();
+    let started = tokio::time::Instant::now();
+    assert_eq!(drain.shutdown(Duration::from_secs(60)).await, Ok(()));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "settled at its first try: {:?}",
+        started.elapsed()
+    );
+}
