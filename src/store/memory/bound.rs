@@ -281,6 +281,45 @@ mod tests {
         ));
     }
 
+    /// A full store drops the expired records of every shard before it refuses, and gives
+    /// back their bytes too; the bounds read back as set.
+    #[tokio::test]
+    async fn a_full_store_sweeping_every_shard_gives_back_their_bytes() {
+        assert_eq!(
+            MemoryStore::new().byte_bound(),
+            Some(crate::store::DEFAULT_MAX_BYTES)
+        );
+        assert_eq!(MemoryStore::new().max_bytes(7).byte_bound(), Some(7));
+        assert_eq!(MemoryStore::new().unbounded().byte_bound(), None);
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"done"),
+        );
+        // Several rounds: the ninth key's own shard may hold one of the eight, whose sweep
+        // would make room without the sweep of every shard.
+        for _ in 0..6 {
+            let store = MemoryStore::with_retention(std::time::Duration::from_millis(1))
+                .max_records(8)
+                .max_bytes(1 << 20);
+            for i in 0..8 {
+                let key = format!("swept-{i}");
+                let fingerprint = LabelContract::fingerprint(&key, "p");
+                let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await else {
+                    panic!("room for eight")
+                };
+                store.complete(&key, &reservation, &response).await.unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let fingerprint = LabelContract::fingerprint("ninth", "p");
+            assert!(matches!(
+                store.claim("ninth", &fingerprint).await,
+                Ok(Claim::New(_))
+            ));
+            assert_eq!(store.held_bytes(), shard_records_bytes(&store));
+        }
+    }
+
     /// A pending record's place, as the bound counts it.
     const RECORD: usize = RECORD_BYTES;
 
