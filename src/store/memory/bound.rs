@@ -291,6 +291,15 @@ mod tests {
         );
         assert_eq!(MemoryStore::new().max_bytes(7).byte_bound(), Some(7));
         assert_eq!(MemoryStore::new().unbounded().byte_bound(), None);
+        // Without bounds nothing is counted, nor given back.
+        let unbounded = MemoryStore::new().unbounded();
+        let fingerprint = LabelContract::fingerprint("free", "p");
+        let Ok(Claim::New(reservation)) = unbounded.claim("free", &fingerprint).await else {
+            panic!("a new key")
+        };
+        unbounded.release("free", &reservation).await.unwrap();
+        assert_eq!(unbounded.held_bytes(), 0);
+        assert_eq!(unbounded.shared.records.load(Ordering::Acquire), 0);
         let response = StoredResponse::new(
             http::StatusCode::CREATED,
             http::HeaderMap::new(),
