@@ -998,11 +998,32 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
 
 /// A backlog of expired records one statement cannot delete within the store's timeout: the
 /// purge finishes anyway (in batches), claims made while it runs keep answering within their
-/// timeout, and nothing pending and nothing unexpired is deleted.
+/// timeout, and nothing pending and nothing unexpired is deleted. The timeout is ten times
+/// what one batch takes on this machine now (at least 300 ms), measured first, so it holds
+/// on a slow or loaded machine, while the backlog is 240 batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
-    let (table, store, client) =
-        own_table("purge", |store| store.timeout(Duration::from_millis(300))).await;
+    let batch = {
+        let (table, store, client) = own_table("purge_baseline", |store| store).await;
+        client
+            .batch_execute(&format!(
+                "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+                 SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
+                 FROM generate_series(1, 5000) AS i; ANALYZE {table}"
+            ))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(store.purge_expired().await.unwrap(), 5000);
+        let took = started.elapsed();
+        client
+            .batch_execute(&format!("DROP TABLE {table}"))
+            .await
+            .unwrap();
+        took
+    };
+    let timeout = (batch * 10).max(Duration::from_millis(300));
+    let (table, store, client) = own_table("purge", |store| store.timeout(timeout)).await;
     // The claims go through a store of the default timeout, as a replica's would.
     let claiming = PostgresStore::connect(&database_url())
         .await

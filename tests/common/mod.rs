@@ -577,9 +577,7 @@ pub async fn outage_fails_closed_and_recovers<St: Store>(
 ) {
     let creates = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store, Arc::clone(&creates), std::time::Duration::ZERO);
-    send_to(&service, operation(&conformance::unique_key("before"), "p"))
-        .await
-        .exact(201, CREATED_BODY);
+    let warmed = warm_up(&service, &creates).await;
     let key = conformance::unique_key("outage");
     cut();
     for _ in 0..3 {
@@ -596,7 +594,7 @@ pub async fn outage_fails_closed_and_recovers<St: Store>(
     }
     assert_eq!(
         creates.load(Ordering::SeqCst),
-        1,
+        warmed,
         "nothing created while the store is away"
     );
     restore();
@@ -617,7 +615,29 @@ pub async fn outage_fails_closed_and_recovers<St: Store>(
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(creates.load(Ordering::SeqCst), 2);
+    assert_eq!(creates.load(Ordering::SeqCst), warmed + 1);
+}
+
+/// Warms `service`: the pool's first connection is made within the store's short timeout,
+/// which a loaded machine can miss; a warm-up refused so is tried again, under another key.
+/// Returns the creates made.
+pub async fn warm_up<St: Store>(
+    service: &Idempotency<Inner, St, LabelContract>,
+    creates: &AtomicUsize,
+) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let warm = send_to(service, operation(&conformance::unique_key("warm"), "p")).await;
+        if warm.status == 201 {
+            warm.exact(201, CREATED_BODY);
+            return creates.load(Ordering::SeqCst);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never warm: {}",
+            warm.status
+        );
+    }
 }
 
 /// Sends until the store answers again (a reconnect takes a moment): the first reply that is
@@ -719,22 +739,7 @@ pub async fn answers_lost_after_the_send_strand_no_key<St: Store>(
 ) {
     let creates = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store, Arc::clone(&creates), std::time::Duration::ZERO);
-    // Warm: the pool's first connection is made within the store's short timeout, which a
-    // loaded machine can miss; a warm-up refused so is tried again, under another key.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let warm = send_to(&service, operation(&conformance::unique_key("warm"), "p")).await;
-        if warm.status == 201 {
-            warm.exact(201, CREATED_BODY);
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never warm: {}",
-            warm.status
-        );
-    }
-    let warmed = creates.load(Ordering::SeqCst);
+    let warmed = warm_up(&service, &creates).await;
     let key = conformance::unique_key("muted");
     mute();
     send_to(&service, operation(&key, "parcel-42"))
