@@ -465,6 +465,23 @@ async fn readiness_is_the_services() {
     assert!(ready.is_err(), "not ready while the service is not");
 }
 
+/// A service that never gets ready: the layer gives up at the deadline, after no attempt,
+/// saying so, with the intent's key and the wait's error as its source.
+#[tokio::test(start_paused = true)]
+async fn a_service_never_ready_gives_up_at_the_deadline_after_no_attempt() {
+    use tower_idempotency::client::{GaveUp, Stop};
+    let mut client = ClientLayer::new()
+        .deadline(Duration::from_secs(1))
+        .layer(NeverReady);
+    let error = tower::Service::call(&mut client, intent(1))
+        .await
+        .expect_err("no answer");
+    let gave_up = error.downcast_ref::<GaveUp>().expect("a GaveUp");
+    assert_eq!((gave_up.attempts, gave_up.stop), (0, Stop::Deadline));
+    assert!(gave_up.key.is_some());
+    assert!(std::error::Error::source(gave_up).is_some());
+}
+
 /// An answer other than a `409` is given as it comes: its body is not read by the layer, so
 /// one that streams slowly reaches the caller at once, after one attempt.
 #[tokio::test(start_paused = true)]
