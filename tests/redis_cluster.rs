@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::servers::{RedisCluster, pause_redis};
 use common::*;
 use tower_idempotency::store::RedisStore;
+use tower_idempotency::store::redis::ReplicaWait;
 
 /// One cluster for the conformance suite, shared by its tests.
 fn shared_cluster() -> &'static RedisCluster {
@@ -295,4 +296,292 @@ async fn the_subscriber_skips_a_hung_seed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(cluster);
+}
+
+/// What one failover run under load saw, key by key.
+#[derive(Debug, Default)]
+struct Failover {
+    /// Keys a client was answered `201` for.
+    completed: usize,
+    /// Keys created more than once.
+    created_twice: Vec<String>,
+    /// Keys that answered `409 request_pending` after a client had been answered `201` for
+    /// them.
+    pending_after_201: Vec<String>,
+    /// Keys left pending in the store at the end, or never answered `201` within a minute.
+    stranded: Vec<String>,
+}
+
+impl Failover {
+    fn hazards(&self) -> usize {
+        self.created_twice.len() + self.pending_after_201.len() + self.stranded.len()
+    }
+}
+
+/// The label layer over `store`, its create counting each key's creates.
+fn counting_each_key(
+    store: RedisStore,
+    creates: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+) -> tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::LabelContract> {
+    use tower_idempotency::body::RequestBody;
+    let create = tower::service_fn(move |request: http::Request<RequestBody<Chunks>>| {
+        let key = request
+            .headers()
+            .get("idempotency-key")
+            .and_then(|key| key.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        *creates.lock().unwrap().entry(key).or_default() += 1;
+        async { Ok::<_, CreateError>(created_response()) }
+    });
+    tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
+            .global_keys(),
+        Inner::new(create),
+    )
+}
+
+/// Whether a reply is one a client retries: the key pending, or the store away.
+fn retried(reply: &Reply) -> bool {
+    match reply.status.as_u16() {
+        201 => false,
+        409 if reply.body == r#"{"error":"request_pending"}"# => true,
+        500..=599 => true,
+        status => panic!("unexpected {status}: {:?}", reply.body),
+    }
+}
+
+fn is_pending(reply: &Reply) -> bool {
+    reply.status == 409 && reply.body == r#"{"error":"request_pending"}"#
+}
+
+/// The records on the node at `port` (`DBSIZE`).
+fn records_on(port: u16) -> u64 {
+    let answer = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "dbsize"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&answer.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Waits, up to `bound`, until `condition` holds.
+fn wait_until(bound: Duration, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !condition() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A cluster of three primaries with a replica each, through two failovers under load: 24
+/// clients create new keys, each retried until it answers `201`; two more re-send keys
+/// already answered `201`. The first failover is of a primary whose replica fell behind (its
+/// process stopped while the primary took about 30 records, then both killed and the replica
+/// started again on what it had written): the replica takes over without those writes. The
+/// second is a plain `SIGKILL` of a primary, its replica promoted. Both killed primaries start
+/// again and rejoin as replicas; the load goes on, then every completed key is re-sent once
+/// more and the store is asked for pending records. `wait` is the store's replica setting:
+/// `None` the default, `Some(0)` off.
+async fn failover_under_load(wait: Option<u32>) -> Failover {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
+    use tower_idempotency::store::Operator as _;
+
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start_replicated)
+        .await
+        .unwrap();
+    let store = RedisStore::connect_cluster(cluster.seeds())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    let store = match wait {
+        Some(replicas) => store.wait_for_replicas(replicas, Duration::from_millis(500)),
+        None => {
+            assert_eq!(
+                store.replica_wait(),
+                ReplicaWait::Detected {
+                    primaries: 3,
+                    replicated: 3
+                },
+                "found at connect"
+            );
+            store
+        }
+    };
+    let creates = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let service = counting_each_key(store.clone(), Arc::clone(&creates));
+    let completed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let pending_after_201 = Arc::new(Mutex::new(Vec::<String>::new()));
+    let unanswered = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut clients = Vec::new();
+    for client in 0..24 {
+        let (service, completed, unanswered, stop) = (
+            service.clone(),
+            Arc::clone(&completed),
+            Arc::clone(&unanswered),
+            Arc::clone(&stop),
+        );
+        clients.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Acquire) {
+                let key = format!("failover-{client}-{n}");
+                let started = Instant::now();
+                loop {
+                    let reply = send_to(&service, operation(&key, "parcel-42")).await;
+                    if !retried(&reply) {
+                        completed.lock().unwrap().push(key);
+                        break;
+                    }
+                    if started.elapsed() > Duration::from_secs(60) {
+                        unanswered.lock().unwrap().push(key);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                n += 1;
+            }
+        }));
+    }
+    for resender in 0..2 {
+        let (service, completed, pending_after_201, stop) = (
+            service.clone(),
+            Arc::clone(&completed),
+            Arc::clone(&pending_after_201),
+            Arc::clone(&stop),
+        );
+        clients.push(tokio::spawn(async move {
+            let mut i = resender;
+            while !stop.load(Ordering::Acquire) {
+                let key = {
+                    let completed = completed.lock().unwrap();
+                    (!completed.is_empty()).then(|| completed[i % completed.len()].clone())
+                };
+                if let Some(key) = key {
+                    let reply = send_to(&service, operation(&key, "parcel-42")).await;
+                    if is_pending(&reply) {
+                        pending_after_201.lock().unwrap().push(key);
+                    } else {
+                        retried(&reply);
+                    }
+                }
+                i += 2;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }));
+    }
+
+    let answered = {
+        let completed = Arc::clone(&completed);
+        move || completed.lock().unwrap().len()
+    };
+    let faults = {
+        let answered = answered.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut cluster = cluster;
+            wait_until(Duration::from_secs(30), || answered() >= 200);
+            let pairs = cluster.pairs();
+            assert_eq!(pairs.len(), 3, "every primary has a synced replica");
+            let ((lagging_primary, lagging), (killed_primary, promoted)) = (pairs[0], pairs[1]);
+
+            // A replica that falls behind, then a crash of its primary and of it.
+            let before = records_on(lagging_primary);
+            cluster.node(lagging).pause();
+            wait_until(Duration::from_secs(10), || {
+                records_on(lagging_primary) >= before + 30
+            });
+            cluster.node(lagging_primary).kill();
+            cluster.node(lagging).kill();
+            cluster.node(lagging).start_again();
+            cluster.wait_until_primary(lagging);
+
+            // A plain crash of a primary.
+            let answered_before = answered();
+            wait_until(Duration::from_secs(10), || {
+                answered() >= answered_before + 100
+            });
+            cluster.node(killed_primary).kill();
+            cluster.wait_until_primary(promoted);
+
+            // The old primaries back, as replicas.
+            if std::env::var("NORESTART").is_err() {
+                cluster.node(lagging_primary).start_again();
+                cluster.node(killed_primary).start_again();
+                cluster.wait_until_ok();
+            }
+            let answered_before = answered();
+            wait_until(Duration::from_secs(10), || {
+                answered() >= answered_before + 200
+            });
+            cluster
+        })
+    };
+    let cluster = faults.await.unwrap();
+    stop.store(true, Ordering::Release);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    // Every completed key once more: a replay, never pending.
+    let completed = std::mem::take(&mut *completed.lock().unwrap());
+    let mut report = Failover {
+        completed: completed.len(),
+        ..Failover::default()
+    };
+    for key in &completed {
+        let reply = send_until_answered(&service, || operation(key, "parcel-42")).await;
+        if is_pending(&reply) {
+            report.pending_after_201.push(key.clone());
+        } else {
+            assert!(!retried(&reply), "{key}: {:?}", reply.status);
+        }
+    }
+    report
+        .pending_after_201
+        .extend(pending_after_201.lock().unwrap().drain(..));
+    report.pending_after_201.sort_unstable();
+    report.pending_after_201.dedup();
+    report.created_twice = creates
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, creates)| **creates > 1)
+        .map(|(key, _)| key.clone())
+        .collect();
+    report.stranded = std::mem::take(&mut *unanswered.lock().unwrap());
+    let pending = loop {
+        match store.pending_older_than(Duration::ZERO).await {
+            Ok(pending) => break pending,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    report.stranded.extend(pending);
+    drop(cluster);
+    report
+}
+
+/// A failover loses no completed key with the default: the store finds the replicas and
+/// waits for one after every write, so no key whose `201` a client received comes back
+/// pending or is created again, and none is left pending, through a replica that fell behind
+/// and a plain primary crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_loses_no_completed_key_with_the_default_wait() {
+    let report = failover_under_load(None).await;
+    eprintln!("with the default wait: {report:?}");
+    assert!(report.completed > 500, "{report:?}");
+    assert_eq!(report.hazards(), 0, "{report:?}");
+}
+
+/// The same run with the wait off shows the hazard the default removes: the replica that
+/// took over without its primary's last writes answers pending for keys already answered
+/// `201` (their claim reached it, their complete did not), or creates them again (neither
+/// did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wait_the_same_failover_loses_completed_keys() {
+    let report = failover_under_load(Some(0)).await;
+    eprintln!("without the wait: {report:?}");
+    assert!(report.hazards() > 0, "{report:?}");
 }

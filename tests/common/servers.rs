@@ -127,6 +127,32 @@ impl RedisServer {
         }
     }
 
+    /// Whether the server's process runs (it may be paused).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Stops the server's process where it is (`SIGSTOP`): it reads nothing, answers nothing
+    /// and acknowledges nothing until [`resume`](Self::resume)d or killed, as a replica that
+    /// fell behind would.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`pause`](Self::pause)d server go on (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill on PATH");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// A crash and a start on the same port and data.
     pub fn restart(&mut self) {
         self.kill();
@@ -158,8 +184,9 @@ pub fn pause_redis(port: u16, millis: u64, what: &str) {
     assert!(status.success(), "CLIENT PAUSE failed");
 }
 
-/// A Redis Cluster of the test's own: three primaries (no replicas), each a [`RedisServer`]
-/// with its data fsynced on every write, its slots spread by `redis-cli --cluster create`.
+/// A Redis Cluster of the test's own: three primaries, each a [`RedisServer`] with its data
+/// fsynced on every write, its slots spread by `redis-cli --cluster create`, with no replicas
+/// ([`start`](Self::start)) or one each ([`start_replicated`](Self::start_replicated)).
 /// Keys of a primary that is down fail; the others keep working
 /// (`cluster-require-full-coverage no`).
 pub struct RedisCluster {
@@ -173,7 +200,24 @@ impl RedisCluster {
 
     /// A cluster whose nodes have more configuration (`["--appendonly", "no"]`, say).
     pub fn start_with(args: &[&str]) -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_shaped(0, "2000", args)
+    }
+
+    /// Three primaries with a replica each, which takes over when its primary fails for a
+    /// second, however far behind it is (`cluster-replica-validity-factor 0`). Returns when
+    /// every replica has synced with its primary.
+    pub fn start_replicated() -> Self {
+        let cluster = Self::start_shaped(1, "1000", &["--cluster-replica-validity-factor", "0"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cluster.pairs().len() < 3 {
+            assert!(Instant::now() < deadline, "the replicas did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    fn start_shaped(replicas: usize, node_timeout: &str, args: &[&str]) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 let bus = free_port().to_string();
                 let mut node_args = vec![
@@ -182,7 +226,7 @@ impl RedisCluster {
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "2000",
+                    node_timeout,
                     "--cluster-port",
                     &bus,
                     "--cluster-require-full-coverage",
@@ -199,7 +243,7 @@ impl RedisCluster {
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -215,10 +259,95 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// Waits until every node says the cluster is ok and knows all three primaries.
+    /// The node listening on `port`.
+    pub fn node(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|node| node.port == port)
+            .expect("a node of the cluster")
+    }
+
+    /// Each primary serving slots with its replica, as `(primary, replica)` ports, as a
+    /// running node sees them (`CLUSTER NODES`); only replicas that are up and synced with
+    /// their primary.
+    pub fn pairs(&self) -> Vec<(u16, u16)> {
+        let nodes = self.cluster_nodes();
+        let mut pairs = Vec::new();
+        for primary in nodes
+            .iter()
+            .filter(|node| node.primary && node.serves_slots)
+        {
+            let replica = nodes
+                .iter()
+                .find(|node| !node.primary && node.primary_id == primary.id);
+            if let Some(replica) = replica
+                && synced(primary.port)
+            {
+                pairs.push((primary.port, replica.port));
+            }
+        }
+        pairs.sort_unstable();
+        pairs
+    }
+
+    /// The ports of the primaries serving slots, as a running node sees them.
+    pub fn primaries(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .cluster_nodes()
+            .iter()
+            .filter(|node| node.primary && node.serves_slots)
+            .map(|node| node.port)
+            .collect();
+        ports.sort_unstable();
+        ports
+    }
+
+    /// `CLUSTER NODES` as the first running node answers it, failed nodes left out.
+    fn cluster_nodes(&self) -> Vec<ClusterNode> {
+        let Some(node) = self.nodes.iter().find(|node| node.running()) else {
+            return Vec::new();
+        };
+        let answer = Command::new("redis-cli")
+            .args(["-p", &node.port.to_string(), "cluster", "nodes"])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&answer.stdout)
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (id, address, flags, primary_id) = (
+                    fields.first()?,
+                    fields.get(1)?,
+                    fields.get(2)?,
+                    fields.get(3)?,
+                );
+                let port = address
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let flags: Vec<&str> = flags.split(',').collect();
+                if flags.iter().any(|flag| flag.starts_with("fail")) {
+                    return None;
+                }
+                Some(ClusterNode {
+                    id: (*id).to_owned(),
+                    port,
+                    primary: flags.contains(&"master"),
+                    primary_id: (*primary_id).to_owned(),
+                    serves_slots: fields.len() > 8,
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until every running node says the cluster is ok and knows three primaries
+    /// serving slots.
     pub fn wait_until_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        for node in &self.nodes {
+        for node in self.nodes.iter().filter(|node| node.running()) {
             loop {
                 let info = Command::new("redis-cli")
                     .args(["-p", &node.port.to_string(), "cluster", "info"])
@@ -236,6 +365,35 @@ impl RedisCluster {
             }
         }
     }
+
+    /// Waits until the node at `port` is a primary serving slots, and the cluster is ok.
+    pub fn wait_until_primary(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.primaries().contains(&port) {
+            assert!(Instant::now() < deadline, "{port} did not take over");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_until_ok();
+    }
+}
+
+/// A node of a cluster, as `CLUSTER NODES` lists it.
+struct ClusterNode {
+    id: String,
+    port: u16,
+    primary: bool,
+    /// The id of a replica's primary (`-` for a primary).
+    primary_id: String,
+    serves_slots: bool,
+}
+
+/// Whether the primary at `port` has a replica online (`INFO replication`).
+fn synced(port: u16) -> bool {
+    let info = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "replication"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&info.stdout).contains("state=online")
 }
 
 /// A loopback TCP proxy in front of a backend. `cut()` drops every connection and refuses new

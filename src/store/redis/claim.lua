@@ -1,11 +1,17 @@
 -- Claim: creates the pending reservation with its lease, or reports conflict (fingerprint
 -- first), pending or replay with the stored response, all in one atomic step; takes over a
--- pending record whose lease lapsed when asked to.
+-- pending record whose lease lapsed when asked to; marks a replay to be confirmed on a
+-- replica when asked to.
 local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko')
 if record[1] then
   if record[1] ~= ARGV[1] then return {1} end
   if record[2] == ARGV[2] then return {0} end
-  if record[3] then return {3, record[3]} end
+  if record[3] then
+    -- A replay the caller confirms on a replica: a write of its own after the complete,
+    -- which a replica that has acknowledged it has the complete before.
+    if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'seen', '1') end
+    return {3, record[3]}
+  end
   if ARGV[4] ~= '1' or record[5] ~= '1' then return {2} end
 end
 local time = redis.call('TIME')

@@ -8,19 +8,19 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::cluster::Cluster;
 use crate::store::DEFAULT_TIMEOUT;
 use crate::store::notifier::Source;
 
 /// The connection of a store: to one server, or to a Redis Cluster (each command routed to
-/// the node that serves its key's slot).
+/// the node that serves its key's slot, the connection replaced if it stops answering).
 #[derive(Clone)]
 pub(super) enum Connection {
     Server(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Cluster),
 }
 
 impl ConnectionLike for Connection {

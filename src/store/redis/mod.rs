@@ -10,15 +10,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
+mod cluster;
 mod connection;
 mod operator;
+mod replication;
 mod scripts;
 
+pub use self::replication::ReplicaWait;
+
+use self::cluster::Cluster;
 use self::connection::{Channel, Connection};
 use self::operator::{loosest, node_eviction_policy};
+use self::replication::{Replication, Setting, Topology, Wanted};
 use self::scripts::{CLAIM, COMPLETE, INSPECT, Lua, RELEASE, RENEW, RESOLVE, Scripts};
 use super::codec;
 use super::notifier::{self, Notifier};
@@ -98,8 +103,9 @@ pub struct RedisStore {
     prefix: Arc<str>,
     retention_ms: u64,
     timeout: Duration,
-    /// Replicas to wait for after each write, and for how long (ms).
-    wait_for_replicas: Option<(u32, u64)>,
+    /// The replicas each write waits for: by default one where the record's primary has
+    /// any, as last looked at.
+    replication: Arc<Replication>,
     /// Where the scripts publish each change ([`CHANGED_CHANNEL`]).
     channel: Arc<str>,
     /// Wakes the requests of this process waiting for a key, from the changes published on
@@ -173,7 +179,10 @@ impl RedisStore {
                 .map_err(unavailable)
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        Ok(Self::from_manager(connection).listening_on(vec![client_for_notifier]))
+        Self::from_manager(connection)
+            .listening_on(vec![client_for_notifier])
+            .looking_for_replicas()
+            .await
     }
 
     /// Connects to a Redis Cluster through `seeds` (`redis://host:port` URLs of some of its
@@ -253,9 +262,12 @@ impl RedisStore {
         .max_retry_wait(200)
         .build()
         .map_err(unavailable)?;
-        let connect = async { client.get_async_connection().await.map_err(unavailable) };
+        let connect = async { Cluster::connect(client).await.map_err(unavailable) };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        Ok(Self::over(Connection::Cluster(connection)).listening_on(clients))
+        Self::over(Connection::Cluster(connection))
+            .listening_on(clients)
+            .looking_for_replicas()
+            .await
     }
 
     /// `self`, refused if its server may evict records.
@@ -304,7 +316,7 @@ impl RedisStore {
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             retention_ms: retention_millis(super::DEFAULT_RETENTION),
             timeout: DEFAULT_TIMEOUT,
-            wait_for_replicas: None,
+            replication: Arc::new(Replication::new(Setting::Detect)),
             channel: Arc::from(CHANGED_CHANNEL),
             notifier: None,
         }
@@ -340,14 +352,75 @@ impl RedisStore {
         self
     }
 
-    /// After every write (a new claim, a complete, a release), waits with `WAIT` until
-    /// `replicas` replicas have it, at most `wait`; fewer is a failed call (`Unavailable`),
-    /// which the layer treats as an unknown outcome and settles. One round trip more per write;
-    /// for replicated deployments where a failover must not lose a claim the client already
-    /// saw (with `min-replicas-to-write` on the primary).
+    /// Sets how many replicas each write waits for: after every write (a new claim, a
+    /// complete, a release, a renewal, an operator's resolve or forget), a `WAIT replicas` on
+    /// the primary that took it, `wait` at most. `0` turns the wait off, whatever the servers
+    /// have.
+    ///
+    /// **By default** the store looks for replicas when it connects (`INFO replication` on
+    /// one server, `CLUSTER NODES` on a cluster), again every second while writes go on, and
+    /// at once after a wait fell short (a failover moves slots to a primary that has no
+    /// replica yet): a write on a primary that has any waits for one, at most the store's
+    /// [timeout](Self::timeout); a write on a primary without one waits for nothing. On a
+    /// cluster a replica that is down still counts, since the cluster may promote it when it
+    /// is back: its primary's writes fail until it is back or the cluster forgets it (`CLUSTER
+    /// FORGET`). One server counts the replicas connected to it. A store
+    /// [over a connection of yours](Self::from_manager) looks at its first write.
+    /// [`replica_wait`](Self::replica_wait) says what was found.
+    ///
+    /// The wait is sent with the write, on the same connection, in one round trip; a replay
+    /// makes a small write of its own to be waited for too. Since a primary hands its writes
+    /// to its replicas in order, a replica that has the write has everything the primary took
+    /// before it: a replay is served only once its record's complete is on a replica, even
+    /// if that complete's own wait fell short.
+    ///
+    /// Fewer replicas than wanted in time is a failed call (`Unavailable`) whose outcome is
+    /// unknown: the layer answers `503` and settles it as it settles a lost answer (a claim
+    /// is undone, a complete or a release repeated), never reporting it as done. So a
+    /// response the client was given is on a replica too, and a failover (a replica promoted
+    /// after its primary died) loses no key the client saw completed; without the wait, a key
+    /// whose `201` the client holds can come back pending, or free to be created again, on
+    /// the promoted replica.
+    ///
+    /// What it costs: no round trip more, but each write's reply waits for the replica's
+    /// acknowledgement, and a waiting `WAIT` holds back the commands behind it on its
+    /// connection (one multiplexed connection per server), so writes to one primary go one
+    /// replica round trip at a time (see the capacity bench in the repository for the
+    /// figures). What it does not promise: a partition that leaves an old primary taking
+    /// writes while its replica is promoted can still lose the writes made there
+    /// (`min-replicas-to-write` on the primary narrows it); a primary's replicas are known
+    /// within a second of a change.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::RedisStore;
+    /// use tower_idempotency::store::redis::ReplicaWait;
+    ///
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// println!("replica wait: {}", store.replica_wait()); // what the default found
+    /// let two = store.clone().wait_for_replicas(2, Duration::from_millis(500));
+    /// let off = store.wait_for_replicas(0, Duration::ZERO);
+    /// assert_eq!(off.replica_wait(), ReplicaWait::Off);
+    /// # drop(two); Ok(()) }
+    /// ```
     pub fn wait_for_replicas(mut self, replicas: u32, wait: Duration) -> Self {
-        self.wait_for_replicas = Some((replicas, millis(wait).max(1)));
+        let setting = if replicas == 0 {
+            Setting::Off
+        } else {
+            Setting::Set {
+                replicas,
+                wait_ms: millis(wait).max(1),
+            }
+        };
+        self.replication = Arc::new(Replication::new(setting));
         self
+    }
+
+    /// How this store waits for replicas after each write: off, as set, or as the default
+    /// last found (see [`wait_for_replicas`](Self::wait_for_replicas)).
+    pub fn replica_wait(&self) -> ReplicaWait {
+        self.replication.describe()
     }
 
     /// Whether this store listens for changes published by any replica right now, so that a
@@ -391,85 +464,203 @@ impl RedisStore {
         record
     }
 
-    /// After a write, waits until the configured number of replicas have it (`WAIT`), if a
-    /// number is configured.
-    async fn replicated(&self, record: &str) -> Result<(), StoreError> {
-        let Some((replicas, wait_ms)) = self.wait_for_replicas else {
-            return Ok(());
-        };
-        let mut connection = self.connection.clone();
-        let call = async {
-            let mut wait = redis::cmd("WAIT");
-            wait.arg(replicas).arg(wait_ms);
-            let acknowledged: u64 = match &mut connection {
-                Connection::Server(connection) => wait.query_async(connection).await,
-                // On the primary the record was written to, not on every primary.
-                Connection::Cluster(connection) => {
-                    let primary = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::with_key(record, SlotAddr::Master),
-                    ));
-                    connection
-                        .route_command(wait, primary)
-                        .await
-                        .and_then(|value| Ok(u64::from_redis_value(value)?))
-                }
-            }
-            .map_err(unavailable)?;
-            if acknowledged >= u64::from(replicas) {
-                Ok(())
-            } else {
-                Err(StoreError::with_source(
-                    StoreErrorKind::Unavailable,
-                    format!("written to {acknowledged} of {replicas} replicas"),
-                ))
-            }
-        };
-        within(
-            self.timeout.saturating_add(Duration::from_millis(wait_ms)),
-            call,
-        )
-        .await
+    /// `self`, its replicas looked at (the default's first look).
+    async fn looking_for_replicas(self) -> Result<Self, StoreError> {
+        if matches!(self.replication.setting, Setting::Detect) {
+            let topology = self.read_replicas().await?;
+            self.replication.found(topology);
+        }
+        Ok(self)
     }
 
-    /// Runs `script` on `record` with the arguments `args` writes, within the timeout.
+    /// The replicas of this store's primaries, as the servers say now.
+    async fn read_replicas(&self) -> Result<Topology, StoreError> {
+        let mut connection = self.connection.clone();
+        let unreadable = |what: &str| {
+            StoreError::with_source(StoreErrorKind::Corrupt, format!("an unreadable {what}"))
+        };
+        let call = async {
+            match &mut connection {
+                Connection::Server(connection) => {
+                    let info: RedisResult<String> = redis::cmd("INFO")
+                        .arg("replication")
+                        .query_async(connection)
+                        .await;
+                    match info {
+                        Ok(info) => replication::server_replicas(&info)
+                            .map(|replicas| Topology::Server { replicas })
+                            .ok_or_else(|| unreadable("INFO replication answer")),
+                        // A server that refuses the command (a managed service that renamed
+                        // it) cannot say: wait for nothing, and say so.
+                        Err(error) if matches!(error.kind(), ErrorKind::Server(_)) => {
+                            tracing::warn!(
+                                error = &error as &dyn std::error::Error,
+                                "cannot read the Redis replicas; writes are not waited for on \
+                                 them (wait_for_replicas sets a wait)"
+                            );
+                            Ok(Topology::Server { replicas: 0 })
+                        }
+                        Err(error) => Err(unavailable(error)),
+                    }
+                }
+                Connection::Cluster(connection) => {
+                    let nodes: String = redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query_async(connection)
+                        .await
+                        .map_err(unavailable)?;
+                    replication::node_ranges(&nodes)
+                        .ok_or_else(|| unreadable("CLUSTER NODES answer"))
+                }
+            }
+        };
+        within(self.timeout, call).await
+    }
+
+    /// Looks at the replicas again in a task of its own, if it is time to.
+    fn look_again_if_due(&self) {
+        if !self.replication.take_turn() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.replication.not_found();
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            match store.read_replicas().await {
+                Ok(topology) => store.replication.found(topology),
+                Err(error) => {
+                    tracing::debug!(
+                        error = &error as &dyn std::error::Error,
+                        "cannot look at the Redis replicas; the next write tries again"
+                    );
+                    store.replication.not_found();
+                }
+            }
+        });
+    }
+
+    /// What a write of `record` waits for; looks at the replicas first if they were never
+    /// looked at (a store over a connection of the caller's, at its first write), or in the
+    /// background if it is time to.
+    async fn wanted(&self, record: &str) -> Result<Wanted, StoreError> {
+        let default_wait = millis(self.timeout).max(1);
+        let wanted = self.replication.wanted(record, default_wait);
+        if wanted != Wanted::Unknown {
+            self.look_again_if_due();
+            return Ok(wanted);
+        }
+        let topology = self.read_replicas().await?;
+        self.replication.found(topology);
+        Ok(self.replication.wanted(record, default_wait))
+    }
+
+    /// Runs `script` on `record` with the arguments `args` writes (and, when `wanted` has
+    /// replicas, `1` as its last argument: the script then makes a write even when it
+    /// changes nothing else), followed on the same connection, in one round trip, by the
+    /// `WAIT` for those replicas; within the timeout, and the wait's. Since a primary hands
+    /// its writes to its replicas in order, a replica that acknowledged this write has every
+    /// earlier one of that primary too, whichever connection made it: a repeated complete
+    /// confirms the first one's, a replay its complete's. Returns the script's answer and,
+    /// if it waited, how many replicas acknowledged.
     async fn run(
         &self,
         script: &Lua,
         record: &str,
+        wanted: Wanted,
         args: impl Fn(&mut Cmd),
-    ) -> Result<Value, StoreError> {
-        let mut connection = self.connection.clone();
+    ) -> Result<(Value, Acknowledged), StoreError> {
+        let waiting = match wanted {
+            Wanted::Replicas(replicas, wait_ms) => Some((replicas, wait_ms)),
+            Wanted::Nothing | Wanted::Unknown => None,
+        };
         let command = |eval: &str, script: &str| {
             let mut command = redis::cmd(eval);
             command.arg(script).arg(1).arg(record);
             args(&mut command);
+            if waiting.is_some() {
+                command.arg(1);
+            }
             command
         };
+        let send = async |command: Cmd| -> RedisResult<(Value, Acknowledged)> {
+            let mut connection = self.connection.clone();
+            let Some((replicas, wait_ms)) = waiting else {
+                let value = command.query_async(&mut connection).await?;
+                return Ok((value, Acknowledged::NotAsked));
+            };
+            let mut pipeline = redis::pipe();
+            pipeline.add_command(command);
+            pipeline.cmd("WAIT").arg(replicas).arg(wait_ms);
+            let (value, acknowledged): (Value, u64) = pipeline.query_async(&mut connection).await?;
+            Ok((
+                value,
+                Acknowledged::By {
+                    acknowledged,
+                    replicas,
+                },
+            ))
+        };
         let call = async {
-            let by_hash = command("EVALSHA", &script.hash)
-                .query_async(&mut connection)
-                .await;
-            match by_hash {
+            match send(command("EVALSHA", &script.hash)).await {
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    command("EVAL", script.code)
-                        .query_async(&mut connection)
-                        .await
+                    send(command("EVAL", script.code)).await
                 }
                 answer => answer,
             }
             .map_err(unavailable)
         };
-        within(self.timeout, call).await
+        let wait = waiting.map_or(Duration::ZERO, |(_, wait_ms)| {
+            Duration::from_millis(wait_ms)
+        });
+        let answer = within(self.timeout.saturating_add(wait), call).await;
+        if answer.is_err() && waiting.is_some() {
+            self.replication.fell_short();
+        }
+        answer
     }
+
+    /// `answer` once the replicas it waited for acknowledged it: fewer is an unknown outcome
+    /// (`Unavailable`), and the replicas are looked at again.
+    fn replicated<T>(&self, answer: T, acknowledged: Acknowledged) -> Result<T, StoreError> {
+        match acknowledged {
+            Acknowledged::By {
+                acknowledged,
+                replicas,
+            } if acknowledged < u64::from(replicas) => {
+                self.replication.fell_short();
+                Err(StoreError::with_source(
+                    StoreErrorKind::Unavailable,
+                    format!("written to {acknowledged} of {replicas} replicas in time"),
+                ))
+            }
+            _ => Ok(answer),
+        }
+    }
+}
+
+/// How many replicas acknowledged a write.
+#[derive(Debug, Clone, Copy)]
+enum Acknowledged {
+    /// None were waited for.
+    NotAsked,
+    /// `acknowledged` of the `replicas` waited for.
+    By { acknowledged: u64, replicas: u32 },
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore")
+        let mut debug = f.debug_struct("RedisStore");
+        debug
             .field("prefix", &self.prefix)
             .field("retention_ms", &self.retention_ms)
             .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
+            .field("replica_wait", &self.replica_wait());
+        if let Connection::Cluster(cluster) = &self.connection {
+            debug.field("connections_replaced", &cluster.replaced());
+        }
+        debug.finish_non_exhaustive()
     }
 }
 
@@ -509,25 +700,26 @@ impl Store for RedisStore {
     ) -> Result<Claim, StoreError> {
         let record = self.record_key(key);
         let token = token(&reservation);
-        let claim = self.run(&self.scripts.claim, &record, |call| {
+        // Known before the claim, so that a replay is confirmed on a replica too: its record
+        // may have been completed by a write whose own wait fell short.
+        let wanted = self.wanted(&record).await?;
+        let claim = self.run(&self.scripts.claim, &record, wanted, |call| {
             call.arg(fingerprint.to_hex().as_str())
                 .arg(&token[..])
                 .arg(retention_millis(lease.duration()))
                 .arg(u8::from(lease.takes_over()));
         });
-        let Value::Array(answer) = claim.await? else {
+        let (Value::Array(answer), acknowledged) = claim.await? else {
             return Err(StoreError::new(StoreErrorKind::Corrupt));
         };
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
-            (Some(Value::Int(0)), None) => {
-                self.replicated(&record).await?;
-                Ok(Claim::New(reservation))
-            }
+            (Some(Value::Int(0)), None) => self.replicated(Claim::New(reservation), acknowledged),
             (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
             (Some(Value::Int(2)), None) => Ok(Claim::Pending),
             (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
-                codec::decode(Bytes::from(response)).map(Claim::Replay)
+                let replay = codec::decode(Bytes::from(response)).map(Claim::Replay)?;
+                self.replicated(replay, acknowledged)
             }
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
@@ -557,11 +749,12 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let record = self.record_key(key);
         let token = token(reservation);
-        let renew = self.run(&self.scripts.renew, &record, |call| {
+        let wanted = self.wanted(&record).await?;
+        let renew = self.run(&self.scripts.renew, &record, wanted, |call| {
             call.arg(&token[..]).arg(retention_millis(lease));
         });
-        acted(renew.await?)?;
-        self.replicated(&record).await
+        let (answer, acknowledged) = renew.await?;
+        self.replicated(acted(answer), acknowledged)?
     }
 
     async fn complete(
@@ -572,23 +765,25 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let record = self.record_key(key);
         let (token, response) = (token(reservation), codec::encode(response));
-        let complete = self.run(&self.scripts.complete, &record, |call| {
+        let wanted = self.wanted(&record).await?;
+        let complete = self.run(&self.scripts.complete, &record, wanted, |call| {
             call.arg(&token[..])
                 .arg(&response[..])
                 .arg(self.retention_ms)
                 .arg(&*self.channel);
         });
-        acted(complete.await?)?;
-        self.replicated(&record).await
+        let (answer, acknowledged) = complete.await?;
+        self.replicated(acted(answer), acknowledged)?
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let record = self.record_key(key);
         let token = token(reservation);
-        let release = self.run(&self.scripts.release, &record, |call| {
+        let wanted = self.wanted(&record).await?;
+        let release = self.run(&self.scripts.release, &record, wanted, |call| {
             call.arg(&token[..]).arg(&*self.channel);
         });
-        acted(release.await?)?;
-        self.replicated(&record).await
+        let (answer, acknowledged) = release.await?;
+        self.replicated(acted(answer), acknowledged)?
     }
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::connection::{Connection, Node};
-use super::{RedisStore, acted, unavailable};
+use super::replication::Wanted;
+use super::{Acknowledged, RedisStore, acted, unavailable};
 use crate::fingerprint::Fingerprint;
 use crate::store::{
     Operator, RecordInfo, RecordState, StoreError, StoreErrorKind, StoredResponse, codec, within,
@@ -14,8 +15,8 @@ use crate::store::{
 impl Operator for RedisStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let record = self.record_key(key);
-        let inspect = self.run(&self.scripts.inspect, &record, |_| {});
-        let Value::Array(answer) = inspect.await? else {
+        let inspect = self.run(&self.scripts.inspect, &record, Wanted::Nothing, |_| {});
+        let (Value::Array(answer), _) = inspect.await? else {
             return Err(StoreError::new(StoreErrorKind::Corrupt));
         };
         let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
@@ -109,24 +110,49 @@ impl Operator for RedisStore {
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
         let record = self.record_key(key);
         let response = codec::encode(response);
-        let resolve = self.run(&self.scripts.resolve, &record, |call| {
+        let wanted = self.wanted(&record).await?;
+        let resolve = self.run(&self.scripts.resolve, &record, wanted, |call| {
             call.arg(&response[..])
                 .arg(self.retention_ms)
                 .arg(&*self.channel);
         });
-        acted(resolve.await?)?;
-        self.replicated(&record).await
+        let (answer, acknowledged) = resolve.await?;
+        self.replicated(acted(answer), acknowledged)?
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let mut connection = self.connection.clone();
         let record = self.record_key(key);
+        let wanted = self.wanted(&record).await?;
         let call = async {
-            let deleted: u64 = redis::cmd("DEL")
-                .arg(&record)
-                .query_async(&mut connection)
-                .await
-                .map_err(unavailable)?;
+            let mut delete = redis::cmd("DEL");
+            delete.arg(&record);
+            let (deleted, acknowledged): (u64, Acknowledged) = match wanted {
+                Wanted::Replicas(replicas, wait_ms) => {
+                    // The delete and its wait on one connection, as the scripts' are.
+                    let mut pipeline = redis::pipe();
+                    pipeline.add_command(delete);
+                    pipeline.cmd("WAIT").arg(replicas).arg(wait_ms);
+                    let (deleted, acknowledged) = pipeline
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(unavailable)?;
+                    (
+                        deleted,
+                        Acknowledged::By {
+                            acknowledged,
+                            replicas,
+                        },
+                    )
+                }
+                Wanted::Nothing | Wanted::Unknown => {
+                    let deleted = delete
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(unavailable)?;
+                    (deleted, Acknowledged::NotAsked)
+                }
+            };
             // Only a wake-up: a user without the right to publish still forgets.
             let published: redis::RedisResult<u64> = redis::cmd("PUBLISH")
                 .arg(&*self.channel)
@@ -139,9 +165,14 @@ impl Operator for RedisStore {
                     "publishing a forgotten key failed"
                 );
             }
-            Ok(deleted > 0)
+            Ok((deleted > 0, acknowledged))
         };
-        within(self.timeout, call).await
+        let wait = match wanted {
+            Wanted::Replicas(_, wait_ms) => Duration::from_millis(wait_ms),
+            Wanted::Nothing | Wanted::Unknown => Duration::ZERO,
+        };
+        let (forgotten, acknowledged) = within(self.timeout.saturating_add(wait), call).await?;
+        self.replicated(forgotten, acknowledged)
     }
 }
 
