@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --example grpc_label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--store memory|redis://…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|postgres://…|sqlite://PATH]
 //! cargo run --example grpc_label_server -- client [--addr HOST:PORT] [--key KEY]
 //!     [--request-id ID] [--parcel-id ID] [--web]
 //! ```
@@ -23,7 +23,7 @@ use grpc_labels::{Labels, LabelsClient, operation, web};
 use tower_idempotency::IdempotencyLayer;
 
 const USAGE: &str = "usage: grpc_label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
        grpc_label_server client [--addr HOST:PORT] [--key KEY] [--request-id ID] \
 [--parcel-id ID] [--web]";
 
@@ -61,7 +61,12 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    tracing::info!(addr = %options.addr, store = %options.store, "grpc label server listening");
+    tracing::info!(
+        addr = %options.addr,
+        store = %options.store,
+        "grpc label server listening{}",
+        common::store_note()
+    );
     let labels = Labels::new(options.create_delay);
     let serve = grpc_labels::serve(listener, layer, labels, common::terminated());
     common::drained(serve, options.drain).await;

@@ -362,21 +362,21 @@ async fn a_failing_script_is_sent_once() {
     );
 }
 
-/// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
-/// replicas than asked for, the call fails (an unknown outcome the layer settles).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_wait_for_the_replicas_asked_for() {
+/// `redis-cli -p port args…`'s output.
+fn cli(port: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", port])
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A server of the test's own and a replica of it, once the replica is in sync.
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start();
     let port = primary.port.to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let cli = |port: &str, args: &[&str]| {
-        let output = std::process::Command::new("redis-cli")
-            .args(["-p", port])
-            .args(args)
-            .output()
-            .expect("redis-cli on PATH");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let replica_port = replica.port.to_string();
     while !cli(&replica_port, &["INFO", "replication"]).contains("master_link_status:up") {
@@ -386,6 +386,108 @@ async fn writes_wait_for_the_replicas_asked_for() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (primary, replica)
+}
+
+/// By default the store finds the replica a server has and waits for it after each write: a
+/// replica that stops acknowledging fails new claims, completes and replays (unknown
+/// outcomes, never reported done) until it is back. A server without replicas is not waited
+/// on, and a store over a connection of the caller's looks at its first write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_waits_for_the_replica_a_server_has() {
+    use tower_idempotency::store::redis::ReplicaWait;
+    use tower_idempotency::store::{Operator as _, StoreErrorKind};
+    let (primary, replica) = primary_and_replica().await;
+    let store = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    assert_eq!(
+        store.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 1
+        }
+    );
+    assert_eq!(
+        store.replica_wait().to_string(),
+        "waits for 1 replica after each write on 1 of 1 primary (detected)"
+    );
+    let fp = LabelContract::fingerprint("default-wait", "p");
+    let Claim::New(reservation) = store.claim("default-wait", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    store
+        .complete(
+            "default-wait",
+            &reservation,
+            &common::conformance::awkward_response(),
+        )
+        .await
+        .unwrap();
+    let replica_port = replica.port.to_string();
+    assert_eq!(
+        cli(
+            &replica_port,
+            &["HEXISTS", "idempotency:default-wait", "resp"]
+        )
+        .trim(),
+        "1",
+        "acknowledged: the replica has the complete"
+    );
+
+    replica.pause();
+    let unconfirmed = [
+        store.claim("default-wait", &fp).await.map(|_| ()),
+        store.claim("default-wait-2", &fp).await.map(|_| ()),
+        store.forget("default-wait-3").await.map(|_| ()),
+    ];
+    for answer in unconfirmed {
+        assert_eq!(
+            answer.map_err(|e| e.kind()),
+            Err(StoreErrorKind::Unavailable)
+        );
+    }
+    replica.resume();
+    // Back: the replay is served, and the lost claim is still the store's to settle.
+    let mut replayed = store.claim("default-wait", &fp).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while replayed.is_err() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        replayed = store.claim("default-wait", &fp).await;
+    }
+    assert!(matches!(replayed, Ok(Claim::Replay(_))), "{replayed:?}");
+
+    let alone = RedisServer::start();
+    let store = RedisStore::connect(&alone.url()).await.unwrap();
+    assert_eq!(
+        store.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 0
+        }
+    );
+    let client = redis::Client::open(primary.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let yours = RedisStore::from_manager(manager);
+    assert_eq!(yours.replica_wait(), ReplicaWait::Undetected);
+    let Claim::New(_) = yours.claim("yours", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    assert_eq!(
+        yours.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 1
+        }
+    );
+}
+
+/// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
+/// replicas than asked for, the call fails (an unknown outcome the layer settles).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_the_replicas_asked_for() {
+    let (primary, replica) = primary_and_replica().await;
     let one = RedisStore::connect(&primary.url())
         .await
         .unwrap()
@@ -768,6 +870,12 @@ async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
     let (code, out, _) = tool(&["--store", &url, "show", &key]);
     assert_eq!(code, Some(0));
     assert_eq!(out.lines().next(), Some("state completed"));
+    // A forget that waits for a replica the server does not have fails as the store's
+    // failure, and forgets nothing the tool reports as done.
+    let (code, _, note) = tool(&["--store", &url, "--wait-for-replicas", "1", "forget", &key]);
+    assert_eq!(code, Some(3), "{note}");
+    assert!(note.contains("0 of 1 replicas"), "{note}");
+    complete_new(&store, &store_key).await;
     // The method in any case is the endpoint's.
     let (code, out, _) = tool(&["--store", &url, "--method", "post", "show", &key]);
     assert_eq!(

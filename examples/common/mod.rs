@@ -39,6 +39,9 @@ pub struct Options {
     /// `--drain-s N`: on `SIGTERM` or Ctrl-C, how long the creates in flight have to complete
     /// while the server stops accepting and refuses new claims. Default 30.
     pub drain: Duration,
+    /// `--wait-for-replicas N`: the replicas each Redis write waits for (0: none). Default:
+    /// one where the record's primary has any, as the store finds.
+    pub wait_for_replicas: Option<u32>,
 }
 
 impl Options {
@@ -60,6 +63,7 @@ impl Options {
             max_records: Some(tower_idempotency::store::DEFAULT_MAX_RECORDS),
             metrics: None,
             drain: Duration::from_secs(30),
+            wait_for_replicas: None,
         };
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
@@ -93,6 +97,9 @@ impl Options {
                     options.max_records = (records > 0).then_some(records);
                 }
                 "--metrics" => options.metrics = Some(value.parse().map_err(|e| bad(&e))?),
+                "--wait-for-replicas" => {
+                    options.wait_for_replicas = Some(value.parse().map_err(|e| bad(&e))?)
+                }
                 "--drain-s" => {
                     options.drain = Duration::from_secs(value.parse().map_err(|e| bad(&e))?)
                 }
@@ -312,6 +319,31 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
     }
 }
 
+/// What the store does beside its URL, for the start line: the replica wait of a Redis store.
+static STORE_NOTE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `store` waiting for the replicas `--wait-for-replicas` asks for, its wait noted for the
+/// start line.
+#[cfg(feature = "redis")]
+fn replicas_waited(
+    store: tower_idempotency::store::RedisStore,
+    options: &Options,
+) -> tower_idempotency::store::RedisStore {
+    let store = match options.wait_for_replicas {
+        Some(replicas) => store.wait_for_replicas(replicas, Duration::from_secs(1)),
+        None => store,
+    };
+    let _ = STORE_NOTE.set(format!("replica wait: {}", store.replica_wait()));
+    store
+}
+
+/// The store's note for the start line, `; ` and the note, or nothing.
+pub fn store_note() -> String {
+    STORE_NOTE
+        .get()
+        .map_or_else(String::new, |note| format!("; {note}"))
+}
+
 /// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
 /// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
 /// crate's feature of that name), chosen at run time behind one type, keeping completed keys
@@ -331,7 +363,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let store = tower_idempotency::store::RedisStore::connect(url)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let store = retained!(store, retention);
+            let store = replicas_waited(retained!(store, retention), options);
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -344,7 +376,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let store = retained!(store, retention);
+            let store = replicas_waited(retained!(store, retention), options);
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
@@ -450,9 +482,10 @@ pub async fn serve(name: &str, options: &Options, router: Result<Router, String>
         }
     };
     tracing::info!(
-        "{name} on http://{} (store: {})",
+        "{name} on http://{} (store: {}{})",
         options.addr,
-        options.store
+        options.store,
+        store_note()
     );
     let serve = axum::serve(listener, router).with_graceful_shutdown(terminated());
     drained(serve.into_future(), options.drain).await;

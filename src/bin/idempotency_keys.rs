@@ -20,7 +20,7 @@ use tower_idempotency::store::{Operator, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
-[--scope SCOPE] [--table NAME] [--prefix PREFIX] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
+[--scope SCOPE] [--table NAME] [--prefix PREFIX] [--wait-for-replicas N] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
 [--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
 | purge)";
 
@@ -47,6 +47,9 @@ OPTIONS
                      postgres://USER@HOST:PORT/DB or sqlite://PATH
   --table NAME       the PostgreSQL table (default idempotency_records)
   --prefix PREFIX    the Redis key prefix the servers were given with .prefix(...), if any
+  --wait-for-replicas N
+                     Redis: the replicas a resolve or forget waits for (0: none; default:
+                     one where the key's primary has any, as the store finds at connect)
   --method METHOD    the endpoint's method (default POST; any case)
   --path PATH        the endpoint's path (default /labels)
   --scope SCOPE      the key space the layer was given with .scope(...), if any
@@ -103,6 +106,8 @@ struct Options {
     retention: Option<Duration>,
     /// Each store call's timeout (a listing gets ten times it), if not the store's default.
     timeout: Option<Duration>,
+    /// The replicas a Redis write waits for, if not the store's default.
+    wait_for_replicas: Option<u32>,
     command: Command,
 }
 
@@ -137,12 +142,19 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
     let mut abandoned = false;
     let mut retention = Some(tower_idempotency::store::DEFAULT_RETENTION);
     let mut timeout = None;
+    let mut wait_for_replicas = None;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--store" => store = Some(value()?),
             "--table" => table = Some(value()?),
             "--prefix" => prefix = Some(value()?),
+            "--wait-for-replicas" => {
+                let replicas = value()?
+                    .parse()
+                    .map_err(|e| format!("--wait-for-replicas: {e}"))?;
+                wait_for_replicas = Some(replicas);
+            }
             // Methods are written in capitals on the wire: `post` is the endpoint's POST.
             "--method" => {
                 method = value()?
@@ -214,6 +226,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
         scope,
         retention,
         timeout,
+        wait_for_replicas,
         command,
     }))
 }
@@ -369,6 +382,9 @@ macro_rules! configured {
     }};
 }
 
+/// How long a Redis write waits for the replicas `--wait-for-replicas` asks for.
+const REPLICA_WAIT: Duration = Duration::from_secs(1);
+
 /// Opens the store `--store` names and runs the command on it.
 async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     use tower_idempotency::store::{PostgresStore, RedisStore, SqliteStore};
@@ -379,6 +395,9 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
         if let Some(prefix) = &options.prefix {
             store = store.prefix(prefix.as_str());
         }
+        if let Some(replicas) = options.wait_for_replicas {
+            store = store.wait_for_replicas(replicas, REPLICA_WAIT);
+        }
         return run(configured!(store, options), options).await;
     }
     if let Some(seeds) = url.strip_prefix("redis-cluster://") {
@@ -386,6 +405,9 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
         let mut store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
         if let Some(prefix) = &options.prefix {
             store = store.prefix(prefix.as_str());
+        }
+        if let Some(replicas) = options.wait_for_replicas {
+            store = store.wait_for_replicas(replicas, REPLICA_WAIT);
         }
         return run(configured!(store, options), options).await;
     }
