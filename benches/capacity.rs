@@ -3,8 +3,14 @@
 //!
 //! ```text
 //! cargo bench --all-features --bench capacity -- [--records N] [--body-bytes B]
-//!     [--tasks C] [--seconds S] [--pool P] [--stores memory,redis,postgres,sqlite]
+//!     [--tasks C] [--seconds S] [--pool P]
+//!     [--stores memory,redis,redis-replicated,redis-cluster,postgres,sqlite]
 //! ```
+//!
+//! `redis-replicated` and `redis-cluster` start their own servers on free ports (a primary
+//! and its replica; a cluster of three primaries with a replica each, needing `redis-server`
+//! and `redis-cli` on PATH) and measure the store twice on them: with its default, which
+//! waits for a replica after every write, and with the wait off (`wait_for_replicas(0, _)`).
 //!
 //! Defaults: 100,000 records of the lesson's created response (201, four headers, a 59-byte
 //! body: 154 bytes in all) under keys as clients send them (a UUID, 36 characters, on
@@ -51,9 +57,16 @@ fn options() -> Options {
         tasks: 64,
         seconds: 5,
         pool: 16,
-        stores: ["memory", "redis", "postgres", "sqlite"]
-            .map(String::from)
-            .to_vec(),
+        stores: [
+            "memory",
+            "redis",
+            "redis-replicated",
+            "redis-cluster",
+            "postgres",
+            "sqlite",
+        ]
+        .map(String::from)
+        .to_vec(),
     };
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     while let Some(flag) = args.next() {
@@ -243,6 +256,164 @@ async fn throughput<St: Store + Clone>(
     (creates, replays)
 }
 
+/// The creates and replays a second of a Redis `store` on servers of the bench's own, filled
+/// under a prefix of its own; bytes as in the Redis row.
+async fn redis_throughput(
+    name: &str,
+    store: RedisStore,
+    run: u64,
+    options: &Options,
+    response: &StoredResponse,
+) -> Row {
+    let store = store.prefix(format!("capacity-{run}-{}:", name.len()));
+    println!("{name}: {}", store.replica_wait());
+    fill(&store, run, options.records, options.tasks, response).await;
+    let (creates, replays) = throughput(&store, run, options.records, options, response).await;
+    Row {
+        store: name.to_owned(),
+        bytes: "as Redis".to_owned(),
+        creates,
+        replays,
+        purged: None,
+    }
+}
+
+/// `redis-server`s of the bench's own on free ports in a temp dir, killed on drop.
+struct Servers {
+    seeds: Vec<String>,
+    children: Vec<std::process::Child>,
+    dir: std::path::PathBuf,
+}
+
+impl Servers {
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port()
+    }
+
+    fn start(&mut self, port: u16, args: &[&str]) {
+        let dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idempotency-capacity-redis-{}",
+            std::process::id()
+        ));
+        Self {
+            seeds: Vec::new(),
+            children: Vec::new(),
+            dir,
+        }
+    }
+
+    /// Until `redis-cli -p port args` prints `text`.
+    fn wait_for(port: u16, args: &[&str], text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let output = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string()])
+                .args(args)
+                .output()
+                .expect("redis-cli on PATH");
+            if String::from_utf8_lossy(&output.stdout).contains(text) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{port}: never {text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn primary_and_replica() -> Self {
+        let mut servers = Self::new();
+        let (primary, replica) = (Self::free_port(), Self::free_port());
+        servers.start(primary, &[]);
+        servers.start(replica, &["--replicaof", "127.0.0.1", &primary.to_string()]);
+        Self::wait_for(primary, &["info", "replication"], "state=online");
+        servers.seeds.push(format!("redis://127.0.0.1:{primary}"));
+        servers
+    }
+
+    fn replicated_cluster() -> Self {
+        let mut servers = Self::new();
+        let ports: Vec<u16> = (0..6).map(|_| Self::free_port()).collect();
+        for &port in &ports {
+            let bus = Self::free_port().to_string();
+            servers.start(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                ],
+            );
+        }
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(ports.iter().map(|port| format!("127.0.0.1:{port}")))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli on PATH");
+        assert!(created.success(), "redis-cli --cluster create");
+        for &port in &ports {
+            Self::wait_for(port, &["cluster", "info"], "cluster_state:ok");
+        }
+        for &port in &ports {
+            let role = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "role"])
+                .output()
+                .expect("redis-cli");
+            if String::from_utf8_lossy(&role.stdout).starts_with("master") {
+                Self::wait_for(port, &["info", "replication"], "state=online");
+            }
+        }
+        servers.seeds = ports
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect();
+        servers
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -254,7 +425,7 @@ fn resident_bytes() -> u64 {
 }
 
 struct Row {
-    store: &'static str,
+    store: String,
     bytes: String,
     creates: f64,
     replays: f64,
@@ -314,7 +485,7 @@ fn main() {
             let grown = resident_bytes() as i64 - before;
             let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             rows.push(Row {
-                store: "memory",
+                store: "memory".into(),
                 bytes: format!("{} resident", per_record(grown, records)),
                 creates,
                 replays,
@@ -338,7 +509,7 @@ fn main() {
             let grown = redis_used_memory(&mut connection).await - before;
             let (creates, replays) = throughput(&store, run, records, &options, &response).await;
             rows.push(Row {
-                store: "Redis",
+                store: "Redis".into(),
                 bytes: format!("{} used_memory", per_record(grown, records)),
                 creates,
                 replays,
@@ -366,6 +537,39 @@ fn main() {
                     break;
                 }
                 cursor = next;
+            }
+        }
+        if wanted("redis-replicated") {
+            let servers = Servers::primary_and_replica();
+            let store = RedisStore::connect(&servers.seeds[0])
+                .await
+                .expect("the primary");
+            for (name, store) in [
+                ("Redis + replica, waiting (default)", store.clone()),
+                (
+                    "Redis + replica, not waiting",
+                    store.wait_for_replicas(0, Duration::ZERO),
+                ),
+            ] {
+                rows.push(redis_throughput(name, store, run, &options, &response).await);
+            }
+        }
+        if wanted("redis-cluster") {
+            let servers = Servers::replicated_cluster();
+            let store = RedisStore::connect_cluster(&servers.seeds)
+                .await
+                .expect("the cluster");
+            for (name, store) in [
+                (
+                    "Redis Cluster 3 × (1 + 1), waiting (default)",
+                    store.clone(),
+                ),
+                (
+                    "Redis Cluster 3 × (1 + 1), not waiting",
+                    store.wait_for_replicas(0, Duration::ZERO),
+                ),
+            ] {
+                rows.push(redis_throughput(name, store, run, &options, &response).await);
             }
         }
         if wanted("postgres") {
@@ -406,7 +610,7 @@ fn main() {
                 .expect("the records expired");
             let purged = purge_rate(store.purge_expired(), expired).await;
             rows.push(Row {
-                store: "PostgreSQL",
+                store: "PostgreSQL".into(),
                 bytes: format!(
                     "{} relation ({} after VACUUM FULL)",
                     per_record(filled, records),
@@ -448,7 +652,7 @@ fn main() {
                 .expect("the records expired") as u64;
             let purged = purge_rate(store.purge_expired(), expired).await;
             rows.push(Row {
-                store: "SQLite",
+                store: "SQLite".into(),
                 bytes: format!("{} file", per_record(grown, records)),
                 creates,
                 replays,

@@ -385,8 +385,11 @@ impl RedisStore {
     /// What it costs: no round trip more, but each write's reply waits for the replica's
     /// acknowledgement, and a waiting `WAIT` holds back the commands behind it on its
     /// connection (one multiplexed connection per server), so writes to one primary go one
-    /// replica round trip at a time (see the capacity bench in the repository for the
-    /// figures). What it does not promise: a partition that leaves an old primary taking
+    /// replica round trip at a time. Measured on one host (the capacity bench, 64 tasks):
+    /// about 6,400 creates and 14,500 replays a second against a primary with one replica,
+    /// 48,000 and 126,000 with the wait off; on a cluster of three primaries with a replica
+    /// each, 10,200 and 29,100 against 34,100 and 98,100. Turn it off where a failover that
+    /// forgets recent keys is acceptable. What it does not promise: a partition that leaves an old primary taking
     /// writes while its replica is promoted can still lose the writes made there
     /// (`min-replicas-to-write` on the primary narrows it); a primary's replicas are known
     /// within a second of a change.
