@@ -438,16 +438,24 @@ async fn the_default_waits_for_the_replica_a_server_has() {
 
     replica.pause();
     let unconfirmed = [
-        store.claim("default-wait", &fp).await.map(|_| ()),
-        store.claim("default-wait-2", &fp).await.map(|_| ()),
-        store.forget("default-wait-3").await.map(|_| ()),
+        (
+            store.claim("default-wait", &fp).await.map(|_| ()),
+            StoreErrorKind::Unreplicated,
+        ),
+        (
+            store.claim("default-wait-2", &fp).await.map(|_| ()),
+            StoreErrorKind::Unreplicated,
+        ),
+        (
+            store.forget("default-wait-3").await.map(|_| ()),
+            StoreErrorKind::Unavailable,
+        ),
     ];
-    for answer in unconfirmed {
-        assert_eq!(
-            answer.map_err(|e| e.kind()),
-            Err(StoreErrorKind::Unavailable)
-        );
+    for (answer, kind) in unconfirmed {
+        assert_eq!(answer.map_err(|e| e.kind()), Err(kind));
     }
+    // The new claim no replica confirmed was released at once: nothing left pending.
+    assert!(store.inspect("default-wait-2").await.unwrap().is_none());
     replica.resume();
     // Back: the replay is served, and the lost claim is still the store's to settle.
     let mut replayed = store.claim("default-wait", &fp).await;
@@ -517,7 +525,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
     let error = two.claim("short", &fp).await.unwrap_err();
     assert_eq!(
         error.kind(),
-        tower_idempotency::store::StoreErrorKind::Unavailable
+        tower_idempotency::store::StoreErrorKind::Unreplicated
     );
     assert!(
         format!("{error:#}").contains("1 of 2 replicas"),

@@ -30,6 +30,11 @@ pub enum StoreErrorKind {
     /// known to have happened. The layer answers `503 store_unavailable` instead of the
     /// response, and a retry finds out which it was.
     Uncommitted,
+    /// A claim no replica confirmed in time (a Redis store's
+    /// [replica wait](crate::store::RedisStore::wait_for_replicas) fell short): a new claim
+    /// was released again, a replay not served. The layer answers `503 store_unavailable`;
+    /// there is nothing to settle.
+    Unreplicated,
 }
 
 /// The one error type of every [`Store`](crate::Store).
@@ -104,6 +109,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::CapacityExceeded => "store full",
             StoreErrorKind::Unsupported => "not supported by this store",
             StoreErrorKind::Uncommitted => "store transaction not committed",
+            StoreErrorKind::Unreplicated => "store claim not confirmed by a replica",
         };
         if !f.alternate() {
             return f.write_str(what);

@@ -189,6 +189,8 @@ impl Shared {
         };
         let shared = Arc::clone(self);
         runtime.spawn(async move {
+            // A task dropped unfinished (its runtime shutting down) ends the turn too.
+            let _turn = Replacing(&shared);
             let connect = shared.client.get_async_connection();
             match tokio::time::timeout(DEFAULT_TIMEOUT, connect).await {
                 Ok(Ok(connection)) => {
@@ -212,8 +214,16 @@ impl Shared {
                     "a new Redis Cluster connection timed out; the next unanswered call tries again"
                 ),
             }
-            shared.replacing.store(false, Ordering::Release);
         });
+    }
+}
+
+/// Lets another replacement start when dropped.
+struct Replacing<'a>(&'a Shared);
+
+impl Drop for Replacing<'_> {
+    fn drop(&mut self) {
+        self.0.replacing.store(false, Ordering::Release);
     }
 }
 

@@ -106,6 +106,10 @@ pub struct RedisStore {
     /// The replicas each write waits for: by default one where the record's primary has
     /// any, as last looked at.
     replication: Arc<Replication>,
+    /// Where one server's replicas are looked up, on a connection of their own each time,
+    /// so that a lookup never queues behind waits its replica holds up; `None` on a
+    /// connection manager of the caller's (then the lookup shares it).
+    lookups: Option<redis::Client>,
     /// Where the scripts publish each change ([`CHANGED_CHANNEL`]).
     channel: Arc<str>,
     /// Wakes the requests of this process waiting for a key, from the changes published on
@@ -179,7 +183,9 @@ impl RedisStore {
                 .map_err(unavailable)
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        Self::from_manager(connection)
+        let mut store = Self::from_manager(connection);
+        store.lookups = Some(client_for_notifier.clone());
+        store
             .listening_on(vec![client_for_notifier])
             .looking_for_replicas()
             .await
@@ -317,6 +323,7 @@ impl RedisStore {
             retention_ms: retention_millis(super::DEFAULT_RETENTION),
             timeout: DEFAULT_TIMEOUT,
             replication: Arc::new(Replication::new(Setting::Detect)),
+            lookups: None,
             channel: Arc::from(CHANGED_CHANNEL),
             notifier: None,
         }
@@ -360,8 +367,9 @@ impl RedisStore {
     /// **By default** the store looks for replicas when it connects (`INFO replication` on
     /// one server, `CLUSTER NODES` on a cluster), again every second while writes go on, and
     /// at once after a wait fell short (a failover moves slots to a primary that has no
-    /// replica yet): a write on a primary that has any waits for one, at most the store's
-    /// [timeout](Self::timeout); a write on a primary without one waits for nothing. On a
+    /// replica yet): a write on a primary that has any waits for one, at most half the
+    /// store's [timeout](Self::timeout) as it is at the call; a write on a primary without
+    /// one waits for nothing. `connect` and `connect_cluster` return having looked. On a
     /// cluster a replica that is down still counts, since the cluster may promote it when it
     /// is back: its primary's writes fail until it is back or the cluster forgets it (`CLUSTER
     /// FORGET`). One server counts the replicas connected to it. A store
@@ -374,13 +382,26 @@ impl RedisStore {
     /// before it: a replay is served only once its record's complete is on a replica, even
     /// if that complete's own wait fell short.
     ///
-    /// Fewer replicas than wanted in time is a failed call (`Unavailable`) whose outcome is
-    /// unknown: the layer answers `503` and settles it as it settles a lost answer (a claim
-    /// is undone, a complete or a release repeated), never reporting it as done. So a
-    /// response the client was given is on a replica too, and a failover (a replica promoted
-    /// after its primary died) loses no key the client saw completed; without the wait, a key
-    /// whose `201` the client holds can come back pending, or free to be created again, on
-    /// the promoted replica.
+    /// Fewer replicas than wanted in time fails the call, never reporting the write as done:
+    ///
+    /// - a new claim is released again at once and the layer answers `503 store_unavailable`
+    ///   (nothing created); a replay is not served (`503`); both are
+    ///   [`Unreplicated`](StoreErrorKind::Unreplicated);
+    /// - a complete is `Unavailable`, an unknown outcome: the layer's rule for a complete
+    ///   that fails after the create applies (the client gets the create's response, the
+    ///   outcome `complete_failed`), and the layer repeats the complete, waited for too,
+    ///   until a replica has it; meanwhile a retry answers `409 request_pending`, never a
+    ///   second create;
+    /// - a release, a renewal or an operator's call is `Unavailable`.
+    ///
+    /// So a stored response the client was given is on a replica too, and a failover (a
+    /// replica promoted after its primary died) loses no completed key; without the wait, a
+    /// key whose `201` the client holds can come back pending, or free to be created again,
+    /// on the promoted replica. A `wait` of `n` is strict: a primary with fewer replicas
+    /// fails every write. The wait needs the rights to `WAIT`, `INFO` and `CLUSTER NODES`; a
+    /// server that refuses `INFO` is taken to have no replica, with a warning. Under
+    /// `maxmemory` with `noeviction`, a full server refuses a replay's marker, so replays
+    /// fail there too.
     ///
     /// What it costs: no round trip more, but each write's reply waits for the replica's
     /// acknowledgement, and a waiting `WAIT` holds back the commands behind it on its
@@ -485,10 +506,15 @@ impl RedisStore {
         let call = async {
             match &mut connection {
                 Connection::Server(connection) => {
-                    let info: RedisResult<String> = redis::cmd("INFO")
-                        .arg("replication")
-                        .query_async(connection)
-                        .await;
+                    let mut info = redis::cmd("INFO");
+                    info.arg("replication");
+                    let info: RedisResult<String> = match &self.lookups {
+                        Some(client) => match client.get_multiplexed_async_connection().await {
+                            Ok(mut own) => info.query_async(&mut own).await,
+                            Err(error) => Err(error),
+                        },
+                        None => info.query_async(connection).await,
+                    };
                     match info {
                         Ok(info) => replication::server_replicas(&info)
                             .map(|replicas| Topology::Server { replicas })
@@ -531,6 +557,8 @@ impl RedisStore {
         };
         let store = self.clone();
         runtime.spawn(async move {
+            // A task dropped unfinished (its runtime shutting down) ends the turn too.
+            let turn = Turn(&store.replication);
             match store.read_replicas().await {
                 Ok(topology) => store.replication.found(topology),
                 Err(error) => {
@@ -541,6 +569,7 @@ impl RedisStore {
                     store.replication.not_found();
                 }
             }
+            drop(turn);
         });
     }
 
@@ -548,15 +577,28 @@ impl RedisStore {
     /// looked at (a store over a connection of the caller's, at its first write), or in the
     /// background if it is time to.
     async fn wanted(&self, record: &str) -> Result<Wanted, StoreError> {
-        let default_wait = millis(self.timeout).max(1);
-        let wanted = self.replication.wanted(record, default_wait);
+        // Half the timeout, so that a wait that falls short is answered well within the
+        // call's own bound; on a cluster below the driver's response timeout, which would
+        // otherwise cut the answer off and send the write again.
+        let default_wait = (millis(self.timeout) / 2).max(1);
+        let wanted = self.capped(self.replication.wanted(record, default_wait));
         if wanted != Wanted::Unknown {
             self.look_again_if_due();
             return Ok(wanted);
         }
         let topology = self.read_replicas().await?;
         self.replication.found(topology);
-        Ok(self.replication.wanted(record, default_wait))
+        Ok(self.capped(self.replication.wanted(record, default_wait)))
+    }
+
+    /// `wanted`, its wait below the cluster driver's response timeout on a cluster.
+    fn capped(&self, wanted: Wanted) -> Wanted {
+        match (wanted, &self.connection) {
+            (Wanted::Replicas(replicas, wait_ms), Connection::Cluster(_)) => {
+                Wanted::Replicas(replicas, wait_ms.min(MAX_CLUSTER_WAIT_MS))
+            }
+            (wanted, _) => wanted,
+        }
     }
 
     /// Runs `script` on `record` with the arguments `args` writes (and, when `wanted` has
@@ -614,8 +656,9 @@ impl RedisStore {
             }
             .map_err(unavailable)
         };
+        // A script missing from the server's cache is sent again whole, with a wait of its own.
         let wait = waiting.map_or(Duration::ZERO, |(_, wait_ms)| {
-            Duration::from_millis(wait_ms)
+            Duration::from_millis(wait_ms).saturating_mul(2)
         });
         let answer = within(self.timeout.saturating_add(wait), call).await;
         if answer.is_err() && waiting.is_some() {
@@ -640,6 +683,16 @@ impl RedisStore {
             }
             _ => Ok(answer),
         }
+    }
+}
+
+/// Ends a look's turn when dropped, however the look ended ([`Replication::not_found`]
+/// after [`found`](Replication::found) changes nothing).
+struct Turn<'a>(&'a Replication);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.not_found();
     }
 }
 
@@ -671,9 +724,18 @@ impl std::fmt::Debug for RedisStore {
 /// the message is the whole record key.
 const CHANGED_CHANNEL: &str = "tower-idempotency:changed";
 
+/// The longest replica wait on a cluster: within the driver's response timeout
+/// ([`DEFAULT_TIMEOUT`]) with room for the round trip.
+const MAX_CLUSTER_WAIT_MS: u64 = 800;
+
 /// A duration in whole milliseconds.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A short replica wait on a claim the store has settled itself.
+fn unreplicated(short: StoreError) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unreplicated, short)
 }
 
 fn unavailable(error: redis::RedisError) -> StoreError {
@@ -717,12 +779,32 @@ impl Store for RedisStore {
         };
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
-            (Some(Value::Int(0)), None) => self.replicated(Claim::New(reservation), acknowledged),
+            (Some(Value::Int(0)), None) => {
+                if let Err(short) = self.replicated((), acknowledged) {
+                    // Known to be made: undone at once, without a wait of its own (which the
+                    // same replica would hold up), so that no key is left pending by a
+                    // replica that stays away longer than the layer settles.
+                    let release =
+                        self.run(&self.scripts.release, &record, Wanted::Nothing, |call| {
+                            call.arg(&token[..]).arg(&*self.channel);
+                        });
+                    if let Err(error) = release.await {
+                        tracing::warn!(
+                            error = &error as &dyn std::error::Error,
+                            "releasing a claim no replica confirmed failed; settled later"
+                        );
+                        return Err(short);
+                    }
+                    return Err(unreplicated(short));
+                }
+                Ok(Claim::New(reservation))
+            }
             (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
             (Some(Value::Int(2)), None) => Ok(Claim::Pending),
             (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
                 let replay = codec::decode(Bytes::from(response)).map(Claim::Replay)?;
-                self.replicated(replay, acknowledged)
+                // Only the marker was written: nothing to settle.
+                self.replicated(replay, acknowledged).map_err(unreplicated)
             }
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }

@@ -18,6 +18,17 @@ use std::time::{Duration, Instant};
 /// let set = ReplicaWait::Set { replicas: 2, wait: Duration::from_millis(500) };
 /// assert_eq!(set.to_string(), "waits for 2 replicas after each write, at most 500ms");
 /// assert_eq!(ReplicaWait::Off.to_string(), "off: writes are not waited for on replicas");
+/// let found = ReplicaWait::Detected { primaries: 3, replicated: 3 };
+/// assert_eq!(
+///     found.to_string(),
+///     "waits for 1 replica after each write on 3 of 3 primaries (detected)"
+/// );
+/// let none = ReplicaWait::Detected { primaries: 1, replicated: 0 };
+/// assert_eq!(
+///     none.to_string(),
+///     "no replica found: writes are not waited for (looked at every second)"
+/// );
+/// assert_eq!(ReplicaWait::Undetected.to_string(), "looks for replicas at the first write");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
