@@ -460,7 +460,11 @@ async fn a_timeout_past_the_statement_timeouts_range_is_clamped() {
         let store = PostgresStore::connect(&database_url())
             .await
             .unwrap()
-            .timeout(timeout);
+            .timeout(timeout)
+            .table(TABLE)
+            .unwrap();
+        // Its own table, made here: on a new database nothing else has made one yet.
+        store.migrate().await.unwrap();
         let client = store.pool().get().await.expect("a connection");
         let row = client
             .query_one("SHOW statement_timeout", &[])
@@ -473,10 +477,11 @@ async fn a_timeout_past_the_statement_timeouts_range_is_clamped() {
             tower_idempotency::store::Reservation::generate()
         );
         let fingerprint = tower_idempotency::LabelContract::fingerprint("clamped", "p");
-        assert!(matches!(
-            store.claim(&key, &fingerprint).await,
-            Ok(tower_idempotency::store::Claim::New(_))
-        ));
+        let claimed = store.claim(&key, &fingerprint).await;
+        assert!(
+            matches!(claimed, Ok(tower_idempotency::store::Claim::New(_))),
+            "{claimed:?}"
+        );
     }
 }
 
