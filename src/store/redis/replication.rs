@@ -503,8 +503,22 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
         );
         replication.found(Topology::Server { replicas: 2 });
         assert_eq!(replication.wanted("a", 7), Wanted::Replicas(1, 7));
+        assert_eq!(
+            replication.describe(),
+            ReplicaWait::Detected {
+                primaries: 1,
+                replicated: 1
+            }
+        );
         replication.found(Topology::Server { replicas: 0 });
         assert_eq!(replication.wanted("a", 7), Wanted::Nothing);
+        assert_eq!(
+            replication.describe(),
+            ReplicaWait::Detected {
+                primaries: 1,
+                replicated: 0
+            }
+        );
         // A slot no range covers (a cluster missing slots) waits for nothing.
         replication.found(Topology::Slots {
             ranges: Vec::new(),
