@@ -6,6 +6,8 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::millis;
+
 /// How a [`RedisStore`](super::RedisStore) waits for replicas after each write (a new claim,
 /// a complete, a release, a renewal, an operator's resolve), as
 /// [`replica_wait`](super::RedisStore::replica_wait) reads it. Its `Display` is one line for
@@ -257,10 +259,6 @@ fn at_least_one(replicas: u32, wait_ms: u64) -> Wanted {
     } else {
         Wanted::Nothing
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The connected replicas of an `INFO replication` answer: `connected_slaves` of a primary,
