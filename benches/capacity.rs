@@ -36,6 +36,7 @@ use bytes::Bytes;
 use http::Method;
 use http_body_util::BodyExt;
 use tower_idempotency::scope::store_key;
+use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
     Claim, PostgresStore, RedisStore, Reservation, SqliteStore, StoredResponse,
 };
@@ -576,38 +577,43 @@ fn main() {
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or("postgres://postgres@127.0.0.1:5432/test".into());
             let table = format!("capacity_{}", run % 1_000_000_000);
-            let store = PostgresStore::connect(&url)
+            // The application's pool as the store's docs advise it: no ping before each use.
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(options.pool as u32)
+                .test_before_acquire(false)
+                .connect(&url)
                 .await
-                .expect("PostgreSQL")
+                .expect("PostgreSQL");
+            let store = PostgresStore::new(pool.clone())
                 .table(&table)
                 .expect("a table name");
-            store.pool().resize(options.pool);
             store.migrate().await.expect("the table");
-            let client = store.pool().get().await.expect("a connection");
+            let sql = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
             let size_sql = format!("SELECT pg_total_relation_size('{table}'::regclass)");
-            let size = async |client: &deadpool_postgres::Object| -> i64 {
-                let row = client.query_one(&size_sql, &[]).await.expect("the size");
-                row.get(0)
+            let size = async || -> i64 {
+                let row = sql(size_sql.clone())
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the size");
+                sqlx::Row::get(&row, 0)
             };
-            let before = size(&client).await;
+            let before = size().await;
             fill(&store, run, records, options.tasks, &response).await;
-            let filled = size(&client).await - before;
-            client
-                .batch_execute(&format!("VACUUM FULL {table}"))
+            let filled = size().await - before;
+            sql(format!("VACUUM FULL {table}"))
+                .execute(&pool)
                 .await
                 .expect("VACUUM FULL");
-            let compact = size(&client).await - before;
+            let compact = size().await - before;
             let (creates, replays) = throughput(&store, run, records, &options, &response).await;
-            let expired = client
-                .execute(
-                    &format!(
-                        "UPDATE {table} SET expires_at = now() - interval '1 hour' \
-                         WHERE expires_at IS NOT NULL"
-                    ),
-                    &[],
-                )
-                .await
-                .expect("the records expired");
+            let expired = sql(format!(
+                "UPDATE {table} SET expires_at = now() - interval '1 hour' \
+                 WHERE expires_at IS NOT NULL"
+            ))
+            .execute(&pool)
+            .await
+            .expect("the records expired")
+            .rows_affected();
             let purged = purge_rate(store.purge_expired(), expired).await;
             rows.push(Row {
                 store: "PostgreSQL".into(),
@@ -620,8 +626,8 @@ fn main() {
                 replays,
                 purged: Some(purged),
             });
-            client
-                .batch_execute(&format!("DROP TABLE {table}"))
+            sql(format!("DROP TABLE {table}"))
+                .execute(&pool)
                 .await
                 .expect("DROP TABLE");
         }

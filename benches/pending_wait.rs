@@ -219,11 +219,12 @@ fn pending_wait(c: &mut Criterion) {
         PostgresStore::waited_keys,
     );
     runtime.block_on(async {
-        let client = postgres.pool().get().await.unwrap();
-        client
-            .batch_execute("DROP TABLE tower_idempotency_bench_wait")
-            .await
-            .unwrap();
+        tower_idempotency::store::postgres::sqlx::raw_sql(
+            "DROP TABLE tower_idempotency_bench_wait",
+        )
+        .execute(postgres.pool())
+        .await
+        .unwrap();
     });
 }
 

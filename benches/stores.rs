@@ -212,9 +212,8 @@ fn stores(c: &mut Criterion) {
         TransactionalPostgresStore::new(postgres.clone()),
     );
     runtime.block_on(async {
-        let client = postgres.pool().get().await.unwrap();
-        client
-            .batch_execute("TRUNCATE tower_idempotency_bench")
+        tower_idempotency::store::postgres::sqlx::raw_sql("TRUNCATE tower_idempotency_bench")
+            .execute(postgres.pool())
             .await
             .unwrap();
     });

@@ -38,6 +38,8 @@ use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::store::DynStore;
 #[cfg(feature = "postgres")]
 use tower_idempotency::store::PgTransaction;
+#[cfg(feature = "postgres")]
+use tower_idempotency::store::postgres::sqlx;
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
@@ -107,12 +109,17 @@ async fn create_label_in_transaction(
     Json(op): Json<LabelOperation>,
 ) -> Response {
     let label_id = labels.ids.next();
-    let inserted = transaction
-        .execute(
-            "INSERT INTO labels (label_id, request_id, parcel_id) VALUES ($1, $2, $3)",
-            &[&label_id, &&*op.request_id, &&*op.parcel_id],
-        )
-        .await;
+    let inserted = async {
+        let mut connection = transaction.acquire().await?;
+        sqlx::query("INSERT INTO labels (label_id, request_id, parcel_id) VALUES ($1, $2, $3)")
+            .bind(&label_id)
+            .bind(&*op.request_id)
+            .bind(&*op.parcel_id)
+            .execute(&mut *connection)
+            .await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    }
+    .await;
     if let Err(error) = inserted {
         tracing::error!(%error, "inserting the label failed");
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();

@@ -199,14 +199,14 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
-//! | `postgres` | `store::PostgresStore`, `store::TransactionalPostgresStore`, and `tokio_postgres` and `deadpool_postgres` re-exported |
+//! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
 //! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
 //! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL or SQLite store; it turns on the three stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
-//! 1.88.
+//! 1.94 (sqlx 0.9, behind `postgres`, needs it).
 //!
 //! # Observability
 //!

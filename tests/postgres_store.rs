@@ -6,6 +6,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,7 +14,10 @@ use std::time::Duration;
 use common::conformance::{awkward_response, unique_key};
 use common::servers::Proxy;
 use common::*;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, PgSslMode};
+use sqlx::{AssertSqlSafe, Connection as _, Row as _};
 use tower_idempotency::store::PostgresStore;
+use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{Claim, StoreErrorKind};
 use tower_idempotency::{LabelContract, Store};
 
@@ -49,40 +53,52 @@ async fn the_generic_json_operation_completes_a_create_whose_client_went_away() 
     payments::generic_mode_survives_a_disconnect(make_store(None).await).await;
 }
 
-/// A store that reaches the database through `proxy`.
+/// The connect options of `DATABASE_URL`.
+fn database_options() -> PgConnectOptions {
+    PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL")
+}
+
+/// A store that reaches the database through `proxy`: `DATABASE_URL`'s user, password and
+/// database at the proxy's address, in the clear (the proxy reads the protocol's messages to
+/// count round trips; a TLS session would hide them).
 async fn store_through(proxy: &Proxy) -> PostgresStore {
-    let original: tokio_postgres::Config = database_url().parse().unwrap();
-    let mut config = tokio_postgres::Config::new();
-    config.host("127.0.0.1").port(proxy.addr.port());
-    if let Some(user) = original.get_user() {
-        config.user(user);
-    }
-    if let Some(password) = original.get_password() {
-        config.password(password);
-    }
-    if let Some(dbname) = original.get_dbname() {
-        config.dbname(dbname);
-    }
-    let store = PostgresStore::from_config(config)
-        .unwrap()
-        .table(TABLE)
-        .unwrap();
+    let options = database_options()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(PgSslMode::Disable);
+    // One connection, so that every call finds its statements prepared once warm, and each
+    // call's ping is sent before the next call has the connection.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_lazy_with(options);
+    let store = PostgresStore::new(pool).table(TABLE).unwrap();
     store.migrate().await.unwrap();
     store
 }
 
 async fn database_addr() -> SocketAddr {
-    let config: tokio_postgres::Config = database_url().parse().unwrap();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_owned(),
+    let options = database_options();
+    let host = match options.get_socket() {
+        Some(_) => "127.0.0.1",
+        None => options.get_host(),
     };
-    tokio::net::lookup_host((host.as_str(), port))
+    tokio::net::lookup_host((host, options.get_port()))
         .await
         .unwrap()
         .next()
         .unwrap()
+}
+
+/// Runs `sql`, one statement or several, as one simple query on `executor`.
+async fn batch<'e, E>(executor: E, sql: impl Into<String>)
+where
+    E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+{
+    sqlx::raw_sql(AssertSqlSafe(sql.into()))
+        .execute(executor)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -151,20 +167,19 @@ async fn store_on_own_table() -> PostgresStore {
 
 /// The backends listening on `store`'s table channel.
 async fn listeners(admin: &PostgresStore, table: &str) -> Vec<i32> {
-    let client = admin.pool().get().await.unwrap();
-    let rows = client
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = \
-             'tower-idempotency listener' AND query = $1",
-            &[&format!("LISTEN \"{table}_changed\"")],
-        )
-        .await
-        .unwrap();
+    let rows = sqlx::query(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = \
+         'tower-idempotency listener' AND query = $1",
+    )
+    .bind(format!("LISTEN \"{table}_changed\""))
+    .fetch_all(admin.pool())
+    .await
+    .unwrap();
     rows.iter().map(|row| row.get(0)).collect()
 }
 
-/// One listening connection per store however many wait, ended with the store; a store on a
-/// pool of its own does not listen (its waiters poll).
+/// One listening connection per store however many wait, ended with the store; a store on
+/// the application's pool listens too, on a connection of its own outside that pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_listening_connection_per_store_ended_with_it() {
     let admin = make_store(None).await;
@@ -187,10 +202,41 @@ async fn one_listening_connection_per_store_ended_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let own = PostgresStore::from_pool(admin.pool().clone());
+    // On the application's pool (here one of the test's own), the store listens all the
+    // same: one connection, made with the pool's connect options, none of the pool's.
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let own = PostgresStore::new(pool.clone())
+        .table(&format!(
+            "tidem_listen_{:x}",
+            tower_idempotency::store::Reservation::generate().as_u128()
+        ))
+        .unwrap();
+    own.migrate().await.unwrap();
+    let table = own.table_name().to_owned();
+    let in_pool = pool.size();
     drop(own.changed("k"));
-    assert!(!own.notifications_listening());
+    listening(&own).await;
     assert_eq!(own.waited_keys(), 0);
+    assert_eq!(listeners(&admin, &table).await.len(), 1, "one connection");
+    assert_eq!(
+        pool.size(),
+        in_pool,
+        "the listener is not one of the pool's"
+    );
+    drop_table(&own).await;
+    drop(own);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !listeners(&admin, &table).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener outlived its store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// When the listening connection is lost, a change may go unheard: every waiter is woken at
@@ -203,10 +249,10 @@ async fn waiters_look_again_when_the_listener_loses_its_connection() {
     listening(&store).await;
     let changed = store.changed("k");
     let started = std::time::Instant::now();
-    let client = admin.pool().get().await.unwrap();
     for pid in listeners(&admin, store.table_name()).await {
-        client
-            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(admin.pool())
             .await
             .unwrap();
     }
@@ -403,24 +449,20 @@ async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
         .unwrap()
         .timeout(Duration::from_millis(300));
     store.migrate().await.unwrap();
-    let (locker, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut locker = PgConnection::connect(&database_url()).await.unwrap();
     let locked = Arc::new(tokio::sync::Notify::new());
     let stall = {
         let held = Arc::clone(&locked);
         async move {
             tokio::spawn(async move {
-                locker
-                    .batch_execute(&format!(
-                        "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
-                    ))
-                    .await
-                    .unwrap();
+                batch(
+                    &mut locker,
+                    format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
+                )
+                .await;
                 held.notify_one();
                 tokio::time::sleep(Duration::from_millis(1_500)).await;
-                locker.batch_execute("COMMIT").await.unwrap();
+                batch(&mut locker, "COMMIT").await;
             });
             locked.notified().await;
         }
@@ -429,34 +471,37 @@ async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
 }
 
 /// Every pooled connection gets the store's timeout as its `statement_timeout`, so a statement
-/// whose caller gave up is cancelled by the server instead of committing later.
+/// whose caller gave up is cancelled by the server instead of committing later, and before
+/// the caller gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_connections_carry_the_store_timeout_as_statement_timeout() {
     let store = PostgresStore::connect(&database_url())
         .await
         .unwrap()
         .timeout(Duration::from_millis(250));
-    let client = store.pool().get().await.unwrap();
-    let row = client
-        .query_one("SHOW statement_timeout", &[])
+    let mut connection = store.pool().acquire().await.unwrap();
+    let row = sqlx::query("SHOW statement_timeout")
+        .fetch_one(&mut *connection)
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "250ms");
-    let slow = client
-        .batch_execute("SELECT pg_sleep(1)")
+    // Four fifths of it: the server ends a slow statement before the store gives up.
+    assert_eq!(row.get::<String, _>(0), "200ms");
+    let slow = sqlx::raw_sql("SELECT pg_sleep(1)")
+        .execute(&mut *connection)
         .await
         .unwrap_err();
-    assert_eq!(
-        slow.code(),
-        Some(&tower_idempotency::store::postgres::tokio_postgres::error::SqlState::QUERY_CANCELED)
-    );
+    let sqlx::Error::Database(slow) = slow else {
+        panic!("not the server's error: {slow:?}")
+    };
+    // query_canceled
+    assert_eq!(slow.code().as_deref(), Some("57014"), "{slow}");
 }
 
 /// A timeout past what PostgreSQL's `statement_timeout` takes (about 24.8 days), up to
 /// `Duration::MAX`, is clamped to its largest value: every connection still opens and claims.
 #[tokio::test]
 async fn a_timeout_past_the_statement_timeouts_range_is_clamped() {
-    for timeout in [Duration::from_secs(30 * 24 * 3600), Duration::MAX] {
+    for timeout in [Duration::from_secs(40 * 24 * 3600), Duration::MAX] {
         let store = PostgresStore::connect(&database_url())
             .await
             .unwrap()
@@ -465,13 +510,13 @@ async fn a_timeout_past_the_statement_timeouts_range_is_clamped() {
             .unwrap();
         // Its own table, made here: on a new database nothing else has made one yet.
         store.migrate().await.unwrap();
-        let client = store.pool().get().await.expect("a connection");
-        let row = client
-            .query_one("SHOW statement_timeout", &[])
+        let mut connection = store.pool().acquire().await.expect("a connection");
+        let row = sqlx::query("SHOW statement_timeout")
+            .fetch_one(&mut *connection)
             .await
             .unwrap();
-        assert_eq!(row.get::<_, String>(0), "2147483647ms");
-        drop(client);
+        assert_eq!(row.get::<String, _>(0), "2147483647ms");
+        drop(connection);
         let key = format!(
             "clamped-{}",
             tower_idempotency::store::Reservation::generate()
@@ -497,11 +542,12 @@ async fn a_pending_listing_gets_ten_timeouts_on_the_database_too() {
         .table("pending_listing_time")
         .unwrap();
     store.migrate().await.unwrap();
-    let mut holder = store.pool().get().await.unwrap();
-    let lock = holder.transaction().await.unwrap();
-    lock.batch_execute("LOCK TABLE pending_listing_time IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let mut lock = store.pool().begin().await.unwrap();
+    batch(
+        &mut *lock,
+        "LOCK TABLE pending_listing_time IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
     let listing = tokio::spawn({
         let store = store.clone();
         async move { store.pending_older_than(Duration::ZERO).await }
@@ -525,24 +571,22 @@ async fn a_missing_expiry_index_is_built_concurrently_and_writers_go_on() {
         .table(table)
         .unwrap();
     store.migrate().await.unwrap();
-    let client = store.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!(
+    batch(
+        store.pool(),
+        format!(
             "SET statement_timeout = 0; TRUNCATE {table}; \
              DROP INDEX IF EXISTS \"{table}_expires_at\"; \
              INSERT INTO {table} (key, fingerprint, response, expires_at) \
              SELECT 'row-' || i, 'f', '\\x00', now() + i * interval '1 second' \
              FROM generate_series(1, 1000000) i"
-        ))
-        .await
-        .unwrap();
-    drop(client);
-    let mut holder = store.pool().get().await.unwrap();
-    let open = holder.transaction().await.unwrap();
-    open.execute(
-        &format!("INSERT INTO {table} (key, fingerprint) VALUES ('held', 'f')"),
-        &[],
+        ),
     )
+    .await;
+    let mut open = store.pool().begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (key, fingerprint) VALUES ('held', 'f')"
+    )))
+    .execute(&mut *open)
     .await
     .unwrap();
     // Two replicas starting at once: one builds, the other waits for it (a lock waited for
@@ -571,23 +615,16 @@ async fn a_missing_expiry_index_is_built_concurrently_and_writers_go_on() {
     for migrating in migrations {
         migrating.await.unwrap().expect("the index built");
     }
-    let client = store.pool().get().await.unwrap();
-    let valid: bool = client
-        .query_one(
-            &format!(
-                "SELECT indisvalid FROM pg_index \
-                 WHERE indexrelid = to_regclass('\"{table}_expires_at\"')"
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let valid: bool = sqlx::query(AssertSqlSafe(format!(
+        "SELECT indisvalid FROM pg_index \
+         WHERE indexrelid = to_regclass('\"{table}_expires_at\"')"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+    .get(0);
     assert!(valid);
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    batch(store.pool(), format!("DROP TABLE {table}")).await;
 }
 
 /// A claim that reached the database and committed, whose answer was lost (dropped by the
@@ -624,17 +661,16 @@ async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
 async fn migrate_upgrades_a_table_of_the_first_release() {
     let store = store_on_own_table().await;
     let table = store.table_name().to_owned();
-    let client = store.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!(
+    batch(
+        store.pool(),
+        format!(
             "DROP TABLE \"{table}\"; CREATE TABLE \"{table}\" (key text PRIMARY KEY, \
              fingerprint text NOT NULL, token bytea, response bytea, expires_at timestamptz); \
              INSERT INTO \"{table}\" (key, fingerprint, token) VALUES ('old', '{}', '\\x00')",
             LabelContract::fingerprint("old", "p").to_hex().as_str()
-        ))
-        .await
-        .unwrap();
-    drop(client);
+        ),
+    )
+    .await;
     store.migrate().await.unwrap();
     assert!(matches!(
         store
@@ -672,12 +708,8 @@ async fn migrate_upgrades_a_table_of_the_first_release() {
 }
 
 async fn drop_table(store: &PostgresStore) {
-    let client = store.pool().get().await.unwrap();
     let table = store.table_name();
-    client
-        .batch_execute(&format!("DROP TABLE \"{table}\""))
-        .await
-        .unwrap();
+    batch(store.pool(), format!("DROP TABLE \"{table}\"")).await;
 }
 
 /// Found in review: a notification that cannot be sent (here the store's role may not run
@@ -690,35 +722,23 @@ async fn a_notification_that_cannot_be_sent_fails_no_change() {
         "tower_idempotency_quiet_{:x}",
         tower_idempotency::store::Reservation::generate().as_u128()
     );
-    let client = admin.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    client
-        .batch_execute(
-            "DO $$ BEGIN CREATE ROLE tower_idempotency_quiet LOGIN; \
-             EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-        )
-        .await
-        .unwrap();
-    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
-    config.dbname(&database);
-    let owner = PostgresStore::from_config(config.clone()).unwrap();
-    owner
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .batch_execute(
-            "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC; \
-             GRANT ALL ON SCHEMA public TO tower_idempotency_quiet",
-        )
-        .await
-        .unwrap();
+    batch(admin.pool(), format!("CREATE DATABASE {database}")).await;
+    batch(
+        admin.pool(),
+        "DO $$ BEGIN CREATE ROLE tower_idempotency_quiet LOGIN; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    )
+    .await;
+    let options = database_options().database(&database);
+    let owner = PostgresStore::connect_lazy_with(options.clone());
+    batch(
+        owner.pool(),
+        "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC; \
+         GRANT ALL ON SCHEMA public TO tower_idempotency_quiet",
+    )
+    .await;
     drop(owner);
-    config.user("tower_idempotency_quiet");
-    let store = PostgresStore::from_config(config).unwrap();
+    let store = PostgresStore::connect_lazy_with(options.username("tower_idempotency_quiet"));
     store.migrate().await.unwrap();
     for complete in [true, false] {
         let key = unique_key("quiet");
@@ -752,10 +772,11 @@ async fn a_notification_that_cannot_be_sent_fails_no_change() {
         }
     }
     drop(store);
-    client
-        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
-        .await
-        .unwrap();
+    batch(
+        admin.pool(),
+        format!("DROP DATABASE {database} WITH (FORCE)"),
+    )
+    .await;
 }
 
 /// The listener belongs to the store, not to the runtime it started on: once that runtime has
@@ -790,11 +811,7 @@ fn the_listener_starts_again_from_the_next_runtime() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(store.notifications_listening());
-        let client = admin.pool().get().await.unwrap();
-        client
-            .batch_execute(&format!("DROP TABLE \"{table}\""))
-            .await
-            .unwrap();
+        batch(admin.pool(), format!("DROP TABLE \"{table}\"")).await;
     });
 }
 
@@ -811,24 +828,19 @@ async fn a_completed_record_lives_for_the_default_window() {
         .table(TABLE)
         .unwrap();
     store.migrate().await.unwrap();
-    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let session = Session::open().await;
     let left = |key: String| {
-        let client = &client;
+        let session = &session;
         async move {
-            let row = client
-                .query_one(
-                    &format!(
-                        "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM {TABLE} \
-                         WHERE key = $1"
-                    ),
-                    &[&key],
-                )
-                .await
-                .unwrap();
-            row.get::<_, Option<f64>>(0)
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM {TABLE} \
+                 WHERE key = $1"
+            )))
+            .bind(key)
+            .fetch_one(&mut *session.connection().await)
+            .await
+            .unwrap();
+            row.get::<Option<f64>, _>(0)
         }
     };
     let key = unique_key("default-window");
@@ -837,13 +849,13 @@ async fn a_completed_record_lives_for_the_default_window() {
     let seconds = left(key.clone()).await.expect("an expiry");
     assert!(seconds > window - 60.0 && seconds <= window, "{seconds}");
     assert_eq!(claimed_again(&store, &key).await, "replay");
-    client
-        .execute(
-            &format!("UPDATE {TABLE} SET expires_at = expires_at - interval '24 hours 1 second' WHERE key = $1"),
-            &[&key],
-        )
-        .await
-        .unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {TABLE} SET expires_at = expires_at - interval '24 hours 1 second' WHERE key = $1"
+    )))
+    .bind(&key)
+    .execute(&mut *session.connection().await)
+    .await
+    .unwrap();
     assert_eq!(claimed_again(&store, &key).await, "new");
 
     let forever = store.clone().keep_forever();
@@ -853,13 +865,38 @@ async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
 
-/// A session of the test's own on the database.
-async fn session() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
+/// A session of the test's own on the database: one connection, outside every store's pool,
+/// whose session state (an open transaction, a lock) is its own.
+struct Session(tokio::sync::Mutex<PgConnection>);
+
+impl Session {
+    async fn open() -> Self {
+        let connection = PgConnection::connect(&database_url()).await.unwrap();
+        Self(tokio::sync::Mutex::new(connection))
+    }
+
+    /// The session's connection, for a statement.
+    async fn connection(&self) -> tokio::sync::MutexGuard<'_, PgConnection> {
+        self.0.lock().await
+    }
+
+    /// Runs `sql`, one statement or several, as one simple query.
+    async fn batch(&self, sql: impl Into<String>) {
+        batch(&mut *self.connection().await, sql).await;
+    }
+
+    /// The `count(*)` (or any `bigint`) of `sql`, with `bind` as `$1` if given.
+    async fn count(&self, sql: String, bind: Option<String>) -> i64 {
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(bind) = bind {
+            query = query.bind(bind);
+        }
+        query
+            .fetch_one(&mut *self.connection().await)
+            .await
+            .unwrap()
+            .get(0)
+    }
 }
 
 /// A table of this test's own (`name` and the process id), migrated by a store on it, set up
@@ -867,7 +904,7 @@ async fn session() -> tokio_postgres::Client {
 async fn own_table(
     name: &str,
     configure: impl FnOnce(PostgresStore) -> PostgresStore,
-) -> (String, PostgresStore, tokio_postgres::Client) {
+) -> (String, PostgresStore, Session) {
     let table = format!("tower_idempotency_{name}_{}", std::process::id());
     let store = PostgresStore::connect(&database_url())
         .await
@@ -876,19 +913,18 @@ async fn own_table(
         .unwrap();
     let store = configure(store);
     store.migrate().await.unwrap();
-    (table, store, session().await)
+    (table, store, Session::open().await)
 }
 
 /// Whether some session waits for a lock on `table` now.
-async fn a_lock_is_awaited(watcher: &tokio_postgres::Client, table: &str) -> bool {
-    let waiting: i64 = watcher
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)",
-            &[&table],
+async fn a_lock_is_awaited(watcher: &Session, table: &str) -> bool {
+    let waiting = watcher
+        .count(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass($1::text)"
+                .to_owned(),
+            Some(table.to_owned()),
         )
-        .await
-        .unwrap()
-        .get(0);
+        .await;
     waiting > 0
 }
 
@@ -916,18 +952,17 @@ async fn a_start_with_nothing_to_change_stalls_no_claim() {
     let (table, store, writer) =
         own_table("start", |store| store.timeout(Duration::from_secs(3))).await;
     writer
-        .batch_execute(&format!(
+        .batch(format!(
             "BEGIN; INSERT INTO {table} (key, fingerprint) VALUES ('held-open', 'x')"
         ))
-        .await
-        .unwrap();
+        .await;
     let started = std::time::Instant::now();
     let starting = tokio::spawn({
         let store = store.clone();
         async move { store.migrate().await }
     });
     // Until the start is done, or waits on a lock: either way a claim goes in now.
-    let watcher = session().await;
+    let watcher = Session::open().await;
     while !starting.is_finished() && started.elapsed() < Duration::from_secs(2) {
         if a_lock_is_awaited(&watcher, &table).await {
             break;
@@ -941,11 +976,8 @@ async fn a_start_with_nothing_to_change_stalls_no_claim() {
         "the start waited {:?}",
         started.elapsed()
     );
-    writer.batch_execute("ROLLBACK").await.unwrap();
-    writer
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    writer.batch("ROLLBACK").await;
+    writer.batch(format!("DROP TABLE {table}")).await;
 }
 
 /// A start with something to change (here the expiry index, missing) while a writing
@@ -957,21 +989,19 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
     let (table, store, writer) =
         own_table("change", |store| store.timeout(Duration::from_secs(3))).await;
     writer
-        .batch_execute(&format!("DROP INDEX \"{table}_expires_at\""))
-        .await
-        .unwrap();
+        .batch(format!("DROP INDEX \"{table}_expires_at\""))
+        .await;
     writer
-        .batch_execute(&format!(
+        .batch(format!(
             "BEGIN; INSERT INTO {table} (key, fingerprint) VALUES ('held-open', 'x')"
         ))
-        .await
-        .unwrap();
+        .await;
     let starting = tokio::spawn({
         let store = store.clone();
         async move { store.migrate().await }
     });
     // The start has asked for its lock at least once.
-    let watcher = session().await;
+    let watcher = Session::open().await;
     let asked = std::time::Instant::now();
     while !a_lock_is_awaited(&watcher, &table).await && asked.elapsed() < Duration::from_secs(5) {
         tokio::task::yield_now().await;
@@ -981,24 +1011,19 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
         !starting.is_finished(),
         "the change waits for the transaction"
     );
-    writer.batch_execute("COMMIT").await.unwrap();
+    writer.batch("COMMIT").await;
     starting
         .await
         .unwrap()
         .expect("the start finishes once the lock is free");
-    let index: Option<String> = watcher
-        .query_one(
-            "SELECT to_regclass($1::text)::text",
-            &[&format!("{table}_expires_at")],
-        )
+    let index: Option<String> = sqlx::query("SELECT to_regclass($1::text)::text")
+        .bind(format!("{table}_expires_at"))
+        .fetch_one(&mut *watcher.connection().await)
         .await
         .unwrap()
         .get(0);
     assert!(index.is_some(), "the index was made");
-    writer
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    writer.batch(format!("DROP TABLE {table}")).await;
 }
 
 /// A backlog of expired records one statement cannot delete within the store's timeout: the
@@ -1011,20 +1036,16 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
     let batch = {
         let (table, store, client) = own_table("purge_baseline", |store| store).await;
         client
-            .batch_execute(&format!(
+            .batch(format!(
                 "INSERT INTO {table} (key, fingerprint, response, expires_at) \
                  SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
                  FROM generate_series(1, 5000) AS i; ANALYZE {table}"
             ))
-            .await
-            .unwrap();
+            .await;
         let started = std::time::Instant::now();
         assert_eq!(store.purge_expired().await.unwrap(), 5000);
         let took = started.elapsed();
-        client
-            .batch_execute(&format!("DROP TABLE {table}"))
-            .await
-            .unwrap();
+        client.batch(format!("DROP TABLE {table}")).await;
         took
     };
     let timeout = (batch * 10).max(Duration::from_millis(300));
@@ -1039,7 +1060,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
     // an idle machine), and each batch a few milliseconds, with room for a loaded one.
     let expired: i64 = 1_200_000;
     client
-        .batch_execute(&format!(
+        .batch(format!(
             "INSERT INTO {table} (key, fingerprint, response, expires_at) \
              SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
              FROM generate_series(1, {expired}) AS i; \
@@ -1050,8 +1071,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
              SELECT 'pending-' || i, 'x', '\\x01' FROM generate_series(1, 100) AS i; \
              ANALYZE {table}"
         ))
-        .await
-        .unwrap();
+        .await;
     let claims = claims_meanwhile(claiming, 40);
     let purged = store.purge_expired().await.expect("the purge finishes");
     assert_eq!(purged, u64::try_from(expired).unwrap());
@@ -1061,26 +1081,15 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
         "every claim answered within its timeout"
     );
     let left = |prefix: &'static str| {
-        let client = &client;
-        let table = &table;
-        async move {
-            client
-                .query_one(
-                    &format!("SELECT count(*) FROM {table} WHERE key LIKE $1"),
-                    &[&format!("{prefix}%")],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        }
+        client.count(
+            format!("SELECT count(*) FROM {table} WHERE key LIKE $1"),
+            Some(format!("{prefix}%")),
+        )
     };
     assert_eq!(left("expired-").await, 0);
     assert_eq!(left("kept-").await, 100, "nothing unexpired is deleted");
     assert_eq!(left("pending-").await, 100, "nothing pending is deleted");
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    client.batch(format!("DROP TABLE {table}")).await;
 }
 
 /// The built-in purger keeps a table at a steady size under a steady stream of creates with
@@ -1092,23 +1101,14 @@ async fn the_purger_keeps_a_table_at_a_steady_size() {
         store.retention(Duration::from_millis(100))
     })
     .await;
-    let count = || async {
-        client
-            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let count = || client.count(format!("SELECT count(*) FROM {table}"), None);
     let purger = store.purge_every(Duration::from_millis(50)).unwrap();
     purger_holds_steady(&store, count).await;
     drop(purger);
     complete_new(&store, &unique_key("after-the-purger")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count().await, 1, "a purger dropped purges no more");
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    client.batch(format!("DROP TABLE {table}")).await;
 }
 
 /// A start whose database cannot be reached fails at once with the store's error, not after
@@ -1118,16 +1118,22 @@ async fn a_start_with_the_database_away_fails_at_once() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
-    let mut config = tokio_postgres::Config::new();
-    config
+    let options = PgConnectOptions::new_without_pgpass()
         .host("127.0.0.1")
         .port(port)
-        .user("postgres")
-        .dbname("test");
-    let store = PostgresStore::from_config(config).unwrap();
+        .username("postgres")
+        .database("test");
+    // Connecting says why: the connection is refused.
+    let error = PostgresStore::connect_with(options.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error:#}");
+    // A store that connects lazily: its pool tries the address again until the call's
+    // timeout, and then the migrate fails, with no attempts of its own after that.
+    let store = PostgresStore::connect_lazy_with(options);
     let started = std::time::Instant::now();
     let error = store.migrate().await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert_eq!(error.kind(), StoreErrorKind::Timeout);
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -1153,25 +1159,25 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     }
     let pending = tower_idempotency::LabelContract::fingerprint("pending", "p");
     store.claim("pending", &pending).await.unwrap();
-    let client = store.pool().get().await.unwrap();
+    let client = Session::open().await;
     client
-        .execute(
-            &format!("UPDATE {table} SET expires_at = now() - interval '1 hour' WHERE key = 'old'"),
-            &[],
-        )
-        .await
-        .unwrap();
+        .batch(format!(
+            "UPDATE {table} SET expires_at = now() - interval '1 hour' WHERE key = 'old'"
+        ))
+        .await;
     let tool = common::operator_tool;
     let url = database_url();
     let purged = tool(&["--store", &url, "--table", &table, "purge"]);
     assert_eq!((purged.0, purged.1.as_str()), (Some(0), "purged 1\n"));
-    let left: Vec<String> = client
-        .query(&format!("SELECT key FROM {table} ORDER BY key"), &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let left: Vec<String> = sqlx::query(AssertSqlSafe(format!(
+        "SELECT key FROM {table} ORDER BY key"
+    )))
+    .fetch_all(&mut *client.connection().await)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
     assert_eq!(left, ["kept", "pending"]);
     // A key over 512 bytes is kept as its digest, which `pending` prints and the other
     // commands take as it is printed.
@@ -1218,7 +1224,7 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     assert!(said.contains("does not exist"), "{said}");
     // A purge that fails after its first batch says what that batch deleted.
     client
-        .batch_execute(&format!(
+        .batch(format!(
             "INSERT INTO {table} (key, fingerprint, response, expires_at) \
              SELECT 'expired-' || i, 'f', '\\x00', now() - interval '2 hours' \
              FROM generate_series(1, 5000) i; \
@@ -1230,8 +1236,7 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
              CREATE TRIGGER poison BEFORE DELETE ON {table} \
              FOR EACH ROW EXECUTE FUNCTION {table}_poison();"
         ))
-        .await
-        .unwrap();
+        .await;
     let failed = tool(&[
         "--store",
         &url,
@@ -1244,9 +1249,98 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     assert_eq!((failed.0, failed.1.as_str()), (Some(3), "purged 5000\n"));
     assert!(failed.2.contains("poisoned row"), "{}", failed.2);
     client
-        .batch_execute(&format!(
+        .batch(format!(
             "DROP TABLE {table}; DROP FUNCTION {table}_poison()"
         ))
+        .await;
+}
+
+/// `DATABASE_URL` with `parameters` added to its query.
+fn with_parameters(parameters: &str) -> String {
+    let url = database_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{parameters}")
+}
+
+/// With `sslmode=require` the store's sessions are encrypted, as PostgreSQL itself sees them
+/// (`pg_stat_ssl`), and the store works over them: a claim, its complete, the replay.
+#[tokio::test]
+async fn sslmode_require_encrypts_the_stores_sessions() {
+    let store = PostgresStore::connect(&with_parameters("sslmode=require"))
+        .await
+        .expect("PostgreSQL with TLS (the server runs with ssl = on)")
+        .table(&format!("tls_{}", std::process::id()))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let row = sqlx::query("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(store.pool())
         .await
         .unwrap();
+    assert!(row.get::<bool, _>(0), "the session is not encrypted");
+    let version: Option<String> = row.get(1);
+    assert!(
+        version.is_some_and(|v| v.starts_with("TLS")),
+        "no TLS version"
+    );
+    let key = unique_key("tls");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await else {
+        panic!("a new key");
+    };
+    let response = awkward_response();
+    store.complete(&key, &reservation, &response).await.unwrap();
+    let Ok(Claim::Replay(replayed)) = store.claim(&key, &fingerprint).await else {
+        panic!("a replay");
+    };
+    assert_eq!(replayed, response);
+    drop_table(&store).await;
+}
+
+/// A CA that did not sign the server's certificate fails the connect, with the TLS error in
+/// the chain, rather than a session in plaintext or unverified. Shown through the operator's
+/// tool, whose roots are the CA `SSL_CERT_FILE` names (in place of the system's, which on a
+/// machine whose server has a self-signed certificate may hold that certificate itself); the
+/// server's own certificate as the root verifies, as a control.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_certificate_that_does_not_verify_fails_the_connect() {
+    let tls = common::servers::TlsFiles::make();
+    let empty = common::servers::TempDir::new("no-certs");
+    let store = make_store(None)
+        .await
+        .table(&format!("tls_roots_{}", std::process::id()))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let server_cert: String = sqlx::query_scalar("SHOW ssl_cert_file")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let url = with_parameters("sslmode=verify-ca");
+    let show = [
+        "--store",
+        url.as_str(),
+        "--table",
+        store.table_name(),
+        "show",
+        "no-such-key",
+    ];
+    let empty_dir = empty.0.display().to_string();
+    let with_roots = |file: &str| {
+        common::operator_tool_with(
+            &show,
+            &[("SSL_CERT_FILE", file), ("SSL_CERT_DIR", &empty_dir)],
+        )
+    };
+    let (code, _, said) = with_roots(&tls.path("ca.pem"));
+    assert_ne!(code, Some(0), "{said}");
+    let said = said.to_lowercase();
+    assert!(
+        said.contains("certificate") || said.contains("unknownissuer"),
+        "{said}"
+    );
+    if std::fs::metadata(&server_cert).is_ok() {
+        let (code, printed, said) = with_roots(&server_cert);
+        assert_eq!(code, Some(1), "the key is absent: {printed} {said}");
+    }
+    drop_table(&store).await;
 }

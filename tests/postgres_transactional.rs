@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use bytes::Bytes;
 use common::{Chunks, Reply, operation};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Row as _};
 use tower::{Layer, ServiceExt};
 use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
@@ -19,6 +22,7 @@ use tower_idempotency::body::RequestBody;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::Claim;
+use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
     Operator, PgTransaction, PostgresStore, TransactionalPostgresStore,
 };
@@ -50,15 +54,14 @@ impl Db {
             .retention(retention);
         store.migrate().await.unwrap();
         let labels = format!("tx_labels_{name}");
-        let client = store.pool().get().await.unwrap();
-        client
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {labels}; \
-                 CREATE TABLE {labels} (label_id text PRIMARY KEY, request_id text NOT NULL); \
-                 TRUNCATE tx_records_{name};"
-            ))
-            .await
-            .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {labels}; \
+             CREATE TABLE {labels} (label_id text PRIMARY KEY, request_id text NOT NULL); \
+             TRUNCATE tx_records_{name};"
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
         Self {
             store: TransactionalPostgresStore::new(store),
             labels,
@@ -67,15 +70,15 @@ impl Db {
 
     /// The label rows of `request_id`.
     async fn rows(&self, request_id: &str) -> i64 {
-        let client = self.store.store().pool().get().await.unwrap();
-        client
-            .query_one(
-                &format!("SELECT count(*) FROM {} WHERE request_id = $1", self.labels),
-                &[&request_id],
-            )
-            .await
-            .unwrap()
-            .get(0)
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {} WHERE request_id = $1",
+            self.labels
+        )))
+        .bind(request_id)
+        .fetch_one(self.store.store().pool())
+        .await
+        .unwrap()
+        .get(0)
     }
 
     /// Whether the record of `request_id` exists (committed).
@@ -87,15 +90,18 @@ impl Db {
     /// Waits until the committed record of `request_id` is past its retention.
     async fn expired(&self, request_id: &str) {
         let key = store_key(None, &http::Method::POST, "/labels", request_id);
-        let client = self.store.store().pool().get().await.unwrap();
         let sql = format!(
             "SELECT expires_at <= now() FROM {} WHERE key = $1",
             self.store.store().table_name()
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let row = client.query_one(&sql, &[&key]).await.unwrap();
-            if row.get::<_, Option<bool>>(0) == Some(true) {
+            let row = sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(&key)
+                .fetch_one(self.store.store().pool())
+                .await
+                .unwrap();
+            if row.get::<Option<bool>, _>(0) == Some(true) {
                 return;
             }
             assert!(Instant::now() < deadline, "the record never expired");
@@ -160,23 +166,27 @@ fn create(labels: String) -> Create {
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
             let label_id = format!("label-{}", op.request_id);
-            transaction
-                .execute(
-                    &format!("INSERT INTO {labels} (label_id, request_id) VALUES ($1, $2)"),
-                    &[&label_id, &&*op.request_id],
-                )
-                .await
-                .map_err(std::io::Error::other)?;
+            let mut connection = transaction.acquire().await.map_err(std::io::Error::other)?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {labels} (label_id, request_id) VALUES ($1, $2)"
+            )))
+            .bind(&label_id)
+            .bind(&*op.request_id)
+            .execute(&mut *connection)
+            .await
+            .map_err(std::io::Error::other)?;
             // Its own row is visible to it, in its transaction, and to nobody else yet.
             let select = format!("SELECT label_id FROM {labels} WHERE request_id = $1");
-            let row = transaction
-                .query_opt(&select, &[&&*op.request_id])
+            let row = sqlx::query(AssertSqlSafe(select.as_str()))
+                .bind(&*op.request_id)
+                .fetch_optional(&mut *connection)
                 .await
                 .map_err(std::io::Error::other)?
                 .expect("its own row");
             let label_id: String = row.get(0);
-            let rows = transaction
-                .query(&select, &[&&*op.request_id])
+            let rows = sqlx::query(AssertSqlSafe(select.as_str()))
+                .bind(&*op.request_id)
+                .fetch_all(&mut *connection)
                 .await
                 .map_err(std::io::Error::other)?;
             assert_eq!(rows.len(), 1);
@@ -184,16 +194,21 @@ fn create(labels: String) -> Create {
                 "fail" => return Err(std::io::Error::other("the create failed")),
                 "panic" => panic!("the create panicked"),
                 "commit" => {
-                    transaction.execute("COMMIT", &[]).await.unwrap();
+                    sqlx::raw_sql("COMMIT")
+                        .execute(&mut *connection)
+                        .await
+                        .unwrap();
                 }
                 "bad-sql" => {
-                    let failed = transaction
-                        .execute("SELECT * FROM no_such_table", &[])
+                    let failed = sqlx::query("SELECT * FROM no_such_table")
+                        .execute(&mut *connection)
                         .await;
                     assert!(failed.is_err());
                 }
                 _ => {}
             }
+            // The transaction's connection goes back before the create answers.
+            drop(connection);
             let mut response = Response::new(Full::new(Bytes::from(format!(
                 r#"{{"label_id":"{label_id}"}}"#
             ))));
@@ -380,13 +395,14 @@ async fn a_response_body_that_panics_rolls_back_and_frees_the_key() {
         let labels = labels.clone();
         async move {
             let transaction = request.extensions().get::<PgTransaction>().unwrap().clone();
-            transaction
-                .execute(
-                    &format!("INSERT INTO {labels} (label_id, request_id) VALUES ('l', 'z-1')"),
-                    &[],
-                )
-                .await
-                .map_err(std::io::Error::other)?;
+            let mut connection = transaction.acquire().await.map_err(std::io::Error::other)?;
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {labels} (label_id, request_id) VALUES ('l', 'z-1')"
+            )))
+            .execute(&mut *connection)
+            .await
+            .map_err(std::io::Error::other)?;
+            drop(connection);
             Ok::<_, std::io::Error>(Response::new(Panicking))
         }
     });
@@ -449,33 +465,32 @@ async fn a_create_that_commits_by_itself_is_never_answered_as_created() {
 #[tokio::test]
 async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
     let db = Db::new("cancel").await;
-    use tower_idempotency::store::postgres::{deadpool_postgres, tokio_postgres};
-    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
-    config.application_name("tx-cancel-test");
-    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
-        .max_size(1)
-        .build()
-        .unwrap();
+    let options = PgConnectOptions::from_str(&database_url())
+        .unwrap()
+        .application_name("tx-cancel-test");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options);
     let store = TransactionalPostgresStore::new(
-        PostgresStore::from_pool(pool)
-            .table("tx_records_cancel")
-            .unwrap(),
+        PostgresStore::new(pool).table("tx_records_cancel").unwrap(),
     );
     let fingerprint = tower_idempotency::LabelContract::fingerprint("c-1", "p");
     let idle_in_transaction = || async {
-        let client = db.store.store().pool().get().await.unwrap();
-        let row = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tx-cancel-test' \
-                 AND state LIKE 'idle in transaction%'",
-                &[],
-            )
-            .await
-            .unwrap();
-        row.get::<_, i64>(0)
+        let row = sqlx::query(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tx-cancel-test' \
+             AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(db.store.store().pool())
+        .await
+        .unwrap();
+        row.get::<i64, _>(0)
     };
-    // How long a whole claim takes here, on a warm connection.
+    // How long a whole claim takes here, on a warm connection: the pool's one connection
+    // made (its TLS handshake) and the statements prepared by a claim before.
+    let Ok(Claim::New(reservation)) = store.claim("c-warm", &fingerprint).await else {
+        panic!("a new claim")
+    };
+    store.release("c-warm", &reservation).await.unwrap();
     let started = Instant::now();
     let Ok(Claim::New(reservation)) = store.claim("c-warm", &fingerprint).await else {
         panic!("a new claim")
@@ -590,9 +605,8 @@ async fn a_retry_while_an_expired_key_is_created_again_is_pending_not_its_old_re
     db.expired("x-1").await;
     // The first intent's label stands for a resource of its own; the key's new create makes
     // another.
-    let client = db.store.store().pool().get().await.unwrap();
-    client
-        .execute(&format!("DELETE FROM {}", db.labels), &[])
+    sqlx::query(AssertSqlSafe(format!("DELETE FROM {}", db.labels)))
+        .execute(db.store.store().pool())
         .await
         .unwrap();
     let again = {

@@ -31,6 +31,62 @@ async fn make_store(retention: Option<Duration>) -> RedisStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 
+/// Over TLS: a server of the test's own that speaks TLS only, its certificate signed by a CA
+/// the test made. The conformance suite runs over `rediss://` with that CA; without it the
+/// connect is refused.
+mod tls {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use common::servers::TlsFiles;
+    use tower_idempotency::store::redis::redis::{Client, TlsCertificates};
+
+    fn server() -> &'static (TlsFiles, RedisServer) {
+        static SERVER: OnceLock<(TlsFiles, RedisServer)> = OnceLock::new();
+        SERVER.get_or_init(|| {
+            let tls = TlsFiles::make();
+            let server = RedisServer::start_tls(&tls);
+            (tls, server)
+        })
+    }
+
+    async fn make_store(retention: Option<Duration>) -> RedisStore {
+        let (tls, server) = server();
+        let certificates = TlsCertificates {
+            client_tls: None,
+            root_cert: Some(tls.ca()),
+        };
+        let client = Client::build_with_tls(server.tls_url(), certificates).unwrap();
+        let store = RedisStore::connect_client(client)
+            .await
+            .expect("the TLS server, its CA trusted")
+            .prefix("tower-idempotency-test-tls:");
+        match retention {
+            Some(retention) => store.retention(retention),
+            None => store,
+        }
+    }
+
+    tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+
+    /// Without the CA, the server's certificate does not verify: the connect fails, saying
+    /// why, and nothing falls back to plaintext (the server has no plaintext port).
+    #[tokio::test]
+    async fn a_certificate_that_does_not_verify_fails_the_connect() {
+        let (_, server) = server();
+        let error = RedisStore::connect(&server.tls_url())
+            .await
+            .expect_err("a certificate signed by an unknown CA");
+        let chain = format!("{error:#}").to_lowercase();
+        assert!(
+            chain.contains("certificate") || chain.contains("unknownissuer"),
+            "{chain}"
+        );
+        // The plaintext scheme to the same port gets no answer it can use either.
+        assert!(RedisStore::connect(&server.url()).await.is_err());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
     payments::generic_mode_creates_once(make_store(None).await, 1000).await;

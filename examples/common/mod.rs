@@ -296,19 +296,20 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
             .map_err(|e| format!("{e:#}"))?;
         let store = retained!(store, retention);
         store.migrate().await.map_err(|e| format!("{e:#}"))?;
-        let client = store.pool().get().await.map_err(|e| format!("{e:#}"))?;
-        client
-            // Under a lock, so that replicas starting together create it once.
-            .batch_execute(
-                "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency example labels')); \
-                 CREATE TABLE IF NOT EXISTS labels (\
-                 label_id text PRIMARY KEY, \
-                 request_id text NOT NULL, \
-                 parcel_id text NOT NULL, \
-                 created_at timestamptz NOT NULL DEFAULT now())",
-            )
-            .await
-            .map_err(|e| format!("{e:#}"))?;
+        // Under a lock, so that replicas starting together create it once.
+        tower_idempotency::store::postgres::sqlx::raw_sql(
+            "BEGIN; \
+             SELECT pg_advisory_xact_lock(hashtext('tower-idempotency example labels')); \
+             CREATE TABLE IF NOT EXISTS labels (\
+             label_id text PRIMARY KEY, \
+             request_id text NOT NULL, \
+             parcel_id text NOT NULL, \
+             created_at timestamptz NOT NULL DEFAULT now()); \
+             COMMIT",
+        )
+        .execute(store.pool())
+        .await
+        .map_err(|e| format!("{e:#}"))?;
         keep_purging(options, || store.purge_every(every(options)));
         Ok(DynStore::new(TransactionalPostgresStore::new(store)))
     }
@@ -345,7 +346,8 @@ pub fn store_note() -> String {
 }
 
 /// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
-/// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH` (the durable stores need the
+/// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH`; over TLS `rediss://…`,
+/// `rediss-cluster://…` and `postgres://…?sslmode=…` (a CA of your own by `SSL_CERT_FILE`) (the durable stores need the
 /// crate's feature of that name), chosen at run time behind one type, keeping completed keys
 /// for `retention` (`None`: for good).
 pub async fn open_store(options: &Options) -> Result<DynStore, String> {
@@ -369,10 +371,18 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         #[cfg(not(feature = "redis"))]
         return Err("build with --features redis".to_owned());
     }
-    if let Some(seeds) = url.strip_prefix("redis-cluster://") {
+    // `rediss-cluster://` for a cluster over TLS.
+    let cluster = url
+        .strip_prefix("redis-cluster://")
+        .map(|seeds| ("redis", seeds))
+        .or_else(|| {
+            url.strip_prefix("rediss-cluster://")
+                .map(|seeds| ("rediss", seeds))
+        });
+    if let Some((scheme, seeds)) = cluster {
         #[cfg(feature = "redis")]
         {
-            let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
+            let seeds = seeds.split(',').map(|seed| format!("{scheme}://{seed}"));
             let store = tower_idempotency::store::RedisStore::connect_cluster(seeds)
                 .await
                 .map_err(|e| format!("{e:#}"))?;

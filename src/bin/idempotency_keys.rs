@@ -44,7 +44,9 @@ COMMANDS
 
 OPTIONS
   --store URL        redis://HOST:PORT, redis-cluster://HOST:PORT[,HOST:PORT...],
-                     postgres://USER@HOST:PORT/DB or sqlite://PATH
+                     postgres://USER@HOST:PORT/DB or sqlite://PATH; over TLS:
+                     rediss://, rediss-cluster://, postgres://…?sslmode=verify-full
+                     (trusted roots in place of the system's: SSL_CERT_FILE=PATH)
   --table NAME       the PostgreSQL table (default idempotency_records)
   --prefix PREFIX    the Redis key prefix the servers were given with .prefix(...), if any
   --wait-for-replicas N
@@ -400,8 +402,16 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
         }
         return run(configured!(store, options), options).await;
     }
-    if let Some(seeds) = url.strip_prefix("redis-cluster://") {
-        let seeds = seeds.split(',').map(|seed| format!("redis://{seed}"));
+    // `rediss-cluster://` for a cluster over TLS.
+    let cluster = url
+        .strip_prefix("redis-cluster://")
+        .map(|seeds| ("redis", seeds))
+        .or_else(|| {
+            url.strip_prefix("rediss-cluster://")
+                .map(|seeds| ("rediss", seeds))
+        });
+    if let Some((scheme, seeds)) = cluster {
+        let seeds = seeds.split(',').map(|seed| format!("{scheme}://{seed}"));
         let mut store = RedisStore::connect_cluster_allowing_eviction(seeds).await?;
         if let Some(prefix) = &options.prefix {
             store = store.prefix(prefix.as_str());

@@ -82,12 +82,6 @@ impl<S: Source> Notifier<S> {
         })
     }
 
-    /// Where the announcements come from.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn source(&self) -> &S {
-        &self.source
-    }
-
     /// Whether the listener listens right now.
     pub(crate) fn listening(&self) -> bool {
         self.listening.load(Ordering::Acquire)

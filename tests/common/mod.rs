@@ -1002,8 +1002,15 @@ pub fn claims_meanwhile<St: Store>(store: St, claims: usize) -> tokio::task::Joi
 /// what it printed, and what it said on its error output.
 #[cfg(feature = "cli")]
 pub fn operator_tool(args: &[&str]) -> (Option<i32>, String, String) {
+    operator_tool_with(args, &[])
+}
+
+/// [`operator_tool`] with more variables in its environment.
+#[cfg(feature = "cli")]
+pub fn operator_tool_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("the tool runs");
     (

@@ -41,6 +41,91 @@ impl Drop for TempDir {
     }
 }
 
+/// A CA made for a test in a directory of its own, and a server certificate it signed for
+/// `127.0.0.1` and `localhost`, by the `openssl` command.
+pub struct TlsFiles {
+    pub dir: TempDir,
+}
+
+impl TlsFiles {
+    pub fn make() -> Self {
+        let files = Self {
+            dir: TempDir::new("tls"),
+        };
+        let openssl = |args: &[&str]| {
+            let made = Command::new("openssl")
+                .args(args)
+                .current_dir(&files.dir.0)
+                .output()
+                .expect("openssl must be on PATH for this test");
+            assert!(
+                made.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&made.stderr)
+            );
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tower-idempotency test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            files.dir.0.join("server.ext"),
+            "subjectAltName = IP:127.0.0.1, DNS:localhost\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ]);
+        files
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.0.join(name).display().to_string()
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn ca(&self) -> Vec<u8> {
+        std::fs::read(self.dir.0.join("ca.pem")).unwrap()
+    }
+}
+
 /// A `redis-server` of the test's own, with append-only persistence fsynced on every write.
 pub struct RedisServer {
     pub port: u16,
@@ -73,6 +158,47 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A server that speaks TLS only, with the certificate `tls` made.
+    pub fn start_tls(tls: &TlsFiles) -> Self {
+        let port = free_port();
+        let port_arg = port.to_string();
+        let (cert, key, ca) = (
+            tls.path("server.pem"),
+            tls.path("server.key"),
+            tls.path("ca.pem"),
+        );
+        let mut server = Self {
+            port,
+            dir: TempDir::new("redis-tls"),
+            child: None,
+            watchdog: None,
+            args: [
+                "--port",
+                "0",
+                "--tls-port",
+                &port_arg,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "no",
+            ]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect(),
+        };
+        server.start_again();
+        server
+    }
+
+    /// The `rediss://` URL of a server started with [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
     }
 
     /// Starts the server on the same port and directory, and waits until it answers.
@@ -398,7 +524,9 @@ fn synced(port: u16) -> bool {
 
 /// A loopback TCP proxy in front of a backend. `cut()` drops every connection and refuses new
 /// ones (the backend is "down"); `restore()` lets traffic through again. When `count_pg` is
-/// set it counts PostgreSQL round trips: the client's `Sync` and simple `Query` messages.
+/// set it counts PostgreSQL round trips: the client's `Sync` and simple `Query` messages that
+/// end a statement (`round_trips`), and apart from them the bare `Sync`s that only check a
+/// connection (`pings`: sqlx sends one each time a pooled connection goes back to its pool).
 pub struct Proxy {
     pub addr: SocketAddr,
     up: watch::Sender<bool>,
@@ -406,6 +534,7 @@ pub struct Proxy {
     /// their answers are lost.
     muted: Arc<AtomicBool>,
     pub round_trips: Arc<AtomicUsize>,
+    pub pings: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -415,11 +544,12 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let (up, _) = watch::channel(true);
         let round_trips = Arc::new(AtomicUsize::new(0));
+        let pings = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let muted = Arc::new(AtomicBool::new(false));
         let (up_rx, counter, stopped, mute) = (
             up.subscribe(),
-            Arc::clone(&round_trips),
+            (Arc::clone(&round_trips), Arc::clone(&pings)),
             Arc::clone(&stop),
             Arc::clone(&muted),
         );
@@ -433,7 +563,7 @@ impl Proxy {
                     drop(client); // refused while cut
                     continue;
                 }
-                let counter = Arc::clone(&counter);
+                let counter = counter.clone();
                 let mute = Arc::clone(&mute);
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -451,6 +581,7 @@ impl Proxy {
             up,
             muted,
             round_trips,
+            pings,
             stop,
         }
     }
@@ -481,7 +612,7 @@ impl Drop for Proxy {
 async fn pipe(
     client: TcpStream,
     server: TcpStream,
-    counter: Option<Arc<AtomicUsize>>,
+    counter: Option<(Arc<AtomicUsize>, Arc<AtomicUsize>)>,
     muted: Arc<AtomicBool>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
@@ -494,8 +625,10 @@ async fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if let Some(counter) = &counter {
-                counter.fetch_add(parser.feed(&buffer[..n]), Ordering::SeqCst);
+            if let Some((round_trips, pings)) = &counter {
+                let (ended, pinged) = parser.feed(&buffer[..n]);
+                round_trips.fetch_add(ended, Ordering::SeqCst);
+                pings.fetch_add(pinged, Ordering::SeqCst);
             }
             if server_write.write_all(&buffer[..n]).await.is_err() {
                 break;
@@ -531,11 +664,14 @@ struct PgMessages {
     started: bool,
     header: Vec<u8>,
     skip: usize,
+    /// Messages since the last one that ended a round trip.
+    since: usize,
 }
 
 impl PgMessages {
-    fn feed(&mut self, mut bytes: &[u8]) -> usize {
-        let mut count = 0;
+    /// The statement round trips and the pings `bytes` end.
+    fn feed(&mut self, mut bytes: &[u8]) -> (usize, usize) {
+        let (mut count, mut pings) = (0, 0);
         while !bytes.is_empty() {
             if self.skip > 0 {
                 let n = self.skip.min(bytes.len());
@@ -552,8 +688,15 @@ impl PgMessages {
             }
             let len_bytes: [u8; 4] = self.header[header_len - 4..].try_into().unwrap();
             let len = u32::from_be_bytes(len_bytes) as usize;
-            if self.started && matches!(self.header[0], b'S' | b'Q') {
-                count += 1;
+            if self.started {
+                match self.header[0] {
+                    b'S' if self.since == 0 => pings += 1,
+                    b'S' | b'Q' => count += 1,
+                    _ => self.since += 1,
+                }
+                if matches!(self.header[0], b'S' | b'Q') {
+                    self.since = 0;
+                }
             }
             // An SSL request is answered with one byte and followed by the real startup.
             let ssl_request = !self.started && len == 8;
@@ -563,6 +706,6 @@ impl PgMessages {
                 self.started = true;
             }
         }
-        count
+        (count, pings)
     }
 }

@@ -1,62 +1,81 @@
 //! Where a PostgreSQL store hears of changes: `LISTEN` on a connection of its own.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio_postgres::{AsyncMessage, NoTls};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPool, PgPoolOptions};
 
 use crate::store::notifier::Source;
 
 use super::Sql;
 
-/// Where a PostgreSQL store hears of changes: a connection of its own, outside the pool, that
-/// listens on the table's channel.
+/// Where a PostgreSQL store hears of changes: a connection of its own, made with the pool's
+/// connect options but outside the pool, that listens on the table's channel.
 #[derive(Clone)]
 pub(super) struct Listener {
-    pub(super) config: tokio_postgres::Config,
-    pub(super) sql: Arc<Sql>,
+    options: Arc<PgConnectOptions>,
+    sql: Arc<Sql>,
+}
+
+impl Listener {
+    pub(super) fn new(pool: &PgPool, sql: &Arc<Sql>) -> Self {
+        Self {
+            options: pool.connect_options(),
+            sql: Arc::clone(sql),
+        }
+    }
+}
+
+/// The next notification a listener receives, with the listener back once it did.
+type Next =
+    Pin<Box<dyn Future<Output = (PgListener, Result<Option<PgNotification>, sqlx::Error>)> + Send>>;
+
+/// A listening connection: the wait for its next notification.
+pub(super) struct Session(Next);
+
+fn next(mut listener: PgListener) -> Next {
+    Box::pin(async move {
+        let received = listener.try_recv().await;
+        (listener, received)
+    })
 }
 
 impl Source for Listener {
-    type Session = (
-        tokio_postgres::Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    );
+    type Session = Session;
 
     async fn listen(&self) -> Option<Self::Session> {
-        let (client, mut connection) = self.config.connect(NoTls).await.ok()?;
-        // The connection runs the statement only while it is polled.
-        let listening = {
-            let mut listen = std::pin::pin!(client.batch_execute(&self.sql.listen));
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(result) = listen.as_mut().poll(cx) {
-                    return Poll::Ready(result.is_ok());
-                }
-                loop {
-                    match std::task::ready!(connection.poll_message(cx)) {
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => return Poll::Ready(false),
-                    }
-                }
-            })
-            .await
+        let options = (*self.options).clone();
+        // Told apart from the pool's connections in `pg_stat_activity`.
+        let name = match options.get_application_name() {
+            Some(name) => format!("{name} listener"),
+            None => "tower-idempotency listener".to_owned(),
         };
-        listening.then_some((client, connection))
+        let options = options.application_name(&name);
+        // A pool of one, the listener's alone: its connection is never the application's.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&pool).await.ok()?;
+        // A lost connection ends the session (the notifier listens again, and its waiters look
+        // again), rather than a reconnection that would hide the notifications lost meanwhile.
+        listener.eager_reconnect(false);
+        listener.ignore_pool_close_event(true);
+        listener.listen(&self.sql.channel).await.ok()?;
+        Some(Session(next(listener)))
     }
 
-    fn poll_changed(
-        (_, connection): &mut Self::Session,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<String>> {
-        loop {
-            match std::task::ready!(connection.poll_message(cx)) {
-                Some(Ok(AsyncMessage::Notification(notification))) => {
-                    return Poll::Ready(Some(notification.payload().to_owned()));
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => return Poll::Ready(None),
+    fn poll_changed(session: &mut Self::Session, cx: &mut Context<'_>) -> Poll<Option<String>> {
+        let (listener, received) = std::task::ready!(session.0.as_mut().poll(cx));
+        match received {
+            Ok(Some(notification)) => {
+                let key = notification.payload().to_owned();
+                session.0 = next(listener);
+                Poll::Ready(Some(key))
             }
+            Ok(None) | Err(_) => Poll::Ready(None),
         }
     }
 }

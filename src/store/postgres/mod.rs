@@ -1,29 +1,28 @@
 //! The PostgreSQL store: shared by every replica and durable.
 
-/// The PostgreSQL driver and pool the [`PostgresStore`] is built on, re-exported so you get
-/// matching versions.
-pub use {::deadpool_postgres, ::tokio_postgres};
+/// The SQL toolkit the [`PostgresStore`] is built on, re-exported so you get a matching
+/// version.
+pub use ::sqlx;
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
-use tokio_postgres::NoTls;
-use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _, SqlSafeStr as _};
 
 use super::Purger;
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::waiting;
 use super::{
-    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse, retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
+    retention_millis, within,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -35,7 +34,7 @@ mod transactional;
 use self::listener::Listener;
 use self::sql::Sql;
 
-pub use transactional::{PgTransaction, TransactionalPostgresStore};
+pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPostgresStore};
 
 /// A registry in a PostgreSQL table, shared by every replica that uses the same database, and
 /// durable.
@@ -67,14 +66,56 @@ pub use transactional::{PgTransaction, TransactionalPostgresStore};
 /// one second), so the layer fails closed while the database is away; the pool reconnects when
 /// it returns.
 ///
+/// # On the application's pool
+///
+/// The store is built on [`sqlx`]: [`new`](Self::new) takes the application's own
+/// [`PgPool`], so one pool, sized once, serves the application and the store. On such a pool
+/// the store leaves its connections' session state alone: it sets nothing on them (no
+/// `SET`, no `LISTEN`), bounds each call by its [timeout](Self::timeout) on the client's side,
+/// sets `statement_timeout` with `SET LOCAL` only inside the transactions it opens itself (the
+/// [transactional mode](TransactionalPostgresStore)), and listens for changes on a connection
+/// of its own, made with the pool's connect options, outside the pool. A statement the store
+/// gave up on is not cancelled on the server, and a call cut off in the middle of its answer
+/// can leave sqlx's connection waiting for good: give the pool's connections a
+/// `statement_timeout` below the store's timeout (`PgConnectOptions::options([(
+/// "statement_timeout", "800ms")])` for the default second), so that the server ends a slow
+/// statement first. A pool the store makes itself ([`connect`](Self::connect),
+/// [`connect_with`](Self::connect_with)) gives each of its connections four fifths of the
+/// store's timeout as `statement_timeout`.
+///
+/// sqlx pings a pooled connection each time it hands it out unless the pool is built with
+/// `PgPoolOptions::test_before_acquire(false)`: a round trip more on every store call (the
+/// capacity bench measures both). The pool the store makes itself turns it off.
+///
+/// Behind PgBouncer in transaction mode, statements run on whichever server connection is
+/// free: the store works, since it keeps no session state and its transactions are whole
+/// transactions, but `LISTEN` does not reach the server's notifications there, so give the
+/// listener a direct address, or let waiters poll (they look again every second while the
+/// listener is away). Prepared statements need PgBouncer 1.21 or later
+/// (`max_prepared_statements`).
+///
+/// # TLS
+///
+/// By URL, as libpq takes it: `sslmode=require` encrypts (and trusts any certificate),
+/// `sslmode=verify-ca` also verifies the server's certificate against the trusted roots, and
+/// `verify-full` its host name too. The trusted roots are the system's (on Linux the files of
+/// `/etc/ssl/certs`), or, when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set, the certificates
+/// they name in place of the system's; `sslrootcert=PATH` adds the CA of that file to them
+/// (sqlx adds it, where libpq would trust it alone). A certificate that does not verify fails
+/// the connect, with the TLS error in the [`StoreError`]'s chain; a server without TLS fails
+/// any mode but `disable`, `allow` and `prefer`.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_idempotency::store::PostgresStore;
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
-/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test")
-///     .await?
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// // The application's own pool.
+/// use tower_idempotency::store::postgres::sqlx::PgPool;
+///
+/// let pool = PgPool::connect("postgres://postgres@127.0.0.1:5432/test?sslmode=require").await?;
+/// let store = PostgresStore::new(pool.clone())
 ///     .table("label_idempotency")?
 ///     .retention(Duration::from_secs(24 * 60 * 60));
 /// store.migrate().await?;
@@ -83,16 +124,16 @@ pub use transactional::{PgTransaction, TransactionalPostgresStore};
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: Pool,
+    pool: PgPool,
     sql: Arc<Sql>,
     retention_ms: i64,
     timeout: Duration,
-    /// The `statement_timeout` new pooled connections get, in ms, when the store built the
-    /// pool: the store's timeout, so that no statement outlives its caller for long.
+    /// The `statement_timeout` new connections get, in ms, when the store built the pool: the
+    /// store's timeout, so that no statement outlives its caller for long.
     statement_timeout: Option<Arc<AtomicU64>>,
     /// Wakes the requests of this process waiting for a key, from the changes announced on
-    /// the table's channel; `None` on a pool of the caller's (then they poll).
-    notifier: Option<Arc<Notifier<Listener>>>,
+    /// the table's channel.
+    notifier: Arc<Notifier<Listener>>,
 }
 
 /// The longest [`PostgresStore::migrate`] waits for a lock it needs to change the table, at a
@@ -129,91 +170,105 @@ impl PostgresStore {
     /// The default table name.
     pub const DEFAULT_TABLE: &'static str = "idempotency_records";
 
-    /// A store on a pool of connections to `url` (`postgres://user@host:port/db`).
+    /// A store on the application's own pool: it shares the pool's connections, and leaves
+    /// their session state alone (see [On the application's pool](Self#on-the-applications-pool)).
+    /// Its listener, made on the first wait for a first attempt, is one connection more, made
+    /// with the pool's connect options.
     ///
-    /// Connects once to check the database can be reached. The pool holds at most twice the
-    /// machine's logical CPUs (deadpool's default), made as needed, and a store whose layer
-    /// waits for first attempts ([`pending_wait`](crate::IdempotencyLayer::pending_wait))
-    /// one more, its listener: N replicas take up to N × (pool + 1) of the server's
-    /// `max_connections`. Change the size with `store.pool().resize(n)`, or bring a pool of
-    /// your own with [`from_pool`](Self::from_pool). A claim that waits for a connection
-    /// longer than the [timeout](Self::timeout) fails like any store call that times out.
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::PostgresStore;
+    /// use tower_idempotency::store::postgres::sqlx::postgres::PgPoolOptions;
     ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the URL is invalid or the database cannot be reached within the
-    /// timeout.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
-        let store = Self::from_config(config)?;
-        let client = store.client().await?;
-        // Not kept: connections made after the timeout is set get its statement_timeout.
-        drop(deadpool_postgres::Object::take(client));
-        Ok(store)
-    }
-
-    /// A store on a pool built from a `tokio_postgres` configuration, without TLS. Connects
-    /// lazily.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the pool cannot be built.
-    pub fn from_config(mut config: tokio_postgres::Config) -> Result<Self, StoreError> {
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(DEFAULT_TIMEOUT);
-        }
-        let mut listener = config.clone();
-        if listener.get_application_name().is_none() {
-            listener.application_name("tower-idempotency listener");
-        }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let statement_timeout = Arc::new(AtomicU64::new(statement_timeout_ms(DEFAULT_TIMEOUT)));
-        let for_new_connections = Arc::clone(&statement_timeout);
-        let pool = Pool::builder(manager)
-            .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
-                let millis = for_new_connections.load(Ordering::Relaxed);
-                Box::pin(async move {
-                    client
-                        .batch_execute(&format!("SET statement_timeout = {millis}"))
-                        .await
-                        .map_err(deadpool_postgres::HookError::Backend)
-                })
-            }))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(DEFAULT_TIMEOUT))
-            .create_timeout(Some(DEFAULT_TIMEOUT))
-            .recycle_timeout(Some(DEFAULT_TIMEOUT))
-            .build()
-            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
-        let store = Self::from_pool(pool);
-        Ok(Self {
-            statement_timeout: Some(statement_timeout),
-            notifier: Some(Notifier::new(Listener {
-                config: listener,
-                sql: Arc::clone(&store.sql),
-            })),
-            ..store
-        })
-    }
-
-    /// A store on a pool you built yourself.
-    pub fn from_pool(pool: Pool) -> Self {
+    /// let pool = PgPoolOptions::new()
+    ///     .max_connections(20)
+    ///     .connect("postgres://postgres@127.0.0.1/test")
+    ///     .await?;
+    /// let store = PostgresStore::new(pool);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: PgPool) -> Self {
+        let sql = Arc::new(Sql::new(Self::DEFAULT_TABLE));
+        let notifier = Notifier::new(Listener::new(&pool, &sql));
         Self {
             pool,
-            sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
+            sql,
             retention_ms: i64::try_from(retention_millis(super::DEFAULT_RETENTION))
                 .unwrap_or(i64::MAX),
             timeout: DEFAULT_TIMEOUT,
             statement_timeout: None,
-            notifier: None,
+            notifier,
+        }
+    }
+
+    /// A store on a pool of its own, of connections to `url` (`postgres://user@host:port/db`,
+    /// with `?sslmode=…` for TLS, see [TLS](Self#tls)).
+    ///
+    /// Connects once to check the database can be reached (and its certificate verifies).
+    /// The pool holds at most sqlx's default of 10 connections, made as needed, and a store
+    /// whose layer waits for first attempts
+    /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) one more, its listener: N
+    /// replicas take up to N × 11 of the server's `max_connections`. For another size, or to
+    /// share the application's pool, build the pool yourself and use [`new`](Self::new). A
+    /// claim that waits for a connection longer than the [timeout](Self::timeout) fails like
+    /// any store call that times out.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] if the URL is invalid; a [`StoreError`] if the
+    /// database cannot be reached within the timeout, or refuses (a certificate that does not
+    /// verify, a password that does not match).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+        Self::connect_with(options).await
+    }
+
+    /// [`connect`](Self::connect) with sqlx's connect options.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(options: PgConnectOptions) -> Result<Self, StoreError> {
+        // A connection of its own, not the pool's: the pool tries a refused address again
+        // until the call's timeout, and would say only that it timed out.
+        let connection = within(DEFAULT_TIMEOUT, async {
+            PgConnection::connect_with(&options)
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        drop(connection.close().await);
+        Ok(Self::connect_lazy_with(options))
+    }
+
+    /// A store on a pool of its own that connects on first use.
+    pub fn connect_lazy_with(options: PgConnectOptions) -> Self {
+        let options = match options.get_application_name() {
+            Some(_) => options,
+            None => options.application_name("tower-idempotency"),
+        };
+        let statement_timeout = Arc::new(AtomicU64::new(server_side(DEFAULT_TIMEOUT)));
+        let for_new_connections = Arc::clone(&statement_timeout);
+        // No acquire timeout of the pool's own beyond sqlx's default: each call is bounded by
+        // the store's timeout, which may be set later. No ping before each use: it would be a
+        // round trip more on every call, and a call on a dead connection fails like any other.
+        let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .after_connect(move |connection, _| {
+                let millis = for_new_connections.load(Ordering::Relaxed);
+                Box::pin(async move {
+                    connection
+                        .execute(AssertSqlSafe(format!("SET statement_timeout = {millis}")))
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_lazy_with(options);
+        Self {
+            statement_timeout: Some(statement_timeout),
+            ..Self::new(pool)
         }
     }
 
@@ -224,27 +279,32 @@ impl PostgresStore {
     ///
     /// [`StoreErrorKind::InvalidConfig`] for any other name.
     pub fn table(mut self, name: &str) -> Result<Self, StoreError> {
-        let valid = !name.is_empty()
-            && name.len() <= 48
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !valid {
-            return Err(StoreError::with_source(
-                StoreErrorKind::InvalidConfig,
-                format!(
-                    "table {name:?}: letters, digits and _, not starting with a digit, at most \
-                     48 characters"
-                ),
-            ));
-        }
+        valid_table(name)?;
         self.sql = Arc::new(Sql::new(name));
-        if let Some(notifier) = &self.notifier {
-            self.notifier = Some(Notifier::new(Listener {
-                config: notifier.source().config.clone(),
-                sql: Arc::clone(&self.sql),
-            }));
-        }
+        self.notifier = Notifier::new(Listener::new(&self.pool, &self.sql));
         Ok(self)
+    }
+
+    /// The DDL that makes the table `table` and its expiry index, for the migration tool you
+    /// run yourself (sqlx-migrate, refinery, Flyway, Atlas): what [`migrate`](Self::migrate)
+    /// makes on a new database. For the default table it is the file
+    /// `migrations/postgres/0001_idempotency_records.sql` shipped with the crate.
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")] {
+    /// use tower_idempotency::store::PostgresStore;
+    ///
+    /// let ddl = PostgresStore::schema("label_idempotency").unwrap();
+    /// assert!(ddl.starts_with("CREATE TABLE IF NOT EXISTS \"label_idempotency\""));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] for a name [`table`](Self::table) refuses.
+    pub fn schema(table: &str) -> Result<String, StoreError> {
+        valid_table(table)?;
+        Ok(sql::schema(table))
     }
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
@@ -265,15 +325,15 @@ impl PostgresStore {
     }
 
     /// Sets how long one store call may take, waiting for a connection included. Default one
-    /// second. On a pool the store built ([`connect`](Self::connect),
-    /// [`from_config`](Self::from_config)) it is also every connection's `statement_timeout`,
-    /// so a statement whose caller gave up cannot commit much later; set it before the store
-    /// is used. On a pool of your own ([`from_pool`](Self::from_pool)) set `statement_timeout`
-    /// yourself.
+    /// second. On a pool the store built ([`connect`](Self::connect)) it is also every new
+    /// connection's `statement_timeout`, so a statement whose caller gave up cannot commit
+    /// much later; set it before the store is used. On the application's pool
+    /// ([`new`](Self::new)) it bounds the store's calls on the client's side, and the
+    /// transactional mode's transactions with `SET LOCAL statement_timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         if let Some(statement_timeout) = &self.statement_timeout {
-            statement_timeout.store(statement_timeout_ms(timeout), Ordering::Relaxed);
+            statement_timeout.store(server_side(timeout), Ordering::Relaxed);
         }
         self
     }
@@ -281,12 +341,9 @@ impl PostgresStore {
     /// Whether this store listens for the changes any replica announces right now, so that a
     /// request waiting for a first attempt is woken by its completion (see
     /// [`pending_wait`](crate::IdempotencyLayer::pending_wait)); the listening starts on the
-    /// first wait, on a connection of its own outside the pool. `false` on a pool of your own
-    /// ([`from_pool`](Self::from_pool)): waiters then poll.
+    /// first wait, on a connection of its own outside the pool.
     pub fn notifications_listening(&self) -> bool {
-        self.notifier
-            .as_ref()
-            .is_some_and(|notifier| notifier.listening())
+        self.notifier.listening()
     }
 
     /// How many keys requests of this process wait on now
@@ -302,13 +359,11 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub fn waited_keys(&self) -> usize {
-        self.notifier
-            .as_ref()
-            .map_or(0, |notifier| notifier.waited_keys())
+        self.notifier.waited_keys()
     }
 
-    /// The connection pool.
-    pub fn pool(&self) -> &Pool {
+    /// The connection pool: the application's, or the one the store made.
+    pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
@@ -341,47 +396,55 @@ impl PostgresStore {
         // held longer (a writing transaction open on the table) is tried again, for as long as
         // `MIGRATE_ATTEMPTS` allow.
         let mut pauses = migrate_pauses();
+        let begin = AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL lock_timeout = {}",
+            MIGRATE_LOCK_WAIT.as_millis()
+        ))
+        .into_sql_str();
         for attempt in 1..=MIGRATE_ATTEMPTS {
+            // A connection that cannot be had within the timeout fails the migrate: the
+            // database is away, and trying again would only hold up the start.
+            let mut transaction = within(self.timeout, begin_on(&self.pool, begin.clone())).await?;
+            // `None`: a lock the change needs is held (its `lock_timeout` passed).
             let tried = within(self.timeout, async {
-                let mut client = self.client().await?;
-                let transaction = client.transaction().await.map_err(unavailable)?;
-                let lock_wait = MIGRATE_LOCK_WAIT.as_millis();
-                transaction
-                    .batch_execute(&format!("SET LOCAL lock_timeout = {lock_wait}"))
+                match sqlx::raw_sql(self.sql.migrate.clone())
+                    .execute(&mut *transaction)
                     .await
-                    .map_err(unavailable)?;
-                transaction
-                    .batch_execute(&self.sql.migrate)
-                    .await
-                    .map_err(|error| match error.code() {
-                        Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                            StoreError::with_source(StoreErrorKind::Timeout, error)
-                        }
-                        _ => unavailable(error),
-                    })?;
-                let indexed = transaction
-                    .query_one(&self.sql.expiry_index, &[])
-                    .await
-                    .map_err(unavailable)
-                    .and_then(index_valid)?;
-                transaction.commit().await.map_err(unavailable)?;
-                Ok(indexed)
+                {
+                    Ok(_) => {}
+                    Err(error) if has_code(&error, LOCK_NOT_AVAILABLE) => return Ok(None),
+                    Err(error) => return Err(unavailable(error)),
+                }
+                index_valid(
+                    &sqlx::query(self.sql.expiry_index.clone())
+                        .fetch_one(&mut *transaction)
+                        .await
+                        .map_err(unavailable)?,
+                )
+                .map(Some)
             })
             .await;
+            let tried = match tried {
+                Ok(Some(indexed)) => {
+                    within(self.timeout, async {
+                        transaction.commit().await.map_err(unavailable)
+                    })
+                    .await?;
+                    Some(indexed)
+                }
+                // Dropped, the transaction rolls back.
+                Ok(None) => None,
+                Err(error) if error.kind() == StoreErrorKind::Timeout => None,
+                Err(error) => return Err(error),
+            };
             match tried {
-                Err(error)
-                    if error.kind() == StoreErrorKind::Timeout && attempt < MIGRATE_ATTEMPTS =>
-                {
-                    tracing::debug!(
-                        error = &error as &dyn std::error::Error,
-                        attempt,
-                        "migrate waits for the table's lock; trying again"
-                    );
+                None if attempt < MIGRATE_ATTEMPTS => {
+                    tracing::debug!(attempt, "migrate waits for the table's lock; trying again");
                     tokio::time::sleep(pauses.next().unwrap_or(MAX_MIGRATE_PAUSE)).await;
                 }
-                Err(error) => return Err(error),
-                Ok(true) => return Ok(()),
-                Ok(false) => return self.build_expiry_index().await,
+                None => break,
+                Some(true) => return Ok(()),
+                Some(false) => return self.build_expiry_index().await,
             }
         }
         Err(StoreError::new(StoreErrorKind::Timeout))
@@ -389,46 +452,53 @@ impl PostgresStore {
 
     /// Builds the expiry index if it is missing, or invalid (a build interrupted), with
     /// `CREATE INDEX CONCURRENTLY`: the table's writers go on while it builds, however long
-    /// the table. It runs outside any transaction, on a connection taken out of the pool for
-    /// it (its session settings are its own, and it is closed after), one replica at a time
-    /// (the others wait for a session lock, tried every so often), within
+    /// the table. It runs outside any transaction, on a connection of its own, made with the
+    /// pool's connect options and closed after (its session settings are its own), one
+    /// replica at a time (the others wait for a session lock, tried every so often), within
     /// [`INDEX_BUILD_TIMEOUT`] rather than the store's timeout. Such a build waits for every
     /// transaction of the database that began before it (an idle one left open anywhere
     /// holds it up), so past that time it fails, saying so, and the next `migrate` drops the
     /// invalid index it left and builds it again.
     async fn build_expiry_index(&self) -> Result<(), StoreError> {
-        let connection = within(self.timeout, self.client()).await?;
-        let connection = deadpool_postgres::Object::take(connection);
+        let options = self.pool.connect_options();
+        let mut connection = within(self.timeout, async {
+            PgConnection::connect_with(&options)
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        let built = self.build_expiry_index_on(&mut connection).await;
+        drop(connection.close().await);
+        built
+    }
+
+    async fn build_expiry_index_on(&self, connection: &mut PgConnection) -> Result<(), StoreError> {
         let bounded = format!(
             "SET statement_timeout = {}; SET lock_timeout = 0",
             statement_timeout_ms(INDEX_BUILD_TIMEOUT)
         );
-        connection
-            .batch_execute(&bounded)
+        sqlx::raw_sql(AssertSqlSafe(bounded))
+            .execute(&mut *connection)
             .await
             .map_err(unavailable)?;
-        let valid = || async {
-            connection
-                .query_one(&self.sql.expiry_index, &[])
-                .await
-                .map_err(unavailable)
-                .and_then(index_valid)
-        };
+        let expiry_index = self.sql.expiry_index.clone();
         let started = tokio::time::Instant::now();
         let mut pause = MIGRATE_LOCK_WAIT;
         loop {
-            let row = connection
-                .query_one(&self.sql.lock_for_index, &[])
+            let row = sqlx::query(self.sql.lock_for_index.clone())
+                .fetch_one(&mut *connection)
                 .await
                 .map_err(unavailable)?;
-            if row
-                .try_get::<_, bool>(0)
-                .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?
-            {
+            if row.try_get::<bool, _>(0).map_err(corrupt)? {
                 break;
             }
             // Another replica builds it: done when it is valid.
-            if valid().await? {
+            if index_valid(
+                &sqlx::query(expiry_index.clone())
+                    .fetch_one(&mut *connection)
+                    .await
+                    .map_err(unavailable)?,
+            )? {
                 return Ok(());
             }
             if started.elapsed() >= INDEX_BUILD_TIMEOUT {
@@ -440,25 +510,36 @@ impl PostgresStore {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_MIGRATE_PAUSE);
         }
+        let valid = |row: PgRow| index_valid(&row);
         // Built by another replica while this one waited for the lock.
-        if valid().await? {
+        if valid(
+            sqlx::query(expiry_index.clone())
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(unavailable)?,
+        )? {
             return Ok(());
         }
         tracing::info!(
             table = %self.sql.table,
             "building the expiry index concurrently; writers go on meanwhile"
         );
-        connection
-            .batch_execute(&self.sql.drop_expiry_index)
+        sqlx::raw_sql(self.sql.drop_expiry_index.clone())
+            .execute(&mut *connection)
             .await
             .map_err(unavailable)?;
-        connection
-            .batch_execute(&self.sql.build_expiry_index)
+        sqlx::raw_sql(self.sql.build_expiry_index.clone())
+            .execute(&mut *connection)
             .await
             .map_err(unavailable)?;
         // One made meanwhile without the lock (a replica of an earlier version) is taken
         // only if it is valid.
-        if valid().await? {
+        if valid(
+            sqlx::query(expiry_index)
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(unavailable)?,
+        )? {
             Ok(())
         } else {
             Err(StoreError::with_source(
@@ -505,10 +586,11 @@ impl PostgresStore {
         let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
         loop {
             let deleted = within(self.timeout, async {
-                let client = self.client().await?;
-                client
-                    .execute(&self.sql.purge, &[&batch])
+                sqlx::query(self.sql.purge.clone())
+                    .bind(batch)
+                    .execute(&mut *acquire(&self.pool).await?)
                     .await
+                    .map(|done| done.rows_affected())
                     .map_err(unavailable)
             })
             .await?;
@@ -551,25 +633,12 @@ impl PostgresStore {
         })
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|error| match error {
-            PoolError::Timeout(_) => StoreError::with_source(StoreErrorKind::Timeout, error),
-            other => StoreError::with_source(StoreErrorKind::Unavailable, other),
-        })
-    }
-
     /// Runs one statement that changes the records of `key` and returns, for each, whether a
     /// request waits on it; announces the change if one does, and returns the rows changed.
-    async fn change(
-        &self,
-        sql: &str,
-        key: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn change(&self, query: Query<'_>, key: &str) -> Result<u64, StoreError> {
         let rows = within(self.timeout, async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-            client.query(&statement, params).await.map_err(unavailable)
+            let mut connection = acquire(&self.pool).await?;
+            query.fetch_all(&mut *connection).await.map_err(unavailable)
         })
         .await?;
         if any_waited(&rows) {
@@ -584,7 +653,8 @@ impl PostgresStore {
     /// does not take the lock that serializes notifying commits. Best effort: a waiter not
     /// woken looks again within a second.
     async fn announce(&self, key: &str) {
-        if let Err(error) = self.execute(&self.sql.announce, &[&key]).await {
+        let announce = sqlx::query(self.sql.announce.clone()).bind(key);
+        if let Err(error) = self.execute(announce).await {
             tracing::debug!(
                 error = &error as &dyn std::error::Error,
                 "cannot announce a change; its waiters poll"
@@ -595,35 +665,84 @@ impl PostgresStore {
     /// Marks the pending record of `key` as waited on, unless it is already (a read then, no
     /// write); `false` when `key` is not pending.
     async fn mark_waited(&self, key: &str) -> Result<bool, StoreError> {
-        let Some(row) = self.query_opt(&self.sql.waited, &[&key]).await? else {
+        let waited = sqlx::query(self.sql.waited.clone()).bind(key);
+        let Some(row) = self.fetch_optional(waited).await? else {
             return Ok(false);
         };
         if row.try_get(0).unwrap_or(false) {
             return Ok(true);
         }
-        Ok(self.execute(&self.sql.mark_waited, &[&key]).await? > 0)
+        let mark = sqlx::query(self.sql.mark_waited.clone()).bind(key);
+        Ok(self.execute(mark).await? > 0)
     }
 
-    /// Runs one prepared (and cached) statement that returns at most one row.
-    async fn query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+    /// Runs one statement (prepared once per connection) that returns at most one row.
+    async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<PgRow>, StoreError> {
         within(self.timeout, async {
-            query_opt_on(&*self.client().await?, sql, params).await
+            let mut connection = acquire(&self.pool).await?;
+            query
+                .fetch_optional(&mut *connection)
+                .await
+                .map_err(unavailable)
         })
         .await
     }
 
-    /// Runs one prepared (and cached) statement and returns the rows it affected.
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+    /// Runs one statement (prepared once per connection) and returns the rows it affected.
+    async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
         within(self.timeout, async {
-            execute_on(&*self.client().await?, sql, params).await
+            query
+                .execute(&mut *acquire(&self.pool).await?)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(unavailable)
         })
         .await
     }
 }
+
+/// A connection of `pool`. When none is idle the pool makes one, in a task of its own: a
+/// caller that gives up (its timeout) then leaves the connection to the pool rather than
+/// throwing it away half made. Under a timeout shorter than a connection takes to make
+/// (TLS, a loaded server), every call would throw its one away, and the pool, emptied by an
+/// outage, would never fill again.
+pub(super) async fn acquire(
+    pool: &PgPool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+    if pool.num_idle() > 0 {
+        return pool.acquire().await.map_err(unavailable);
+    }
+    let pool = pool.clone();
+    tokio::spawn(async move { pool.acquire().await })
+        .await
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
+        .map_err(unavailable)
+}
+
+/// Begins a transaction on a connection of `pool` with `statement` (a `BEGIN`, and what the
+/// transaction sets for itself).
+///
+/// The connection is acquired in the caller's future (a wait for the pool may be cancelled
+/// at any point), the `BEGIN` in a task of its own that the caller waits for: sqlx counts a
+/// transaction as begun only once its `BEGIN` has answered, so a begin cancelled in between
+/// (the caller's timeout, a dropped request) would put the connection back in the pool inside
+/// a transaction nobody ends, and every later statement on it would be part of it and never
+/// commit. In its own task the begin always ends, and a transaction nobody waits for any more
+/// is dropped there, which rolls it back.
+pub(super) async fn begin_on(
+    pool: &PgPool,
+    statement: sqlx::SqlStr,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let connection = acquire(pool).await?;
+    // sqlx's own begin on a connection it is given (what `Pool::begin_with` runs).
+    tokio::spawn(sqlx::Transaction::begin(connection, Some(statement)))
+        .await
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
+        .map_err(unavailable)
+}
+
+/// A statement with its parameters bound.
+type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -635,15 +754,47 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// Refuses a table name that is not letters, digits and `_`, not starting with a digit, at
+/// most 48 characters: it is written into the statements.
+fn valid_table(name: &str) -> Result<(), StoreError> {
+    let valid = !name.is_empty()
+        && name.len() <= 48
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(StoreError::with_source(
+            StoreErrorKind::InvalidConfig,
+            format!(
+                "table {name:?}: letters, digits and _, not starting with a digit, at most 48 \
+                 characters"
+            ),
+        ))
+    }
+}
+
 /// A duration in whole milliseconds, as PostgreSQL settings take it.
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Whether the expiry index is there and valid, from the row of `Sql::expiry_index`.
-fn index_valid(row: tokio_postgres::Row) -> Result<bool, StoreError> {
-    row.try_get(0)
-        .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
+fn index_valid(row: &PgRow) -> Result<bool, StoreError> {
+    row.try_get(0).map_err(corrupt)
+}
+
+/// A value the database sent that is not what the table holds.
+fn corrupt(error: sqlx::Error) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Corrupt, error)
+}
+
+/// SQLSTATE `lock_not_available`: a `lock_timeout` passed.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// Whether `error` is one the server sent with SQLSTATE `code`.
+pub(super) fn has_code(error: &sqlx::Error, code: &str) -> bool {
+    matches!(error, sqlx::Error::Database(error) if error.code().as_deref() == Some(code))
 }
 
 /// `timeout` as a `statement_timeout`: whole milliseconds from 1 (0 would turn it off) to the
@@ -653,18 +804,32 @@ pub(super) fn statement_timeout_ms(timeout: Duration) -> u64 {
     millis(timeout).clamp(1, i32::MAX as u64)
 }
 
+/// The `statement_timeout` of a store's connections for its `timeout`: four fifths of it, so
+/// that a statement past it ends on the server, answered with its error, before the store gives
+/// up on the caller's side. A call cut off on the client's side in the middle of its answer
+/// can leave sqlx's connection waiting for an answer that never comes; the server's own
+/// cancellation leaves it clean.
+pub(super) fn server_side(timeout: Duration) -> u64 {
+    statement_timeout_ms(timeout.saturating_sub(timeout / 5))
+}
+
 /// A lease in whole milliseconds, as the statements take it.
 fn lease_millis(lease: Duration) -> i64 {
     i64::try_from(retention_millis(lease)).unwrap_or(i64::MAX)
 }
 
-fn unavailable(error: tokio_postgres::Error) -> StoreError {
-    StoreError::with_source(StoreErrorKind::Unavailable, error)
+/// A driver's error as the store's: a pool that had no connection for the call in time is a
+/// timeout, anything else unavailable.
+pub(super) fn unavailable(error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::PoolTimedOut => StoreError::with_source(StoreErrorKind::Timeout, error),
+        error => StoreError::with_source(StoreErrorKind::Unavailable, error),
+    }
 }
 
 /// Whether a request waits on any of the records a changing statement returned (`RETURNING
 /// waited`); an unreadable flag counts as waited on, so the change is announced.
-fn any_waited(rows: &[tokio_postgres::Row]) -> bool {
+fn any_waited(rows: &[PgRow]) -> bool {
     rows.iter().any(|row| row.try_get(0).unwrap_or(true))
 }
 
@@ -691,107 +856,163 @@ fn table_key(key: &str) -> Cow<'_, str> {
     }
 }
 
+/// What one pass of a claim found, from the row its statement returned.
+pub(super) enum Pass {
+    /// The claim's answer.
+    Answer(Claim),
+    /// A record to take over, with this statement; then the key is the caller's, or another
+    /// pass looks again.
+    TakeOver(sqlx::SqlStr),
+    /// No record, though the insert did nothing: another claim committed the key in between.
+    Again,
+}
+
 impl PostgresStore {
-    /// The claim, on `client`: one statement, rarely two (see [`CLAIM_ATTEMPTS`]), each
-    /// bounded by the timeout. Inside a transaction of `client`'s, the claim is that
-    /// transaction's.
+    /// The claim, on `connection`: one statement, rarely two (see [`CLAIM_ATTEMPTS`]), each
+    /// bounded by the timeout. Inside a transaction of `connection`'s, the claim is that
+    /// transaction's; with `lock`, it is the transactional mode's (see
+    /// [`Sql::claim_locked`]): the key's advisory lock is tried first, and a lock held by
+    /// another transaction answers from the committed record.
     pub(super) async fn claim_on(
         &self,
-        client: &deadpool_postgres::ClientWrapper,
+        connection: &mut PgConnection,
         key: &str,
         fingerprint: &Fingerprint,
         reservation: Reservation,
         lease: Lease,
+        lock: Option<i64>,
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
         let fingerprint = fingerprint.to_hex();
         let token = reservation.as_u128().to_be_bytes();
         let lease_ms = lease_millis(lease.duration());
         let take_over = lease.takes_over();
-        let params: [&(dyn ToSql + Sync); 5] = [
-            &key,
-            &fingerprint.as_str(),
-            &&token[..],
-            &lease_ms,
-            &take_over,
-        ];
+        let bound = |sql: &sqlx::SqlStr| {
+            sqlx::query(sql.clone())
+                .bind(key)
+                .bind(fingerprint.as_str())
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(take_over)
+        };
         // Almost always one pass. Another pass only when a concurrent claim committed the key
         // between this statement's snapshot and its insert (the statement then sees no row),
         // or when the record found had expired or was abandoned and another claim took it
         // over first.
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = within(self.timeout, query_opt_on(client, &self.sql.claim, &params)).await?;
-            let Some(row) = row else { continue };
-            let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
-            let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
-            let stored_fingerprint: &str = row.try_get(1).map_err(corrupt)?;
-            let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
-            let expired: bool = row.try_get(3).map_err(corrupt)?;
-            // Pending, its lease lapsed, and its owner lets it be taken over.
-            let lapsed: bool = row.try_get(4).map_err(corrupt)?;
-            // Inserted by this statement, or pending under this token already (a repeated
-            // claim): the reservation is the caller's.
-            if stored_token == Some(&token[..]) && stored_fingerprint == fingerprint.as_str() {
-                return Ok(Claim::New(reservation));
-            }
-            // A completed record past its retention is absent, and a pending one whose lease
-            // lapsed may be taken over if the caller asks: take it over, once.
-            let take_over_sql = if expired {
-                Some(&self.sql.take_over)
-            } else if lapsed
-                && take_over
-                && response.is_none()
-                && stored_fingerprint == fingerprint.as_str()
-            {
-                Some(&self.sql.take_over_abandoned)
-            } else {
-                None
+            let query = match lock {
+                Some(lock) => bound(&self.sql.claim_locked).bind(lock),
+                None => bound(&self.sql.claim),
             };
-            if let Some(sql) = take_over_sql {
-                if within(self.timeout, execute_on(client, sql, &params)).await? == 1 {
-                    return Ok(Claim::New(reservation));
-                }
-                continue;
-            }
-            return if stored_fingerprint != fingerprint.as_str() {
-                Ok(Claim::Conflict)
-            } else {
-                match response {
-                    Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
-                    None => Ok(Claim::Pending),
+            let row = within(self.timeout, async {
+                query
+                    .fetch_optional(&mut *connection)
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
+            let pass = match (lock, row) {
+                (_, None) => Pass::Again,
+                (None, Some(row)) => self.pass(&row, 0, &token, &fingerprint, take_over)?,
+                (Some(_), Some(row)) => {
+                    if row.try_get::<bool, _>(0).map_err(corrupt)? {
+                        self.pass(&row, 1, &token, &fingerprint, take_over)?
+                    } else {
+                        Pass::Answer(committed(&row, &fingerprint)?)
+                    }
                 }
             };
+            match pass {
+                Pass::Answer(claim) => return Ok(claim),
+                Pass::Again => {}
+                Pass::TakeOver(sql) => {
+                    let query = bound(&sql);
+                    let taken = within(self.timeout, async {
+                        query
+                            .execute(&mut *connection)
+                            .await
+                            .map(|done| done.rows_affected())
+                            .map_err(unavailable)
+                    })
+                    .await?;
+                    if taken == 1 {
+                        return Ok(Claim::New(reservation));
+                    }
+                }
+            }
         }
         Err(StoreError::new(StoreErrorKind::Unavailable))
     }
+
+    /// What a claim's row says, its columns from `first` on: the token, fingerprint and
+    /// response of the record, whether it expired, and whether its lease lapsed; the token
+    /// NULL and the fingerprint NULL when there is no record (the transactional claim's row).
+    fn pass(
+        &self,
+        row: &PgRow,
+        first: usize,
+        token: &[u8; 16],
+        fingerprint: &str,
+        take_over: bool,
+    ) -> Result<Pass, StoreError> {
+        let stored_token: Option<&[u8]> = row.try_get(first).map_err(corrupt)?;
+        let Some(stored_fingerprint) =
+            row.try_get::<Option<&str>, _>(first + 1).map_err(corrupt)?
+        else {
+            return Ok(Pass::Again);
+        };
+        let response: Option<&[u8]> = row.try_get(first + 2).map_err(corrupt)?;
+        let expired: bool = row.try_get(first + 3).map_err(corrupt)?;
+        // Pending, its lease lapsed, and its owner lets it be taken over.
+        let lapsed: bool = row.try_get(first + 4).map_err(corrupt)?;
+        // Inserted by this statement, or pending under this token already (a repeated
+        // claim): the reservation is the caller's.
+        if stored_token == Some(&token[..]) && stored_fingerprint == fingerprint {
+            let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
+            return Ok(Pass::Answer(Claim::New(reservation)));
+        }
+        // A completed record past its retention is absent, and a pending one whose lease
+        // lapsed may be taken over if the caller asks: take it over, once.
+        if expired {
+            return Ok(Pass::TakeOver(self.sql.take_over.clone()));
+        }
+        if lapsed && take_over && response.is_none() && stored_fingerprint == fingerprint {
+            return Ok(Pass::TakeOver(self.sql.take_over_abandoned.clone()));
+        }
+        Ok(Pass::Answer(if stored_fingerprint != fingerprint {
+            Claim::Conflict
+        } else {
+            match response {
+                Some(response) => {
+                    codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay)?
+                }
+                None => Claim::Pending,
+            }
+        }))
+    }
 }
 
-/// Runs one prepared (and cached) statement on `client` that returns at most one row; the
-/// caller bounds it with its timeout.
-async fn query_opt_on(
-    client: &deadpool_postgres::ClientWrapper,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Option<tokio_postgres::Row>, StoreError> {
-    let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-    client
-        .query_opt(&statement, params)
-        .await
-        .map_err(unavailable)
-}
-
-/// Runs one prepared (and cached) statement on `client`; the rows it affected. The caller
-/// bounds it with its timeout.
-async fn execute_on(
-    client: &deadpool_postgres::ClientWrapper,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<u64, StoreError> {
-    let statement = client.prepare_cached(sql).await.map_err(unavailable)?;
-    client
-        .execute(&statement, params)
-        .await
-        .map_err(unavailable)
+/// What the committed record answers while another transaction holds the key's lock (the
+/// transactional claim's row, its columns from 1 on): a replay or a conflict if one is there
+/// within its retention, pending otherwise.
+fn committed(row: &PgRow, fingerprint: &str) -> Result<Claim, StoreError> {
+    let Some(stored_fingerprint) = row.try_get::<Option<&str>, _>(2).map_err(corrupt)? else {
+        return Ok(Claim::Pending);
+    };
+    let response: Option<&[u8]> = row.try_get(3).map_err(corrupt)?;
+    let expired: bool = row.try_get(4).map_err(corrupt)?;
+    // Past its retention, the record is absent: the transaction holding the key is creating
+    // it again, so neither its old response nor its old fingerprint answers.
+    if expired {
+        return Ok(Claim::Pending);
+    }
+    if stored_fingerprint != fingerprint {
+        return Ok(Claim::Conflict);
+    }
+    match response {
+        Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay),
+        None => Ok(Claim::Pending),
+    }
 }
 
 impl Store for PostgresStore {
@@ -802,25 +1023,22 @@ impl Store for PostgresStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let client = within(self.timeout, self.client()).await?;
-        self.claim_on(&client, key, fingerprint, reservation, lease)
+        let mut connection = within(self.timeout, acquire(&self.pool)).await?;
+        self.claim_on(&mut connection, key, fingerprint, reservation, lease, None)
             .await
     }
 
     /// Ends when another process announces a change of `key` (the statements that complete,
     /// release, resolve or forget a record someone waits on notify the table's channel, which
-    /// one connection per store listens to), or after a poll interval: [`CHANGE_POLL_INTERVAL`]
-    /// until the store listens (or on a pool of your own), a second while it does. While it
-    /// listens it first marks the record as waited on (a read, and a write only if no waiter
-    /// marked it yet), and ends at once if the record is no longer pending.
+    /// one connection per store listens to), or after a poll interval:
+    /// [`CHANGE_POLL_INTERVAL`](super::CHANGE_POLL_INTERVAL) until the store listens, a second while it does. While it listens it first marks the
+    /// record as waited on (a read, and a write only if no waiter marked it yet), and ends at
+    /// once if the record is no longer pending.
     fn changed(&self, key: &str) -> impl Future<Output = ()> + Send {
         let key = table_key(key).into_owned();
-        let waiting = self.notifier.as_ref().map(|notifier| notifier.wait(&key));
+        let (waiting, listening) = self.notifier.wait(&key);
         let store = self.clone();
         async move {
-            let Some((waiting, listening)) = waiting else {
-                return tokio::time::sleep(CHANGE_POLL_INTERVAL).await;
-            };
             // After the registration above, a change announced wakes this waiter; the change
             // of a marked record is announced. Not listening, the waiter polls, unmarked.
             let listening = listening
@@ -842,10 +1060,11 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
-        let rows = self
-            .execute(&self.sql.renew, &[&key, &&token[..], &lease_millis(lease)])
-            .await?;
-        guarded(rows)
+        let renew = sqlx::query(self.sql.renew.clone())
+            .bind(key)
+            .bind(&token[..])
+            .bind(lease_millis(lease));
+        guarded(self.execute(renew).await?)
     }
 
     async fn complete(
@@ -857,14 +1076,12 @@ impl Store for PostgresStore {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
-        let rows = self
-            .change(
-                &self.sql.complete,
-                key,
-                &[&key, &&token[..], &&encoded[..], &self.retention_ms],
-            )
-            .await?;
-        guarded(rows)
+        let complete = sqlx::query(self.sql.complete.clone())
+            .bind(key)
+            .bind(&token[..])
+            .bind(&encoded[..])
+            .bind(self.retention_ms);
+        guarded(self.change(complete, key).await?)
     }
 
     /// A lost claim may still be in flight on another pooled connection, so a plain release
@@ -883,17 +1100,18 @@ impl Store for PostgresStore {
         // statement_timeout: by one timeout from now it has committed or been cancelled.
         tokio::time::sleep(self.timeout).await;
         let waited = within(self.timeout, async {
-            let mut client = self.client().await?;
-            let transaction = client.transaction().await.map_err(unavailable)?;
-            transaction
-                .execute(
-                    &self.sql.wait_for_claim,
-                    &[&key, &fingerprint.to_hex().as_str(), &&token[..]],
-                )
+            let mut transaction = begin_on(&self.pool, sqlx::SqlStr::from_static("BEGIN")).await?;
+            sqlx::query(self.sql.wait_for_claim.clone())
+                .bind(key)
+                .bind(fingerprint.to_hex().as_str())
+                .bind(&token[..])
+                .execute(&mut *transaction)
                 .await
                 .map_err(unavailable)?;
-            let released = transaction
-                .query(&self.sql.release, &[&key, &&token[..]])
+            let released = sqlx::query(self.sql.release.clone())
+                .bind(key)
+                .bind(&token[..])
+                .fetch_all(&mut *transaction)
                 .await
                 .map_err(unavailable)?;
             transaction.commit().await.map_err(unavailable)?;
@@ -909,16 +1127,36 @@ impl Store for PostgresStore {
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
-        let rows = self
-            .change(&self.sql.release, key, &[&key, &&token[..]])
-            .await?;
-        guarded(rows)
+        let release = sqlx::query(self.sql.release.clone())
+            .bind(key)
+            .bind(&token[..]);
+        guarded(self.change(release, key).await?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The migration file shipped for the default table is the DDL `schema` gives, and the
+    /// one `migrate` makes on a new database (the store's tests run against both).
+    #[test]
+    fn the_shipped_migration_is_the_schema_of_the_default_table() {
+        let shipped = include_str!("../../../migrations/postgres/0001_idempotency_records.sql");
+        let body: String = shipped
+            .lines()
+            .filter(|line| !line.starts_with("--"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_eq!(
+            body,
+            PostgresStore::schema(PostgresStore::DEFAULT_TABLE).unwrap()
+        );
+        assert_eq!(
+            PostgresStore::schema("bad name").unwrap_err().kind(),
+            StoreErrorKind::InvalidConfig
+        );
+    }
 
     /// The pauses double from the lock wait to a second, and the attempts take about half a
     /// minute in all.

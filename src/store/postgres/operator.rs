@@ -10,21 +10,26 @@ use crate::store::{
     Operator, RecordInfo, RecordState, StoreError, StoreErrorKind, StoredResponse, within,
 };
 
-use super::{PostgresStore, guarded, statement_timeout_ms, table_key, unavailable};
+use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _};
+
+use super::{
+    PostgresStore, begin_on, corrupt, guarded, statement_timeout_ms, table_key, unavailable,
+};
 
 impl Operator for PostgresStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let key = &*table_key(key);
-        let row = self.query_opt(&self.sql.inspect, &[&key]).await?;
-        let Some(row) = row else { return Ok(None) };
-        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
+        let inspect = sqlx::query(self.sql.inspect.clone()).bind(key);
+        let Some(row) = self.fetch_optional(inspect).await? else {
+            return Ok(None);
+        };
         let fingerprint: &str = row.try_get(0).map_err(corrupt)?;
         let pending: bool = row.try_get(1).map_err(corrupt)?;
-        let response: Option<Vec<u8>> = row.try_get(2).map_err(corrupt)?;
+        let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
         let age: i64 = row.try_get(3).map_err(corrupt)?;
         let abandoned: bool = row.try_get(4).map_err(corrupt)?;
         let status = match response {
-            Some(response) => Some(codec::decode(Bytes::from(response))?.status()),
+            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
             None => None,
         };
         Ok(Some(RecordInfo {
@@ -48,18 +53,16 @@ impl Operator for PostgresStore {
         // statement's own `statement_timeout` (the pool's connections carry one timeout), set
         // for its transaction alone.
         let listing = self.timeout.saturating_mul(10);
+        let begin = AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL statement_timeout = {}",
+            statement_timeout_ms(listing)
+        ))
+        .into_sql_str();
         let rows = within(listing, async {
-            let mut client = self.client().await?;
-            let transaction = client.transaction().await.map_err(unavailable)?;
-            transaction
-                .batch_execute(&format!(
-                    "SET LOCAL statement_timeout = {}",
-                    statement_timeout_ms(listing)
-                ))
-                .await
-                .map_err(unavailable)?;
-            let rows = transaction
-                .query(&self.sql.pending, &[&millis])
+            let mut transaction = begin_on(&self.pool, begin).await?;
+            let rows = sqlx::query(self.sql.pending.clone())
+                .bind(millis)
+                .fetch_all(&mut *transaction)
                 .await
                 .map_err(unavailable)?;
             transaction.commit().await.map_err(unavailable)?;
@@ -67,28 +70,23 @@ impl Operator for PostgresStore {
         })
         .await?;
         rows.iter()
-            .map(|row| {
-                row.try_get::<_, String>(0)
-                    .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
-            })
+            .map(|row| row.try_get::<String, _>(0).map_err(corrupt))
             .collect()
     }
 
     async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let encoded = codec::encode(response);
-        let rows = self
-            .change(
-                &self.sql.resolve,
-                key,
-                &[&key, &&encoded[..], &self.retention_ms],
-            )
-            .await?;
-        guarded(rows)
+        let resolve = sqlx::query(self.sql.resolve.clone())
+            .bind(key)
+            .bind(&encoded[..])
+            .bind(self.retention_ms);
+        guarded(self.change(resolve, key).await?)
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let key = &*table_key(key);
-        Ok(self.change(&self.sql.forget, key, &[&key]).await? > 0)
+        let forget = sqlx::query(self.sql.forget.clone()).bind(key);
+        Ok(self.change(forget, key).await? > 0)
     }
 }

@@ -1,32 +1,41 @@
 //! The store's SQL, written once per table: every statement a call runs.
 
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// A statement built once: shared by every call (a clone is a reference count, no copy).
+fn statement(sql: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
+}
+
 /// The statements, built once for the table name.
 #[derive(Debug)]
 pub(super) struct Sql {
     pub(super) table: String,
-    pub(super) claim: String,
-    pub(super) take_over: String,
-    pub(super) take_over_abandoned: String,
-    pub(super) renew: String,
-    pub(super) wait_for_claim: String,
-    pub(super) inspect: String,
-    pub(super) committed: String,
-    pub(super) pending: String,
-    pub(super) resolve: String,
-    pub(super) forget: String,
-    pub(super) complete: String,
-    pub(super) complete_in_transaction: String,
-    pub(super) release: String,
-    pub(super) waited: String,
-    pub(super) mark_waited: String,
-    pub(super) announce: String,
-    pub(super) listen: String,
-    pub(super) purge: String,
-    pub(super) migrate: String,
-    pub(super) expiry_index: String,
-    pub(super) lock_for_index: String,
-    pub(super) drop_expiry_index: String,
-    pub(super) build_expiry_index: String,
+    pub(super) claim: SqlStr,
+    pub(super) take_over: SqlStr,
+    pub(super) take_over_abandoned: SqlStr,
+    pub(super) renew: SqlStr,
+    pub(super) wait_for_claim: SqlStr,
+    pub(super) inspect: SqlStr,
+    pub(super) claim_locked: SqlStr,
+    pub(super) pending: SqlStr,
+    pub(super) resolve: SqlStr,
+    pub(super) forget: SqlStr,
+    pub(super) complete: SqlStr,
+    pub(super) complete_in_transaction: SqlStr,
+    pub(super) release: SqlStr,
+    pub(super) waited: SqlStr,
+    pub(super) mark_waited: SqlStr,
+    pub(super) announce: SqlStr,
+    pub(super) channel: String,
+    pub(super) purge: SqlStr,
+    pub(super) migrate: SqlStr,
+    pub(super) expiry_index: SqlStr,
+    pub(super) lock_for_index: SqlStr,
+    pub(super) drop_expiry_index: SqlStr,
+    pub(super) build_expiry_index: SqlStr,
 }
 
 impl Sql {
@@ -52,7 +61,8 @@ impl Sql {
         };
         Self {
             table: table.to_owned(),
-            claim: format!(
+            channel: channel.clone(),
+            claim: statement(format!(
                 "WITH inserted AS (\
                  INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
                  VALUES ($1, $2, $3, {lease}, $5, false) \
@@ -63,59 +73,60 @@ impl Sql {
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
                  COALESCE(lease_until <= now() AND take_over, false) \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
-            ),
-            take_over: format!(
+            )),
+            take_over: statement(format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
                  changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
                  WHERE key = $1 AND expires_at <= now()"
-            ),
-            take_over_abandoned: format!(
+            )),
+            take_over_abandoned: statement(format!(
                 "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
                  take_over = $5 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL \
                  AND take_over AND lease_until <= now()"
-            ),
-            renew: format!(
+            )),
+            renew: statement(format!(
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2"
-            ),
-            complete: announced(complete("now()")),
+            )),
+            complete: statement(announced(complete("now()"))),
             // In the claim's own transaction only: the record's version was written by this
             // transaction (a `COMMIT` sent on it since would have ended it).
-            complete_in_transaction: format!(
+            complete_in_transaction: statement(format!(
                 "{} AND xmin::text::bigint = txid_current() % 4294967296",
                 complete("clock_timestamp()")
-            ),
-            release: announced(format!(
-                "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
             )),
+            release: statement(announced(format!(
+                "DELETE FROM {quoted} WHERE key = $1 AND token = $2"
+            ))),
             // A request about to wait for the key: whether it is pending and marked already;
             // if not marked, the mark, so that its change is announced.
-            waited: format!("SELECT waited FROM {quoted} WHERE key = $1 AND token IS NOT NULL"),
-            mark_waited: format!(
+            waited: statement(format!(
+                "SELECT waited FROM {quoted} WHERE key = $1 AND token IS NOT NULL"
+            )),
+            mark_waited: statement(format!(
                 "UPDATE {quoted} SET waited = true WHERE key = $1 AND token IS NOT NULL"
-            ),
-            announce: format!("SELECT pg_notify('{channel}', $1)"),
-            listen: format!("LISTEN \"{channel}\""),
+            )),
+            announce: statement(format!("SELECT pg_notify('{channel}', $1)")),
             // In one transaction with the release: never visible, it only waits for a claim
             // of the key still in flight (its insert holds the key's index entry).
-            wait_for_claim: format!(
+            wait_for_claim: statement(format!(
                 "INSERT INTO {quoted} (key, fingerprint, token) VALUES ($1, $2, $3) \
                  ON CONFLICT (key) DO NOTHING"
-            ),
+            )),
             // One batch of at most $1 expired records, oldest first, by the expiry index; rows
             // another session holds are skipped (their turn comes). By their row ids, locked
             // as they are picked: a join on the key would scan the whole table for each batch.
-            purge: format!(
+            purge: statement(format!(
                 "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
                  WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 \
                  FOR UPDATE SKIP LOCKED))"
-            ),
+            )),
             // Every change is made only if the catalog says it is missing, so that a start with
             // nothing to change takes no lock on the table that would wait for a writing
             // transaction and queue every claim behind it; `CREATE INDEX IF NOT EXISTS` alone
             // takes its SHARE lock even when the index exists. What must change waits for its
             // lock no longer than the `lock_timeout` the caller sets (and tries again).
-            migrate: format!(
+            migrate: statement(format!(
                 "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency migrate {table}'));\
                  DO $migrate$ BEGIN \
                  IF to_regclass('{quoted}') IS NULL THEN \
@@ -147,52 +158,90 @@ impl Sql {
                  ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
                  END IF; \
                  END $migrate$;"
-            ),
+            )),
             // The expiry index: whether it is there and valid (a build that was interrupted
             // leaves an invalid one).
-            expiry_index: format!(
+            expiry_index: statement(format!(
                 "SELECT COALESCE((SELECT indisvalid FROM pg_index \
                  WHERE indexrelid = to_regclass('\"{table}_expires_at\"')), false), \
                  to_regclass('\"{table}_expires_at\"') IS NOT NULL"
-            ),
+            )),
             // The index is built without stopping the table's writers, outside any
             // transaction, on a connection of its own (each statement on its own: a string
             // of several is one transaction): one replica at a time (a session lock), a
             // leftover of an interrupted build dropped first.
             // Tried, not waited for: a statement waiting for the lock would hold a snapshot,
             // which another replica's build waits for (a deadlock).
-            lock_for_index: format!(
+            lock_for_index: statement(format!(
                 "SELECT pg_try_advisory_lock(hashtext('tower-idempotency index {table}'))"
-            ),
-            drop_expiry_index: format!("DROP INDEX CONCURRENTLY IF EXISTS \"{table}_expires_at\""),
-            build_expiry_index: format!(
+            )),
+            drop_expiry_index: statement(format!(
+                "DROP INDEX CONCURRENTLY IF EXISTS \"{table}_expires_at\""
+            )),
+            build_expiry_index: statement(format!(
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{table}_expires_at\" ON {quoted} \
                  (expires_at) WHERE expires_at IS NOT NULL"
-            ),
-            inspect: format!(
+            )),
+            inspect: statement(format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
                  (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
                  token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
                  FROM {quoted} WHERE key = $1"
-            ),
-            // What a claim answers from the committed record while another transaction holds
-            // the key: its fingerprint, its response, and whether it is past its retention
-            // (then it is being taken over, not replayed).
-            committed: format!(
-                "SELECT fingerprint, response, COALESCE(expires_at <= now(), false) \
-                 FROM {quoted} WHERE key = $1"
-            ),
-            pending: format!(
+            )),
+            // The claim of the transactional mode, in the claim's transaction: first the key's
+            // advisory lock, tried (a transaction holding it is creating the key), then, if
+            // this transaction got it, the claim; whether or not, the record as committed.
+            // Always one row: whether the lock is this transaction's, then the claim's columns
+            // (all NULL when there is no record).
+            claim_locked: statement(format!(
+                "WITH locked AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($6) AS locked), \
+                 inserted AS (\
+                 INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
+                 SELECT $1, $2, $3, {lease}, $5, false FROM locked WHERE locked \
+                 ON CONFLICT (key) DO NOTHING \
+                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed), \
+                 found AS (\
+                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
+                 UNION ALL \
+                 SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
+                 COALESCE(lease_until <= now() AND take_over, false) \
+                 FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)) \
+                 SELECT locked.locked, found.token, found.fingerprint, found.response, \
+                 found.expired, found.lapsed FROM locked LEFT JOIN found ON true"
+            )),
+            pending: statement(format!(
                 "SELECT key FROM {quoted} WHERE token IS NOT NULL \
                  AND changed_at <= now() - $1::bigint * interval '1 millisecond' ORDER BY key"
-            ),
-            resolve: announced(format!(
+            )),
+            resolve: statement(announced(format!(
                 "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
                  expires_at = CASE WHEN $3::bigint > 0 \
                  THEN now() + $3::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token IS NOT NULL"
-            )),
-            forget: announced(format!("DELETE FROM {quoted} WHERE key = $1")),
+            ))),
+            forget: statement(announced(format!("DELETE FROM {quoted} WHERE key = $1"))),
         }
     }
+}
+
+/// The DDL of a new table `table` and its expiry index, as [`migrate`] makes them: the same as
+/// the migration file shipped for the default table.
+///
+/// [`migrate`]: super::PostgresStore::migrate
+pub(super) fn schema(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (\n\
+         \x20   key text PRIMARY KEY,\n\
+         \x20   fingerprint text NOT NULL,\n\
+         \x20   token bytea,\n\
+         \x20   response bytea,\n\
+         \x20   expires_at timestamptz,\n\
+         \x20   changed_at timestamptz NOT NULL DEFAULT now(),\n\
+         \x20   lease_until timestamptz,\n\
+         \x20   take_over boolean NOT NULL DEFAULT false,\n\
+         \x20   waited boolean NOT NULL DEFAULT false\n\
+         );\n\
+         CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON \"{table}\" (expires_at)\n\
+         \x20   WHERE expires_at IS NOT NULL;\n"
+    )
 }

@@ -3,17 +3,16 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::Object;
 use sha2::{Digest, Sha256};
-use tokio_postgres::SimpleQueryMessage;
-use tokio_postgres::types::ToSql;
+use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, SqlSafeStr as _};
+use tokio::sync::{OwnedMappedMutexGuard, OwnedMutexGuard};
 
-use bytes::Bytes;
-
-use super::{PostgresStore, execute_on, query_opt_on, table_key, unavailable};
+use super::{PostgresStore, begin_on, server_side, table_key, unavailable};
 use crate::fingerprint::Fingerprint;
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
@@ -24,9 +23,10 @@ use crate::store::{
 /// transaction**: exactly once where the create's effect lives in the same database.
 ///
 /// For a new claim the store opens a transaction on a pooled connection and claims in it; the
-/// inner service finds a [`PgTransaction`] in its request's extensions and makes its writes
-/// in that same transaction; the complete stores the response in it and commits, all before
-/// the reply's first byte. So:
+/// inner service finds a [`PgTransaction`] in its request's extensions, and its writes, in
+/// plain sqlx on the connection [`acquire`](PgTransaction::acquire) gives it
+/// (`sqlx::query(…).execute(&mut *connection)`), are in that same transaction; the complete
+/// stores the response in it and commits, all before the reply's first byte. So:
 ///
 /// - a crash, a lost connection or a failed commit anywhere before the commit leaves nothing:
 ///   no record, none of the create's rows, and the retry creates (once);
@@ -51,8 +51,9 @@ use crate::store::{
 /// bounds the creates in flight**, and a claim that cannot get a connection within the
 /// timeout answers `503 store_unavailable`. Put admission
 /// ([`ConcurrencyLimit`](crate::admission::ConcurrencyLimit)) in front to refuse early, and
-/// size the pool for it. Every statement of the create runs under the pool's
-/// `statement_timeout` (the store's timeout) if the store built the pool.
+/// size the pool for it. Every statement of the create runs under the store's timeout as its
+/// `statement_timeout`, set with `SET LOCAL` when the transaction begins (so the pool's
+/// connections keep their own settings).
 ///
 /// Replicas in this mode share the table with each other. A plain [`PostgresStore`] on the
 /// same table works too, but its claim of a key whose transaction is open waits on the
@@ -60,12 +61,15 @@ use crate::store::{
 /// transaction holds the key), and the conformance suite's lost-claim cases do not apply: a
 /// claim whose answer is lost closes its connection, and the server rolls it back.
 ///
-/// Keep a create's writes on the [`PgTransaction`], and never end it yourself: a write made
-/// elsewhere is not part of the transaction; after a `COMMIT` sent on it the complete finds no
-/// record of the claim's transaction, so the reply is `503` and the key stays pending (its
-/// record was committed by that `COMMIT`), as in the plain store; after a `ROLLBACK` the
-/// create's later writes are not in any transaction of the layer's. Use `SET LOCAL`, not
-/// `SET`: the connection goes back to the pool after the commit with its session settings.
+/// Keep a create's writes on the [`PgTransaction`]'s connection, and never end its
+/// transaction yourself: a write made elsewhere is not part of the transaction. sqlx's own
+/// `begin()` on the connection is a savepoint inside it, as sqlx nests transactions, and its
+/// `commit()` releases the savepoint only. A `COMMIT` sent as SQL ends the claim's
+/// transaction: the complete then finds no record of the claim's transaction, so the reply is
+/// `503` and the key stays pending (its record was committed by that `COMMIT`), as in the
+/// plain store; after a `ROLLBACK` sent as SQL the create's later writes are not in any
+/// transaction of the layer's. Use `SET LOCAL`, not `SET`: the connection goes back to the
+/// pool after the commit with its session settings.
 ///
 /// ```no_run
 /// use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
@@ -75,10 +79,12 @@ use crate::store::{
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/test").await?;
 /// store.migrate().await?;
 /// let layer = IdempotencyLayer::new(TransactionalPostgresStore::new(store), JsonOperation::new()).global_keys();
-/// // In the create: its writes in the claim's transaction.
-/// async fn create(transaction: &PgTransaction) -> Result<(), tower_idempotency::store::StoreError> {
-///     transaction
-///         .execute("INSERT INTO labels (label_id) VALUES ($1)", &[&"label-1"])
+/// // In the create: its writes in the claim's transaction, in plain sqlx.
+/// async fn create(transaction: &PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
+///     let mut connection = transaction.acquire().await?;
+///     sqlx::query("INSERT INTO labels (label_id) VALUES ($1)")
+///         .bind("label-1")
+///         .execute(&mut *connection)
 ///         .await?;
 ///     Ok(())
 /// }
@@ -87,43 +93,60 @@ use crate::store::{
 #[derive(Clone)]
 pub struct TransactionalPostgresStore {
     store: PostgresStore,
+    /// What begins each claim's transaction: `BEGIN`, and the store's timeout as its
+    /// `statement_timeout`.
+    begin: Arc<str>,
     /// The open transaction of each new claim in flight, by reservation; never locked across
     /// an `.await`.
     open: Arc<Mutex<HashMap<u128, PgTransaction>>>,
 }
 
-/// A pooled connection inside a transaction: back to the pool only once the transaction ended
-/// cleanly ([`end`]); dropped any other way (an error, a timeout, a future cancelled
-/// mid-call), it is closed instead, and the server rolls back whatever it had open.
-struct Connection(Option<Object>);
-
-impl Connection {
-    fn client(&self) -> &deadpool_postgres::ClientWrapper {
-        // Taken only by `Drop` and `end`, which consume it.
-        self.0.as_deref().expect("a connection until it ends")
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        if let Some(object) = self.0.take() {
-            drop(Object::take(object));
-        }
-    }
-}
+/// The slot of a claim's open transaction: empty once the layer took it to commit or roll
+/// back.
+type Slot = Option<sqlx::Transaction<'static, Postgres>>;
 
 /// The transaction of a new claim of a [`TransactionalPostgresStore`], in the inner service's
 /// request extensions: the create's own writes go through it, and commit with its stored
 /// response, or not at all.
 ///
-/// Cloning it shares the one transaction. Once the layer commits or rolls it back, every call
-/// fails with [`StoreErrorKind::ReservationLost`]. A failed statement is a
-/// [`StoreErrorKind::Unavailable`] whose [`source`](std::error::Error::source) is the
-/// driver's [`tokio_postgres::Error`] (its SQLSTATE with `code()`); after one, PostgreSQL
-/// refuses the transaction's further statements, and the complete fails (`503`).
+/// [`acquire`](Self::acquire) gives the transaction's connection, a `&mut PgConnection` for
+/// any sqlx call (`sqlx::query(…).execute(&mut *connection)`, `query_as`, `query!`).
+/// Cloning it shares the one transaction; one holder at a time has the connection. Once the
+/// layer commits or rolls it back, `acquire` fails with
+/// [`StoreErrorKind::ReservationLost`]. After a failed statement PostgreSQL refuses the
+/// transaction's further statements, and the complete fails (`503`).
+///
+/// With axum, take it as `axum::Extension<PgTransaction>`.
 #[derive(Clone)]
 pub struct PgTransaction {
-    connection: Arc<tokio::sync::Mutex<Option<Connection>>>,
+    slot: Arc<tokio::sync::Mutex<Slot>>,
+}
+
+/// The connection of a claim's open transaction, while a create holds it
+/// ([`PgTransaction::acquire`]): it dereferences to sqlx's [`PgConnection`], so `&mut *connection`
+/// is an executor of every sqlx query. Drop it before the create answers: the layer's
+/// complete waits for it, up to the store's timeout.
+pub struct PgTransactionConnection(OwnedMappedMutexGuard<Slot, PgConnection>);
+
+impl Deref for PgTransactionConnection {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl DerefMut for PgTransactionConnection {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for PgTransactionConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTransactionConnection")
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for PgTransaction {
@@ -141,62 +164,39 @@ impl std::fmt::Debug for TransactionalPostgresStore {
 }
 
 impl PgTransaction {
-    fn new(connection: Connection) -> Self {
+    fn new(transaction: sqlx::Transaction<'static, Postgres>) -> Self {
         Self {
-            connection: Arc::new(tokio::sync::Mutex::new(Some(connection))),
+            slot: Arc::new(tokio::sync::Mutex::new(Some(transaction))),
         }
     }
 
-    /// Runs `sql` in the transaction; the rows it affected.
+    /// The transaction's connection, for the create's statements; waits while another holder
+    /// of the same transaction has it.
+    ///
+    /// ```no_run
+    /// # async fn create(transaction: tower_idempotency::store::PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut connection = transaction.acquire().await?;
+    /// let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
+    ///     .fetch_one(&mut *connection)
+    ///     .await?;
+    /// # let _ = count; Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`StoreErrorKind::ReservationLost`] once the transaction ended; the driver's error as
-    /// [`StoreErrorKind::Unavailable`].
-    pub async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
-        let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?.client();
-        client.execute(sql, params).await.map_err(unavailable)
+    /// [`StoreErrorKind::ReservationLost`] once the layer committed or rolled the transaction
+    /// back.
+    pub async fn acquire(&self) -> Result<PgTransactionConnection, StoreError> {
+        let slot = Arc::clone(&self.slot).lock_owned().await;
+        OwnedMutexGuard::try_map(slot, |slot| slot.as_deref_mut())
+            .map(PgTransactionConnection)
+            .map_err(|_| ended())
     }
 
-    /// Runs `sql` in the transaction; the rows it returned.
-    ///
-    /// # Errors
-    ///
-    /// As [`execute`](Self::execute).
-    pub async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?.client();
-        client.query(sql, params).await.map_err(unavailable)
-    }
-
-    /// Runs `sql` in the transaction; the one row it returned, if any.
-    ///
-    /// # Errors
-    ///
-    /// As [`execute`](Self::execute); more than one row is an error of the driver.
-    pub async fn query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
-        let connection = self.connection.lock().await;
-        let client = connection.as_ref().ok_or_else(ended)?.client();
-        client.query_opt(sql, params).await.map_err(unavailable)
-    }
-
-    /// The connection, taken out: nobody can use the transaction after this. Waits, up to
-    /// `timeout`, for a statement of the create still running on it (a task it spawned).
-    async fn take(&self, timeout: Duration) -> Option<Connection> {
-        tokio::time::timeout(timeout, self.connection.lock())
+    /// The transaction, taken out: nobody can use it after this. Waits, up to `timeout`, for a
+    /// holder of its connection (a task the create spawned).
+    async fn take(&self, timeout: Duration) -> Slot {
+        tokio::time::timeout(timeout, self.slot.lock())
             .await
             .ok()?
             .take()
@@ -207,32 +207,16 @@ fn ended() -> StoreError {
     StoreError::new(StoreErrorKind::ReservationLost)
 }
 
-/// Ends the transaction on `connection` with `statement` (`COMMIT` or `ROLLBACK`), within
-/// `timeout`: the connection goes back to the pool if it did, and is closed otherwise (the
-/// server then rolls back whatever is open).
-async fn end(
-    mut connection: Connection,
-    statement: &str,
-    timeout: Duration,
-) -> Result<(), StoreError> {
-    within(timeout, async {
-        connection
-            .client()
-            .batch_execute(statement)
-            .await
-            .map_err(unavailable)
-    })
-    .await?;
-    // Ended cleanly: pooled again.
-    drop(connection.0.take());
-    Ok(())
-}
-
 impl TransactionalPostgresStore {
     /// The transactional mode of `store`: the same pool, table, retention and timeout.
     pub fn new(store: PostgresStore) -> Self {
+        let begin = format!(
+            "BEGIN; SET LOCAL statement_timeout = {}",
+            server_side(store.timeout)
+        );
         Self {
             store,
+            begin: Arc::from(begin),
             open: Arc::default(),
         }
     }
@@ -257,89 +241,30 @@ impl TransactionalPostgresStore {
         self.lock().remove(&reservation.as_u128())
     }
 
-    /// Rolls back and returns the connection of `reservation`'s transaction, if open.
+    /// Rolls back the transaction of `reservation`, if open.
     async fn roll_back(&self, reservation: &Reservation) -> bool {
         let Some(transaction) = self.remove(reservation) else {
             return false;
         };
-        if let Some(connection) = transaction.take(self.store.timeout).await
-            && let Err(error) = end(connection, "ROLLBACK", self.store.timeout).await
-        {
-            tracing::warn!(
-                error = &error as &dyn std::error::Error,
-                "rollback failed; the connection was closed instead"
-            );
+        if let Some(transaction) = transaction.take(self.store.timeout).await {
+            roll_back(transaction, self.store.timeout).await;
         }
         true
     }
+}
 
-    /// Begins a transaction on `connection` and takes the key's lock, in one round trip, then
-    /// claims in it. A lock held by another transaction answers from the committed record:
-    /// a replay or a conflict if there is one within its retention, pending otherwise.
-    async fn claim_in(
-        &self,
-        connection: &Connection,
-        key: &str,
-        fingerprint: &Fingerprint,
-        reservation: Reservation,
-        lease: Lease,
-    ) -> Result<Claim, StoreError> {
-        let timeout = self.store.timeout;
-        let client = connection.client();
-        // The simple protocol runs both statements in one round trip; the lock's number is
-        // from a digest, so the statement holds no text of the client's.
-        let begin = format!(
-            "BEGIN; SELECT pg_try_advisory_xact_lock({})",
-            lock_id(&self.store.sql.table, key)
+/// Rolls `transaction` back within `timeout`; past it, or on an error, the transaction is
+/// dropped, which rolls it back when its connection is next looked at (or closes it).
+async fn roll_back(transaction: sqlx::Transaction<'static, Postgres>, timeout: Duration) {
+    if let Err(error) = within(timeout, async {
+        transaction.rollback().await.map_err(unavailable)
+    })
+    .await
+    {
+        tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "rollback failed; the connection rolls back when it is looked at again"
         );
-        let answers = within(timeout, async {
-            client.simple_query(&begin).await.map_err(unavailable)
-        })
-        .await?;
-        let locked = answers.iter().find_map(|answer| match answer {
-            SimpleQueryMessage::Row(row) => row.get(0),
-            _ => None,
-        });
-        match locked {
-            Some("t") => {
-                self.store
-                    .claim_on(client, key, fingerprint, reservation, lease)
-                    .await
-            }
-            Some("f") => self.committed(client, key, fingerprint).await,
-            _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
-        }
-    }
-
-    /// What the committed record of `key` answers while another transaction holds its lock.
-    async fn committed(
-        &self,
-        client: &deadpool_postgres::ClientWrapper,
-        key: &str,
-        fingerprint: &Fingerprint,
-    ) -> Result<Claim, StoreError> {
-        let key = &*table_key(key);
-        let params: [&(dyn ToSql + Sync); 1] = [&key];
-        let committed = query_opt_on(client, &self.store.sql.committed, &params);
-        let Some(row) = within(self.store.timeout, committed).await? else {
-            return Ok(Claim::Pending);
-        };
-        let corrupt = |e| StoreError::with_source(StoreErrorKind::Corrupt, e);
-        let stored_fingerprint: &str = row.try_get(0).map_err(corrupt)?;
-        let response: Option<Vec<u8>> = row.try_get(1).map_err(corrupt)?;
-        let expired: bool = row.try_get(2).map_err(corrupt)?;
-        // Past its retention, the record is absent: the transaction holding the key is
-        // creating it again, so neither its old response nor its old fingerprint answers.
-        if expired {
-            return Ok(Claim::Pending);
-        }
-        if stored_fingerprint != fingerprint.to_hex().as_str() {
-            return Ok(Claim::Conflict);
-        }
-        match response {
-            Some(response) => codec::decode(Bytes::from(response)).map(Claim::Replay),
-            None => Ok(Claim::Pending),
-        }
     }
 }
 
@@ -356,6 +281,10 @@ fn lock_id(table: &str, key: &str) -> i64 {
 }
 
 impl Store for TransactionalPostgresStore {
+    /// Begins a transaction (with its `statement_timeout`, one round trip) and claims in it,
+    /// the key's advisory lock tried first (one more): a lock another transaction holds
+    /// answers from the committed record, a replay or a conflict if there is one within its
+    /// retention, pending otherwise.
     async fn claim_with(
         &self,
         key: &str,
@@ -363,21 +292,34 @@ impl Store for TransactionalPostgresStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let connection = Connection(Some(within(self.store.timeout, self.store.client()).await?));
-        // Any error or cancellation below drops the connection: closed, not pooled, so the
-        // server rolls back what the claim began.
+        let timeout = self.store.timeout;
+        let begin = AssertSqlSafe(Arc::clone(&self.begin)).into_sql_str();
+        let mut transaction = within(timeout, begin_on(&self.store.pool, begin)).await?;
+        // Any error or cancellation below drops the transaction: rolled back.
+        let lock = lock_id(&self.store.sql.table, key);
         let claim = self
-            .claim_in(&connection, key, fingerprint, reservation, lease)
+            .store
+            .claim_on(
+                &mut transaction,
+                key,
+                fingerprint,
+                reservation,
+                lease,
+                Some(lock),
+            )
             .await?;
         match claim {
             Claim::New(reservation) => {
                 self.lock()
-                    .insert(reservation.as_u128(), PgTransaction::new(connection));
+                    .insert(reservation.as_u128(), PgTransaction::new(transaction));
                 Ok(Claim::New(reservation))
             }
             claim => {
                 // Nothing was written: a replay, pending or conflicting claim only read.
-                end(connection, "ROLLBACK", self.store.timeout).await?;
+                within(timeout, async {
+                    transaction.rollback().await.map_err(unavailable)
+                })
+                .await?;
                 Ok(claim)
             }
         }
@@ -412,41 +354,49 @@ impl Store for TransactionalPostgresStore {
         // No open transaction (never claimed here, or ended): nothing to commit.
         let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
         let timeout = self.store.timeout;
-        let connection = transaction
+        let mut transaction = transaction
             .take(timeout)
             .await
             .ok_or_else(|| uncommitted(None))?;
         let table_key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
-        let params: [&(dyn ToSql + Sync); 4] = [
-            &table_key,
-            &&token[..],
-            &&encoded[..],
-            &self.store.retention_ms,
-        ];
         // The record is updated only in the claim's own transaction: a failed statement of
         // the create's aborted it (the update fails), and a `COMMIT` sent by the create ended
         // it (the update finds no record of this transaction's).
-        let sql = &self.store.sql.complete_in_transaction;
-        match within(timeout, execute_on(connection.client(), sql, &params)).await {
+        let complete = sqlx::query(self.store.sql.complete_in_transaction.clone())
+            .bind(table_key)
+            .bind(&token[..])
+            .bind(&encoded[..])
+            .bind(self.store.retention_ms);
+        let updated = within(timeout, async {
+            complete
+                .execute(&mut *transaction)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(unavailable)
+        })
+        .await;
+        match updated {
             Ok(1) => {}
             Ok(_) => {
-                drop(end(connection, "ROLLBACK", timeout).await);
+                roll_back(transaction, timeout).await;
                 return Err(uncommitted(None));
             }
             Err(error) => {
-                drop(end(connection, "ROLLBACK", timeout).await);
+                roll_back(transaction, timeout).await;
                 return Err(uncommitted(Some(error)));
             }
         }
-        end(connection, "COMMIT", timeout)
-            .await
-            .map_err(|error| uncommitted(Some(error)))
+        within(timeout, async {
+            transaction.commit().await.map_err(unavailable)
+        })
+        .await
+        .map_err(|error| uncommitted(Some(error)))
     }
 
-    /// Nothing to settle: a claim whose answer was lost ran on a connection that was then
-    /// closed, so the server rolled it back.
+    /// Nothing to settle: a claim whose answer was lost ran in a transaction that was rolled
+    /// back when it was dropped, or on a connection that was then closed.
     async fn settle_claim(
         &self,
         _key: &str,

@@ -117,6 +117,17 @@ pub struct RedisStore {
     notifier: Option<Arc<Notifier<Channel>>>,
 }
 
+/// Makes sure rustls has a crypto provider for `rediss://`: the process's own if it installed
+/// one, else ring. The driver asks rustls for the process's provider, which rustls can pick by
+/// itself only when exactly one of its providers is built in; an application that builds in
+/// two (aws-lc-rs through another crate, say) would otherwise panic at the first TLS connect.
+fn tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one in between: then that one is kept.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 impl RedisStore {
     /// The default prefix of record keys.
     pub const DEFAULT_PREFIX: &'static str = "idempotency:";
@@ -169,6 +180,47 @@ impl RedisStore {
     /// timeout.
     pub async fn connect_allowing_eviction(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(unavailable)?;
+        Self::connect_client_allowing_eviction(client).await
+    }
+
+    /// Connects like [`connect`](Self::connect) through a client you built: for TLS with a
+    /// CA of your own or a client certificate ([`redis::Client::build_with_tls`]), or any
+    /// other setting of the driver's. A `rediss://` URL given to [`connect`](Self::connect)
+    /// already trusts the system's roots and a CA file named by `SSL_CERT_FILE`.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::RedisStore;
+    /// use tower_idempotency::store::redis::redis::{Client, TlsCertificates};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/redis/ca.pem")?;
+    /// let client = Client::build_with_tls(
+    ///     "rediss://cache.internal:6380",
+    ///     TlsCertificates { client_tls: None, root_cert: Some(ca) },
+    /// )?;
+    /// let store = RedisStore::connect_client(client).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect); a certificate that does not verify fails here.
+    pub async fn connect_client(client: redis::Client) -> Result<Self, StoreError> {
+        Self::connect_client_allowing_eviction(client)
+            .await?
+            .refusing_eviction()
+            .await
+    }
+
+    /// [`connect_client`](Self::connect_client) without checking the eviction policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_allowing_eviction`](Self::connect_allowing_eviction).
+    pub async fn connect_client_allowing_eviction(
+        client: redis::Client,
+    ) -> Result<Self, StoreError> {
+        tls_provider();
         let client_for_notifier = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
@@ -239,9 +291,48 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::connect_cluster_over(seeds, None).await
+    }
+
+    /// Connects like [`connect_cluster`](Self::connect_cluster) over TLS with certificates
+    /// of your own: `rediss://` seeds, verified against `certificates.root_cert` (PEM) rather
+    /// than the system's roots, with a client certificate if `client_tls` is set.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_cluster`](Self::connect_cluster); a certificate that does not verify
+    /// fails here.
+    pub async fn connect_cluster_with_tls<I, S>(
+        seeds: I,
+        certificates: redis::TlsCertificates,
+    ) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::connect_cluster_over(seeds, Some(certificates))
+            .await?
+            .refusing_eviction()
+            .await
+    }
+
+    async fn connect_cluster_over<I, S>(
+        seeds: I,
+        certificates: Option<redis::TlsCertificates>,
+    ) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        tls_provider();
         let clients = seeds
             .into_iter()
-            .map(|seed| redis::Client::open(seed.as_ref()))
+            .map(|seed| match &certificates {
+                Some(certificates) => {
+                    redis::Client::build_with_tls(seed.as_ref(), certificates.clone())
+                }
+                None => redis::Client::open(seed.as_ref()),
+            })
             .collect::<RedisResult<Vec<_>>>()
             .map_err(unavailable)?;
         if clients.is_empty() {
@@ -250,24 +341,28 @@ impl RedisStore {
                 "a Redis Cluster needs at least one seed node",
             ));
         }
-        let client = ClusterClientBuilder::new(
+        let mut builder = ClusterClientBuilder::new(
             clients
                 .iter()
                 .map(redis::Client::get_connection_info)
                 .cloned(),
-        )
-        .connection_timeout(DEFAULT_TIMEOUT)
-        // Every call runs within the store's own timeout; a few quick retries follow a
-        // slot that moved or a connection that dropped, and a caller that gave up is
-        // never retried. A node's answer is waited for a second at most, so that a hung
-        // node also fails the client's own topology queries rather than stalling them.
-        .response_timeout(DEFAULT_TIMEOUT)
-        .overall_response_timeout(None)
-        .retries(3)
-        .min_retry_wait(10)
-        .max_retry_wait(200)
-        .build()
-        .map_err(unavailable)?;
+        );
+        if let Some(certificates) = certificates {
+            builder = builder.certs(certificates);
+        }
+        let client = builder
+            .connection_timeout(DEFAULT_TIMEOUT)
+            // Every call runs within the store's own timeout; a few quick retries follow a
+            // slot that moved or a connection that dropped, and a caller that gave up is
+            // never retried. A node's answer is waited for a second at most, so that a hung
+            // node also fails the client's own topology queries rather than stalling them.
+            .response_timeout(DEFAULT_TIMEOUT)
+            .overall_response_timeout(None)
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(200)
+            .build()
+            .map_err(unavailable)?;
         let connect = async { Cluster::connect(client).await.map_err(unavailable) };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
         Self::over(Connection::Cluster(connection))

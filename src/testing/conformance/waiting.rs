@@ -142,7 +142,16 @@ pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store>(stor
         .layer(create);
     let key = unique_key("runs-out");
     let first = tokio::spawn(waiting.clone().oneshot(label_request(&key)));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Until the first attempt's create runs (its claim was new), however long the store's
+    // first connection takes to make; the create then runs 900 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while creates.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first attempt never created"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let waited = pending(&waiting, &key).await;
     assert!(
         waited >= Duration::from_millis(200) && waited < Duration::from_millis(600),
