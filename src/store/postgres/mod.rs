@@ -79,7 +79,26 @@ pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPos
 /// can leave sqlx's connection waiting for good: give the pool's connections a
 /// `statement_timeout` below the store's timeout (`PgConnectOptions::options([(
 /// "statement_timeout", "800ms")])` for the default second), so that the server ends a slow
-/// statement first. A pool the store makes itself ([`connect`](Self::connect),
+/// statement first:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::str::FromStr;
+/// use tower_idempotency::store::PostgresStore;
+/// use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+///
+/// let options = PgConnectOptions::from_str("postgres://postgres@127.0.0.1/test?sslmode=require")?
+///     .options([("statement_timeout", "800ms")]);
+/// let pool = PgPoolOptions::new()
+///     .test_before_acquire(false)
+///     .connect_with(options)
+///     .await?;
+/// let store = PostgresStore::new(pool);
+/// # Ok(()) }
+/// ```
+///
+/// Statements built at run time (`format!`) need sqlx's `AssertSqlSafe` around them; the
+/// store's own are built once per table. A pool the store makes itself ([`connect`](Self::connect),
 /// [`connect_with`](Self::connect_with)) gives each of its connections four fifths of the
 /// store's timeout as `statement_timeout`.
 ///

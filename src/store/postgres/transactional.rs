@@ -51,9 +51,10 @@ use crate::store::{
 /// bounds the creates in flight**, and a claim that cannot get a connection within the
 /// timeout answers `503 store_unavailable`. Put admission
 /// ([`ConcurrencyLimit`](crate::admission::ConcurrencyLimit)) in front to refuse early, and
-/// size the pool for it. Every statement of the create runs under the store's timeout as its
-/// `statement_timeout`, set with `SET LOCAL` when the transaction begins (so the pool's
-/// connections keep their own settings).
+/// size the pool for it. Every statement of the create runs under four fifths of the store's
+/// timeout as its `statement_timeout`, set with `SET LOCAL` when the transaction begins (so the
+/// pool's connections keep their own settings): a create whose statements take longer needs a
+/// longer [`timeout`](PostgresStore::timeout).
 ///
 /// Replicas in this mode share the table with each other. A plain [`PostgresStore`] on the
 /// same table works too, but its claim of a key whose transaction is open waits on the
@@ -72,6 +73,8 @@ use crate::store::{
 /// pool after the commit with its session settings.
 ///
 /// ```no_run
+/// // sqlx as the crate re-exports it (or your own dependency on the same version).
+/// use tower_idempotency::store::postgres::sqlx;
 /// use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
@@ -175,6 +178,8 @@ impl PgTransaction {
     ///
     /// ```no_run
     /// # async fn create(transaction: tower_idempotency::store::PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::postgres::sqlx;
+    ///
     /// let mut connection = transaction.acquire().await?;
     /// let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
     ///     .fetch_one(&mut *connection)

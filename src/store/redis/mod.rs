@@ -184,8 +184,9 @@ impl RedisStore {
     }
 
     /// Connects like [`connect`](Self::connect) through a client you built: for TLS with a
-    /// CA of your own or a client certificate ([`redis::Client::build_with_tls`]), or any
-    /// other setting of the driver's. A `rediss://` URL given to [`connect`](Self::connect)
+    /// CA of your own or a client certificate ([`redis::Client::build_with_tls`]: a
+    /// `root_cert` (PEM) is trusted in place of the system's roots), or any other setting of
+    /// the driver's. A `rediss://` URL given to [`connect`](Self::connect)
     /// already trusts the system's roots and a CA file named by `SSL_CERT_FILE`.
     ///
     /// ```no_run
@@ -216,7 +217,8 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// As [`connect_allowing_eviction`](Self::connect_allowing_eviction).
+    /// A [`StoreError`] if the server cannot be reached within the timeout, or its certificate
+    /// does not verify.
     pub async fn connect_client_allowing_eviction(
         client: redis::Client,
     ) -> Result<Self, StoreError> {
