@@ -451,9 +451,16 @@ impl PostgresStore {
                     .await?;
                     Some(indexed)
                 }
-                // Dropped, the transaction rolls back.
-                Ok(None) => None,
-                Err(error) if error.kind() == StoreErrorKind::Timeout => None,
+                // Rolled back now, not after the pause: its locks (the migrate's advisory
+                // lock, a change's table lock) are not held while it waits.
+                Ok(None) => {
+                    drop(transaction);
+                    None
+                }
+                Err(error) if error.kind() == StoreErrorKind::Timeout => {
+                    drop(transaction);
+                    None
+                }
                 Err(error) => return Err(error),
             };
             match tried {
@@ -720,6 +727,9 @@ impl PostgresStore {
     }
 }
 
+/// The longest a connection is waited for in a task of its own ([`acquire`]).
+const DETACHED_ACQUIRE: Duration = Duration::from_secs(5);
+
 /// A connection of `pool`. When none is idle the pool makes one, in a task of its own: a
 /// caller that gives up (its timeout) then leaves the connection to the pool rather than
 /// throwing it away half made. Under a timeout shorter than a connection takes to make
@@ -732,10 +742,16 @@ pub(super) async fn acquire(
         return pool.acquire().await.map_err(unavailable);
     }
     let pool = pool.clone();
-    tokio::spawn(async move { pool.acquire().await })
-        .await
-        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
-        .map_err(unavailable)
+    // Bounded, so that callers that gave up during an outage leave no queue of waiting
+    // tasks ahead of later ones for longer than this.
+    tokio::spawn(async move {
+        tokio::time::timeout(DETACHED_ACQUIRE, pool.acquire())
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+    })
+    .await
+    .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
+    .map_err(unavailable)
 }
 
 /// Begins a transaction on a connection of `pool` with `statement` (a `BEGIN`, and what the

@@ -59,8 +59,9 @@ use crate::store::{
 /// Replicas in this mode share the table with each other. A plain [`PostgresStore`] on the
 /// same table works too, but its claim of a key whose transaction is open waits on the
 /// uncommitted row, up to its timeout (then `503`). A reservation is not renewed (the open
-/// transaction holds the key), and the conformance suite's lost-claim cases do not apply: a
-/// claim whose answer is lost closes its connection, and the server rolls it back.
+/// transaction holds the key), and the conformance suite's lost-claim cases do not apply: the
+/// transaction of a claim whose answer is lost is rolled back when it is dropped (or by the
+/// server, when its connection is closed).
 ///
 /// Keep a create's writes on the [`PgTransaction`]'s connection, and never end its
 /// transaction yourself: a write made elsewhere is not part of the transaction. sqlx's own
@@ -320,11 +321,10 @@ impl Store for TransactionalPostgresStore {
                 Ok(Claim::New(reservation))
             }
             claim => {
-                // Nothing was written: a replay, pending or conflicting claim only read.
-                within(timeout, async {
-                    transaction.rollback().await.map_err(unavailable)
-                })
-                .await?;
+                // Nothing was written: a replay, pending or conflicting claim only read. Its
+                // answer stands however the rollback goes (dropped, the transaction rolls
+                // back when its connection is next looked at).
+                roll_back(transaction, timeout).await;
                 Ok(claim)
             }
         }

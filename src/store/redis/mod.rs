@@ -117,8 +117,8 @@ pub struct RedisStore {
     notifier: Option<Arc<Notifier<Channel>>>,
 }
 
-/// Makes sure rustls has a crypto provider for `rediss://`: the process's own if it installed
-/// one, else ring. The driver asks rustls for the process's provider, which rustls can pick by
+/// Makes sure rustls has a crypto provider for `rediss://` (called only for a TLS
+/// connection): the process's own if it installed one, else ring. The driver asks rustls for the process's provider, which rustls can pick by
 /// itself only when exactly one of its providers is built in; an application that builds in
 /// two (aws-lc-rs through another crate, say) would otherwise panic at the first TLS connect.
 fn tls_provider() {
@@ -222,7 +222,12 @@ impl RedisStore {
     pub async fn connect_client_allowing_eviction(
         client: redis::Client,
     ) -> Result<Self, StoreError> {
-        tls_provider();
+        if matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            tls_provider();
+        }
         let client_for_notifier = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(DEFAULT_TIMEOUT))
@@ -326,9 +331,12 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        tls_provider();
-        let clients = seeds
-            .into_iter()
+        let clients: Vec<String> = seeds.into_iter().map(|s| s.as_ref().to_owned()).collect();
+        if certificates.is_some() || clients.iter().any(|seed| seed.starts_with("rediss://")) {
+            tls_provider();
+        }
+        let clients = clients
+            .iter()
             .map(|seed| match &certificates {
                 Some(certificates) => {
                     redis::Client::build_with_tls(seed.as_ref(), certificates.clone())
