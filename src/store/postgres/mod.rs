@@ -159,6 +159,9 @@ pub struct PostgresStore {
 /// time: claims queue behind a waiting lock request, so no longer than this.
 const MIGRATE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
+/// The least [`PostgresStore::migrate`] waits for a connection, whatever the store's timeout.
+const MIGRATE_CONNECT_WAIT: Duration = Duration::from_millis(1_500);
+
 /// Attempts of [`PostgresStore::migrate`] at a change whose lock stays held, with
 /// [`migrate_pauses`] between them: about half a minute in all.
 const MIGRATE_ATTEMPTS: usize = 30;
@@ -421,9 +424,12 @@ impl PostgresStore {
         ))
         .into_sql_str();
         for attempt in 1..=MIGRATE_ATTEMPTS {
-            // A connection that cannot be had within the timeout fails the migrate: the
-            // database is away, and trying again would only hold up the start.
-            let mut transaction = within(self.timeout, begin_on(&self.pool, begin.clone())).await?;
+            // A connection that cannot be had fails the migrate: the database is away, and
+            // trying again would only hold up the start. Waited for at least
+            // `MIGRATE_CONNECT_WAIT`, as making one (TLS, a loaded server) may take longer
+            // than a short store timeout.
+            let connect_wait = self.timeout.max(MIGRATE_CONNECT_WAIT);
+            let mut transaction = within(connect_wait, begin_on(&self.pool, begin.clone())).await?;
             // `None`: a lock the change needs is held (its `lock_timeout` passed).
             let tried = within(self.timeout, async {
                 match sqlx::raw_sql(self.sql.migrate.clone())
@@ -487,7 +493,7 @@ impl PostgresStore {
     /// invalid index it left and builds it again.
     async fn build_expiry_index(&self) -> Result<(), StoreError> {
         let options = self.pool.connect_options();
-        let mut connection = within(self.timeout, async {
+        let mut connection = within(self.timeout.max(MIGRATE_CONNECT_WAIT), async {
             PgConnection::connect_with(&options)
                 .await
                 .map_err(unavailable)
