@@ -636,26 +636,26 @@ fn main() {
             std::fs::create_dir_all(&dir).expect("a temporary directory");
             let file = dir.join("records.sqlite3");
             let store = SqliteStore::open(&file).await.expect("the SQLite file");
-            let size = || {
-                let connection =
-                    tower_idempotency::store::sqlite::rusqlite::Connection::open(&file)
-                        .expect("the file");
-                connection
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            let size = async || {
+                use tower_idempotency::store::sqlite::sqlx::Executor as _;
+                store
+                    .pool()
+                    .execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .await
                     .expect("a checkpoint");
                 std::fs::metadata(&file).expect("the file").len() as i64
             };
-            let before = size();
+            let before = size().await;
             fill(&store, run, records, options.tasks, &response).await;
-            let grown = size() - before;
+            let grown = size().await - before;
             let (creates, replays) = throughput(&store, run, records, &options, &response).await;
-            let expired = tower_idempotency::store::sqlite::rusqlite::Connection::open(&file)
-                .expect("the file")
-                .execute(
-                    "UPDATE idempotency_records SET expires_at = 0 WHERE expires_at IS NOT NULL",
-                    [],
-                )
-                .expect("the records expired") as u64;
+            let expired = tower_idempotency::store::sqlite::sqlx::query(
+                "UPDATE idempotency_records SET expires_at = 0 WHERE expires_at IS NOT NULL",
+            )
+            .execute(store.pool())
+            .await
+            .expect("the records expired")
+            .rows_affected();
             let purged = purge_rate(store.purge_expired(), expired).await;
             rows.push(Row {
                 store: "SQLite".into(),

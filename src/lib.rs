@@ -200,7 +200,7 @@
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
 //! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
-//! | `sqlite` | `store::SqliteStore` (the SQLite library built in), and `rusqlite` re-exported |
+//! | `sqlite` | `store::SqliteStore` on sqlx (the SQLite library built in), and `sqlx` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
 //! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL or SQLite store; it turns on the three stores |

@@ -9,6 +9,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use tower_idempotency::store::SqliteStore;
+use tower_idempotency::store::sqlite::sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use tower_idempotency::store::sqlite::sqlx::{self, Connection as _, Executor as _};
+
+/// A connection to `file` of the test's own, as another process's would be.
+async fn connect(file: &std::path::Path) -> SqliteConnection {
+    SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(file))
+        .await
+        .expect("a connection to the file")
+}
 
 /// One file for the whole run, in a fresh temporary directory: every store opened on it is
 /// another connection, as another process's would be.
@@ -51,6 +60,72 @@ async fn make_store(retention: Option<Duration>) -> SqliteStore {
 }
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(200));
+
+/// The whole suite again on the application's own pool (its sqlx, not the store's
+/// re-export): several connections, the pool's settings as they are.
+mod on_the_applications_pool {
+    use super::*;
+
+    async fn make_store(retention: Option<Duration>) -> SqliteStore {
+        static POOL: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        POOL.get_or_init(|| async { drop(SqliteStore::open(path()).await.unwrap()) })
+            .await;
+        let options = ::sqlx::sqlite::SqliteConnectOptions::new().filename(path());
+        let pool: ::sqlx::SqlitePool = ::sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .expect("the application's pool");
+        let store = SqliteStore::new(pool);
+        store.migrate().await.expect("the table");
+        match retention {
+            Some(retention) => store.retention(retention),
+            None => store,
+        }
+    }
+
+    tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(200));
+}
+
+/// Found in the port to sqlx, where a pool's connections no longer run one call at a time: a
+/// claim still waiting for the file's write lock when its caller gave up wrote its
+/// reservation once the lock was free, after its settling had released nothing, and the key
+/// stayed pending for good. The claim's write carries its deadline: it writes nothing after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_caller_gave_up_writes_nothing_after() {
+    use tower_idempotency::store::StoreErrorKind;
+    use tower_idempotency::{LabelContract, Store};
+    let (dir, file) = fresh_file("late-claim");
+    drop(SqliteStore::open(&file).await.unwrap());
+    // The application's pool, one connection that waits long for the lock.
+    let options = SqliteConnectOptions::new()
+        .filename(&file)
+        .busy_timeout(Duration::from_secs(60));
+    let pool = ::sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone()).timeout(Duration::from_millis(300));
+    let mut writer = connect(&file).await;
+    let held = writer.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let key = "late";
+    let error = store
+        .claim(key, &LabelContract::fingerprint(key, "p"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout);
+    held.rollback().await.unwrap();
+    // The pool's one connection comes back once the claim's statement has run (sqlx pings it
+    // on its way back, behind that statement).
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE key = ?1")
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the claim wrote nothing after its caller gave up");
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 /// Claims of one key from separate stores on one file (each its own connection and thread,
 /// as separate processes have), released together: exactly one is new, over many keys.
@@ -124,14 +199,15 @@ async fn an_unreadable_record_is_corrupt() {
         "corrupt-{}",
         tower_idempotency::store::Reservation::generate()
     );
-    let connection = rusqlite::Connection::open(path()).unwrap();
-    connection
-        .execute(
-            "INSERT INTO idempotency_records (key, fingerprint, token, response, take_over, \
-             changed_at) VALUES (?1, ?2, NULL, x'00ff', 'yes', 0)",
-            rusqlite::params![key, LabelContract::fingerprint(&key, "p").to_hex().as_str()],
-        )
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_records (key, fingerprint, token, response, take_over, \
+         changed_at) VALUES (?1, ?2, NULL, x'00ff', 'yes', 0)",
+    )
+    .bind(&key)
+    .bind(LabelContract::fingerprint(&key, "p").to_hex().as_str())
+    .execute(&mut connect(path()).await)
+    .await
+    .unwrap();
     let error = store
         .claim(&key, &LabelContract::fingerprint(&key, "p"))
         .await
@@ -149,37 +225,32 @@ async fn a_completed_record_lives_for_the_default_window() {
     use tower_idempotency::store::DEFAULT_RETENTION;
     let store = SqliteStore::open(path()).await.expect("the SQLite file");
     let window = i64::try_from(DEFAULT_RETENTION.as_millis()).unwrap();
-    let expiry = |key: &str| -> (Option<i64>, i64) {
-        let connection = rusqlite::Connection::open(path()).unwrap();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
-        let expires: Option<i64> = connection
-            .query_row(
-                "SELECT expires_at FROM idempotency_records WHERE key = ?1",
-                [key],
-                |row| row.get(0),
-            )
-            .unwrap();
-        (expires, i64::try_from(now).unwrap())
+    let expiry = async |key: &str| -> (Option<i64>, i64) {
+        let expires: Option<i64> =
+            sqlx::query_scalar("SELECT expires_at FROM idempotency_records WHERE key = ?1")
+                .bind(key)
+                .fetch_one(&mut connect(path()).await)
+                .await
+                .unwrap();
+        (expires, now_millis())
     };
     let key = format!(
         "window-{}",
         tower_idempotency::store::Reservation::generate()
     );
     complete_new(&store, &key).await;
-    let (expires, now) = expiry(&key);
+    let (expires, now) = expiry(&key).await;
     let left = expires.expect("an expiry") - now;
     assert!(left > window - 60_000 && left <= window, "{left}");
     assert_eq!(claimed_again(&store, &key).await, "replay");
-    rusqlite::Connection::open(path())
-        .unwrap()
-        .execute(
-            "UPDATE idempotency_records SET expires_at = expires_at - ?2 - 1000 WHERE key = ?1",
-            rusqlite::params![key, window],
-        )
-        .unwrap();
+    sqlx::query(
+        "UPDATE idempotency_records SET expires_at = expires_at - ?2 - 1000 WHERE key = ?1",
+    )
+    .bind(&key)
+    .bind(window)
+    .execute(&mut connect(path()).await)
+    .await
+    .unwrap();
     assert_eq!(claimed_again(&store, &key).await, "new");
 
     let forever = store.keep_forever();
@@ -188,7 +259,7 @@ async fn a_completed_record_lives_for_the_default_window() {
         tower_idempotency::store::Reservation::generate()
     );
     complete_new(&forever, &key).await;
-    assert_eq!(expiry(&key).0, None);
+    assert_eq!(expiry(&key).await.0, None);
     assert_eq!(claimed_again(&forever, &key).await, "replay");
 }
 
@@ -203,7 +274,7 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
     let batch = {
         let (dir, file) = fresh_file("purge-baseline");
         let store = SqliteStore::open(&file).await.unwrap();
-        expire_rows(&file, 5_000);
+        expire_rows(&file, 5_000).await;
         let started = std::time::Instant::now();
         assert_eq!(store.purge_expired().await.unwrap(), 5_000);
         let took = started.elapsed();
@@ -216,56 +287,47 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
         .unwrap()
         .timeout((batch * 10).max(Duration::from_millis(100)));
     let claiming = SqliteStore::open(&file).await.unwrap();
-    let expired = 300_000;
+    let expired: i64 = 300_000;
     {
-        let mut connection = rusqlite::Connection::open(&file).unwrap();
-        let transaction = connection.transaction().unwrap();
-        {
-            let mut insert = transaction
-                .prepare(
-                    "INSERT INTO idempotency_records (key, fingerprint, token, response, \
-                     changed_at, expires_at) VALUES (?1, 'x', ?2, ?3, 0, ?4)",
-                )
-                .unwrap();
-            let now = now_millis();
-            let none: Option<Vec<u8>> = None;
-            for i in 0..expired {
-                let key = format!("expired-{i}");
-                insert
-                    .execute(rusqlite::params![key, none, vec![0u8], now - 3_600_000])
-                    .unwrap();
-            }
-            for i in 0..100 {
-                let key = format!("kept-{i}");
-                insert
-                    .execute(rusqlite::params![key, none, vec![0u8], now + 3_600_000])
-                    .unwrap();
-                let key = format!("pending-{i}");
-                let expires: Option<i64> = None;
-                insert
-                    .execute(rusqlite::params![key, vec![1u8], none, expires])
-                    .unwrap();
-            }
-        }
-        transaction.commit().unwrap();
+        // In one statement: a recursive count makes the rows, fast in a debug build.
+        let now = now_millis();
+        let mut connection = connect(&file).await;
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
+             INSERT INTO idempotency_records (key, fingerprint, token, response, changed_at, \
+             expires_at) SELECT 'expired-' || i, 'x', NULL, x'00', 0, ?2 FROM n",
+        )
+        .bind(expired)
+        .bind(now - 3_600_000)
+        .execute(&mut connection)
+        .await
+        .unwrap();
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < 100) \
+             INSERT INTO idempotency_records (key, fingerprint, token, response, changed_at, \
+             expires_at) SELECT 'kept-' || i, 'x', NULL, x'00', 0, ?1 FROM n \
+             UNION ALL SELECT 'pending-' || i, 'x', x'01', NULL, 0, NULL FROM n",
+        )
+        .bind(now + 3_600_000)
+        .execute(&mut connection)
+        .await
+        .unwrap();
     }
     let claims = common::claims_meanwhile(claiming, 40);
     let purged = store.purge_expired().await.expect("the purge finishes");
-    assert_eq!(purged, expired);
+    assert_eq!(purged, u64::try_from(expired).unwrap());
     assert_eq!(claims.await.unwrap(), 40, "every claim answered");
-    let connection = rusqlite::Connection::open(&file).unwrap();
-    let left = |prefix: &str| -> i64 {
-        connection
-            .query_row(
-                "SELECT count(*) FROM idempotency_records WHERE key LIKE ?1",
-                [format!("{prefix}%")],
-                |row| row.get(0),
-            )
+    let mut connection = connect(&file).await;
+    let mut left = async |prefix: &str| -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE key LIKE ?1")
+            .bind(format!("{prefix}%"))
+            .fetch_one(&mut connection)
+            .await
             .unwrap()
     };
-    assert_eq!(left("expired-"), 0);
-    assert_eq!(left("kept-"), 100, "nothing unexpired is deleted");
-    assert_eq!(left("pending-"), 100, "nothing pending is deleted");
+    assert_eq!(left("expired-").await, 0);
+    assert_eq!(left("kept-").await, 100, "nothing unexpired is deleted");
+    assert_eq!(left("pending-").await, 100, "nothing pending is deleted");
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -282,11 +344,9 @@ async fn the_purger_keeps_a_file_at_a_steady_size() {
     let count = || {
         let file = file.clone();
         async move {
-            rusqlite::Connection::open(&file)
-                .unwrap()
-                .query_row("SELECT count(*) FROM idempotency_records", [], |row| {
-                    row.get::<_, i64>(0)
-                })
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_records")
+                .fetch_one(&mut connect(&file).await)
+                .await
                 .unwrap()
         }
     };
@@ -321,15 +381,13 @@ async fn a_purger_outside_a_runtime_is_an_error() {
 async fn a_start_while_another_process_writes_waits_for_no_lock() {
     let (dir, file) = fresh_file("start");
     drop(SqliteStore::open(&file).await.unwrap());
-    let mut writer = rusqlite::Connection::open(&file).unwrap();
-    let transaction = writer
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .unwrap();
+    let mut writer = connect(&file).await;
+    let mut transaction = writer.begin_with("BEGIN IMMEDIATE").await.unwrap();
     transaction
         .execute(
             "INSERT INTO idempotency_records (key, fingerprint, changed_at) VALUES ('held', 'x', 0)",
-            [],
         )
+        .await
         .unwrap();
     // Opening waits up to ten seconds for a lock it needs; this one needs none.
     let opened = tokio::time::timeout(Duration::from_secs(5), SqliteStore::open(&file)).await;
@@ -337,7 +395,7 @@ async fn a_start_while_another_process_writes_waits_for_no_lock() {
         matches!(opened, Ok(Ok(_))),
         "the open finished while the lock was held"
     );
-    transaction.rollback().unwrap();
+    transaction.rollback().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -347,47 +405,43 @@ async fn a_start_while_another_process_writes_waits_for_no_lock() {
 async fn an_open_puts_back_a_missing_expiry_index() {
     let (dir, file) = fresh_file("index");
     drop(SqliteStore::open(&file).await.unwrap());
-    let connection = rusqlite::Connection::open(&file).unwrap();
-    let indexed = || -> bool {
-        connection
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' \
-                 AND name = 'idempotency_records_expires_at')",
-                [],
-                |row| row.get(0),
-            )
-            .unwrap()
+    let mut connection = connect(&file).await;
+    let indexed = async |connection: &mut SqliteConnection| -> bool {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' \
+             AND name = 'idempotency_records_expires_at')",
+        )
+        .fetch_one(connection)
+        .await
+        .unwrap()
     };
-    assert!(indexed());
+    assert!(indexed(&mut connection).await);
     connection
-        .execute("DROP INDEX idempotency_records_expires_at", [])
+        .execute("DROP INDEX idempotency_records_expires_at")
+        .await
         .unwrap();
-    assert!(!indexed());
+    assert!(!indexed(&mut connection).await);
     drop(SqliteStore::open(&file).await.unwrap());
-    assert!(indexed(), "the open made the index again");
+    assert!(
+        indexed(&mut connection).await,
+        "the open made the index again"
+    );
     drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Inserts `count` records of `file` that expired an hour ago.
-fn expire_rows(file: &std::path::Path, count: usize) {
-    let mut connection = rusqlite::Connection::open(file).unwrap();
-    let transaction = connection.transaction().unwrap();
-    {
-        let mut insert = transaction
-            .prepare(
-                "INSERT INTO idempotency_records (key, fingerprint, token, response, \
-                 changed_at, expires_at) VALUES (?1, 'x', NULL, x'00', 0, ?2)",
-            )
-            .unwrap();
-        let past = now_millis() - 3_600_000;
-        for i in 0..count {
-            insert
-                .execute(rusqlite::params![format!("baseline-{i}"), past])
-                .unwrap();
-        }
-    }
-    transaction.commit().unwrap();
+async fn expire_rows(file: &std::path::Path, count: i64) {
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
+         INSERT INTO idempotency_records (key, fingerprint, token, response, changed_at, \
+         expires_at) SELECT 'baseline-' || i, 'x', NULL, x'00', 0, ?2 FROM n",
+    )
+    .bind(count)
+    .bind(now_millis() - 3_600_000)
+    .execute(&mut connect(file).await)
+    .await
+    .unwrap();
 }
 
 /// The operator's tool on another application's SQLite file: refused as not a store's (exit
@@ -396,16 +450,18 @@ fn expire_rows(file: &std::path::Path, count: usize) {
 #[tokio::test]
 async fn the_operators_tool_leaves_another_applications_file_as_it_was() {
     let (dir, file) = fresh_file("foreign");
-    let connection = rusqlite::Connection::open(&file).unwrap();
+    let mut connection = SqliteConnection::connect_with(
+        &SqliteConnectOptions::new()
+            .filename(&file)
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
     connection
-        .execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .await
         .unwrap();
-    let mode = |connection: &rusqlite::Connection| -> String {
-        connection
-            .pragma_query_value(None, "journal_mode", |row| row.get(0))
-            .unwrap()
-    };
-    assert_eq!(mode(&connection), "delete");
+    assert_eq!(journal_mode(&file).await, "delete");
     drop(connection);
     let url = format!("sqlite://{}", file.display());
     for command in [
@@ -419,17 +475,17 @@ async fn the_operators_tool_leaves_another_applications_file_as_it_was() {
         assert_eq!(code, Some(2), "{command:?}: {said}");
         assert!(said.contains("not a store's"), "{said}");
     }
-    let connection = rusqlite::Connection::open(&file).unwrap();
-    assert_eq!(mode(&connection), "delete", "the journal mode as it was");
-    let tables: i64 = connection
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'idempotency%'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
+    assert_eq!(
+        journal_mode(&file).await,
+        "delete",
+        "the journal mode as it was"
+    );
+    let tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name LIKE 'idempotency%'")
+            .fetch_one(&mut connect(&file).await)
+            .await
+            .unwrap();
     assert_eq!(tables, 0, "no table made");
-    drop(connection);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -474,21 +530,16 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
             store.complete(key, &reservation, &response).await.unwrap();
         }
     }
-    let connection = rusqlite::Connection::open(&file).unwrap();
+    let mut connection = connect(&file).await;
     connection
-        .execute(
-            "UPDATE idempotency_records SET expires_at = 0 WHERE key LIKE 'old-%'",
-            [],
-        )
+        .execute("UPDATE idempotency_records SET expires_at = 0 WHERE key LIKE 'old-%'")
+        .await
         .unwrap();
     let (code, out, _) = tool(&["--store", &url, "purge"]);
     assert_eq!((code, out.as_str()), (Some(0), "purged 2\n"));
-    let keys: Vec<String> = connection
-        .prepare("SELECT key FROM idempotency_records ORDER BY key")
-        .unwrap()
-        .query_map([], |row| row.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
+    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_records ORDER BY key")
+        .fetch_all(&mut connection)
+        .await
         .unwrap();
     assert_eq!(keys, ["kept", "pending"]);
     let (code, out, _) = tool(&["--store", &url, "purge"]);
@@ -522,15 +573,9 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
 async fn a_new_file_is_in_wal_mode() {
     let (dir, file) = fresh_file("wal");
     drop(SqliteStore::open(&file).await.unwrap());
-    let mode = || -> String {
-        rusqlite::Connection::open(&file)
-            .unwrap()
-            .pragma_query_value(None, "journal_mode", |row| row.get(0))
-            .unwrap()
-    };
-    assert_eq!(mode(), "wal");
+    assert_eq!(journal_mode(&file).await, "wal");
     drop(SqliteStore::open(&file).await.unwrap());
-    assert_eq!(mode(), "wal");
+    assert_eq!(journal_mode(&file).await, "wal");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -663,20 +708,18 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
         resolve("running", "0"),
         (Some(0), "resolved running\n".to_owned())
     );
-    let connection = rusqlite::Connection::open(&file).unwrap();
-    let expires = |key: String| -> Option<i64> {
-        connection
-            .query_row(
-                "SELECT expires_at FROM idempotency_records WHERE key = ?1",
-                [key],
-                |row| row.get(0),
-            )
+    let mut connection = connect(&file).await;
+    let mut expires = async |key: String| -> Option<i64> {
+        sqlx::query_scalar("SELECT expires_at FROM idempotency_records WHERE key = ?1")
+            .bind(key)
+            .fetch_one(&mut connection)
+            .await
             .unwrap()
     };
     let now = now_millis();
-    let day = expires(labels("stuck")).expect("a retention") - now;
+    let day = expires(labels("stuck")).await.expect("a retention") - now;
     assert!((86_390_000..=86_400_000).contains(&day), "{day}");
-    assert_eq!(expires(labels("running")), None, "kept for good");
+    assert_eq!(expires(labels("running")).await, None, "kept for good");
     assert_eq!(resolve("stuck", "86400").0, Some(1), "not pending any more");
     assert_eq!(
         run(&["resolve", "done", "--status", "201"]).0,
@@ -717,16 +760,17 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     );
     assert_eq!(run(&["show", "--bogus"]).0, Some(2), "an unknown flag");
     // A store that fails the resolve: the store failed, not "not pending".
-    let refusing = rusqlite::Connection::open(&file).unwrap();
+    let mut refusing = connect(&file).await;
     refusing
-        .execute_batch(
+        .execute(
             "CREATE TRIGGER refuse BEFORE UPDATE ON idempotency_records \
              BEGIN SELECT RAISE(ABORT, 'refused'); END;",
         )
+        .await
         .unwrap();
     store.claim(&labels("refused"), &fingerprint).await.unwrap();
     assert_eq!(resolve("refused", "0").0, Some(3));
-    refusing.execute_batch("DROP TRIGGER refuse").unwrap();
+    refusing.execute("DROP TRIGGER refuse").await.unwrap();
     assert_eq!(
         run(&["forget", "done"]),
         (Some(0), "forgotten done\n".to_owned())
@@ -754,4 +798,12 @@ async fn complete_new_at(
     };
     let response = StoredResponse::new(http::StatusCode::CREATED, Default::default(), "{}".into());
     store.complete(key, &reservation, &response).await.unwrap();
+}
+
+/// The journal mode of `file`, read on a connection of the test's own.
+async fn journal_mode(file: &std::path::Path) -> String {
+    sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut connect(file).await)
+        .await
+        .unwrap()
 }

@@ -1,17 +1,23 @@
-//! The SQLite store: durable and embedded, one file shared by the processes of one host.
+//! The SQLite store: durable and embedded, one file shared by the processes of one host, on
+//! sqlx.
 
-/// The SQLite binding the [`SqliteStore`] is built on, re-exported so you get the matching
-/// version (to open its file for a look, say).
-pub use ::rusqlite;
+/// The SQL toolkit the [`SqliteStore`] is built on, re-exported so you get a matching
+/// version (to make the pool you hand to [`SqliteStore::new`], or to open the file for a
+/// look).
+pub use ::sqlx;
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::mpsc;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
 
 use super::Purger;
 use super::codec;
@@ -24,20 +30,25 @@ use crate::fingerprint::Fingerprint;
 
 /// A registry in one SQLite file: it survives restarts, and every process of the host that
 /// opens the same file shares it (SQLite's locking makes each claim atomic across them). No
-/// server to run: the SQLite library is built into the crate.
+/// server to run: the SQLite library is built in (sqlx's bundled SQLite, so an application
+/// on sqlx or SeaORM links one SQLite, not two).
 ///
-/// - The file is in WAL mode with `synchronous = FULL`: a completed record is on disk before
-///   the layer answers.
-/// - A claim is one transaction: a read (a replay, a pending or a conflicting claim stops
-///   there, writing nothing), and for a new key the insert, under SQLite's write lock
-///   (`BEGIN IMMEDIATE`), so that two processes cannot both insert it.
-/// - SQLite's calls block: each store runs them on a thread of its own, one at a time, in the
-///   order they were made, and the async callers wait for their answer. Writes from every
-///   process of the host take turns at the file's one write lock; a call that cannot get it
-///   within the [timeout](SqliteStore::timeout) fails with [`StoreErrorKind::Timeout`].
-/// - Completed records get an `expires_at` from the [retention](SqliteStore::retention), if
-///   set; a claim treats expired ones as absent and
-///   [`purge_expired`](SqliteStore::purge_expired) deletes them. Pending records never expire.
+/// - [`open`](Self::open) puts the file in WAL mode with `synchronous = FULL` (a completed
+///   record is on disk before the layer answers) and makes the table if it is missing.
+///   [`new`](Self::new) takes the application's own [`SqlitePool`] instead, as it is.
+/// - A claim first reads the record: a replay, a pending or a conflicting claim stops there,
+///   writing nothing. A new key (or one to take over) is then one statement,
+///   `INSERT … ON CONFLICT DO UPDATE … WHERE …`, atomic under the file's write lock, so that
+///   two processes cannot both reserve it.
+/// - **A claim never lands after its caller gave up.** The claim's write carries its
+///   deadline (the call's start plus the [timeout](Self::timeout)) and SQLite checks it
+///   under the write lock, on the host's clock the caller shares: a statement still waiting
+///   for the lock when its caller timed out writes nothing, whatever the pool's
+///   `busy_timeout`. So a lost claim's settling, which comes after that deadline, acts after
+///   it (a key is never left pending by an answer nobody read).
+/// - Completed records get an `expires_at` from the [retention](Self::retention), if set; a
+///   claim treats expired ones as absent and [`purge_expired`](Self::purge_expired) deletes
+///   them. Pending records never expire.
 /// - A request waiting for a first attempt ([`pending_wait`](crate::IdempotencyLayer::pending_wait))
 ///   is woken at once by a change this store made, and looks again every
 ///   [`CHANGE_POLL_INTERVAL`] for a change another process made.
@@ -51,30 +62,34 @@ use crate::fingerprint::Fingerprint;
 /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
 /// # Ok(()) }
 /// ```
+///
+/// # On the application's pool
+///
+/// [`SqliteStore::new`] shares the pool's connections and changes none of their settings: the
+/// file's journal mode, `synchronous` and `busy_timeout` are the pool's. For the store's
+/// guarantees, open the pool on a file in WAL mode with `synchronous = FULL` (SQLite's
+/// default; sqlx's [`SqliteConnectOptions`] keep it unless told otherwise). The pool's
+/// `busy_timeout` (sqlx's default five seconds) only bounds how long a connection stays busy
+/// with a call its caller gave up on: each call is bounded by the store's own timeout.
 #[derive(Clone)]
 pub struct SqliteStore {
-    worker: Arc<Worker>,
+    pool: SqlitePool,
+    waiters: Arc<Mutex<WaiterMap>>,
+    /// The `busy_timeout` of the store's own pool's new connections, in milliseconds: its
+    /// timeout. `None` on the application's pool, whose settings are its own.
+    busy_timeout: Option<Arc<AtomicU64>>,
     retention_ms: i64,
     timeout: Duration,
 }
 
-/// The thread that owns the connection, and the requests of this process waiting for a key.
-struct Worker {
-    jobs: mpsc::Sender<Job>,
-    waiters: Mutex<WaiterMap>,
-}
-
-impl Waiters for Arc<Worker> {
+impl Waiters for Arc<Mutex<WaiterMap>> {
     fn with_waiters<R>(&self, _: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
-        f(&mut self.waiters.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
-/// A call to run on the connection's thread.
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
-
-/// Expired records [`SqliteStore::purge_expired`] deletes in one write transaction at most: a
-/// few milliseconds of the file's write lock.
+/// Expired records [`SqliteStore::purge_expired`] deletes in one statement at most: a few
+/// milliseconds of the file's write lock.
 pub const PURGE_BATCH: u64 = 5_000;
 
 /// The longest pause between two batches of a purge.
@@ -87,91 +102,40 @@ fn purge_pause(batch: Duration) -> Duration {
     (batch * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE)
 }
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS idempotency_records (
-    key TEXT PRIMARY KEY NOT NULL,
-    fingerprint TEXT NOT NULL,
-    token BLOB,
-    response BLOB,
-    lease_until INTEGER,
-    take_over INTEGER NOT NULL DEFAULT 0,
-    changed_at INTEGER NOT NULL,
-    expires_at INTEGER
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idempotency_records_expires_at
-    ON idempotency_records (expires_at) WHERE expires_at IS NOT NULL;";
-
 const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_over, expires_at, \
     changed_at FROM idempotency_records WHERE key = ?1";
 
-/// Puts the file in WAL mode and creates the table and its index, each only if it is not done already (a
-/// file in use by other processes then takes no write lock to open).
-fn prepare(connection: &Connection) -> rusqlite::Result<()> {
-    // WAL lets readers go on while one process writes; a file system that cannot hold it
-    // keeps the rollback journal, still correct.
-    let mode: String = connection.pragma_query_value(None, "journal_mode", |row| row.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        connection.pragma_update(None, "journal_mode", "WAL")?;
-    }
-    // The table and its expiry index (which the purge's batches go by), both looked up.
-    let present: i64 = connection.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE (type = 'table' \
-         AND name = 'idempotency_records') OR (type = 'index' \
-         AND name = 'idempotency_records_expires_at')",
-        [],
-        |row| row.get(0),
-    )?;
-    if present < 2 {
-        connection.execute_batch(SCHEMA)?;
-    }
-    Ok(())
-}
+/// The claim's write: the caller's pending reservation, over an absent record, an expired
+/// one, or an abandoned reservation the caller may take over; only while the caller's
+/// deadline (`?7`) is ahead on SQLite's clock, read under the write lock. A row back: the key
+/// is the caller's.
+const RESERVE: &str = "INSERT INTO idempotency_records \
+    (key, fingerprint, token, response, lease_until, take_over, changed_at, expires_at) \
+    SELECT ?1, ?2, ?3, NULL, ?4, ?5, ?6, NULL \
+    WHERE CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) < ?7 \
+    ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+    token = excluded.token, response = NULL, lease_until = excluded.lease_until, \
+    take_over = excluded.take_over, changed_at = excluded.changed_at, expires_at = NULL \
+    WHERE (response IS NOT NULL AND expires_at <= ?6) \
+    OR (response IS NULL AND take_over AND ?8 AND fingerprint = excluded.fingerprint \
+    AND (lease_until IS NULL OR lease_until <= ?6) AND token IS NOT ?3) \
+    RETURNING 1";
 
-/// Checks the file holds a store's table, changing nothing: not a store's file is a
-/// `CannotOpen` error (an invalid configuration).
-fn existing(connection: &Connection) -> rusqlite::Result<()> {
-    let tables: i64 = connection.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-         AND name = 'idempotency_records'",
-        [],
-        |row| row.get(0),
-    )?;
-    if tables == 1 {
-        Ok(())
-    } else {
-        Err(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-            Some("the file holds no idempotency_records table: not a store's".to_owned()),
-        ))
-    }
-}
+/// Passes of a claim's read and write before it gives up: each pass that writes nothing
+/// found the record changed by another claim since its read.
+const CLAIM_ATTEMPTS: usize = 4;
 
-/// A record as a claim reads it.
-struct Row {
-    fingerprint: String,
-    token: Option<Vec<u8>>,
-    response: Option<Vec<u8>>,
-    lease_until: Option<i64>,
-    take_over: bool,
-    expires_at: Option<i64>,
-    changed_at: i64,
-}
-
-fn read(connection: &Connection, key: &str) -> rusqlite::Result<Option<Row>> {
-    connection
-        .prepare_cached(SELECT)?
-        .query_row(params![key], |row| {
-            Ok(Row {
-                fingerprint: row.get(0)?,
-                token: row.get(1)?,
-                response: row.get(2)?,
-                lease_until: row.get(3)?,
-                take_over: row.get(4)?,
-                expires_at: row.get(5)?,
-                changed_at: row.get(6)?,
-            })
-        })
-        .optional()
-}
+/// A record as a claim reads it: fingerprint, token, response, lease_until, take_over,
+/// expires_at, changed_at.
+type Row = (
+    String,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<i64>,
+    bool,
+    Option<i64>,
+    i64,
+);
 
 /// What a claim does with the record it read.
 enum Decision {
@@ -190,17 +154,19 @@ fn decide(
     reservation: Reservation,
     lease: Lease,
 ) -> Decision {
-    let Some(row) = row else {
+    let Some((stored_fingerprint, stored_token, response, lease_until, take_over, expires_at, _)) =
+        row
+    else {
         return Decision::Reserve;
     };
-    let expired = row.response.is_some() && row.expires_at.is_some_and(|at| at <= now);
+    let expired = response.is_some() && expires_at.is_some_and(|at| at <= now);
     if expired {
         return Decision::Reserve;
     }
-    if row.fingerprint != fingerprint {
+    if stored_fingerprint != fingerprint {
         return Decision::Answer(Ok(Claim::Conflict));
     }
-    match (row.response, row.token) {
+    match (response, stored_token) {
         (Some(response), _) => {
             Decision::Answer(codec::decode(Bytes::from(response)).map(Claim::Replay))
         }
@@ -208,9 +174,7 @@ fn decide(
             Decision::Answer(Ok(Claim::New(reservation)))
         }
         (None, _)
-            if row.take_over
-                && lease.takes_over()
-                && row.lease_until.is_none_or(|until| until <= now) =>
+            if take_over && lease.takes_over() && lease_until.is_none_or(|until| until <= now) =>
         {
             Decision::Reserve
         }
@@ -234,36 +198,47 @@ fn millis(duration: Duration) -> i64 {
 /// How long opening the file tries again while another process holds its lock.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The longest wait for the file's lock SQLite takes (its milliseconds are an `i32`).
-const MAX_BUSY: Duration = Duration::from_millis(i32::MAX as u64);
+/// SQLite's primary result code of a failed statement, if it is one.
+fn sqlite_code(error: &sqlx::Error) -> Option<i64> {
+    match error {
+        sqlx::Error::Database(error) => error
+            .code()
+            .and_then(|code| code.parse::<i64>().ok())
+            .map(|code| code & 0xff),
+        _ => None,
+    }
+}
 
-/// Whether SQLite refused for a lock another connection holds.
-fn busy(error: &rusqlite::Error) -> bool {
-    matches!(
-        error.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-    )
+/// SQLITE_BUSY and SQLITE_LOCKED: a lock another connection holds.
+fn busy(error: &sqlx::Error) -> bool {
+    matches!(sqlite_code(error), Some(5 | 6))
 }
 
 /// A failed call: a lock not had in time is a timeout; a record or file that cannot be read
 /// is corrupt; anything else, unavailable.
-fn unavailable(error: rusqlite::Error) -> StoreError {
-    use rusqlite::ErrorCode;
+fn unavailable(error: sqlx::Error) -> StoreError {
     let kind = match &error {
-        rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..)
-        | rusqlite::Error::Utf8Error(..) => StoreErrorKind::Corrupt,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
         _ if busy(&error) => StoreErrorKind::Timeout,
-        _ => match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreErrorKind::Corrupt,
+        // SQLITE_CORRUPT, SQLITE_NOTADB.
+        _ => match sqlite_code(&error) {
+            Some(11 | 26) => StoreErrorKind::Corrupt,
             _ => StoreErrorKind::Unavailable,
         },
     };
     StoreError::with_source(kind, error)
 }
 
-fn guarded(rows: usize) -> Result<(), StoreError> {
+/// A failed open: a file that cannot be opened (SQLITE_CANTOPEN) is a configuration error.
+fn not_opened(error: sqlx::Error) -> StoreError {
+    match sqlite_code(&error) {
+        Some(14) => StoreError::with_source(StoreErrorKind::InvalidConfig, error),
+        _ => unavailable(error),
+    }
+}
+
+fn guarded(rows: u64) -> Result<(), StoreError> {
     if rows == 1 {
         Ok(())
     } else {
@@ -271,15 +246,121 @@ fn guarded(rows: usize) -> Result<(), StoreError> {
     }
 }
 
+/// Puts the file in WAL mode and creates the table and its index, each only if it is not
+/// done already (a file in use by other processes then takes no write lock to open).
+async fn prepare(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    // WAL lets readers go on while one process writes; a file system that cannot hold it
+    // keeps the rollback journal, still correct.
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *connection)
+        .await?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&mut *connection)
+            .await?;
+    }
+    if present(connection).await? < 2 {
+        connection.execute(SqliteStore::SCHEMA).await?;
+    }
+    Ok(())
+}
+
+/// How many of the table and its expiry index the file holds.
+async fn present(connection: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE (type = 'table' \
+         AND name = 'idempotency_records') OR (type = 'index' \
+         AND name = 'idempotency_records_expires_at')",
+    )
+    .fetch_one(connection)
+    .await
+}
+
+/// Checks the file holds a store's table, changing nothing: not a store's file is an
+/// `InvalidConfig` error.
+async fn existing(connection: &mut SqliteConnection) -> Result<(), StoreError> {
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+         AND name = 'idempotency_records'",
+    )
+    .fetch_one(connection)
+    .await
+    .map_err(unavailable)?;
+    if tables == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::with_source(
+            StoreErrorKind::InvalidConfig,
+            "the file holds no idempotency_records table: not a store's",
+        ))
+    }
+}
+
+/// `busy_timeout`'s milliseconds: SQLite takes an `i32`.
+fn busy_millis(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_millis()).map_or(i32::MAX as u64, |ms| ms.min(i32::MAX as u64))
+}
+
 impl SqliteStore {
-    /// Opens (or creates) the store in the file at `path`, in WAL mode, and creates its table
-    /// if it is missing.
+    /// The DDL of the store's table and its expiry index, for the migration tool you run
+    /// yourself: the file `migrations/sqlite/0001_idempotency_records.sql` shipped with the
+    /// crate, what [`open`](Self::open) and [`migrate`](Self::migrate) make.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
+    /// # }
+    /// ```
+    pub const SCHEMA: &'static str =
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
+
+    /// Opens (or creates) the store in the file at `path`, in WAL mode with
+    /// `synchronous = FULL`, and creates its table if it is missing. The store's own pool
+    /// holds one connection: this process's calls take their turns on it, in order, and the
+    /// processes of the host take turns at the file's write lock.
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] if the file cannot be opened or written.
+    /// [`StoreErrorKind::InvalidConfig`] if the file cannot be opened; a [`StoreError`] if it
+    /// cannot be read or written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        Self::open_with(path.as_ref(), prepare).await
+        let options = SqliteConnectOptions::new()
+            .filename(path.as_ref())
+            .create_if_missing(true);
+        Self::connect_with(options).await
+    }
+
+    /// [`open`](Self::open) by URL: `sqlite://path/to/file.db` (`sqlite:` and sqlx's query
+    /// parameters as [`SqliteConnectOptions`] reads them); the file is made if missing.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] for a URL sqlx refuses; otherwise as
+    /// [`open`](Self::open).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// let store = tower_idempotency::store::SqliteStore::connect("sqlite://keys.db").await?;
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?
+            .create_if_missing(true);
+        Self::connect_with(options).await
+    }
+
+    /// [`open`](Self::open) with sqlx's connect options, as they are but for
+    /// `synchronous = FULL`, the store's `busy_timeout` and WAL mode: the file is put in WAL
+    /// mode, and its table made if missing.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
+        Self::open_with(options, true).await
     }
 
     /// Opens the store in the existing file at `path` as it is: its journal mode unchanged,
@@ -304,68 +385,120 @@ impl SqliteStore {
                 format!("{}: no such file", path.display()),
             ));
         }
-        Self::open_with(path, existing).await
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false);
+        Self::open_with(options, false).await
     }
 
     async fn open_with(
-        path: &Path,
-        prepare: fn(&Connection) -> rusqlite::Result<()>,
+        options: SqliteConnectOptions,
+        prepare_file: bool,
     ) -> Result<Self, StoreError> {
-        let path = path.to_owned();
-        let (opened, result) = tokio::sync::oneshot::channel();
-        let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("tower-idempotency-sqlite".to_owned())
-            .spawn(move || {
-                let connection = Connection::open(&path).and_then(|connection| {
-                    connection.busy_timeout(DEFAULT_TIMEOUT)?;
-                    connection.pragma_update(None, "synchronous", "FULL")?;
-                    // Another process's writes may hold the file's lock, and SQLite answers
-                    // "busy" at once in some of those cases: opening tries again for a while,
-                    // since a store that fails to open fails its server.
-                    let started = std::time::Instant::now();
-                    loop {
-                        match prepare(&connection) {
-                            Err(error) if busy(&error) && started.elapsed() < OPEN_TIMEOUT => {
-                                std::thread::sleep(Duration::from_millis(10));
-                            }
-                            other => break other.map(|()| connection),
-                        }
-                    }
-                });
-                let mut connection = match connection {
-                    Ok(connection) => {
-                        let _ = opened.send(Ok(()));
-                        connection
-                    }
-                    Err(error) => {
-                        let _ = opened.send(Err(error));
-                        return;
-                    }
-                };
-                // Until the last clone of the store is dropped.
-                while let Ok(job) = queue.recv() {
-                    job(&mut connection);
-                }
-            })
-            .map_err(|e| StoreError::with_source(StoreErrorKind::Unavailable, e))?;
-        result
+        let options = options
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(DEFAULT_TIMEOUT)
+            .thread_name(|id| format!("tower-idempotency-sqlite-{id}"));
+        // The file is prepared on a connection of its own, closed after: the pool's own are
+        // made on first use, with the timeout set by then.
+        let mut connection = SqliteConnection::connect_with(&options)
             .await
-            .map_err(|_| StoreError::new(StoreErrorKind::Unavailable))?
-            .map_err(|error| match error.sqlite_error_code() {
-                Some(rusqlite::ErrorCode::CannotOpen) => {
-                    StoreError::with_source(StoreErrorKind::InvalidConfig, error)
+            .map_err(not_opened)?;
+        let prepared = if prepare_file {
+            // Another process's writes may hold the file's lock, and SQLite answers "busy" at
+            // once in some of those cases: opening tries again for a while, since a store
+            // that fails to open fails its server.
+            let started = std::time::Instant::now();
+            loop {
+                match prepare(&mut connection).await {
+                    Err(error) if busy(&error) && started.elapsed() < OPEN_TIMEOUT => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    other => break other.map_err(unavailable),
                 }
-                _ => unavailable(error),
-            })?;
+            }
+        } else {
+            existing(&mut connection).await
+        };
+        drop(connection.close().await);
+        prepared?;
+        let busy_timeout = Arc::new(AtomicU64::new(busy_millis(DEFAULT_TIMEOUT)));
+        let for_new_connections = Arc::clone(&busy_timeout);
+        // One connection: this process's calls in order, without polling each other for the
+        // write lock. No ping before each use (a round trip more on every call), and no
+        // acquire timeout of the pool's own beyond sqlx's: each call is bounded by the
+        // store's timeout, which may be set after the open.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .after_connect(move |connection, _| {
+                let millis = for_new_connections.load(Ordering::Relaxed);
+                Box::pin(async move {
+                    connection
+                        .execute(AssertSqlSafe(format!("PRAGMA busy_timeout = {millis}")))
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_lazy_with(options);
         Ok(Self {
-            worker: Arc::new(Worker {
-                jobs,
-                waiters: Mutex::default(),
-            }),
+            busy_timeout: Some(busy_timeout),
+            ..Self::new(pool)
+        })
+    }
+
+    /// A store on the application's own pool, as it is: it shares the pool's connections and
+    /// changes none of their settings (see [On the application's pool](Self#on-the-applications-pool)).
+    /// Make the table with [`migrate`](Self::migrate), or with your migrations from
+    /// [`SCHEMA`](Self::SCHEMA).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    /// use tower_idempotency::store::sqlite::sqlx::sqlite::{
+    ///     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions,
+    /// };
+    ///
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename("app.db")
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal);
+    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    /// let store = SqliteStore::new(pool);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            pool,
+            waiters: Arc::default(),
+            busy_timeout: None,
             retention_ms: millis(super::DEFAULT_RETENTION),
             timeout: DEFAULT_TIMEOUT,
-        })
+        }
+    }
+
+    /// Makes the store's table and its expiry index, each if it is missing
+    /// ([`SCHEMA`](Self::SCHEMA)), leaving the file's journal mode as it is. Idempotent, and
+    /// a file that has both takes no write lock.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the file cannot be written.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut connection = self.pool.acquire().await.map_err(unavailable)?;
+        if present(&mut connection).await.map_err(unavailable)? < 2 {
+            connection
+                .execute(Self::SCHEMA)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// The pool the store runs on: the application's, or its own.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
@@ -384,21 +517,23 @@ impl SqliteStore {
         self
     }
 
-    /// How long one call may take, waiting for its turn on the store's thread and for the
-    /// file's write lock included: each call waits for the lock only as long as its caller
-    /// still waits for it, and a call its caller gave up on before its turn is not run.
-    /// Default one second.
+    /// How long one call may take, its wait for a connection of the pool and for the file's
+    /// write lock included. A claim that has not written by then writes nothing afterwards.
+    /// On the store's own pool it is also the connections' `busy_timeout` (SQLite's wait for
+    /// the lock), for the connections made after it is set. Default one second.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        if let Some(busy_timeout) = &self.busy_timeout {
+            busy_timeout.store(busy_millis(timeout), Ordering::Relaxed);
+        }
         self
     }
 
     /// Deletes the completed records past their retention, and returns how many: in batches
-    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each its own write
-    /// transaction well within the store's timeout, until none is left. So it finishes at
-    /// any backlog, and the claims of every process of the host take their turns at the
-    /// file's write lock between its batches (and this store's own between its jobs).
-    /// Pending records are never deleted.
+    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
+    /// within the store's timeout, until none is left. So it finishes at any backlog, and
+    /// the claims of every process of the host take their turns at the file's write lock
+    /// between its batches. Pending records are never deleted.
     ///
     /// # Errors
     ///
@@ -430,17 +565,19 @@ impl SqliteStore {
         loop {
             let started = std::time::Instant::now();
             let deleted = self
-                .call(move |connection| {
-                    connection
-                        .prepare_cached(
-                            "DELETE FROM idempotency_records WHERE key IN (SELECT key \
-                             FROM idempotency_records WHERE expires_at <= ?1 \
-                             ORDER BY expires_at LIMIT ?2)",
-                        )?
-                        .execute(params![now_millis(), batch])
+                .call(async |pool| {
+                    sqlx::query(
+                        "DELETE FROM idempotency_records WHERE key IN (SELECT key \
+                         FROM idempotency_records WHERE expires_at <= ?1 \
+                         ORDER BY expires_at LIMIT ?2)",
+                    )
+                    .bind(now_millis())
+                    .bind(batch)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected())
                 })
-                .await
-                .map(|rows| u64::try_from(rows).unwrap_or(u64::MAX))?;
+                .await?;
             *purged += deleted;
             if deleted < PURGE_BATCH {
                 return Ok(());
@@ -473,58 +610,19 @@ impl SqliteStore {
     /// How many keys requests of this process wait on now
     /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)), for metrics and tests.
     pub fn waited_keys(&self) -> usize {
-        self.worker
-            .waiters
+        self.waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
 
-    /// Runs `f` on the connection's thread, after every call made before, and waits for its
-    /// answer up to the timeout.
-    async fn call<T: Send + 'static>(
+    /// Runs `f` on the pool, bounded by the timeout.
+    async fn call<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        f: impl AsyncFnOnce(&SqlitePool) -> Result<T, sqlx::Error>,
     ) -> Result<T, StoreError> {
-        self.call_with(move |connection| f(connection).map_err(unavailable))
-            .await
-    }
-
-    async fn call_with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let deadline = std::time::Instant::now().checked_add(self.timeout);
-        self.worker
-            .jobs
-            .send(Box::new(move |connection| {
-                // Its caller gave up (the timeout, or its request dropped): a claim not run
-                // is settled as not made, anything else is looked at again by its caller.
-                if answer.is_closed() {
-                    return;
-                }
-                let left = deadline.map_or(MAX_BUSY, |deadline| {
-                    deadline.saturating_duration_since(std::time::Instant::now())
-                });
-                if left.is_zero() {
-                    return;
-                }
-                let result = match connection.busy_timeout(left.min(MAX_BUSY)) {
-                    Ok(()) => {
-                        // A panic in a call ends that call, not the store's thread.
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(connection)))
-                            .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Unavailable)))
-                    }
-                    Err(error) => Err(unavailable(error)),
-                };
-                let _ = answer.send(result);
-            }))
-            .map_err(|_| StoreError::new(StoreErrorKind::Unavailable))?;
         within(self.timeout, async {
-            answered
-                .await
-                .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Unavailable)))
+            f(&self.pool).await.map_err(unavailable)
         })
         .await
     }
@@ -537,26 +635,24 @@ impl SqliteStore {
         token: Option<[u8; 16]>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let owned = key.to_owned();
         let encoded = codec::encode(response);
-        let retention = self.retention_ms;
+        let now = now_millis();
+        let expires = (self.retention_ms > 0).then(|| now.saturating_add(self.retention_ms));
         let rows = self
-            .call(move |connection| {
-                let now = now_millis();
-                let expires = (retention > 0).then(|| now.saturating_add(retention));
-                connection
-                    .prepare_cached(
-                        "UPDATE idempotency_records SET response = ?3, token = NULL, \
-                         lease_until = NULL, changed_at = ?4, expires_at = ?5 \
-                         WHERE key = ?1 AND token IS NOT NULL AND (?2 IS NULL OR token = ?2)",
-                    )?
-                    .execute(params![
-                        owned,
-                        token.as_ref().map(|token| &token[..]),
-                        &encoded[..],
-                        now,
-                        expires
-                    ])
+            .call(async |pool| {
+                sqlx::query(
+                    "UPDATE idempotency_records SET response = ?3, token = NULL, \
+                     lease_until = NULL, changed_at = ?4, expires_at = ?5 \
+                     WHERE key = ?1 AND token IS NOT NULL AND (?2 IS NULL OR token = ?2)",
+                )
+                .bind(key)
+                .bind(token.as_ref().map(|token| &token[..]))
+                .bind(&encoded[..])
+                .bind(now)
+                .bind(expires)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())
             })
             .await?;
         guarded(rows)?;
@@ -566,9 +662,14 @@ impl SqliteStore {
 
     /// Wakes this process's requests waiting for `key`.
     fn wake(&self, key: &str) {
-        self.worker
+        self.waiters
             .with_waiters(key, |waiters| waiting::wake(waiters, key));
     }
+}
+
+/// The record of `key`, if any.
+async fn read(pool: &SqlitePool, key: &str) -> Result<Option<Row>, sqlx::Error> {
+    sqlx::query_as(SELECT).bind(key).fetch_optional(pool).await
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -576,6 +677,7 @@ impl std::fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("retention_ms", &self.retention_ms)
             .field("timeout", &self.timeout)
+            .field("own_pool", &self.busy_timeout.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -588,51 +690,44 @@ impl Store for SqliteStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let key = key.to_owned();
-        let fingerprint = fingerprint.to_hex().as_str().to_owned();
-        self.call_with(move |connection| {
-            let token = reservation.as_u128().to_be_bytes();
-            // A replay, a pending or a conflicting claim: decided on a read, nothing written.
-            let row = read(connection, &key).map_err(unavailable)?;
-            let now = now_millis();
-            if let Decision::Answer(answer) =
-                decide(row, now, &fingerprint, &token, reservation, lease)
-            {
-                return answer;
+        let fingerprint = fingerprint.to_hex();
+        let fingerprint = fingerprint.as_str();
+        let token = reservation.as_u128().to_be_bytes();
+        let deadline = now_millis().saturating_add(millis(self.timeout));
+        self.call(async |pool| {
+            for _ in 0..CLAIM_ATTEMPTS {
+                // A replay, a pending or a conflicting claim: decided on a read, nothing
+                // written.
+                let row = read(pool, key).await?;
+                let now = now_millis();
+                if let Decision::Answer(answer) =
+                    decide(row, now, fingerprint, &token, reservation, lease)
+                {
+                    return Ok(answer);
+                }
+                // Absent, expired or to be taken over: written in one statement that checks
+                // the same again under the file's write lock, and the caller's deadline.
+                let reserved = sqlx::query(RESERVE)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(&token[..])
+                    .bind(now.saturating_add(millis(lease.duration())))
+                    .bind(lease.takes_over())
+                    .bind(now)
+                    .bind(deadline)
+                    .bind(lease.takes_over())
+                    .fetch_optional(pool)
+                    .await?;
+                if reserved.is_some() {
+                    return Ok(Ok(Claim::New(reservation)));
+                }
+                if now_millis() >= deadline {
+                    break;
+                }
             }
-            // Absent, expired or to be taken over: decided again under the write lock, which
-            // no other process holds meanwhile.
-            let transaction = connection
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(unavailable)?;
-            let row = read(&transaction, &key).map_err(unavailable)?;
-            let now = now_millis();
-            if let Decision::Answer(answer) =
-                decide(row, now, &fingerprint, &token, reservation, lease)
-            {
-                return answer;
-            }
-            transaction
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO idempotency_records \
-                     (key, fingerprint, token, response, lease_until, take_over, changed_at, \
-                     expires_at) VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6, NULL)",
-                )
-                .and_then(|mut insert| {
-                    insert.execute(params![
-                        key,
-                        fingerprint,
-                        &token[..],
-                        now.saturating_add(millis(lease.duration())),
-                        lease.takes_over(),
-                        now
-                    ])
-                })
-                .map_err(unavailable)?;
-            transaction.commit().map_err(unavailable)?;
-            Ok(Claim::New(reservation))
+            Ok(Err(StoreError::new(StoreErrorKind::Timeout)))
         })
-        .await
+        .await?
     }
 
     async fn renew(
@@ -641,20 +736,19 @@ impl Store for SqliteStore {
         reservation: &Reservation,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let key = key.to_owned();
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
-            .call(move |connection| {
-                connection
-                    .prepare_cached(
-                        "UPDATE idempotency_records SET lease_until = ?3 \
-                         WHERE key = ?1 AND token = ?2",
-                    )?
-                    .execute(params![
-                        key,
-                        &token[..],
-                        now_millis().saturating_add(millis(lease))
-                    ])
+            .call(async |pool| {
+                sqlx::query(
+                    "UPDATE idempotency_records SET lease_until = ?3 \
+                     WHERE key = ?1 AND token = ?2",
+                )
+                .bind(key)
+                .bind(&token[..])
+                .bind(now_millis().saturating_add(millis(lease)))
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())
             })
             .await?;
         guarded(rows)
@@ -671,20 +765,20 @@ impl Store for SqliteStore {
     }
 
     fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
-        let waiting = waiting::wait(Arc::clone(&self.worker), key);
+        let waiting = waiting::wait(Arc::clone(&self.waiters), key);
         waiting::until(Some(waiting), CHANGE_POLL_INTERVAL)
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        let owned = key.to_owned();
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
-            .call(move |connection| {
-                connection
-                    .prepare_cached(
-                        "DELETE FROM idempotency_records WHERE key = ?1 AND token = ?2",
-                    )?
-                    .execute(params![owned, &token[..]])
+            .call(async |pool| {
+                sqlx::query("DELETE FROM idempotency_records WHERE key = ?1 AND token = ?2")
+                    .bind(key)
+                    .bind(&token[..])
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected())
             })
             .await?;
         guarded(rows)?;
@@ -695,16 +789,17 @@ impl Store for SqliteStore {
 
 impl Operator for SqliteStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let key = key.to_owned();
-        let row = self.call(move |connection| read(connection, &key)).await?;
-        let Some(row) = row else { return Ok(None) };
+        let row = self.call(async |pool| read(pool, key).await).await?;
+        let Some((fingerprint, _, response, lease_until, _, _, changed_at)) = row else {
+            return Ok(None);
+        };
         let now = now_millis();
-        let fingerprint = Fingerprint::parse(&row.fingerprint)
+        let fingerprint = Fingerprint::parse(&fingerprint)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
-        let age = u64::try_from(now.saturating_sub(row.changed_at))
+        let age = u64::try_from(now.saturating_sub(changed_at))
             .ok()
             .map(Duration::from_millis);
-        Ok(Some(match row.response {
+        Ok(Some(match response {
             Some(response) => RecordInfo::completed(
                 fingerprint,
                 age,
@@ -713,7 +808,7 @@ impl Operator for SqliteStore {
             None => RecordInfo::pending(
                 fingerprint,
                 age,
-                row.lease_until.is_some_and(|until| until <= now),
+                lease_until.is_some_and(|until| until <= now),
             ),
         }))
     }
@@ -721,13 +816,14 @@ impl Operator for SqliteStore {
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
         let age = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
         let before = now_millis().saturating_sub(age);
-        self.call(move |connection| {
-            let mut statement = connection.prepare_cached(
+        self.call(async |pool| {
+            sqlx::query_scalar(
                 "SELECT key FROM idempotency_records WHERE token IS NOT NULL \
                  AND changed_at <= ?1 ORDER BY key",
-            )?;
-            let keys = statement.query_map(params![before], |row| row.get(0))?;
-            keys.collect()
+            )
+            .bind(before)
+            .fetch_all(pool)
+            .await
         })
         .await
     }
@@ -737,12 +833,13 @@ impl Operator for SqliteStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let owned = key.to_owned();
         let rows = self
-            .call(move |connection| {
-                connection
-                    .prepare_cached("DELETE FROM idempotency_records WHERE key = ?1")?
-                    .execute(params![owned])
+            .call(async |pool| {
+                sqlx::query("DELETE FROM idempotency_records WHERE key = ?1")
+                    .bind(key)
+                    .execute(pool)
+                    .await
+                    .map(|done| done.rows_affected())
             })
             .await?;
         self.wake(key);
@@ -761,5 +858,26 @@ mod tests {
         assert_eq!(purge_pause(ms(5)), ms(20));
         assert_eq!(purge_pause(Duration::ZERO), ms(1));
         assert_eq!(purge_pause(ms(30)), MAX_PURGE_PAUSE);
+    }
+
+    /// SQLite's `busy_timeout` takes an `i32` of milliseconds: a longer timeout is clamped.
+    #[test]
+    fn the_busy_timeout_is_clamped_to_sqlites_range() {
+        assert_eq!(busy_millis(Duration::from_millis(250)), 250);
+        assert_eq!(busy_millis(Duration::MAX), i32::MAX as u64);
+        assert_eq!(
+            busy_millis(Duration::from_millis(i32::MAX as u64 + 1)),
+            i32::MAX as u64
+        );
+    }
+
+    /// The shipped migration is the schema the store makes.
+    #[test]
+    fn the_shipped_migration_makes_the_table_and_its_index() {
+        assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
+        assert!(
+            SqliteStore::SCHEMA
+                .contains("CREATE INDEX IF NOT EXISTS idempotency_records_expires_at")
+        );
     }
 }
