@@ -186,6 +186,7 @@
 //! | `RedisStore` | `redis` | yes | with Redis persistence on |
 //! | `PostgresStore` | `postgres` | yes | yes |
 //! | `TransactionalPostgresStore`: the create's writes and the complete in the claim's transaction, exactly once | `postgres` | yes | yes |
+//! | `MySqlStore` (MySQL 8, MariaDB 10.5+) | `mysql` | yes | yes |
 //! | `SqliteStore` | `sqlite` | the processes of one host | yes |
 //!
 //! The header alone deduplicates nothing: only a registry shared by every replica, with an
@@ -200,13 +201,14 @@
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
 //! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
+//! | `mysql` | `store::MySqlStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
 //! | `sqlite` | `store::SqliteStore` on sqlx (the SQLite library built in), and `sqlx` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
-//! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL or SQLite store; it turns on the three stores |
+//! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
-//! 1.94 (sqlx 0.9, behind `postgres`, needs it).
+//! 1.94 (sqlx 0.9, behind `postgres`, `mysql` and `sqlite`, needs it).
 //!
 //! # Observability
 //!

@@ -556,7 +556,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     assert_eq!(code, Some(2), "no such file: {said}");
     assert!(said.contains("no such file"), "{said}");
     assert!(!typo.exists(), "no file made");
-    let (code, _, said) = tool(&["--store", "mysql://x", "purge"]);
+    let (code, _, said) = tool(&["--store", "mongodb://x", "purge"]);
     assert_eq!(code, Some(2), "not a store URL: {said}");
     // A file that is not a database: the store failed.
     let not_a_database = dir.join("not-a-database");

@@ -254,7 +254,7 @@ macro_rules! retained {
 
 /// Starts the purger of a durable store with `--purge-every-s`, unless it is 0, and keeps it
 /// for the life of the process.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn keep_purging(
     options: &Options,
     start: impl FnOnce()
@@ -274,7 +274,7 @@ fn keep_purging(
 }
 
 /// The purge interval `--purge-every-s` gave (only read when it is set).
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn every(options: &Options) -> Duration {
     options.purge_every.unwrap_or(Duration::MAX)
 }
@@ -346,8 +346,8 @@ pub fn store_note() -> String {
 }
 
 /// The store `url` names: `memory`, `redis://…`, `redis-cluster://HOST:PORT[,HOST:PORT…]` (seed
-/// nodes of a Redis Cluster), `postgres://…` or `sqlite://PATH`; over TLS `rediss://…`,
-/// `rediss-cluster://…` and `postgres://…?sslmode=…` (a CA of your own by `SSL_CERT_FILE`) (the durable stores need the
+/// nodes of a Redis Cluster), `postgres://…`, `mysql://…` or `sqlite://PATH`; over TLS `rediss://…`,
+/// `rediss-cluster://…`, `postgres://…?sslmode=…` and `mysql://…?ssl-mode=…` (a CA of your own by `SSL_CERT_FILE`) (the durable stores need the
 /// crate's feature of that name), chosen at run time behind one type, keeping completed keys
 /// for `retention` (`None`: for good).
 pub async fn open_store(options: &Options) -> Result<DynStore, String> {
@@ -406,6 +406,20 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         #[cfg(not(feature = "postgres"))]
         return Err("build with --features postgres".to_owned());
     }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        #[cfg(feature = "mysql")]
+        {
+            let store = tower_idempotency::store::MySqlStore::connect(url)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            let store = retained!(store, retention);
+            store.migrate().await.map_err(|e| format!("{e:#}"))?;
+            keep_purging(options, || store.purge_every(every(options)));
+            return Ok(DynStore::new(store));
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err("build with --features mysql".to_owned());
+    }
     if let Some(path) = url.strip_prefix("sqlite://") {
         #[cfg(feature = "sqlite")]
         {
@@ -420,8 +434,8 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
         return Err(format!("{path}: build with --features sqlite"));
     }
     Err(
-        "unsupported store: memory, redis://…, redis-cluster://HOST:PORT[,…], postgres://… or \
-         sqlite://PATH"
+        "unsupported store: memory, redis://…, redis-cluster://HOST:PORT[,…], postgres://…, \
+         mysql://… or sqlite://PATH"
             .to_owned(),
     )
 }

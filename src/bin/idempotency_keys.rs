@@ -40,14 +40,16 @@ COMMANDS
   resolve KEY --status CODE --body-file FILE [--header 'Name: value']...
                                  complete the pending key: retries get this as a replay
   purge                          delete every expired record, in batches, and print how many
-                                 (PostgreSQL and SQLite; Redis expires records by itself)
+                                 (PostgreSQL, MySQL and SQLite; Redis expires records by
+                                 itself)
 
 OPTIONS
   --store URL        redis://HOST:PORT, redis-cluster://HOST:PORT[,HOST:PORT...],
-                     postgres://USER@HOST:PORT/DB or sqlite://PATH; over TLS:
-                     rediss://, rediss-cluster://, postgres://…?sslmode=verify-full
+                     postgres://USER@HOST:PORT/DB, mysql://USER@HOST:PORT/DB or
+                     sqlite://PATH; over TLS: rediss://, rediss-cluster://,
+                     postgres://…?sslmode=verify-full, mysql://…?ssl-mode=VERIFY_IDENTITY
                      (trusted roots in place of the system's: SSL_CERT_FILE=PATH)
-  --table NAME       the PostgreSQL table (default idempotency_records)
+  --table NAME       the PostgreSQL or MySQL table (default idempotency_records)
   --prefix PREFIX    the Redis key prefix the servers were given with .prefix(...), if any
   --wait-for-replicas N
                      Redis: the replicas a resolve or forget waits for (0: none; default:
@@ -252,6 +254,12 @@ impl Purge for tower_idempotency::store::PostgresStore {
     }
 }
 
+impl Purge for tower_idempotency::store::MySqlStore {
+    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
+        self.purge_expired_counting(purged).await.map(|()| true)
+    }
+}
+
 impl Purge for tower_idempotency::store::SqliteStore {
     async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
         self.purge_expired_counting(purged).await.map(|()| true)
@@ -259,7 +267,7 @@ impl Purge for tower_idempotency::store::SqliteStore {
 }
 
 /// Whether `key` is a stored digest as `pending` prints it: `sha256:` and 64 lowercase
-/// hexadecimal digits (PostgreSQL keeps a key over 512 bytes so).
+/// hexadecimal digits (PostgreSQL and MySQL keep a key over 512 bytes so).
 fn is_digest(key: &str) -> bool {
     key.strip_prefix("sha256:").is_some_and(|hex| {
         hex.len() == 64
@@ -389,7 +397,7 @@ const REPLICA_WAIT: Duration = Duration::from_secs(1);
 
 /// Opens the store `--store` names and runs the command on it.
 async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
-    use tower_idempotency::store::{PostgresStore, RedisStore, SqliteStore};
+    use tower_idempotency::store::{MySqlStore, PostgresStore, RedisStore, SqliteStore};
     let url = options.store.as_str();
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         // An operator looks at whatever is there, whatever the eviction policy.
@@ -428,6 +436,13 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
         }
         return run(configured!(store, options), options).await;
     }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let mut store = MySqlStore::connect(url).await?;
+        if let Some(table) = &options.table {
+            store = store.table(table)?;
+        }
+        return run(configured!(store, options), options).await;
+    }
     if let Some(path) = url.strip_prefix("sqlite://") {
         // As the file is: a mistyped path is not made an empty store, and another
         // application's file is not switched to WAL or given a table.
@@ -436,7 +451,7 @@ async fn open_and_run(options: &Options) -> Result<u8, StoreError> {
     }
     Err(StoreError::with_source(
         StoreErrorKind::InvalidConfig,
-        format!("{url}: a redis://, redis-cluster://, postgres:// or sqlite:// URL"),
+        format!("{url}: a redis://, redis-cluster://, postgres://, mysql:// or sqlite:// URL"),
     ))
 }
 

@@ -75,13 +75,18 @@ mod codec;
 mod dynamic;
 mod error;
 mod memory;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod notifier;
 mod operator;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod pooled;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod purger;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -95,8 +100,11 @@ mod waiting;
 
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::operator::{Operator, RecordInfo, RecordState};
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub use self::purger::Purger;
 pub use self::reservation::{Claim, Lease, Reservation};
 pub use self::response::StoredResponse;
@@ -106,6 +114,9 @@ pub use self::response::StoredResponse;
 pub use self::redis::RedisStore;
 pub use dynamic::DynStore;
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PgTransaction, PostgresStore, TransactionalPostgresStore};
@@ -122,7 +133,12 @@ pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Runs one remote store call, failing with [`StoreErrorKind::Timeout`] past `timeout`.
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
 pub(crate) async fn within<T>(
     timeout: std::time::Duration,
     call: impl Future<Output = Result<T, StoreError>>,
@@ -160,7 +176,12 @@ pub const MAX_RETENTION: std::time::Duration =
 
 /// A retention window in whole milliseconds, at least one and at most [`MAX_RETENTION`], as
 /// remote stores keep it.
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
 pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
     let millis = retention.min(MAX_RETENTION).as_millis();
     u64::try_from(millis).unwrap_or(u64::MAX).max(1)

@@ -82,12 +82,6 @@ pub struct SqliteStore {
     timeout: Duration,
 }
 
-impl Waiters for Arc<Mutex<WaiterMap>> {
-    fn with_waiters<R>(&self, _: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
-        f(&mut self.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
 /// Expired records [`SqliteStore::purge_expired`] deletes in one statement at most: a few
 /// milliseconds of the file's write lock.
 pub const PURGE_BATCH: u64 = 5_000;

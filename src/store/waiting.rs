@@ -7,7 +7,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -20,6 +25,16 @@ pub(crate) type WaiterMap = HashMap<Box<str>, Arc<Notify>>;
 pub(crate) trait Waiters: Send + Sync + Unpin + 'static {
     /// Runs `f` on the map that holds `key`'s waiters, under its lock.
     fn with_waiters<R>(&self, key: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R;
+}
+
+/// One map for every key, behind one lock: a store whose waiters are this process's alone.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl Waiters for Arc<std::sync::Mutex<WaiterMap>> {
+    fn with_waiters<R>(&self, _: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
+        f(&mut self
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
 }
 
 /// Wakes and forgets the waiters of `key` in `map`, if any.
@@ -92,7 +107,12 @@ impl<W: Waiters> Drop for Waiting<W> {
 }
 
 /// Ends at the wake of `waiting`, if any, or after `every`.
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql"
+))]
 pub(crate) async fn until<W: Waiters>(waiting: Option<Waiting<W>>, every: Duration) {
     let mut poll = std::pin::pin!(tokio::time::sleep(every));
     let mut waiting = waiting;

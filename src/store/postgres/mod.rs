@@ -4,7 +4,6 @@
 /// version.
 pub use ::sqlx;
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -12,13 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _, SqlSafeStr as _};
 
 use super::Purger;
 use super::codec;
 use super::notifier::{self, Notifier};
+use super::pooled;
+pub(super) use super::pooled::{acquire, table_key, valid_table};
 use super::waiting;
 use super::{
     Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
@@ -733,53 +733,13 @@ impl PostgresStore {
     }
 }
 
-/// The longest a connection is waited for in a task of its own ([`acquire`]).
-const DETACHED_ACQUIRE: Duration = Duration::from_secs(5);
-
-/// A connection of `pool`. When none is idle the pool makes one, in a task of its own: a
-/// caller that gives up (its timeout) then leaves the connection to the pool rather than
-/// throwing it away half made. Under a timeout shorter than a connection takes to make
-/// (TLS, a loaded server), every call would throw its one away, and the pool, emptied by an
-/// outage, would never fill again.
-pub(super) async fn acquire(
-    pool: &PgPool,
-) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-    if pool.num_idle() > 0 {
-        return pool.acquire().await.map_err(unavailable);
-    }
-    let pool = pool.clone();
-    // Bounded, so that callers that gave up during an outage leave no queue of waiting
-    // tasks ahead of later ones for longer than this.
-    tokio::spawn(async move {
-        tokio::time::timeout(DETACHED_ACQUIRE, pool.acquire())
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
-    })
-    .await
-    .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
-    .map_err(unavailable)
-}
-
-/// Begins a transaction on a connection of `pool` with `statement` (a `BEGIN`, and what the
-/// transaction sets for itself).
-///
-/// The connection is acquired in the caller's future (a wait for the pool may be cancelled
-/// at any point), the `BEGIN` in a task of its own that the caller waits for: sqlx counts a
-/// transaction as begun only once its `BEGIN` has answered, so a begin cancelled in between
-/// (the caller's timeout, a dropped request) would put the connection back in the pool inside
-/// a transaction nobody ends, and every later statement on it would be part of it and never
-/// commit. In its own task the begin always ends, and a transaction nobody waits for any more
-/// is dropped there, which rolls it back.
+/// Begins a transaction on a connection of `pool` with `statement`, its `BEGIN` in a task
+/// of its own ([`pooled::begin_on`]).
 pub(super) async fn begin_on(
     pool: &PgPool,
     statement: sqlx::SqlStr,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-    let connection = acquire(pool).await?;
-    // sqlx's own begin on a connection it is given (what `Pool::begin_with` runs).
-    tokio::spawn(sqlx::Transaction::begin(connection, Some(statement)))
-        .await
-        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
-        .map_err(unavailable)
+    pooled::begin_on(pool, Some(statement)).await
 }
 
 /// A statement with its parameters bound.
@@ -792,26 +752,6 @@ impl std::fmt::Debug for PostgresStore {
             .field("retention_ms", &self.retention_ms)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
-    }
-}
-
-/// Refuses a table name that is not letters, digits and `_`, not starting with a digit, at
-/// most 48 characters: it is written into the statements.
-fn valid_table(name: &str) -> Result<(), StoreError> {
-    let valid = !name.is_empty()
-        && name.len() <= 48
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if valid {
-        Ok(())
-    } else {
-        Err(StoreError::with_source(
-            StoreErrorKind::InvalidConfig,
-            format!(
-                "table {name:?}: letters, digits and _, not starting with a digit, at most 48 \
-                 characters"
-            ),
-        ))
     }
 }
 
@@ -879,21 +819,6 @@ fn guarded(rows: u64) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::new(StoreErrorKind::ReservationLost))
-    }
-}
-
-/// The longest key kept as it is, in bytes. A btree index row holds about 2,700 bytes, so a
-/// longer key is kept as `sha256:` and its digest: any key a request can carry works.
-const MAX_KEY_BYTES: usize = 512;
-
-/// The key as the table holds it: itself, or the digest of a long one. A digest form never
-/// equals a key the layer makes (those start with a method or a scope's length).
-fn table_key(key: &str) -> Cow<'_, str> {
-    if key.len() <= MAX_KEY_BYTES {
-        Cow::Borrowed(key)
-    } else {
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        Cow::Owned(format!("sha256:{}", hex::encode(digest)))
     }
 }
 

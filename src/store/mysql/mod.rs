@@ -1,0 +1,802 @@
+//! The MySQL store: shared by every replica and durable, on MySQL 8 or MariaDB 10.5 and later
+//! (InnoDB), through sqlx.
+
+/// The SQL toolkit the [`MySqlStore`] is built on, re-exported so you get a matching version.
+pub use ::sqlx;
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
+
+use super::Purger;
+use super::codec;
+use super::pooled::{acquire, begin_on, table_key, valid_table};
+use super::waiting::{self, WaiterMap, Waiters};
+use super::{
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
+    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+};
+use crate::fingerprint::Fingerprint;
+
+mod sql;
+
+use self::sql::Sql;
+
+/// A registry in a MySQL or MariaDB table (InnoDB), shared by every replica that uses the same
+/// database, and durable.
+///
+/// - A claim of a new key is **one statement**, an `INSERT IGNORE` of the pending
+///   reservation: one round trip on a warm connection. A key with a record takes a second
+///   statement, the read of that record (a replay, a pending or a conflicting claim writes
+///   nothing), and the take-over of a completed record past its retention, or of an abandoned
+///   reservation when the claim's [`Lease`] asks for it, a third.
+/// - Complete is an `UPDATE` and release a `DELETE`, both guarded by this request's
+///   reservation token.
+/// - Times are the server's (milliseconds since 1970), so replicas' clocks do not matter.
+///   Completed records get an `expires_at` from the [retention](Self::retention), if set; a
+///   claim treats expired ones as absent and [`purge_expired`](Self::purge_expired) deletes
+///   them in batches. Pending records never expire.
+/// - A request waiting for a first attempt ([`pending_wait`](crate::IdempotencyLayer::pending_wait))
+///   is woken at once by a change this process made, and looks again every
+///   [`CHANGE_POLL_INTERVAL`] for a change another replica made (MySQL has no notifications).
+/// - The key and the fingerprint are stored as bytes, compared exactly: keys differing only in
+///   case are different keys, whatever the database's collation. A key longer than 512 bytes
+///   is kept as its SHA-256.
+///
+/// Every call fails with a [`StoreError`] after the [timeout](Self::timeout) (default one
+/// second), so the layer fails closed while the database is away; the pool reconnects when it
+/// returns.
+///
+/// ```no_run
+/// use tower_idempotency::store::MySqlStore;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
+///
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// store.migrate().await?;
+/// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
+/// # Ok(()) }
+/// ```
+///
+/// # On the application's pool
+///
+/// [`new`](Self::new) takes the application's own [`MySqlPool`], so one pool, sized once,
+/// serves the application and the store; the store sets nothing on its connections and
+/// bounds each call by its [timeout](Self::timeout) on the client's side. A statement the
+/// store gave up on is not cancelled on the server: a claim waiting there for a row lock (a
+/// transaction of the application's holding the key's record) waits up to the connection's
+/// `innodb_lock_wait_timeout` (50 seconds by default), and sqlx waits for its answer before
+/// the connection serves again. Give the pool's connections a short one, as the pool the
+/// store makes itself does:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::str::FromStr;
+/// use tower_idempotency::store::MySqlStore;
+/// use tower_idempotency::store::mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+///
+/// let options = MySqlConnectOptions::from_str("mysql://root@127.0.0.1:3306/test")?;
+/// let pool = MySqlPoolOptions::new()
+///     .test_before_acquire(false)
+///     .after_connect(|connection, _| {
+///         use tower_idempotency::store::mysql::sqlx::Executor as _;
+///         Box::pin(async move {
+///             connection.execute("SET SESSION innodb_lock_wait_timeout = 1").await.map(drop)
+///         })
+///     })
+///     .connect_with(options)
+///     .await?;
+/// let store = MySqlStore::new(pool);
+/// store.migrate().await?;
+/// # Ok(()) }
+/// ```
+///
+/// A lost claim (its answer never came back) is settled after one timeout, in a transaction
+/// that waits for any insert of the key still in flight: see [`Store::settle_claim`].
+///
+/// # TLS
+///
+/// By URL, as MySQL's clients take it: `ssl-mode=REQUIRED` encrypts (and trusts any
+/// certificate), `VERIFY_CA` also verifies the server's certificate against the trusted
+/// roots, and `VERIFY_IDENTITY` its host name too; `ssl-ca=PATH` names the CA. A certificate
+/// that does not verify fails the connect, with the TLS error in the [`StoreError`]'s chain.
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    sql: Arc<Sql>,
+    waiters: Arc<Mutex<WaiterMap>>,
+    /// The `innodb_lock_wait_timeout` of the store's own pool's new connections, in seconds;
+    /// `None` on the application's pool, whose settings are its own.
+    lock_wait: Option<Arc<AtomicU64>>,
+    retention_ms: i64,
+    timeout: Duration,
+}
+
+/// Expired records [`MySqlStore::purge_expired`] deletes in one statement at most: a few
+/// milliseconds of work, well within any store timeout.
+pub const PURGE_BATCH: u64 = 5_000;
+
+/// Passes of the claim before giving up: another pass only when the record read was gone
+/// (released in between) or another claim took it over first.
+const CLAIM_ATTEMPTS: usize = 4;
+
+/// The `innodb_lock_wait_timeout` of the store's own connections for its `timeout`: whole
+/// seconds, at least one (InnoDB's least), at most a year.
+fn lock_wait_seconds(timeout: Duration) -> u64 {
+    timeout.as_secs().clamp(1, 365 * 24 * 3600)
+}
+
+/// A duration in whole milliseconds, as the statements take it.
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
+}
+
+/// A driver's error as the store's: a pool that had no connection in time, or a row lock not
+/// had in time (1205), is a timeout; a value that cannot be read is corrupt; anything else
+/// unavailable.
+pub(super) fn unavailable(error: sqlx::Error) -> StoreError {
+    let kind = match &error {
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        sqlx::Error::Database(database) if database.code().as_deref() == Some("HY000") => {
+            match database.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                Some(mysql) if mysql.number() == 1205 => StoreErrorKind::Timeout,
+                _ => StoreErrorKind::Unavailable,
+            }
+        }
+        _ => StoreErrorKind::Unavailable,
+    };
+    StoreError::with_source(kind, error)
+}
+
+/// A value the database sent that is not what the table holds.
+fn corrupt(error: sqlx::Error) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Corrupt, error)
+}
+
+fn guarded(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::new(StoreErrorKind::ReservationLost))
+    }
+}
+
+impl MySqlStore {
+    /// The default table name.
+    pub const DEFAULT_TABLE: &'static str = "idempotency_records";
+
+    /// A store on the application's own pool: it shares the pool's connections and leaves
+    /// their session state alone (see [On the application's pool](Self#on-the-applications-pool)).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::MySqlStore;
+    /// use tower_idempotency::store::mysql::sqlx::MySqlPool;
+    ///
+    /// let pool = MySqlPool::connect("mysql://root@127.0.0.1:3306/test").await?;
+    /// let store = MySqlStore::new(pool);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: MySqlPool) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
+            waiters: Arc::default(),
+            lock_wait: None,
+            retention_ms: millis(super::DEFAULT_RETENTION),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// A store on a pool of its own, of connections to `url` (`mysql://user:password@host:
+    /// port/database`, with `?ssl-mode=…` for TLS, see [TLS](Self#tls)).
+    ///
+    /// Connects once to check the database can be reached (and its certificate verifies).
+    /// The pool holds at most sqlx's default of 10 connections, made as needed; each gets the
+    /// store's timeout (in whole seconds, at least one) as its `innodb_lock_wait_timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] if the URL is invalid; a [`StoreError`] if the
+    /// database cannot be reached within the timeout, or refuses.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = MySqlConnectOptions::from_str(url)
+            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?;
+        Self::connect_with(options).await
+    }
+
+    /// [`connect`](Self::connect) with sqlx's connect options.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(options: MySqlConnectOptions) -> Result<Self, StoreError> {
+        // A connection of its own, not the pool's: the pool tries a refused address again
+        // until the call's timeout, and would say only that it timed out.
+        let connection = within(DEFAULT_TIMEOUT.max(Duration::from_secs(5)), async {
+            MySqlConnection::connect_with(&options)
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        drop(connection.close().await);
+        Ok(Self::connect_lazy_with(options))
+    }
+
+    /// A store on a pool of its own that connects on first use.
+    pub fn connect_lazy_with(options: MySqlConnectOptions) -> Self {
+        let lock_wait = Arc::new(AtomicU64::new(lock_wait_seconds(DEFAULT_TIMEOUT)));
+        let for_new_connections = Arc::clone(&lock_wait);
+        // No ping before each use (a round trip more on every call), and no acquire timeout
+        // of the pool's own beyond sqlx's: each call is bounded by the store's timeout.
+        let pool = MySqlPoolOptions::new()
+            .test_before_acquire(false)
+            .after_connect(move |connection, _| {
+                let seconds = for_new_connections.load(Ordering::Relaxed);
+                Box::pin(async move {
+                    connection
+                        .execute(AssertSqlSafe(format!(
+                            "SET SESSION innodb_lock_wait_timeout = {seconds}"
+                        )))
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_lazy_with(options);
+        Self {
+            lock_wait: Some(lock_wait),
+            ..Self::new(pool)
+        }
+    }
+
+    /// Uses the table `name`: letters, digits and `_`, not starting with a digit, at most 48
+    /// characters. Default `idempotency_records`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] for any other name.
+    pub fn table(mut self, name: &str) -> Result<Self, StoreError> {
+        valid_table(name)?;
+        self.sql = Arc::new(Sql::new(name));
+        Ok(self)
+    }
+
+    /// The DDL that makes the table `table` and its expiry index, for the migration tool you
+    /// run yourself (sqlx-migrate, refinery, Flyway, Atlas): what [`migrate`](Self::migrate)
+    /// makes on a new database. For the default table it is the file
+    /// `migrations/mysql/0001_idempotency_records.sql` shipped with the crate.
+    ///
+    /// ```
+    /// # #[cfg(feature = "mysql")] {
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// let ddl = MySqlStore::schema("label_idempotency").unwrap();
+    /// assert!(ddl.starts_with("CREATE TABLE IF NOT EXISTS `label_idempotency`"));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] for a name [`table`](Self::table) refuses.
+    pub fn schema(table: &str) -> Result<String, StoreError> {
+        valid_table(table)?;
+        Ok(sql::schema(table))
+    }
+
+    /// Creates the table and its expiry index if the table does not exist. Idempotent, and
+    /// safe to run from several replicas at once; a start with the table in place only reads
+    /// the catalog, so it waits for no open transaction and no claim waits for it.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be reached or refuses (the right to create
+    /// tables, say).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        // Making a connection may take longer than a short store timeout (TLS, a loaded
+        // server): at least a second and a half.
+        within(self.timeout.max(Duration::from_millis(1_500)), async {
+            let mut connection = acquire(&self.pool).await?;
+            let present: i64 = sqlx::query_scalar(self.sql.exists.clone())
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(unavailable)?;
+            if present == 0 {
+                connection
+                    .execute(self.sql.create.clone())
+                    .await
+                    .map_err(unavailable)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Gives completed records an `expires_at` `retention` after they were completed; from
+    /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
+    /// deletes them. Default: [`DEFAULT_RETENTION`](super::DEFAULT_RETENTION), 24 hours.
+    /// Pending records never expire. Past [`MAX_RETENTION`](super::MAX_RETENTION) it is
+    /// clamped.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention_ms = millis(retention);
+        self
+    }
+
+    /// Keeps completed records until they are forgotten (no `expires_at`), rather than for
+    /// the retention window: the table then grows with every key it is sent.
+    pub fn keep_forever(mut self) -> Self {
+        self.retention_ms = 0;
+        self
+    }
+
+    /// How long one call may take, its wait for a pooled connection included. Default one
+    /// second. On the store's own pool it is also the connections' `innodb_lock_wait_timeout`
+    /// (whole seconds, at least one), for the connections made after it is set.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        if let Some(lock_wait) = &self.lock_wait {
+            lock_wait.store(lock_wait_seconds(timeout), Ordering::Relaxed);
+        }
+        self
+    }
+
+    /// How many keys requests of this process wait on now
+    /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)), for metrics and tests.
+    pub fn waited_keys(&self) -> usize {
+        self.waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// The pool the store runs on: the application's, or its own.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table the store uses.
+    pub fn table_name(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Deletes the completed records past their retention, and returns how many: in batches
+    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
+    /// within the store's timeout, until none is left. So it finishes at any backlog, and
+    /// claims between its batches are not held up. Pending records are never deleted.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be reached or refuses; the records of the
+    /// batches before it stay deleted.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        self.purge_expired_counting(&mut purged).await?;
+        Ok(purged)
+    }
+
+    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
+    /// it goes: after a failure it holds what the batches before it deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge_expired`](Self::purge_expired).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::MySqlStore) {
+    /// let mut purged = 0;
+    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
+    ///     eprintln!("purged {purged}, then: {error:#}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        loop {
+            let deleted = self
+                .execute(sqlx::query(self.sql.purge.clone()).bind(batch))
+                .await?;
+            *purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(());
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
+    /// the first time at once, in a task of its own, until the returned [`Purger`] is
+    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
+    /// it at once, and the purge with it). One replica's purger is enough.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::InvalidConfig`] outside a Tokio runtime.
+    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
+        let store = self.clone();
+        Purger::spawn(interval, move || {
+            let store = store.clone();
+            async move { store.purge_expired().await }
+        })
+    }
+
+    /// Runs one statement on a pooled connection, bounded by the timeout, and returns the
+    /// rows it matched.
+    async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
+        within(self.timeout, async {
+            query
+                .execute(&mut *acquire(&self.pool).await?)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(unavailable)
+        })
+        .await
+    }
+
+    /// Runs one statement that returns at most one row, bounded by the timeout.
+    async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<MySqlRow>, StoreError> {
+        within(self.timeout, async {
+            query
+                .fetch_optional(&mut *acquire(&self.pool).await?)
+                .await
+                .map_err(unavailable)
+        })
+        .await
+    }
+
+    /// Wakes this process's requests waiting for `key`.
+    fn wake(&self, key: &str) {
+        self.waiters
+            .with_waiters(key, |waiters| waiting::wake(waiters, key));
+    }
+
+    /// The claim on `connection`: the insert, and for a key with a record its read and maybe
+    /// a take-over, each a statement.
+    async fn claim_on(
+        &self,
+        connection: &mut MySqlConnection,
+        key: &str,
+        fingerprint: &str,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let lease_ms = millis(lease.duration());
+        let take_over = lease.takes_over();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let inserted = sqlx::query(self.sql.insert.clone())
+                .bind(key)
+                .bind(fingerprint)
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(take_over)
+                .execute(&mut *connection)
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
+            if inserted == 1 {
+                return Ok(Claim::New(reservation));
+            }
+            let Some(row) = sqlx::query(self.sql.read.clone())
+                .bind(key)
+                .fetch_optional(&mut *connection)
+                .await
+                .map_err(unavailable)?
+            else {
+                // Released or forgotten in between: insert again.
+                continue;
+            };
+            let taken = match pass(&row, &token, fingerprint, take_over)? {
+                Pass::Answer(claim) => return Ok(claim),
+                Pass::TakeOver => {
+                    sqlx::query(self.sql.take_over.clone())
+                        .bind(fingerprint)
+                        .bind(&token[..])
+                        .bind(lease_ms)
+                        .bind(take_over)
+                        .bind(key)
+                        .execute(&mut *connection)
+                        .await
+                }
+                Pass::TakeOverAbandoned => {
+                    sqlx::query(self.sql.take_over_abandoned.clone())
+                        .bind(&token[..])
+                        .bind(lease_ms)
+                        .bind(take_over)
+                        .bind(key)
+                        .bind(fingerprint)
+                        .execute(&mut *connection)
+                        .await
+                }
+            };
+            if taken.map_err(unavailable)?.rows_affected() == 1 {
+                return Ok(Claim::New(reservation));
+            }
+        }
+        Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+
+    /// Completes the pending record of `key` with `response`: the one pending under `token`,
+    /// or whichever is pending when there is no token (an operator's resolve).
+    async fn store_response(
+        &self,
+        key: &str,
+        token: Option<[u8; 16]>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let stored = &*table_key(key);
+        let encoded = codec::encode(response);
+        let query = match &token {
+            Some(_) => sqlx::query(self.sql.complete.clone()),
+            None => sqlx::query(self.sql.resolve.clone()),
+        }
+        .bind(&encoded[..])
+        .bind(self.retention_ms)
+        .bind(self.retention_ms)
+        .bind(stored);
+        let query = match &token {
+            Some(token) => query.bind(&token[..]),
+            None => query,
+        };
+        guarded(self.execute(query).await?)?;
+        self.wake(key);
+        Ok(())
+    }
+}
+
+/// A statement with its parameters bound.
+type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+
+/// What one pass of a claim found in the record it read.
+enum Pass {
+    /// The claim's answer.
+    Answer(Claim),
+    /// A completed record past its retention: absent, to take over.
+    TakeOver,
+    /// A pending record whose lease lapsed, its owner letting it be taken over, and the
+    /// caller asking to.
+    TakeOverAbandoned,
+}
+
+/// What a claim's read of the record says: the token, fingerprint and response of the record,
+/// whether it expired, and whether its lease lapsed.
+fn pass(
+    row: &MySqlRow,
+    token: &[u8; 16],
+    fingerprint: &str,
+    take_over: bool,
+) -> Result<Pass, StoreError> {
+    let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
+    let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
+    let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
+    let expired = row.try_get::<i64, _>(3).map_err(corrupt)? != 0;
+    let lapsed = row.try_get::<i64, _>(4).map_err(corrupt)? != 0;
+    let same = stored_fingerprint == fingerprint.as_bytes();
+    // Pending under this token already (a repeated claim): the reservation is the caller's.
+    if stored_token == Some(&token[..]) && same {
+        let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
+        return Ok(Pass::Answer(Claim::New(reservation)));
+    }
+    if expired {
+        return Ok(Pass::TakeOver);
+    }
+    if lapsed && take_over && response.is_none() && same {
+        return Ok(Pass::TakeOverAbandoned);
+    }
+    Ok(Pass::Answer(if !same {
+        Claim::Conflict
+    } else {
+        match response {
+            Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay)?,
+            None => Claim::Pending,
+        }
+    }))
+}
+
+impl std::fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("table", &self.sql.table)
+            .field("retention_ms", &self.retention_ms)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MySqlStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let key = &*table_key(key);
+        let fingerprint = fingerprint.to_hex();
+        within(self.timeout, async {
+            let mut connection = acquire(&self.pool).await?;
+            self.claim_on(
+                &mut connection,
+                key,
+                fingerprint.as_str(),
+                reservation,
+                lease,
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let renew = sqlx::query(self.sql.renew.clone())
+            .bind(millis(lease))
+            .bind(&*table_key(key))
+            .bind(&token[..]);
+        guarded(self.execute(renew).await?)
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        self.store_response(key, Some(token), response).await
+    }
+
+    /// A lost claim may still be in flight on another pooled connection, so a plain release
+    /// could run first and find nothing. After one timeout (by then the lost claim has run,
+    /// unless a row lock held it), in one transaction this inserts the key (which waits for
+    /// any insert of it in flight, then does nothing if one committed) and deletes it under
+    /// the reservation: the lost claim's row, or this one's, never visible to anyone.
+    async fn settle_claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        let stored = &*table_key(key);
+        let token = reservation.as_u128().to_be_bytes();
+        tokio::time::sleep(self.timeout).await;
+        within(self.timeout, async {
+            let mut transaction = begin_on(&self.pool, None).await?;
+            sqlx::query(self.sql.hold.clone())
+                .bind(stored)
+                .bind(fingerprint.to_hex().as_str())
+                .bind(&token[..])
+                .execute(&mut *transaction)
+                .await
+                .map_err(unavailable)?;
+            sqlx::query(self.sql.release.clone())
+                .bind(stored)
+                .bind(&token[..])
+                .execute(&mut *transaction)
+                .await
+                .map_err(unavailable)?;
+            transaction.commit().await.map_err(unavailable)
+        })
+        .await?;
+        self.wake(key);
+        Ok(())
+    }
+
+    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
+        let waiting = waiting::wait(Arc::clone(&self.waiters), key);
+        waiting::until(Some(waiting), CHANGE_POLL_INTERVAL)
+    }
+
+    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let release = sqlx::query(self.sql.release.clone())
+            .bind(&*table_key(key))
+            .bind(&token[..]);
+        guarded(self.execute(release).await?)?;
+        self.wake(key);
+        Ok(())
+    }
+}
+
+impl Operator for MySqlStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let inspect = sqlx::query(self.sql.inspect.clone()).bind(&*table_key(key));
+        let Some(row) = self.fetch_optional(inspect).await? else {
+            return Ok(None);
+        };
+        let fingerprint: &[u8] = row.try_get(0).map_err(corrupt)?;
+        let pending = row.try_get::<i64, _>(1).map_err(corrupt)? != 0;
+        let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
+        let age: i64 = row.try_get(3).map_err(corrupt)?;
+        let abandoned = row.try_get::<i64, _>(4).map_err(corrupt)? != 0;
+        let status = match response {
+            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
+            None => None,
+        };
+        let fingerprint = std::str::from_utf8(fingerprint)
+            .ok()
+            .and_then(Fingerprint::parse)
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
+        Ok(Some(RecordInfo {
+            state: if pending {
+                RecordState::Pending
+            } else {
+                RecordState::Completed
+            },
+            age: u64::try_from(age).ok().map(Duration::from_millis),
+            fingerprint,
+            status,
+            abandoned,
+        }))
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
+        // A listing scans the table: ten store timeouts.
+        let keys: Vec<Vec<u8>> = within(self.timeout.saturating_mul(10), async {
+            sqlx::query_scalar(self.sql.pending.clone())
+                .bind(millis)
+                .fetch_all(&mut *acquire(&self.pool).await?)
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        keys.into_iter()
+            .map(|key| {
+                String::from_utf8(key)
+                    .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
+            })
+            .collect()
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        self.store_response(key, None, response).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let forget = sqlx::query(self.sql.forget.clone()).bind(&*table_key(key));
+        let forgotten = self.execute(forget).await? > 0;
+        self.wake(key);
+        Ok(forgotten)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The migration file shipped for the default table is the DDL `schema` gives.
+    #[test]
+    fn the_shipped_migration_is_the_schema_of_the_default_table() {
+        let shipped = include_str!("../../../migrations/mysql/0001_idempotency_records.sql");
+        let body: String = shipped
+            .lines()
+            .filter(|line| !line.starts_with("--"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_eq!(body, MySqlStore::schema(MySqlStore::DEFAULT_TABLE).unwrap());
+        assert_eq!(
+            MySqlStore::schema("bad`name").unwrap_err().kind(),
+            StoreErrorKind::InvalidConfig
+        );
+    }
+
+    /// InnoDB's lock wait is whole seconds, at least one.
+    #[test]
+    fn the_lock_wait_is_whole_seconds_from_one() {
+        assert_eq!(lock_wait_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(lock_wait_seconds(Duration::from_millis(2_500)), 2);
+        assert_eq!(lock_wait_seconds(Duration::MAX), 365 * 24 * 3600);
+    }
+}

@@ -1,0 +1,421 @@
+//! The MySQL store: the conformance suite (on its own pool and on an application's),
+//! migrations, replicas, waits, the purge, an outage, a cut connection and lost answers.
+//! Needs MySQL or MariaDB at `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`).
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::conformance::{awkward_response, unique_key};
+use common::servers::Proxy;
+use common::*;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
+use tower_idempotency::store::MySqlStore;
+use tower_idempotency::store::mysql::sqlx;
+use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::{LabelContract, Store};
+
+const TABLE: &str = "tower_idempotency_test";
+
+fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+fn mysql_options() -> MySqlConnectOptions {
+    MySqlConnectOptions::from_str(&mysql_url()).expect("MYSQL_URL")
+}
+
+async fn make_store(retention: Option<Duration>) -> MySqlStore {
+    let store = MySqlStore::connect(&mysql_url())
+        .await
+        .expect("MySQL at MYSQL_URL")
+        .table(TABLE)
+        .unwrap();
+    store.migrate().await.unwrap();
+    match retention {
+        Some(retention) => store.retention(retention),
+        None => store,
+    }
+}
+
+tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+
+/// The whole suite again on the application's own pool, as it is (no session setting of the
+/// store's), in a table of its own.
+mod on_the_applications_pool {
+    use super::*;
+
+    async fn make_store(retention: Option<Duration>) -> MySqlStore {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .connect_with(mysql_options())
+            .await
+            .expect("the application's pool");
+        let store = MySqlStore::new(pool)
+            .table("tower_idempotency_app_pool_test")
+            .unwrap();
+        store.migrate().await.unwrap();
+        match retention {
+            Some(retention) => store.retention(retention),
+            None => store,
+        }
+    }
+
+    tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
+}
+
+/// A connection of the test's own.
+async fn session() -> MySqlConnection {
+    MySqlConnection::connect_with(&mysql_options())
+        .await
+        .expect("MySQL at MYSQL_URL")
+}
+
+/// Runs `sql` on `connection`.
+async fn run(connection: &mut MySqlConnection, sql: impl Into<String>) {
+    connection
+        .execute(AssertSqlSafe(sql.into()))
+        .await
+        .expect("a statement of the test's");
+}
+
+/// A store on a table of its own, `tower_idempotency_<name>`, made anew.
+async fn own_table(name: &str) -> (String, MySqlStore) {
+    let table = format!("tower_idempotency_{name}");
+    run(
+        &mut session().await,
+        format!("DROP TABLE IF EXISTS {table}"),
+    )
+    .await;
+    let store = MySqlStore::connect(&mysql_url())
+        .await
+        .unwrap()
+        .table(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    (table, store)
+}
+
+/// How many rows `sql` counts.
+async fn count(sql: String) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .fetch_one(&mut session().await)
+        .await
+        .unwrap()
+}
+
+async fn mysql_addr() -> SocketAddr {
+    let options = mysql_options();
+    tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// A store that reaches the database through `proxy`, on a pool of one connection.
+async fn store_through(proxy: &Proxy) -> MySqlStore {
+    let options = mysql_options().host("127.0.0.1").port(proxy.addr.port());
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_lazy_with(options);
+    let store = MySqlStore::new(pool).table(TABLE).unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
+    payments::generic_mode_creates_once(make_store(None).await, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
+    payments::generic_mode_survives_a_disconnect(make_store(None).await).await;
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_table_names_are_checked() {
+    let store = make_store(None).await;
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    for bad in ["", "1abc", "a-b", "a`b", "a;drop table x", &"x".repeat(49)] {
+        let error = make_store(None).await.table(bad).unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::InvalidConfig, "{bad:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_with_their_own_pools_create_once() {
+    replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
+}
+
+/// `pending_wait` on this store: the waiting retries, on this replica and on another with its
+/// own pool, get the first attempt's bytes (this replica's woken at once, the other's by its
+/// poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
+    waiting_retries_get_the_first_attempts_bytes(
+        make_store(None).await,
+        make_store(None).await,
+        Duration::from_millis(250),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
+    fifty_waiters_on_two_replicas(
+        make_store(None).await,
+        make_store(None).await,
+        MySqlStore::waited_keys,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_completed_records_only() {
+    let store = make_store(Some(Duration::from_millis(50))).await;
+    let done = unique_key("purge-done");
+    let open = unique_key("purge-open");
+    let fp = LabelContract::fingerprint("x", "y");
+    let Ok(Claim::New(reservation)) = store.claim(&done, &fp).await else {
+        panic!()
+    };
+    store.claim(&open, &fp).await.unwrap();
+    store
+        .complete(&done, &reservation, &awkward_response())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(store.purge_expired().await.unwrap() >= 1);
+    assert_eq!(store.claim(&open, &fp).await.unwrap(), Claim::Pending);
+    assert!(matches!(
+        store.claim(&done, &fp).await.unwrap(),
+        Claim::New(_)
+    ));
+}
+
+/// The digits 0 to 9 as `n(i)`, for rows made by cross joins (a recursive count stops at
+/// MariaDB's 1,000 iterations).
+const DIGITS: &str = "n(i) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL \
+    SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+    UNION ALL SELECT 8 UNION ALL SELECT 9)";
+
+/// A backlog of expired records larger than many batches: the purge finishes (in batches,
+/// each within the timeout), claims made meanwhile keep answering, and nothing pending or
+/// unexpired is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
+    let (table, store) = own_table("purge_backlog").await;
+    let mut connection = session().await;
+    // 60,000 expired rows, 100 unexpired and 100 pending, made by the server in a few
+    // statements.
+    run(
+        &mut connection,
+        format!(
+            "INSERT INTO {table} (`key`, fingerprint, token, response, changed_at, expires_at) \
+             WITH {DIGITS} SELECT CONCAT('expired-', a.i + 10 * b.i + 100 * c.i + 1000 * d.i \
+             + 10000 * e.i), 'x', NULL, x'00', 0, 1 FROM n a, n b, n c, n d, n e WHERE e.i < 6"
+        ),
+    )
+    .await;
+    run(
+        &mut connection,
+        format!(
+            "INSERT INTO {table} (`key`, fingerprint, token, response, changed_at, expires_at) \
+             WITH {DIGITS} SELECT CONCAT('kept-', a.i + 10 * b.i), 'x', NULL, x'00', 0, \
+             9000000000000 FROM n a, n b UNION ALL SELECT CONCAT('pending-', a.i + 10 * b.i), \
+             'x', x'00000000000000000000000000000001', NULL, 0, NULL FROM n a, n b"
+        ),
+    )
+    .await;
+    let claims = claims_meanwhile(store.clone(), 40);
+    let purged = store.purge_expired().await.expect("the purge finishes");
+    assert_eq!(purged, 60_000);
+    assert_eq!(claims.await.unwrap(), 40, "every claim answered");
+    let left = |prefix: &str| {
+        count(format!(
+            "SELECT count(*) FROM {table} WHERE `key` LIKE '{prefix}%'"
+        ))
+    };
+    assert_eq!(left("expired-").await, 0);
+    assert_eq!(left("kept-").await, 100, "nothing unexpired is deleted");
+    assert_eq!(left("pending-").await, 100, "nothing pending is deleted");
+    run(&mut connection, format!("DROP TABLE {table}")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purger_keeps_a_table_at_a_steady_size() {
+    let (table, store) = own_table("purger").await;
+    let store = store.retention(Duration::from_millis(100));
+    let counted = table.clone();
+    let rows = move || count(format!("SELECT count(*) FROM {counted}"));
+    let purger = store.purge_every(Duration::from_millis(50)).unwrap();
+    purger_holds_steady(&store, rows).await;
+    drop(purger);
+    run(&mut session().await, format!("DROP TABLE {table}")).await;
+}
+
+/// A start with the table in place while another transaction holds one of its rows (a
+/// transactional create in flight) reads the catalog only: it ends at once, and claims go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_the_table_in_place_stalls_no_claim() {
+    let (table, store) = own_table("start").await;
+    let mut holder = session().await;
+    run(&mut holder, "BEGIN").await;
+    run(
+        &mut holder,
+        format!("INSERT INTO {table} (`key`, fingerprint, changed_at) VALUES ('held', 'x', 0)"),
+    )
+    .await;
+    let started = tokio::time::timeout(Duration::from_secs(5), store.migrate()).await;
+    assert!(matches!(started, Ok(Ok(()))), "{started:?}");
+    let fp = LabelContract::fingerprint("x", "y");
+    assert!(matches!(
+        store.claim(&unique_key("beside"), &fp).await,
+        Ok(Claim::New(_))
+    ));
+    run(&mut holder, "ROLLBACK").await;
+    run(&mut holder, format!("DROP TABLE {table}")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
+    let proxy = Proxy::start(mysql_addr().await, false).await;
+    let timeout = Duration::from_millis(300);
+    let store = store_through(&proxy).await.timeout(timeout);
+    outage_fails_closed_and_recovers(store, timeout, || proxy.cut(), || proxy.restore()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
+    let proxy = Arc::new(Proxy::start(mysql_addr().await, false).await);
+    let store = store_through(&proxy)
+        .await
+        .timeout(Duration::from_millis(300));
+    let cutter = Arc::clone(&proxy);
+    crash_between_create_and_complete(store, move || cutter.cut(), || proxy.restore()).await;
+}
+
+/// A claim that reached the database and committed, whose answer was lost (dropped by the
+/// proxy, then the connection cut): settled, so the retry creates once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answer_lost_after_the_send_strands_no_key() {
+    let proxy = Proxy::start(mysql_addr().await, false).await;
+    let store = store_through(&proxy)
+        .await
+        .timeout(Duration::from_millis(300));
+    answers_lost_after_the_send_strand_no_key(
+        store,
+        || proxy.mute(),
+        || proxy.cut(),
+        || proxy.restore(),
+    )
+    .await;
+}
+
+/// Claims that wait on a locked table past their timeout must not commit later with a token
+/// nobody holds: the key would be pending for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
+    let (table, store) = own_table("lock").await;
+    let store = store.timeout(Duration::from_millis(300));
+    let locked = Arc::new(tokio::sync::Notify::new());
+    let stall = {
+        let held = Arc::clone(&locked);
+        let table = table.clone();
+        async move {
+            tokio::spawn(async move {
+                let mut locker = session().await;
+                run(&mut locker, format!("LOCK TABLES {table} WRITE")).await;
+                held.notify_one();
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                run(&mut locker, "UNLOCK TABLES").await;
+            });
+            locked.notified().await;
+        }
+    };
+    lost_claim_answers_strand_no_key(store, stall).await;
+    run(&mut session().await, format!("DROP TABLE {table}")).await;
+}
+
+/// The key and the fingerprint are bytes: keys that a case-insensitive collation would call
+/// equal are two keys.
+#[tokio::test]
+async fn keys_that_differ_in_case_alone_are_two_keys() {
+    let store = make_store(None).await;
+    let key = unique_key("Case");
+    let fp = LabelContract::fingerprint("x", "y");
+    assert!(matches!(store.claim(&key, &fp).await, Ok(Claim::New(_))));
+    assert!(matches!(
+        store.claim(&key.to_lowercase(), &fp).await,
+        Ok(Claim::New(_))
+    ));
+}
+
+/// The operator's tool (`idempotency_keys`, feature `cli`) on a MySQL table: `purge` deletes
+/// the expired record only, `pending` lists a pending key (a long one as the digest it is
+/// kept as), `show`, `resolve` into a replay and `forget` act on it.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_operators_tool_purges_lists_resolves_and_forgets() {
+    let (table, store) = own_table("tool").await;
+    let store = store.retention(Duration::from_secs(3600));
+    for key in ["old", "kept"] {
+        complete_new(&store, key).await;
+    }
+    let long = "k".repeat(600);
+    let key =
+        |key: &str| tower_idempotency::scope::store_key(None, &http::Method::POST, "/labels", key);
+    let fp = LabelContract::fingerprint("pending", "p");
+    store.claim(&key(&long), &fp).await.unwrap();
+    run(
+        &mut session().await,
+        format!("UPDATE {table} SET expires_at = 1 WHERE `key` = 'old'"),
+    )
+    .await;
+    let url = mysql_url();
+    let tool = |args: &[&str]| {
+        let mut all = vec!["--store", url.as_str(), "--table", table.as_str()];
+        all.extend_from_slice(args);
+        let (code, out, _) = common::operator_tool(&all);
+        (code, out)
+    };
+    assert_eq!(tool(&["purge"]), (Some(0), "purged 1\n".to_owned()));
+    let left = count(format!("SELECT count(*) FROM {table}")).await;
+    assert_eq!(left, 2, "the kept record and the pending one");
+    let (code, listed) = tool(&["pending", "--older-than", "0s"]);
+    assert_eq!(code, Some(0));
+    let digest = listed.trim_end().to_owned();
+    assert!(digest.starts_with("sha256:"), "{listed}");
+    let (code, shown) = tool(&["show", &digest]);
+    assert_eq!(code, Some(0));
+    assert_eq!(shown.lines().next(), Some("state pending"), "{shown}");
+    let body = std::env::temp_dir().join(format!("tower-idempotency-mysql-{}", std::process::id()));
+    std::fs::write(&body, r#"{"label_id":"by-hand"}"#).unwrap();
+    let body_path = body.display().to_string();
+    let (code, _) = tool(&[
+        "resolve",
+        &digest,
+        "--status",
+        "201",
+        "--body-file",
+        &body_path,
+    ]);
+    assert_eq!(code, Some(0));
+    let Ok(Claim::Replay(replay)) = store.claim(&key(&long), &fp).await else {
+        panic!("a replay of the resolved key");
+    };
+    assert_eq!(replay.body().as_ref(), br#"{"label_id":"by-hand"}"#);
+    assert_eq!(tool(&["forget", &digest]).0, Some(0));
+    assert_eq!(tool(&["show", &digest]).0, Some(1), "forgotten");
+    let _ = std::fs::remove_file(&body);
+    run(&mut session().await, format!("DROP TABLE {table}")).await;
+}
