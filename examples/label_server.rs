@@ -5,7 +5,8 @@
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
 //!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N]
 //!     [--metrics HOST:PORT (with --features metrics)]
-//!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+//!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|mysql://…|sqlite://PATH]
+//!     [--transactional (with postgres://… or mysql://…)]
 //! ```
 //!
 //! The shared stores need their features:
@@ -36,16 +37,20 @@ use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::store::DynStore;
+#[cfg(feature = "mysql")]
+use tower_idempotency::store::MySqlTransaction;
 #[cfg(feature = "postgres")]
 use tower_idempotency::store::PgTransaction;
+#[cfg(all(feature = "mysql", not(feature = "postgres")))]
+use tower_idempotency::store::mysql::sqlx;
 #[cfg(feature = "postgres")]
 use tower_idempotency::store::postgres::sqlx;
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
 [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
 [--metrics HOST:PORT (with --features metrics)] \
-[--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH] \
-[--transactional (with postgres://…: the create's row in the claim's transaction)]";
+[--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|mysql://…|sqlite://PATH] \
+[--transactional (with postgres://… or mysql://…: the create's row in the claim's transaction)]";
 
 /// Both optional policies in one: the in-flight limit first (503), then the rate (429).
 #[derive(Clone)]
@@ -130,6 +135,35 @@ async fn create_label_in_transaction(
     created(&op, &label_id)
 }
 
+/// [`create_label_in_transaction`] on MySQL: the same row, in the claim's InnoDB transaction.
+#[cfg(feature = "mysql")]
+async fn create_label_in_mysql_transaction(
+    State(labels): State<Arc<Labels>>,
+    axum::Extension(transaction): axum::Extension<MySqlTransaction>,
+    Json(op): Json<LabelOperation>,
+) -> Response {
+    let label_id = labels.ids.next();
+    let inserted = async {
+        let mut connection = transaction.acquire().await?;
+        sqlx::query("INSERT INTO labels (label_id, request_id, parcel_id) VALUES (?, ?, ?)")
+            .bind(&label_id)
+            .bind(&*op.request_id)
+            .bind(&*op.parcel_id)
+            .execute(&mut *connection)
+            .await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    }
+    .await;
+    if let Err(error) = inserted {
+        tracing::error!(%error, "inserting the label failed");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    if !labels.create_delay.is_zero() {
+        tokio::time::sleep(labels.create_delay).await;
+    }
+    created(&op, &label_id)
+}
+
 /// The lesson's 201 for `op`, labelled `label_id`.
 fn created(op: &LabelOperation, label_id: &str) -> Response {
     let body = Created {
@@ -162,9 +196,9 @@ struct LabelApp {
     max_in_flight: Option<usize>,
     lease: Option<Duration>,
     pending_wait: Option<Duration>,
-    /// Whether the store is transactional: the create then writes its row in the claim's
+    /// The database of a transactional store: the create then writes its row in the claim's
     /// transaction.
-    transactional: bool,
+    transactional: Option<common::Database>,
 }
 
 impl LabelApp {
@@ -174,17 +208,14 @@ impl LabelApp {
             ids: Ids::new("label"),
             create_delay: self.create_delay,
         });
-        #[cfg(feature = "postgres")]
-        let route = if self.transactional {
-            post(create_label_in_transaction)
-        } else {
-            post(create_label)
-        };
-        // Without PostgreSQL there is no transactional store: `--transactional` fails earlier.
-        #[cfg(not(feature = "postgres"))]
-        let route = {
-            debug_assert!(!self.transactional);
-            post(create_label)
+        let route = match self.transactional {
+            #[cfg(feature = "postgres")]
+            Some(common::Database::Postgres) => post(create_label_in_transaction),
+            #[cfg(feature = "mysql")]
+            Some(common::Database::MySql) => post(create_label_in_mysql_transaction),
+            // Without the database's feature there is no transactional store: it failed
+            // earlier.
+            _ => post(create_label),
         };
         let create = Router::new().route("/labels", route).with_state(labels);
         let policies = Policies {
@@ -238,7 +269,7 @@ async fn main() {
         max_in_flight,
         lease,
         pending_wait: options.pending_wait,
-        transactional,
+        transactional: transactional.then(|| common::Database::of(&options.store)),
     };
     let store = if transactional {
         common::open_transactional_store(&options).await

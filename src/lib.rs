@@ -187,6 +187,7 @@
 //! | `PostgresStore` | `postgres` | yes | yes |
 //! | `TransactionalPostgresStore`: the create's writes and the complete in the claim's transaction, exactly once | `postgres` | yes | yes |
 //! | `MySqlStore` (MySQL 8, MariaDB 10.5+) | `mysql` | yes | yes |
+//! | `TransactionalMySqlStore`: the same, exactly once, in one InnoDB transaction | `mysql` | yes | yes |
 //! | `SqliteStore` | `sqlite` | the processes of one host | yes |
 //!
 //! The header alone deduplicates nothing: only a registry shared by every replica, with an
@@ -201,7 +202,7 @@
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
 //! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
-//! | `mysql` | `store::MySqlStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
+//! | `mysql` | `store::MySqlStore` and `store::TransactionalMySqlStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
 //! | `sqlite` | `store::SqliteStore` on sqlx (the SQLite library built in), and `sqlx` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |

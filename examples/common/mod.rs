@@ -279,15 +279,41 @@ fn every(options: &Options) -> Duration {
     options.purge_every.unwrap_or(Duration::MAX)
 }
 
-/// The transactional PostgreSQL store on `url` (`postgres://…`), its table migrated, and the
-/// table `labels` the label server's creates insert into, created if missing.
-pub async fn open_transactional_store(options: &Options) -> Result<DynStore, String> {
-    let (url, retention) = (options.store.as_str(), options.retention);
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(format!(
-            "--transactional needs --store postgres://…, not {url}"
-        ));
+/// The database of a transactional store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Database {
+    Postgres,
+    MySql,
+}
+
+impl Database {
+    /// The database `url` names: MySQL for `mysql://…` and `mariadb://…`, else PostgreSQL.
+    pub fn of(url: &str) -> Self {
+        if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            Self::MySql
+        } else {
+            Self::Postgres
+        }
     }
+}
+
+/// The transactional store on `url` (`postgres://…` or `mysql://…`), its table migrated, and
+/// the table `labels` the label server's creates insert into, created if missing.
+pub async fn open_transactional_store(options: &Options) -> Result<DynStore, String> {
+    let url = options.store.as_str();
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return open_transactional_postgres(options).await;
+    }
+    if Database::of(url) == Database::MySql {
+        return open_transactional_mysql(options).await;
+    }
+    Err(format!(
+        "--transactional needs --store postgres://… or mysql://…, not {url}"
+    ))
+}
+
+async fn open_transactional_postgres(options: &Options) -> Result<DynStore, String> {
+    let (url, retention) = (options.store.as_str(), options.retention);
     #[cfg(feature = "postgres")]
     {
         use tower_idempotency::store::{PostgresStore, TransactionalPostgresStore};
@@ -315,8 +341,40 @@ pub async fn open_transactional_store(options: &Options) -> Result<DynStore, Str
     }
     #[cfg(not(feature = "postgres"))]
     {
-        let _ = retention;
+        let _ = (url, retention);
         Err("build with --features postgres".to_owned())
+    }
+}
+
+async fn open_transactional_mysql(options: &Options) -> Result<DynStore, String> {
+    let (url, retention) = (options.store.as_str(), options.retention);
+    #[cfg(feature = "mysql")]
+    {
+        use tower_idempotency::store::mysql::sqlx::Executor as _;
+        use tower_idempotency::store::{MySqlStore, TransactionalMySqlStore};
+        let store = MySqlStore::connect(url)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let store = retained!(store, retention);
+        store.migrate().await.map_err(|e| format!("{e:#}"))?;
+        store
+            .pool()
+            .execute(
+                "CREATE TABLE IF NOT EXISTS labels (\
+                 label_id VARCHAR(200) PRIMARY KEY, \
+                 request_id VARCHAR(200) NOT NULL, \
+                 parcel_id VARCHAR(200) NOT NULL, \
+                 created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)) ENGINE = InnoDB",
+            )
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        keep_purging(options, || store.purge_every(every(options)));
+        Ok(DynStore::new(TransactionalMySqlStore::new(store)))
+    }
+    #[cfg(not(feature = "mysql"))]
+    {
+        let _ = (url, retention);
+        Err("build with --features mysql".to_owned())
     }
 }
 
@@ -390,7 +448,9 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             return Ok(DynStore::new(store));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(format!("{seeds}: build with --features redis"));
+        return Err(format!(
+            "{scheme}-cluster://{seeds}: build with --features redis"
+        ));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]

@@ -116,7 +116,10 @@ pub use dynamic::DynStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use mysql::MySqlStore;
+pub use mysql::{MySqlStore, MySqlTransaction, TransactionalMySqlStore};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
+pub use pooled::{SqlTransaction, SqlTransactionConnection};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PgTransaction, PostgresStore, TransactionalPostgresStore};

@@ -96,3 +96,265 @@ pub(crate) fn valid_table(name: &str) -> Result<(), StoreError> {
         ))
     }
 }
+
+/// The slot of a claim's open transaction: empty once the layer took it to commit or roll
+/// back.
+type Slot<DB> = Option<sqlx::Transaction<'static, DB>>;
+
+/// The transaction of a new claim of a transactional store ([`TransactionalPostgresStore`],
+/// [`TransactionalMySqlStore`]), in the inner service's request extensions: the create's own
+/// writes go through it, and commit with its stored response, or not at all. Named by its
+/// database: [`PgTransaction`], [`MySqlTransaction`].
+///
+/// [`acquire`](Self::acquire) gives the transaction's connection, a `&mut` sqlx connection
+/// for any sqlx call (`sqlx::query(…).execute(&mut *connection)`, `query_as`, `query!`).
+/// Cloning it shares the one transaction; one holder at a time has the connection. Once the
+/// layer commits or rolls it back, `acquire` fails with
+/// [`StoreErrorKind::ReservationLost`].
+///
+/// With axum, take it as `axum::Extension<PgTransaction>` (or `MySqlTransaction`).
+///
+/// [`TransactionalPostgresStore`]: crate::store::TransactionalPostgresStore
+/// [`TransactionalMySqlStore`]: crate::store::mysql::TransactionalMySqlStore
+/// [`PgTransaction`]: crate::store::PgTransaction
+/// [`MySqlTransaction`]: crate::store::mysql::MySqlTransaction
+pub struct SqlTransaction<DB: sqlx::Database> {
+    slot: std::sync::Arc<tokio::sync::Mutex<Slot<DB>>>,
+}
+
+impl<DB: sqlx::Database> Clone for SqlTransaction<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: std::sync::Arc::clone(&self.slot),
+        }
+    }
+}
+
+/// The connection of a claim's open transaction, while a create holds it
+/// ([`SqlTransaction::acquire`]): it dereferences to sqlx's connection of its database
+/// (`PgConnection`, `MySqlConnection`), so `&mut *connection` is an executor of every sqlx
+/// query. Drop it before the create answers: the layer's complete waits for it, up to the
+/// store's timeout.
+pub struct SqlTransactionConnection<DB: sqlx::Database>(
+    tokio::sync::OwnedMappedMutexGuard<Slot<DB>, DB::Connection>,
+);
+
+impl<DB: sqlx::Database> std::ops::Deref for SqlTransactionConnection<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.0
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for SqlTransactionConnection<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.0
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlTransactionConnection<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransactionConnection")
+            .field("database", &DB::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlTransaction<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransaction")
+            .field("database", &DB::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> SqlTransaction<DB> {
+    pub(crate) fn new(transaction: sqlx::Transaction<'static, DB>) -> Self {
+        Self {
+            slot: std::sync::Arc::new(tokio::sync::Mutex::new(Some(transaction))),
+        }
+    }
+
+    /// The transaction's connection, for the create's statements; waits while another holder
+    /// of the same transaction has it.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn create(transaction: tower_idempotency::store::PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::postgres::sqlx;
+    ///
+    /// let mut connection = transaction.acquire().await?;
+    /// let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
+    ///     .fetch_one(&mut *connection)
+    ///     .await?;
+    /// # let _ = count; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::ReservationLost`] once the layer committed or rolled the transaction
+    /// back.
+    pub async fn acquire(&self) -> Result<SqlTransactionConnection<DB>, StoreError> {
+        let slot = std::sync::Arc::clone(&self.slot).lock_owned().await;
+        tokio::sync::OwnedMutexGuard::try_map(slot, |slot| slot.as_deref_mut())
+            .map(SqlTransactionConnection)
+            .map_err(|_| StoreError::new(StoreErrorKind::ReservationLost))
+    }
+
+    /// The transaction, taken out: nobody can use it after this. Waits, up to `timeout`, for a
+    /// holder of its connection (a task the create spawned).
+    pub(crate) async fn take(&self, timeout: Duration) -> Slot<DB> {
+        tokio::time::timeout(timeout, self.slot.lock())
+            .await
+            .ok()?
+            .take()
+    }
+}
+
+/// Rolls `transaction` back within `timeout`; past it, or on an error, the transaction is
+/// dropped, which rolls it back when its connection is next looked at (or closes it).
+pub(crate) async fn roll_back<DB: sqlx::Database>(
+    transaction: sqlx::Transaction<'static, DB>,
+    timeout: Duration,
+) {
+    if let Err(error) = super::within(timeout, async {
+        transaction
+            .rollback()
+            .await
+            .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))
+    })
+    .await
+    {
+        tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "rollback failed; the connection rolls back when it is looked at again"
+        );
+    }
+}
+
+/// The open transaction of each new claim in flight of a transactional store, by reservation;
+/// never locked across an `.await`.
+pub(crate) struct OpenTransactions<DB: sqlx::Database>(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u128, SqlTransaction<DB>>>>,
+);
+
+impl<DB: sqlx::Database> Clone for OpenTransactions<DB> {
+    fn clone(&self) -> Self {
+        Self(std::sync::Arc::clone(&self.0))
+    }
+}
+
+impl<DB: sqlx::Database> Default for OpenTransactions<DB> {
+    fn default() -> Self {
+        Self(std::sync::Arc::default())
+    }
+}
+
+/// The error of a complete that did not commit: nothing of the create may have happened.
+fn uncommitted(source: Option<StoreError>) -> StoreError {
+    match source {
+        Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
+        None => StoreError::new(StoreErrorKind::Uncommitted),
+    }
+}
+
+impl<DB: sqlx::Database> OpenTransactions<DB> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u128, SqlTransaction<DB>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Transactions open now.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Keeps `transaction` open as `reservation`'s.
+    pub(crate) fn insert(
+        &self,
+        reservation: &super::Reservation,
+        transaction: sqlx::Transaction<'static, DB>,
+    ) {
+        self.lock()
+            .insert(reservation.as_u128(), SqlTransaction::new(transaction));
+    }
+
+    /// Whether `reservation`'s transaction is open.
+    pub(crate) fn contains(&self, reservation: &super::Reservation) -> bool {
+        self.lock().contains_key(&reservation.as_u128())
+    }
+
+    /// Puts `reservation`'s transaction, if open, in `extensions` for the create.
+    pub(crate) fn attach(
+        &self,
+        reservation: &super::Reservation,
+        extensions: &mut http::Extensions,
+    ) {
+        if let Some(transaction) = self.lock().get(&reservation.as_u128()) {
+            extensions.insert(transaction.clone());
+        }
+    }
+
+    /// The open transaction of `reservation`, no longer open to anyone else.
+    fn remove(&self, reservation: &super::Reservation) -> Option<SqlTransaction<DB>> {
+        self.lock().remove(&reservation.as_u128())
+    }
+
+    /// Rolls back the transaction of `reservation`, if open; whether it was.
+    pub(crate) async fn roll_back(
+        &self,
+        reservation: &super::Reservation,
+        timeout: Duration,
+    ) -> bool {
+        let Some(transaction) = self.remove(reservation) else {
+            return false;
+        };
+        if let Some(transaction) = transaction.take(timeout).await {
+            roll_back(transaction, timeout).await;
+        }
+        true
+    }
+
+    /// Runs `complete` (the statement that stores the response; the rows it changed) in the
+    /// transaction of `reservation` and commits: the record, the create's writes and the
+    /// response together. Anything but one row changed and a commit is
+    /// [`StoreErrorKind::Uncommitted`], the transaction rolled back.
+    pub(crate) async fn complete(
+        &self,
+        reservation: &super::Reservation,
+        timeout: Duration,
+        complete: impl AsyncFnOnce(&mut DB::Connection) -> Result<u64, sqlx::Error>,
+    ) -> Result<(), StoreError> {
+        let unavailable = |error| StoreError::with_source(StoreErrorKind::Unavailable, error);
+        // No open transaction (never claimed here, or ended): nothing to commit.
+        let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
+        let mut transaction = transaction
+            .take(timeout)
+            .await
+            .ok_or_else(|| uncommitted(None))?;
+        let updated = super::within(timeout, async {
+            complete(&mut transaction).await.map_err(unavailable)
+        })
+        .await;
+        match updated {
+            Ok(1) => {}
+            Ok(_) => {
+                roll_back(transaction, timeout).await;
+                return Err(uncommitted(None));
+            }
+            Err(error) => {
+                roll_back(transaction, timeout).await;
+                return Err(uncommitted(Some(error)));
+            }
+        }
+        super::within(timeout, async {
+            transaction.commit().await.map_err(unavailable)
+        })
+        .await
+        .map_err(|error| uncommitted(Some(error)))
+    }
+}

@@ -25,8 +25,12 @@ use super::{
 use crate::fingerprint::Fingerprint;
 
 mod sql;
+mod transactional;
 
 use self::sql::Sql;
+
+pub use crate::store::pooled::{SqlTransaction, SqlTransactionConnection};
+pub use transactional::{MySqlTransaction, MySqlTransactionConnection, TransactionalMySqlStore};
 
 /// A registry in a MySQL or MariaDB table (InnoDB), shared by every replica that uses the same
 /// database, and durable.
@@ -492,29 +496,16 @@ impl MySqlStore {
                 // Released or forgotten in between: insert again.
                 continue;
             };
-            let taken = match pass(&row, &token, fingerprint, take_over)? {
-                Pass::Answer(claim) => return Ok(claim),
-                Pass::TakeOver => {
-                    sqlx::query(self.sql.take_over.clone())
-                        .bind(fingerprint)
-                        .bind(&token[..])
-                        .bind(lease_ms)
-                        .bind(take_over)
-                        .bind(key)
-                        .execute(&mut *connection)
-                        .await
+            let pass = pass(&row, &token, fingerprint, take_over)?;
+            let Some(taking) =
+                taking_over(&self.sql, &pass, key, fingerprint, &token, lease, take_over)
+            else {
+                if let Pass::Answer(claim) = pass {
+                    return Ok(claim);
                 }
-                Pass::TakeOverAbandoned => {
-                    sqlx::query(self.sql.take_over_abandoned.clone())
-                        .bind(&token[..])
-                        .bind(lease_ms)
-                        .bind(take_over)
-                        .bind(key)
-                        .bind(fingerprint)
-                        .execute(&mut *connection)
-                        .await
-                }
+                continue;
             };
+            let taken = taking.execute(&mut *connection).await;
             if taken.map_err(unavailable)?.rows_affected() == 1 {
                 return Ok(Claim::New(reservation));
             }
@@ -552,6 +543,39 @@ impl MySqlStore {
 
 /// A statement with its parameters bound.
 type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+
+/// The take-over statement `pass` calls for, bound: the caller's reservation written over the
+/// record; `None` for an answer.
+fn taking_over<'q>(
+    sql: &Sql,
+    pass: &Pass,
+    key: &'q str,
+    fingerprint: &'q str,
+    token: &'q [u8; 16],
+    lease: Lease,
+    take_over: bool,
+) -> Option<Query<'q>> {
+    let lease_ms = millis(lease.duration());
+    match pass {
+        Pass::Answer(_) => None,
+        Pass::TakeOver => Some(
+            sqlx::query(sql.take_over.clone())
+                .bind(fingerprint)
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(take_over)
+                .bind(key),
+        ),
+        Pass::TakeOverAbandoned => Some(
+            sqlx::query(sql.take_over_abandoned.clone())
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(take_over)
+                .bind(key)
+                .bind(fingerprint),
+        ),
+    }
+}
 
 /// What one pass of a claim found in the record it read.
 enum Pass {

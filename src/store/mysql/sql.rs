@@ -19,6 +19,9 @@ pub(super) struct Sql {
     pub(super) table: String,
     pub(super) insert: SqlStr,
     pub(super) read: SqlStr,
+    pub(super) read_locked: SqlStr,
+    pub(super) insert_locked: SqlStr,
+    pub(super) insert_nowait: SqlStr,
     pub(super) take_over: SqlStr,
     pub(super) take_over_abandoned: SqlStr,
     pub(super) renew: SqlStr,
@@ -37,6 +40,10 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new(table: &str) -> Self {
         let quoted = format!("`{table}`");
+        let insert_locked = format!(
+            "INSERT INTO {quoted} (`key`, fingerprint, token, lease_until, take_over, \
+             changed_at) VALUES (?, ?, ?, {NOW_MS} + ?, ?, {NOW_MS})"
+        );
         Self {
             table: table.to_owned(),
             // The claim of a new key: a row inserted (1) or the key's row left alone (0). No
@@ -52,6 +59,21 @@ impl Sql {
                 "SELECT token, fingerprint, response, COALESCE(expires_at <= {NOW_MS}, 0), \
                  COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0) \
                  FROM {quoted} WHERE `key` = ?"
+            )),
+            // The transactional claim's read: the record under its row lock, or an error at
+            // once where another transaction holds it.
+            read_locked: statement(format!(
+                "SELECT token, fingerprint, response, COALESCE(expires_at <= {NOW_MS}, 0), \
+                 COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0) \
+                 FROM {quoted} WHERE `key` = ? FOR UPDATE NOWAIT"
+            )),
+            // The transactional claim's insert: a duplicate is an error, not ignored (another
+            // claim committed the key since the read).
+            insert_locked: statement(insert_locked.clone()),
+            // The same on MariaDB, waiting for no lock: an insert of the key in flight in
+            // another transaction is an error at once, not a wait for its end.
+            insert_nowait: statement(format!(
+                "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {insert_locked}"
             )),
             take_over: statement(format!(
                 "UPDATE {quoted} SET fingerprint = ?, token = ?, response = NULL, \

@@ -1,19 +1,17 @@
 //! [`TransactionalPostgresStore`]: the claim, the create's own writes and the complete in one
 //! PostgreSQL transaction.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::postgres::Postgres;
 use sqlx::{AssertSqlSafe, SqlSafeStr as _};
-use tokio::sync::{OwnedMappedMutexGuard, OwnedMutexGuard};
 
-use super::{PostgresStore, begin_on, server_side, table_key, unavailable};
+use super::{PostgresStore, begin_on, server_side, table_key};
 use crate::fingerprint::Fingerprint;
+use crate::store::pooled::{OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back};
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse, codec, within,
@@ -100,64 +98,19 @@ pub struct TransactionalPostgresStore {
     /// What begins each claim's transaction: `BEGIN`, and the store's timeout as its
     /// `statement_timeout`.
     begin: Arc<str>,
-    /// The open transaction of each new claim in flight, by reservation; never locked across
-    /// an `.await`.
-    open: Arc<Mutex<HashMap<u128, PgTransaction>>>,
+    /// The open transaction of each new claim in flight, by reservation.
+    open: OpenTransactions<Postgres>,
 }
-
-/// The slot of a claim's open transaction: empty once the layer took it to commit or roll
-/// back.
-type Slot = Option<sqlx::Transaction<'static, Postgres>>;
 
 /// The transaction of a new claim of a [`TransactionalPostgresStore`], in the inner service's
-/// request extensions: the create's own writes go through it, and commit with its stored
-/// response, or not at all.
-///
-/// [`acquire`](Self::acquire) gives the transaction's connection, a `&mut PgConnection` for
-/// any sqlx call (`sqlx::query(…).execute(&mut *connection)`, `query_as`, `query!`).
-/// Cloning it shares the one transaction; one holder at a time has the connection. Once the
-/// layer commits or rolls it back, `acquire` fails with
-/// [`StoreErrorKind::ReservationLost`]. After a failed statement PostgreSQL refuses the
-/// transaction's further statements, and the complete fails (`503`).
-///
-/// With axum, take it as `axum::Extension<PgTransaction>`.
-#[derive(Clone)]
-pub struct PgTransaction {
-    slot: Arc<tokio::sync::Mutex<Slot>>,
-}
+/// request extensions ([`SqlTransaction`] on PostgreSQL): its connection is a
+/// [`PgConnection`](sqlx::postgres::PgConnection). After a failed statement PostgreSQL refuses the transaction's further
+/// statements, and the complete fails (`503`).
+pub type PgTransaction = SqlTransaction<Postgres>;
 
-/// The connection of a claim's open transaction, while a create holds it
-/// ([`PgTransaction::acquire`]): it dereferences to sqlx's [`PgConnection`], so `&mut *connection`
-/// is an executor of every sqlx query. Drop it before the create answers: the layer's
-/// complete waits for it, up to the store's timeout.
-pub struct PgTransactionConnection(OwnedMappedMutexGuard<Slot, PgConnection>);
-
-impl Deref for PgTransactionConnection {
-    type Target = PgConnection;
-
-    fn deref(&self) -> &PgConnection {
-        &self.0
-    }
-}
-
-impl DerefMut for PgTransactionConnection {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.0
-    }
-}
-
-impl std::fmt::Debug for PgTransactionConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgTransactionConnection")
-            .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for PgTransaction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgTransaction").finish_non_exhaustive()
-    }
-}
+/// The connection of a claim's open transaction on PostgreSQL, while a create holds it
+/// ([`SqlTransaction::acquire`]): a [`PgConnection`](sqlx::postgres::PgConnection).
+pub type PgTransactionConnection = SqlTransactionConnection<Postgres>;
 
 impl std::fmt::Debug for TransactionalPostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,52 +118,6 @@ impl std::fmt::Debug for TransactionalPostgresStore {
             .field("store", &self.store)
             .finish_non_exhaustive()
     }
-}
-
-impl PgTransaction {
-    fn new(transaction: sqlx::Transaction<'static, Postgres>) -> Self {
-        Self {
-            slot: Arc::new(tokio::sync::Mutex::new(Some(transaction))),
-        }
-    }
-
-    /// The transaction's connection, for the create's statements; waits while another holder
-    /// of the same transaction has it.
-    ///
-    /// ```no_run
-    /// # async fn create(transaction: tower_idempotency::store::PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::store::postgres::sqlx;
-    ///
-    /// let mut connection = transaction.acquire().await?;
-    /// let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
-    ///     .fetch_one(&mut *connection)
-    ///     .await?;
-    /// # let _ = count; Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::ReservationLost`] once the layer committed or rolled the transaction
-    /// back.
-    pub async fn acquire(&self) -> Result<PgTransactionConnection, StoreError> {
-        let slot = Arc::clone(&self.slot).lock_owned().await;
-        OwnedMutexGuard::try_map(slot, |slot| slot.as_deref_mut())
-            .map(PgTransactionConnection)
-            .map_err(|_| ended())
-    }
-
-    /// The transaction, taken out: nobody can use it after this. Waits, up to `timeout`, for a
-    /// holder of its connection (a task the create spawned).
-    async fn take(&self, timeout: Duration) -> Slot {
-        tokio::time::timeout(timeout, self.slot.lock())
-            .await
-            .ok()?
-            .take()
-    }
-}
-
-fn ended() -> StoreError {
-    StoreError::new(StoreErrorKind::ReservationLost)
 }
 
 impl TransactionalPostgresStore {
@@ -223,7 +130,7 @@ impl TransactionalPostgresStore {
         Self {
             store,
             begin: Arc::from(begin),
-            open: Arc::default(),
+            open: OpenTransactions::default(),
         }
     }
 
@@ -235,43 +142,12 @@ impl TransactionalPostgresStore {
 
     /// Transactions open now: one per create in flight.
     pub fn open_transactions(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, PgTransaction>> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The open transaction of `reservation`, no longer open to anyone else.
-    fn remove(&self, reservation: &Reservation) -> Option<PgTransaction> {
-        self.lock().remove(&reservation.as_u128())
-    }
-
-    /// Rolls back the transaction of `reservation`, if open.
-    async fn roll_back(&self, reservation: &Reservation) -> bool {
-        let Some(transaction) = self.remove(reservation) else {
-            return false;
-        };
-        if let Some(transaction) = transaction.take(self.store.timeout).await {
-            roll_back(transaction, self.store.timeout).await;
-        }
-        true
+        self.open.len()
     }
 }
 
-/// Rolls `transaction` back within `timeout`; past it, or on an error, the transaction is
-/// dropped, which rolls it back when its connection is next looked at (or closes it).
-async fn roll_back(transaction: sqlx::Transaction<'static, Postgres>, timeout: Duration) {
-    if let Err(error) = within(timeout, async {
-        transaction.rollback().await.map_err(unavailable)
-    })
-    .await
-    {
-        tracing::warn!(
-            error = &error as &dyn std::error::Error,
-            "rollback failed; the connection rolls back when it is looked at again"
-        );
-    }
+fn ended() -> StoreError {
+    StoreError::new(StoreErrorKind::ReservationLost)
 }
 
 /// The advisory lock of `key` in `table`: 64 bits of their digest.
@@ -316,8 +192,7 @@ impl Store for TransactionalPostgresStore {
             .await?;
         match claim {
             Claim::New(reservation) => {
-                self.lock()
-                    .insert(reservation.as_u128(), PgTransaction::new(transaction));
+                self.open.insert(&reservation, transaction);
                 Ok(Claim::New(reservation))
             }
             claim => {
@@ -337,7 +212,7 @@ impl Store for TransactionalPostgresStore {
         reservation: &Reservation,
         _lease: Duration,
     ) -> Result<(), StoreError> {
-        if self.lock().contains_key(&reservation.as_u128()) {
+        if self.open.contains(reservation) {
             Ok(())
         } else {
             Err(ended())
@@ -352,17 +227,6 @@ impl Store for TransactionalPostgresStore {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let uncommitted = |source: Option<StoreError>| match source {
-            Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
-            None => StoreError::new(StoreErrorKind::Uncommitted),
-        };
-        // No open transaction (never claimed here, or ended): nothing to commit.
-        let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
-        let timeout = self.store.timeout;
-        let mut transaction = transaction
-            .take(timeout)
-            .await
-            .ok_or_else(|| uncommitted(None))?;
         let table_key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
         let encoded = codec::encode(response);
@@ -374,30 +238,14 @@ impl Store for TransactionalPostgresStore {
             .bind(&token[..])
             .bind(&encoded[..])
             .bind(self.store.retention_ms);
-        let updated = within(timeout, async {
-            complete
-                .execute(&mut *transaction)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(unavailable)
-        })
-        .await;
-        match updated {
-            Ok(1) => {}
-            Ok(_) => {
-                roll_back(transaction, timeout).await;
-                return Err(uncommitted(None));
-            }
-            Err(error) => {
-                roll_back(transaction, timeout).await;
-                return Err(uncommitted(Some(error)));
-            }
-        }
-        within(timeout, async {
-            transaction.commit().await.map_err(unavailable)
-        })
-        .await
-        .map_err(|error| uncommitted(Some(error)))
+        self.open
+            .complete(reservation, self.store.timeout, async |connection| {
+                complete
+                    .execute(connection)
+                    .await
+                    .map(|done| done.rows_affected())
+            })
+            .await
     }
 
     /// Nothing to settle: a claim whose answer was lost ran in a transaction that was rolled
@@ -419,7 +267,7 @@ impl Store for TransactionalPostgresStore {
 
     /// Rolls the claim back: the key is free, as before the claim.
     async fn release(&self, _key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        if self.roll_back(reservation).await {
+        if self.open.roll_back(reservation, self.store.timeout).await {
             Ok(())
         } else {
             Err(ended())
@@ -427,14 +275,12 @@ impl Store for TransactionalPostgresStore {
     }
 
     fn attach(&self, _key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
-        if let Some(transaction) = self.lock().get(&reservation.as_u128()) {
-            extensions.insert(transaction.clone());
-        }
+        self.open.attach(reservation, extensions);
     }
 
     /// Rolls back: the create's writes with the claim, so the key is free again.
     async fn abandon(&self, _key: &str, reservation: &Reservation) {
-        self.roll_back(reservation).await;
+        self.open.roll_back(reservation, self.store.timeout).await;
     }
 }
 

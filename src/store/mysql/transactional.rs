@@ -1,0 +1,432 @@
+//! [`TransactionalMySqlStore`]: the claim, the create's own writes and the complete in one
+//! InnoDB transaction.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
+use sqlx::{Row as _, SqlStr};
+
+use super::{CLAIM_ATTEMPTS, MySqlStore, Pass, corrupt, millis, pass, taking_over, unavailable};
+use crate::fingerprint::Fingerprint;
+use crate::store::pooled::{
+    OpenTransactions, SqlTransaction, SqlTransactionConnection, begin_on, roll_back, table_key,
+};
+use crate::store::{
+    CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
+    StoreErrorKind, StoredResponse, codec, within,
+};
+
+/// A [`MySqlStore`] whose claim, the create's own writes and the complete commit in **one
+/// InnoDB transaction**: exactly once where the create's effect lives in the same database.
+///
+/// For a new claim the store begins a transaction on a pooled connection and claims in it;
+/// the inner service finds a [`MySqlTransaction`] in its request's extensions, and its
+/// writes, in plain sqlx on the connection [`acquire`](SqlTransaction::acquire) gives it
+/// (`sqlx::query(…).execute(&mut *connection)`), are in that same transaction; the complete
+/// stores the response in it and commits, all before the reply's first byte. So:
+///
+/// - a crash, a lost connection or a failed commit anywhere before the commit leaves nothing:
+///   no record, none of the create's rows, and the retry creates (once);
+/// - a create that fails, panics, or answers over the response cap rolls back: the key is free
+///   again and nothing happened;
+/// - a commit that fails, or whose answer is lost, is answered `503 store_unavailable`, never
+///   with the response of writes that may not have committed; the retry finds out which.
+///
+/// The transaction runs at `READ COMMITTED` (set for it alone, the connection's own level
+/// untouched): the claim takes no gap locks, so claims of other keys never wait for it or
+/// deadlock with it. The claim reads the key's record `FOR UPDATE NOWAIT`: while another
+/// transaction holds the key (its create in flight), the claim does not wait, it answers from
+/// the committed record: a replay or a conflict if one is there within its retention,
+/// `request_pending` otherwise (a record past its retention is being created again, never
+/// replayed), at once (or it waits, with
+/// [`pending_wait`](crate::IdempotencyLayer::pending_wait), polling every
+/// [`CHANGE_POLL_INTERVAL`]). Two claims of a free key that read it at the same moment both
+/// insert: on MariaDB the second's insert waits for no lock (`SET STATEMENT
+/// innodb_lock_wait_timeout = 0`) and it answers `request_pending` at once too; on MySQL,
+/// which has no such statement, it waits for the first's transaction up to the connection's
+/// `innodb_lock_wait_timeout` (the store's own pool: its timeout in whole seconds), then
+/// answers `request_pending`, or `503` if the store's timeout came first. Needs MySQL 8.0.1
+/// or MariaDB 10.3 for `NOWAIT`.
+///
+/// Each create in flight holds one pooled connection for its whole life: **the pool's size
+/// bounds the creates in flight**, and a claim that cannot get a connection within the
+/// timeout answers `503 store_unavailable`. Put admission
+/// ([`ConcurrencyLimit`](crate::admission::ConcurrencyLimit)) in front to refuse early, and
+/// size the pool for it.
+///
+/// InnoDB rolls a whole transaction back on a deadlock (and on a lock wait timeout with
+/// `innodb_rollback_on_timeout`): the complete then finds no record of the claim's, and the
+/// answer is `503`, the key free. Keep a create's writes on the [`MySqlTransaction`]'s
+/// connection, and never end its transaction yourself (a `COMMIT` sent as SQL commits the
+/// pending record with the create's rows, which the complete then completes outside any
+/// transaction); sqlx's own `begin()` on the connection is a savepoint inside it.
+///
+/// ```no_run
+/// // sqlx as the crate re-exports it (or your own dependency on the same version).
+/// use tower_idempotency::store::mysql::{MySqlTransaction, TransactionalMySqlStore, sqlx};
+/// use tower_idempotency::store::MySqlStore;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation};
+///
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// store.migrate().await?;
+/// let layer = IdempotencyLayer::new(TransactionalMySqlStore::new(store), JsonOperation::new())
+///     .global_keys();
+/// // In the create: its writes in the claim's transaction, in plain sqlx.
+/// async fn create(transaction: &MySqlTransaction) -> Result<(), Box<dyn std::error::Error>> {
+///     let mut connection = transaction.acquire().await?;
+///     sqlx::query("INSERT INTO labels (label_id) VALUES (?)")
+///         .bind("label-1")
+///         .execute(&mut *connection)
+///         .await?;
+///     Ok(())
+/// }
+/// # drop(layer); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct TransactionalMySqlStore {
+    store: MySqlStore,
+    /// Whether the server is MariaDB, looked up on the first claim: its inserts can wait for
+    /// no lock.
+    mariadb: Arc<tokio::sync::OnceCell<bool>>,
+    /// The open transaction of each new claim in flight, by reservation.
+    open: OpenTransactions<MySql>,
+}
+
+/// The transaction of a new claim of a [`TransactionalMySqlStore`], in the inner service's
+/// request extensions ([`SqlTransaction`] on MySQL): its connection is a [`MySqlConnection`].
+pub type MySqlTransaction = SqlTransaction<MySql>;
+
+/// The connection of a claim's open transaction on MySQL, while a create holds it
+/// ([`SqlTransaction::acquire`]): a [`MySqlConnection`].
+pub type MySqlTransactionConnection = SqlTransactionConnection<MySql>;
+
+/// What begins each claim's transaction: `READ COMMITTED` for it alone.
+const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN";
+
+impl std::fmt::Debug for TransactionalMySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalMySqlStore")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `error` says a row lock was not had: `NOWAIT` on a key another transaction holds
+/// (MySQL's 3572; MariaDB answers 1205), or a lock wait that timed out (1205).
+fn lock_not_had(error: &sqlx::Error) -> bool {
+    error_number(error).is_some_and(|number| number == 1205 || number == 3572)
+}
+
+/// The server's error number of `error`, if the server sent one.
+fn error_number(error: &sqlx::Error) -> Option<u16> {
+    match error {
+        sqlx::Error::Database(database) => database
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(sqlx::mysql::MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// A duplicate key (1062): another transaction committed the key since this one read it.
+fn duplicate(error: &sqlx::Error) -> bool {
+    error_number(error) == Some(1062)
+}
+
+/// What the committed record answers while another transaction holds the key: a replay or a
+/// conflict if one is there within its retention, pending otherwise.
+fn committed(row: Option<MySqlRow>, fingerprint: &str) -> Result<Claim, StoreError> {
+    let Some(row) = row else {
+        return Ok(Claim::Pending);
+    };
+    let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
+    let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
+    let expired = row.try_get::<i64, _>(3).map_err(corrupt)? != 0;
+    // Past its retention, the record is absent: the transaction holding the key is creating
+    // it again, so neither its old response nor its old fingerprint answers.
+    if expired {
+        return Ok(Claim::Pending);
+    }
+    if stored_fingerprint != fingerprint.as_bytes() {
+        return Ok(Claim::Conflict);
+    }
+    match response {
+        Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay),
+        None => Ok(Claim::Pending),
+    }
+}
+
+fn ended() -> StoreError {
+    StoreError::new(StoreErrorKind::ReservationLost)
+}
+
+impl TransactionalMySqlStore {
+    /// The transactional mode of `store`: the same pool, table, retention and timeout.
+    pub fn new(store: MySqlStore) -> Self {
+        Self {
+            store,
+            mariadb: Arc::default(),
+            open: OpenTransactions::default(),
+        }
+    }
+
+    /// The plain store underneath: for [`migrate`](MySqlStore::migrate), the operator's
+    /// calls and the pool.
+    pub fn store(&self) -> &MySqlStore {
+        &self.store
+    }
+
+    /// Transactions open now: one per create in flight.
+    pub fn open_transactions(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The claim in the transaction on `connection`: the record read under its row lock,
+    /// tried; then the insert of the reservation, or the take-over of the record.
+    async fn claim_in(
+        &self,
+        connection: &mut MySqlConnection,
+        key: &str,
+        fingerprint: &str,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let sql = &self.store.sql;
+        let mariadb = *self
+            .mariadb
+            .get_or_try_init(|| async {
+                sqlx::query_scalar::<_, String>("SELECT VERSION()")
+                    .fetch_one(&mut *connection)
+                    .await
+                    .map(|version| version.contains("MariaDB"))
+                    .map_err(unavailable)
+            })
+            .await?;
+        // On MySQL, an insert that meets another transaction's insert of the key (made since
+        // this one's read) waits for it, up to `innodb_lock_wait_timeout`.
+        let insert = if mariadb {
+            &sql.insert_nowait
+        } else {
+            &sql.insert_locked
+        };
+        let token = reservation.as_u128().to_be_bytes();
+        let lease_ms = millis(lease.duration());
+        let take_over = lease.takes_over();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let found = sqlx::query(sql.read_locked.clone())
+                .bind(key)
+                .fetch_optional(&mut *connection)
+                .await;
+            let row = match found {
+                Ok(row) => row,
+                // Another transaction holds the key: its create is in flight.
+                Err(error) if lock_not_had(&error) => {
+                    return self.in_flight(connection, key, fingerprint).await;
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            let pass = match row {
+                None => {
+                    let inserted = sqlx::query(insert.clone())
+                        .bind(key)
+                        .bind(fingerprint)
+                        .bind(&token[..])
+                        .bind(lease_ms)
+                        .bind(take_over)
+                        .execute(&mut *connection)
+                        .await;
+                    match inserted {
+                        Ok(_) => return Ok(Claim::New(reservation)),
+                        // Committed by another claim since the read: read it again.
+                        Err(error) if duplicate(&error) => continue,
+                        // Inserted by another claim since the read, its create in flight.
+                        Err(error) if lock_not_had(&error) => {
+                            return self.in_flight(connection, key, fingerprint).await;
+                        }
+                        Err(error) => return Err(unavailable(error)),
+                    }
+                }
+                Some(row) => pass(&row, &token, fingerprint, take_over)?,
+            };
+            // The record is this transaction's (its row lock): a take-over changes it.
+            let Some(taking) = taking_over(sql, &pass, key, fingerprint, &token, lease, take_over)
+            else {
+                if let Pass::Answer(claim) = pass {
+                    return Ok(claim);
+                }
+                continue;
+            };
+            let taken = taking
+                .execute(&mut *connection)
+                .await
+                .map_err(unavailable)?;
+            if taken.rows_affected() == 1 {
+                return Ok(Claim::New(reservation));
+            }
+        }
+        Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+}
+
+impl TransactionalMySqlStore {
+    /// The answer while another transaction holds the key: from the committed record.
+    async fn in_flight(
+        &self,
+        connection: &mut MySqlConnection,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<Claim, StoreError> {
+        let row = sqlx::query(self.store.sql.read.clone())
+            .bind(key)
+            .fetch_optional(connection)
+            .await
+            .map_err(unavailable)?;
+        committed(row, fingerprint)
+    }
+}
+
+impl Store for TransactionalMySqlStore {
+    /// Begins a transaction (one round trip) and claims in it: the record read under its row
+    /// lock, tried (one more), and for a new key the insert (one more). A lock another
+    /// transaction holds answers from the committed record, a replay or a conflict if there
+    /// is one within its retention, pending otherwise.
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let timeout = self.store.timeout;
+        let stored = &*table_key(key);
+        let fingerprint = fingerprint.to_hex();
+        let mut transaction = within(
+            timeout,
+            begin_on(&self.store.pool, Some(SqlStr::from_static(BEGIN))),
+        )
+        .await?;
+        // Any error or cancellation below drops the transaction: rolled back.
+        let claim = within(
+            timeout,
+            self.claim_in(
+                &mut transaction,
+                stored,
+                fingerprint.as_str(),
+                reservation,
+                lease,
+            ),
+        )
+        .await?;
+        match claim {
+            Claim::New(reservation) => {
+                self.open.insert(&reservation, transaction);
+                Ok(Claim::New(reservation))
+            }
+            claim => {
+                // Nothing was written: its answer stands however the rollback goes.
+                roll_back(transaction, timeout).await;
+                Ok(claim)
+            }
+        }
+    }
+
+    /// Nothing to renew: the open transaction holds the key for as long as the create runs.
+    async fn renew(
+        &self,
+        _key: &str,
+        reservation: &Reservation,
+        _lease: Duration,
+    ) -> Result<(), StoreError> {
+        if self.open.contains(reservation) {
+            Ok(())
+        } else {
+            Err(ended())
+        }
+    }
+
+    /// Stores the response in the claim's transaction and commits: the record, the create's
+    /// writes and the response together. Any failure is [`StoreErrorKind::Uncommitted`].
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let stored = &*table_key(key);
+        let token = reservation.as_u128().to_be_bytes();
+        let encoded = codec::encode(response);
+        let retention = self.store.retention_ms;
+        let complete = sqlx::query(self.store.sql.complete.clone())
+            .bind(&encoded[..])
+            .bind(retention)
+            .bind(retention)
+            .bind(stored)
+            .bind(&token[..]);
+        self.open
+            .complete(reservation, self.store.timeout, async |connection| {
+                complete
+                    .execute(connection)
+                    .await
+                    .map(|done| done.rows_affected())
+            })
+            .await
+    }
+
+    /// Nothing to settle: a claim whose answer was lost ran in a transaction that was rolled
+    /// back when it was dropped, or on a connection that was then closed.
+    async fn settle_claim(
+        &self,
+        _key: &str,
+        _fingerprint: &Fingerprint,
+        _reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Polls: an open transaction's end is not announced.
+    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
+        let _ = key;
+        tokio::time::sleep(CHANGE_POLL_INTERVAL)
+    }
+
+    /// Rolls the claim back: the key is free, as before the claim.
+    async fn release(&self, _key: &str, reservation: &Reservation) -> Result<(), StoreError> {
+        if self.open.roll_back(reservation, self.store.timeout).await {
+            Ok(())
+        } else {
+            Err(ended())
+        }
+    }
+
+    fn attach(&self, _key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
+        self.open.attach(reservation, extensions);
+    }
+
+    /// Rolls back: the create's writes with the claim, so the key is free again.
+    async fn abandon(&self, _key: &str, reservation: &Reservation) {
+        self.open.roll_back(reservation, self.store.timeout).await;
+    }
+}
+
+/// The operator's calls act on the committed records, as on the plain store: a transaction in
+/// flight is not a record yet.
+impl Operator for TransactionalMySqlStore {
+    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.store.inspect(key).await
+    }
+
+    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
+        self.store.pending_older_than(age).await
+    }
+
+    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
+        self.store.resolve(key, response).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.store.forget(key).await
+    }
+}
