@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --all-features --bench capacity -- [--records N] [--body-bytes B]
 //!     [--tasks C] [--seconds S] [--pool P]
-//!     [--stores memory,redis,redis-replicated,redis-cluster,postgres,sqlite]
+//!     [--stores memory,redis,redis-replicated,redis-cluster,postgres,mysql,sqlite]
 //! ```
 //!
 //! `redis-replicated` and `redis-cluster` start their own servers on free ports (a primary
@@ -15,7 +15,8 @@
 //! Defaults: 100,000 records of the lesson's created response (201, four headers, a 59-byte
 //! body: 154 bytes in all) under keys as clients send them (a UUID, 36 characters, on
 //! `POST /labels`), 64 tasks on two workers for 5 seconds a figure, a PostgreSQL pool of 16.
-//! Needs Redis at `REDIS_URL` and PostgreSQL at `DATABASE_URL` for their rows; the memory
+//! Needs Redis at `REDIS_URL`, PostgreSQL at `DATABASE_URL` and MySQL at `MYSQL_URL` for
+//! their rows; the memory
 //! store is measured first, in a process that has allocated little yet.
 //!
 //! Bytes a record, by what each store holds them in: the growth of this process's resident
@@ -38,7 +39,7 @@ use http_body_util::BodyExt;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
-    Claim, PostgresStore, RedisStore, Reservation, SqliteStore, StoredResponse,
+    Claim, MySqlStore, PostgresStore, RedisStore, Reservation, SqliteStore, StoredResponse,
 };
 use tower_idempotency::{LabelContract, MemoryStore, Store};
 
@@ -64,6 +65,7 @@ fn options() -> Options {
             "redis-replicated",
             "redis-cluster",
             "postgres",
+            "mysql",
             "sqlite",
         ]
         .map(String::from)
@@ -622,6 +624,62 @@ fn main() {
                     per_record(filled, records),
                     per_record(compact, records)
                 ),
+                creates,
+                replays,
+                purged: Some(purged),
+            });
+            sql(format!("DROP TABLE {table}"))
+                .execute(&pool)
+                .await
+                .expect("DROP TABLE");
+        }
+        if wanted("mysql") {
+            let url =
+                std::env::var("MYSQL_URL").unwrap_or("mysql://root@127.0.0.1:3306/test".into());
+            let table = format!("capacity_{}", run % 1_000_000_000);
+            // The application's pool as the store's docs advise it: no ping before each use.
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(options.pool as u32)
+                .test_before_acquire(false)
+                .connect(&url)
+                .await
+                .expect("MySQL");
+            let store = MySqlStore::new(pool.clone())
+                .table(&table)
+                .expect("a table name");
+            store.migrate().await.expect("the table");
+            let sql = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+            // InnoDB's own count of the table's and its index's pages, brought up to date.
+            let size = async || -> i64 {
+                sql(format!("ANALYZE TABLE {table}"))
+                    .execute(&pool)
+                    .await
+                    .expect("ANALYZE");
+                let row = sql(format!(
+                    "SELECT CAST(data_length + index_length AS SIGNED) \
+                     FROM information_schema.tables \
+                     WHERE table_schema = DATABASE() AND table_name = '{table}'"
+                ))
+                .fetch_one(&pool)
+                .await
+                .expect("the size");
+                sqlx::Row::get(&row, 0)
+            };
+            let before = size().await;
+            fill(&store, run, records, options.tasks, &response).await;
+            let filled = size().await - before;
+            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            let expired = sql(format!(
+                "UPDATE {table} SET expires_at = 1 WHERE expires_at IS NOT NULL"
+            ))
+            .execute(&pool)
+            .await
+            .expect("the records expired")
+            .rows_affected();
+            let purged = purge_rate(store.purge_expired(), expired).await;
+            rows.push(Row {
+                store: "MySQL (MariaDB)".into(),
+                bytes: format!("{} InnoDB pages", per_record(filled, records)),
                 creates,
                 replays,
                 purged: Some(purged),

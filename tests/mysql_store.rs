@@ -419,3 +419,156 @@ async fn the_operators_tool_purges_lists_resolves_and_forgets() {
     let _ = std::fs::remove_file(&body);
     run(&mut session().await, format!("DROP TABLE {table}")).await;
 }
+
+/// A MariaDB server of the test's own on a free port, in a temporary directory, serving TLS
+/// with the certificate `tls` signed; no grant tables (any user, no password): the test is
+/// about the connection's encryption.
+struct TlsMariaDb {
+    port: u16,
+    server: std::process::Child,
+    _dir: common::servers::TempDir,
+}
+
+impl TlsMariaDb {
+    fn start(tls: &common::servers::TlsFiles) -> Self {
+        use std::process::{Command, Stdio};
+        let dir = common::servers::TempDir::new("mariadb");
+        let data = dir.0.join("data");
+        let installed = Command::new("mariadb-install-db")
+            .args(["--no-defaults", "--user=root", "--skip-test-db"])
+            .arg(format!("--datadir={}", data.display()))
+            .output()
+            .expect("mariadb-install-db must be on PATH for this test");
+        assert!(
+            installed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+        let port = common::servers::free_port();
+        let server = Command::new("mariadbd")
+            .args([
+                "--no-defaults",
+                "--user=root",
+                "--skip-grant-tables",
+                "--bind-address=127.0.0.1",
+                "--innodb-buffer-pool-size=16M",
+            ])
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--port={port}"))
+            .arg(format!("--socket={}", dir.0.join("mariadb.sock").display()))
+            .arg(format!(
+                "--pid-file={}",
+                dir.0.join("mariadb.pid").display()
+            ))
+            .arg(format!("--ssl-ca={}", tls.path("ca.pem")))
+            .arg(format!("--ssl-cert={}", tls.path("server.pem")))
+            .arg(format!("--ssl-key={}", tls.path("server.key")))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.0.join("mariadb.log")).unwrap())
+            .spawn()
+            .expect("mariadbd must be on PATH for this test");
+        let mut server = Self {
+            port,
+            server,
+            _dir: dir,
+        };
+        // Up once it answers a ping, however long the start takes on a loaded machine.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let pinged = Command::new("mysqladmin")
+                .args(["--protocol=tcp", "-h", "127.0.0.1", "-u", "root", "ping"])
+                .arg(format!("-P{port}"))
+                .output()
+                .is_ok_and(|out| out.status.success());
+            if pinged {
+                break;
+            }
+            if let Ok(Some(status)) = server.server.try_wait() {
+                panic!("mariadbd exited: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "mariadbd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server.sql("CREATE DATABASE IF NOT EXISTS test");
+        server
+    }
+
+    fn sql(&mut self, statement: &str) {
+        let done = std::process::Command::new("mysql")
+            .args([
+                "--protocol=tcp",
+                "-h",
+                "127.0.0.1",
+                "-u",
+                "root",
+                "-e",
+                statement,
+            ])
+            .arg(format!("-P{}", self.port))
+            .output()
+            .expect("mysql on PATH");
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+
+    fn url(&self, parameters: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/test?{parameters}", self.port)
+    }
+}
+
+impl Drop for TlsMariaDb {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// TLS to MySQL by URL: with `ssl-mode=VERIFY_IDENTITY` and the CA that signed the server's
+/// certificate, the store's sessions are encrypted (`Ssl_cipher`) and serve claims and
+/// replays; with a CA that did not sign it, the connect fails with the TLS error, never a
+/// plaintext session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_by_url_encrypts_the_stores_sessions_and_a_foreign_ca_fails_the_connect() {
+    let tls = common::servers::TlsFiles::make();
+    let server = TlsMariaDb::start(&tls);
+    let verified = server.url(&format!(
+        "ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        tls.path("ca.pem")
+    ));
+    let store = MySqlStore::connect(&verified)
+        .await
+        .expect("a verified TLS session");
+    store.migrate().await.unwrap();
+    let key = unique_key("tls");
+    complete_new(&store, &key).await;
+    assert_eq!(claimed_again(&store, &key).await, "replay");
+    let cipher: (String, String) = sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        !cipher.1.is_empty(),
+        "the store's session is encrypted: {cipher:?}"
+    );
+
+    let other = common::servers::TlsFiles::make();
+    let foreign = server.url(&format!(
+        "ssl-mode=VERIFY_CA&ssl-ca={}",
+        other.path("ca.pem")
+    ));
+    let error = MySqlStore::connect(&foreign)
+        .await
+        .expect_err("a certificate that does not verify");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    let chain = format!("{error:#}").to_lowercase();
+    assert!(
+        chain.contains("certificate") || chain.contains("tls"),
+        "the TLS error in the chain: {chain}"
+    );
+}
