@@ -572,3 +572,59 @@ async fn tls_by_url_encrypts_the_stores_sessions_and_a_foreign_ca_fails_the_conn
         "the TLS error in the chain: {chain}"
     );
 }
+
+/// The store's own pool gives each connection its timeout (whole seconds, at least one) as
+/// the wait for a row lock and for a table's metadata lock, so that no statement a call gave
+/// up on waits on the server past its settling (an `ALTER` queued behind a long transaction
+/// holds every statement on the table).
+#[tokio::test]
+async fn the_own_pools_connections_wait_for_locks_no_longer_than_the_timeout() {
+    let store = MySqlStore::connect(&mysql_url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(2_500));
+    let waits: (u64, u64) =
+        sqlx::query_as("SELECT @@session.innodb_lock_wait_timeout, @@session.lock_wait_timeout")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(waits, (2, 2));
+}
+
+/// Found in review: a call that timed out put its connection back in the pool, and sqlx
+/// first waits for the answer of the statement given up on, with no bound. Behind a server
+/// that went silent (its answers lost, the connection still open) that pool slot was held for
+/// good, and with a pool of one every later call failed after the server came back. A call
+/// that times out closes its connection instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_times_out_on_a_silent_server_holds_no_pool_slot() {
+    let proxy = Proxy::start(mysql_addr().await, false).await;
+    let store = store_through(&proxy)
+        .await
+        .timeout(Duration::from_millis(300));
+    let fp = LabelContract::fingerprint("x", "y");
+    assert!(matches!(
+        store.claim(&unique_key("silent-warm"), &fp).await,
+        Ok(Claim::New(_))
+    ));
+    // Back in the pool (sqlx pings it on the way: a ping whose answer is lost holds its slot
+    // until TCP gives up, which no store call can shorten).
+    wait_for(|| store.pool().num_idle() == 1).await;
+    proxy.mute();
+    let lost = store.claim(&unique_key("silent-lost"), &fp).await;
+    assert!(
+        matches!(&lost, Err(error) if error.kind() == StoreErrorKind::Timeout),
+        "{lost:?}"
+    );
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match store.claim(&unique_key("silent-after"), &fp).await {
+            Ok(Claim::New(_)) => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the pool never served again: {other:?}"
+            ),
+        }
+    }
+}

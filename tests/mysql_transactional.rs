@@ -52,6 +52,16 @@ impl Db {
                 "CREATE TABLE {labels} (label_id VARCHAR(200) PRIMARY KEY, \
                  request_id VARCHAR(200) NOT NULL) ENGINE = InnoDB"
             ),
+            format!("DROP TABLE IF EXISTS {labels}_hot"),
+            // Rows a deadlock is made on: the test's transaction updates 300 of them, so
+            // that the create's is the lighter one, InnoDB's victim.
+            format!(
+                "CREATE TABLE {labels}_hot (id INT PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB"
+            ),
+            format!(
+                "INSERT INTO {labels}_hot (id, n) WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL \
+                 SELECT i + 1 FROM s WHERE i < 300) SELECT i, 0 FROM s"
+            ),
         ] {
             connection.execute(AssertSqlSafe(statement)).await.unwrap();
         }
@@ -176,6 +186,44 @@ fn create(labels: String) -> Create {
                         .execute(AssertSqlSafe(format!("KILL {id}")))
                         .await
                         .unwrap();
+                }
+                "deadlock" => {
+                    // Made the victim of a deadlock with a heavier transaction of the test's,
+                    // then carrying on as a careless create would: its label again.
+                    let hot = format!("{labels}_hot");
+                    sqlx::query(AssertSqlSafe(format!(
+                        "UPDATE {hot} SET n = n + 1 WHERE id = 1"
+                    )))
+                    .execute(&mut *connection)
+                    .await
+                    .unwrap();
+                    let other = tokio::spawn(async move {
+                        let mut other = sqlx::MySqlConnection::connect(&mysql_url()).await.unwrap();
+                        for statement in [
+                            "BEGIN".to_owned(),
+                            format!("UPDATE {hot} SET n = n + 1 WHERE id > 1"),
+                            format!("UPDATE {hot} SET n = n + 1 WHERE id = 1"),
+                            "COMMIT".to_owned(),
+                        ] {
+                            other.execute(AssertSqlSafe(statement)).await.unwrap();
+                        }
+                    });
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let victim = sqlx::query(AssertSqlSafe(format!(
+                        "UPDATE {labels}_hot SET n = n + 1 WHERE id = 2"
+                    )))
+                    .execute(&mut *connection)
+                    .await;
+                    assert!(victim.is_err(), "the create is the deadlock's victim");
+                    sqlx::query(AssertSqlSafe(format!(
+                        "INSERT INTO {labels} (label_id, request_id) VALUES (?, ?)"
+                    )))
+                    .bind(&label_id)
+                    .bind(&*op.request_id)
+                    .execute(&mut *connection)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                    other.await.unwrap();
                 }
                 "bad-sql" => {
                     let failed = sqlx::query("SELECT * FROM no_such_table")
@@ -471,5 +519,58 @@ async fn simultaneous_first_attempts_are_pending_at_once_but_one() {
         }
         assert_eq!(created, 1, "round {round}");
         assert_eq!(db.rows(&request_id).await, 1);
+    }
+}
+
+/// A create made the victim of a deadlock (InnoDB rolls its whole transaction back, the
+/// claim's record with it) that carries on and writes again: nothing it wrote after commits,
+/// the answer is `503`, and the retry creates once. Before, the session fell back to
+/// autocommit and the create's later write committed on its own: the retry made a second row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_carries_on_after_a_deadlock_commits_nothing() {
+    let db = Db::new("deadlock").await;
+    let service = db.service();
+    let failed = send(&service, "d-1", "deadlock").await;
+    assert_eq!(failed.status, 503, "{:?}", failed.body);
+    assert_eq!(db.rows("d-1").await, 0, "nothing of the create's committed");
+    assert!(!db.recorded("d-1").await);
+    assert_eq!(send(&service, "d-1", "ok").await.status, 201);
+    assert_eq!(db.rows("d-1").await, 1, "created once");
+}
+
+/// The session a claim's transaction ran in goes back to the pool as it was handed out
+/// (autocommit on), whatever became of the create: created, failed, panicked or rolled back
+/// by itself.
+#[tokio::test]
+async fn a_pooled_session_comes_back_with_autocommit_on() {
+    let db = Db::new("autocommit").await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&mysql_url())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool.clone())
+        .table(db.store.store().table_name())
+        .unwrap();
+    let service = IdempotencyLayer::new(TransactionalMySqlStore::new(store), LabelContract)
+        .global_keys()
+        .value_extension(true)
+        .layer(create(db.labels.clone()));
+    for (request_id, how, status) in [
+        ("m-1", "ok", 201),
+        ("m-2", "fail", 500),
+        ("m-3", "panic", 500),
+        ("m-4", "rollback", 503),
+    ] {
+        assert_eq!(
+            send(&service, request_id, how).await.status,
+            status,
+            "{how}"
+        );
+        let autocommit: i64 = sqlx::query_scalar("SELECT @@session.autocommit")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(autocommit, 1, "after {how}");
     }
 }

@@ -807,3 +807,50 @@ async fn journal_mode(file: &std::path::Path) -> String {
         .await
         .unwrap()
 }
+
+/// Found in review of the port to sqlx: the claim's write was read for its returned row, and
+/// its commit, which SQLite makes when the statement is reset after that row, could fail
+/// unseen (here: a rollback-journal file another connection reads past the pool's
+/// `busy_timeout`), so the claim answered new with nothing written, and a retry would create
+/// again. A write whose commit fails is an error, and leaves no record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_commit_fails_is_an_error_not_new() {
+    use tower_idempotency::store::StoreErrorKind;
+    use tower_idempotency::{LabelContract, Store};
+    let (dir, file) = fresh_file("commit-fails");
+    let options = SqliteConnectOptions::new()
+        .filename(&file)
+        .create_if_missing(true)
+        .journal_mode(::sqlx::sqlite::SqliteJournalMode::Delete)
+        .busy_timeout(Duration::from_millis(200));
+    let pool = ::sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone()).timeout(Duration::from_secs(10));
+    store.migrate().await.unwrap();
+    // A reader holding the file's shared lock: a writer can take its reserved lock and write,
+    // but not commit.
+    let mut reader = connect(&file).await;
+    let mut reading = reader.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(&mut *reading)
+        .await
+        .unwrap();
+    let key = "uncommitted";
+    let claimed = store
+        .claim(key, &LabelContract::fingerprint(key, "p"))
+        .await;
+    assert!(
+        matches!(&claimed, Err(error) if error.kind() == StoreErrorKind::Timeout),
+        "{claimed:?}"
+    );
+    reading.rollback().await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "nothing recorded");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -55,28 +55,6 @@ pub(crate) async fn acquire<DB: sqlx::Database>(
     .map_err(unavailable)
 }
 
-/// Begins a transaction on a connection of `pool` with `statement` (a `BEGIN`, and what the
-/// transaction sets for itself, or `None` for the database's own).
-///
-/// The connection is acquired in the caller's future (a wait for the pool may be cancelled
-/// at any point), the `BEGIN` in a task of its own that the caller waits for: sqlx counts a
-/// transaction as begun only once its `BEGIN` has answered, so a begin cancelled in between
-/// (the caller's timeout, a dropped request) would put the connection back in the pool inside
-/// a transaction nobody ends, and every later statement on it would be part of it and never
-/// commit. In its own task the begin always ends, and a transaction nobody waits for any more
-/// is dropped there, which rolls it back.
-pub(crate) async fn begin_on<DB: sqlx::Database>(
-    pool: &sqlx::Pool<DB>,
-    statement: Option<sqlx::SqlStr>,
-) -> Result<sqlx::Transaction<'static, DB>, StoreError> {
-    let connection = acquire(pool).await?;
-    // sqlx's own begin on a connection it is given (what `Pool::begin_with` runs).
-    tokio::spawn(sqlx::Transaction::begin(connection, statement))
-        .await
-        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
-        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))
-}
-
 /// Refuses a table name that is not letters, digits and `_`, not starting with a digit, at
 /// most 48 characters: it is written into the statements.
 pub(crate) fn valid_table(name: &str) -> Result<(), StoreError> {
@@ -99,7 +77,95 @@ pub(crate) fn valid_table(name: &str) -> Result<(), StoreError> {
 
 /// The slot of a claim's open transaction: empty once the layer took it to commit or roll
 /// back.
-type Slot<DB> = Option<sqlx::Transaction<'static, DB>>;
+type Slot<DB> = Option<Open<DB>>;
+
+/// A pooled connection inside a transaction a transactional store began: ended by the store
+/// (committed or rolled back, then its session `reset`), or closed. A connection whose
+/// transaction the store did not end (its claim cancelled, a commit or rollback failed or
+/// timed out) never goes back to the pool: its session may still hold the transaction, its
+/// locks or its settings, and an answer sqlx would wait for before its next use. The server
+/// rolls back what the closed session left open.
+pub(crate) struct Open<DB: sqlx::Database> {
+    connection: sqlx::pool::PoolConnection<DB>,
+    /// What puts the session back as the pool hands it out, after the transaction.
+    reset: Option<&'static str>,
+    ended: bool,
+}
+
+impl<DB: sqlx::Database> Drop for Open<DB> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.connection.close_on_drop();
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::Deref for Open<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.connection
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for Open<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.connection
+    }
+}
+
+impl<DB: sqlx::Database> Open<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Begins a transaction with `statement` (sqlx's `BEGIN` if `None`) on a connection of
+    /// `pool`, `reset` to run after it ends. The connection is waited for in the caller's
+    /// future, the begin runs in a task of its own: a begin cancelled halfway closes its
+    /// connection there, never leaving it in the pool inside a transaction.
+    pub(crate) async fn begin(
+        pool: &sqlx::Pool<DB>,
+        statement: Option<sqlx::SqlStr>,
+        reset: Option<&'static str>,
+    ) -> Result<Self, StoreError> {
+        use sqlx_core::transaction::TransactionManager as _;
+        let connection = acquire(pool).await?;
+        tokio::spawn(async move {
+            let mut open = Self {
+                connection,
+                reset,
+                ended: false,
+            };
+            DB::TransactionManager::begin(&mut open.connection, statement)
+                .await
+                .map(|()| open)
+        })
+        .await
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))
+    }
+
+    /// Commits, then resets the session; the connection goes back to the pool.
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        use sqlx_core::transaction::TransactionManager as _;
+        DB::TransactionManager::commit(&mut self.connection).await?;
+        self.end().await
+    }
+
+    /// Rolls back, then resets the session; the connection goes back to the pool.
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        use sqlx_core::transaction::TransactionManager as _;
+        DB::TransactionManager::rollback(&mut self.connection).await?;
+        self.end().await
+    }
+
+    async fn end(&mut self) -> Result<(), sqlx::Error> {
+        if let Some(reset) = self.reset {
+            sqlx::raw_sql(reset).execute(&mut *self.connection).await?;
+        }
+        self.ended = true;
+        Ok(())
+    }
+}
 
 /// The transaction of a new claim of a transactional store ([`TransactionalPostgresStore`],
 /// [`TransactionalMySqlStore`]), in the inner service's request extensions: the create's own
@@ -170,7 +236,7 @@ impl<DB: sqlx::Database> std::fmt::Debug for SqlTransaction<DB> {
 }
 
 impl<DB: sqlx::Database> SqlTransaction<DB> {
-    pub(crate) fn new(transaction: sqlx::Transaction<'static, DB>) -> Self {
+    pub(crate) fn new(transaction: Open<DB>) -> Self {
         Self {
             slot: std::sync::Arc::new(tokio::sync::Mutex::new(Some(transaction))),
         }
@@ -212,12 +278,12 @@ impl<DB: sqlx::Database> SqlTransaction<DB> {
     }
 }
 
-/// Rolls `transaction` back within `timeout`; past it, or on an error, the transaction is
-/// dropped, which rolls it back when its connection is next looked at (or closes it).
-pub(crate) async fn roll_back<DB: sqlx::Database>(
-    transaction: sqlx::Transaction<'static, DB>,
-    timeout: Duration,
-) {
+/// Rolls `transaction` back within `timeout`; past it, or on an error, its connection is
+/// closed, which ends the transaction on the server.
+pub(crate) async fn roll_back<DB: sqlx::Database>(transaction: Open<DB>, timeout: Duration)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
     if let Err(error) = super::within(timeout, async {
         transaction
             .rollback()
@@ -228,7 +294,7 @@ pub(crate) async fn roll_back<DB: sqlx::Database>(
     {
         tracing::warn!(
             error = &error as &dyn std::error::Error,
-            "rollback failed; the connection rolls back when it is looked at again"
+            "rollback failed; the connection is closed, which ends its transaction"
         );
     }
 }
@@ -259,7 +325,10 @@ fn uncommitted(source: Option<StoreError>) -> StoreError {
     }
 }
 
-impl<DB: sqlx::Database> OpenTransactions<DB> {
+impl<DB: sqlx::Database> OpenTransactions<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u128, SqlTransaction<DB>>> {
@@ -274,11 +343,7 @@ impl<DB: sqlx::Database> OpenTransactions<DB> {
     }
 
     /// Keeps `transaction` open as `reservation`'s.
-    pub(crate) fn insert(
-        &self,
-        reservation: &super::Reservation,
-        transaction: sqlx::Transaction<'static, DB>,
-    ) {
+    pub(crate) fn insert(&self, reservation: &super::Reservation, transaction: Open<DB>) {
         self.lock()
             .insert(reservation.as_u128(), SqlTransaction::new(transaction));
     }
@@ -356,5 +421,26 @@ impl<DB: sqlx::Database> OpenTransactions<DB> {
         })
         .await
         .map_err(|error| uncommitted(Some(error)))
+    }
+}
+
+/// Runs `call` on a connection of `pool`, both within `timeout`. A call that times out
+/// closes its connection rather than putting it back in the pool: sqlx would first wait, with
+/// no bound, for the answer to the statement the call gave up on, and a server that went away
+/// without a word would hold that pool slot for good.
+pub(crate) async fn on_connection<DB: sqlx::Database, T>(
+    pool: &sqlx::Pool<DB>,
+    timeout: Duration,
+    call: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let started = tokio::time::Instant::now();
+    let mut connection = super::within(timeout, acquire(pool)).await?;
+    let left = timeout.saturating_sub(started.elapsed());
+    match tokio::time::timeout(left, call(&mut connection)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            connection.close_on_drop();
+            Err(StoreError::new(StoreErrorKind::Timeout))
+        }
     }
 }

@@ -101,8 +101,11 @@ const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_ove
 
 /// The claim's write: the caller's pending reservation, over an absent record, an expired
 /// one, or an abandoned reservation the caller may take over; only while the caller's
-/// deadline (`?7`) is ahead on SQLite's clock, read under the write lock. A row back: the key
-/// is the caller's.
+/// deadline (`?7`) is ahead on SQLite's clock, read under the write lock. One row changed: the
+/// key is the caller's. Run to its end, not read for a returned row: in autocommit SQLite
+/// commits when the statement ends, and a commit that fails (a reader holding a
+/// rollback-journal file, a full disk) rolls the write back, which only the statement's own
+/// result says.
 const RESERVE: &str = "INSERT INTO idempotency_records \
     (key, fingerprint, token, response, lease_until, take_over, changed_at, expires_at) \
     SELECT ?1, ?2, ?3, NULL, ?4, ?5, ?6, NULL \
@@ -112,8 +115,7 @@ const RESERVE: &str = "INSERT INTO idempotency_records \
     take_over = excluded.take_over, changed_at = excluded.changed_at, expires_at = NULL \
     WHERE (response IS NOT NULL AND expires_at <= ?6) \
     OR (response IS NULL AND take_over AND ?8 AND fingerprint = excluded.fingerprint \
-    AND (lease_until IS NULL OR lease_until <= ?6) AND token IS NOT ?3) \
-    RETURNING 1";
+    AND (lease_until IS NULL OR lease_until <= ?6) AND token IS NOT ?3)";
 
 /// Passes of a claim's read and write before it gives up: each pass that writes nothing
 /// found the record changed by another claim since its read.
@@ -710,9 +712,10 @@ impl Store for SqliteStore {
                     .bind(now)
                     .bind(deadline)
                     .bind(lease.takes_over())
-                    .fetch_optional(pool)
-                    .await?;
-                if reserved.is_some() {
+                    .execute(pool)
+                    .await?
+                    .rows_affected();
+                if reserved == 1 {
                     return Ok(Ok(Claim::New(reservation)));
                 }
                 if now_millis() >= deadline {

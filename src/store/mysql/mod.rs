@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
 
 use super::Purger;
 use super::codec;
-use super::pooled::{acquire, begin_on, table_key, valid_table};
+use super::pooled::{Open, on_connection, table_key, valid_table};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
@@ -248,7 +248,8 @@ impl MySqlStore {
                 Box::pin(async move {
                     connection
                         .execute(AssertSqlSafe(format!(
-                            "SET SESSION innodb_lock_wait_timeout = {seconds}"
+                            "SET SESSION innodb_lock_wait_timeout = {seconds}, \
+                             lock_wait_timeout = {seconds}"
                         )))
                         .await
                         .map(drop)
@@ -306,8 +307,8 @@ impl MySqlStore {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // Making a connection may take longer than a short store timeout (TLS, a loaded
         // server): at least a second and a half.
-        within(self.timeout.max(Duration::from_millis(1_500)), async {
-            let mut connection = acquire(&self.pool).await?;
+        let timeout = self.timeout.max(Duration::from_millis(1_500));
+        on_connection(&self.pool, timeout, async |connection| {
             let present: i64 = sqlx::query_scalar(self.sql.exists.clone())
                 .fetch_one(&mut *connection)
                 .await
@@ -433,9 +434,9 @@ impl MySqlStore {
     /// Runs one statement on a pooled connection, bounded by the timeout, and returns the
     /// rows it matched.
     async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
-        within(self.timeout, async {
+        on_connection(&self.pool, self.timeout, async |connection| {
             query
-                .execute(&mut *acquire(&self.pool).await?)
+                .execute(connection)
                 .await
                 .map(|done| done.rows_affected())
                 .map_err(unavailable)
@@ -445,11 +446,8 @@ impl MySqlStore {
 
     /// Runs one statement that returns at most one row, bounded by the timeout.
     async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<MySqlRow>, StoreError> {
-        within(self.timeout, async {
-            query
-                .fetch_optional(&mut *acquire(&self.pool).await?)
-                .await
-                .map_err(unavailable)
+        on_connection(&self.pool, self.timeout, async |connection| {
+            query.fetch_optional(connection).await.map_err(unavailable)
         })
         .await
     }
@@ -643,16 +641,9 @@ impl Store for MySqlStore {
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
         let fingerprint = fingerprint.to_hex();
-        within(self.timeout, async {
-            let mut connection = acquire(&self.pool).await?;
-            self.claim_on(
-                &mut connection,
-                key,
-                fingerprint.as_str(),
-                reservation,
-                lease,
-            )
-            .await
+        on_connection(&self.pool, self.timeout, async |connection| {
+            self.claim_on(connection, key, fingerprint.as_str(), reservation, lease)
+                .await
         })
         .await
     }
@@ -696,7 +687,7 @@ impl Store for MySqlStore {
         let token = reservation.as_u128().to_be_bytes();
         tokio::time::sleep(self.timeout).await;
         within(self.timeout, async {
-            let mut transaction = begin_on(&self.pool, None).await?;
+            let mut transaction = Open::begin(&self.pool, None, None).await?;
             sqlx::query(self.sql.hold.clone())
                 .bind(stored)
                 .bind(fingerprint.to_hex().as_str())
@@ -768,10 +759,11 @@ impl Operator for MySqlStore {
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
         let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
         // A listing scans the table: ten store timeouts.
-        let keys: Vec<Vec<u8>> = within(self.timeout.saturating_mul(10), async {
+        let listing = self.timeout.saturating_mul(10);
+        let keys: Vec<Vec<u8>> = on_connection(&self.pool, listing, async |connection| {
             sqlx::query_scalar(self.sql.pending.clone())
                 .bind(millis)
-                .fetch_all(&mut *acquire(&self.pool).await?)
+                .fetch_all(connection)
                 .await
                 .map_err(unavailable)
         })

@@ -12,7 +12,7 @@ use sqlx::{Row as _, SqlStr};
 use super::{CLAIM_ATTEMPTS, MySqlStore, Pass, corrupt, millis, pass, taking_over, unavailable};
 use crate::fingerprint::Fingerprint;
 use crate::store::pooled::{
-    OpenTransactions, SqlTransaction, SqlTransactionConnection, begin_on, roll_back, table_key,
+    Open, OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back, table_key,
 };
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
@@ -58,8 +58,11 @@ use crate::store::{
 /// size the pool for it.
 ///
 /// InnoDB rolls a whole transaction back on a deadlock (and on a lock wait timeout with
-/// `innodb_rollback_on_timeout`): the complete then finds no record of the claim's, and the
-/// answer is `503`, the key free. Keep a create's writes on the [`MySqlTransaction`]'s
+/// `innodb_rollback_on_timeout`): the claim's record goes with it. The transaction runs with
+/// `autocommit` off (set back on when the store ends it; a connection whose transaction it did
+/// not end is closed, never pooled), so whatever the create writes after such a rollback waits
+/// for a commit that never comes: the complete finds no record of the claim's, rolls it all
+/// back, and the answer is `503`, nothing created, the key free. Keep a create's writes on the [`MySqlTransaction`]'s
 /// connection, and never end its transaction yourself (a `COMMIT` sent as SQL commits the
 /// pending record with the create's rows, which the complete then completes outside any
 /// transaction); sqlx's own `begin()` on the connection is a savepoint inside it.
@@ -104,8 +107,18 @@ pub type MySqlTransaction = SqlTransaction<MySql>;
 /// ([`SqlTransaction::acquire`]): a [`MySqlConnection`].
 pub type MySqlTransactionConnection = SqlTransactionConnection<MySql>;
 
-/// What begins each claim's transaction: `READ COMMITTED` for it alone.
-const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN";
+/// What begins each claim's transaction: `READ COMMITTED` for it alone, and autocommit off
+/// for as long as it runs. InnoDB rolls a whole transaction back on a deadlock (and on a lock
+/// wait timeout with `innodb_rollback_on_timeout`) and leaves the session outside any: with
+/// autocommit on, a create that carried on would commit each later statement by itself, with
+/// the claim's record gone and the key free for a second create. With it off, they wait for a
+/// commit that never comes: the complete finds no record, and everything is rolled back.
+const BEGIN: &str =
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION autocommit = 0; BEGIN";
+
+/// What puts the session back once the store ended the transaction; a connection whose
+/// transaction it did not end is closed instead.
+const RESET: &str = "SET SESSION autocommit = 1";
 
 impl std::fmt::Debug for TransactionalMySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -305,7 +318,11 @@ impl Store for TransactionalMySqlStore {
         let fingerprint = fingerprint.to_hex();
         let mut transaction = within(
             timeout,
-            begin_on(&self.store.pool, Some(SqlStr::from_static(BEGIN))),
+            Open::begin(
+                &self.store.pool,
+                Some(SqlStr::from_static(BEGIN)),
+                Some(RESET),
+            ),
         )
         .await?;
         // Any error or cancellation below drops the transaction: rolled back.

@@ -17,8 +17,8 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _, SqlSafeStr a
 use super::Purger;
 use super::codec;
 use super::notifier::{self, Notifier};
-use super::pooled;
-pub(super) use super::pooled::{acquire, table_key, valid_table};
+use super::pooled::Open;
+pub(super) use super::pooled::{acquire, on_connection, table_key, valid_table};
 use super::waiting;
 use super::{
     Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
@@ -617,10 +617,10 @@ impl PostgresStore {
     pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
         let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
         loop {
-            let deleted = within(self.timeout, async {
+            let deleted = on_connection(&self.pool, self.timeout, async |connection| {
                 sqlx::query(self.sql.purge.clone())
                     .bind(batch)
-                    .execute(&mut *acquire(&self.pool).await?)
+                    .execute(connection)
                     .await
                     .map(|done| done.rows_affected())
                     .map_err(unavailable)
@@ -668,9 +668,8 @@ impl PostgresStore {
     /// Runs one statement that changes the records of `key` and returns, for each, whether a
     /// request waits on it; announces the change if one does, and returns the rows changed.
     async fn change(&self, query: Query<'_>, key: &str) -> Result<u64, StoreError> {
-        let rows = within(self.timeout, async {
-            let mut connection = acquire(&self.pool).await?;
-            query.fetch_all(&mut *connection).await.map_err(unavailable)
+        let rows = on_connection(&self.pool, self.timeout, async |connection| {
+            query.fetch_all(connection).await.map_err(unavailable)
         })
         .await?;
         if any_waited(&rows) {
@@ -710,21 +709,17 @@ impl PostgresStore {
 
     /// Runs one statement (prepared once per connection) that returns at most one row.
     async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<PgRow>, StoreError> {
-        within(self.timeout, async {
-            let mut connection = acquire(&self.pool).await?;
-            query
-                .fetch_optional(&mut *connection)
-                .await
-                .map_err(unavailable)
+        on_connection(&self.pool, self.timeout, async |connection| {
+            query.fetch_optional(connection).await.map_err(unavailable)
         })
         .await
     }
 
     /// Runs one statement (prepared once per connection) and returns the rows it affected.
     async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
-        within(self.timeout, async {
+        on_connection(&self.pool, self.timeout, async |connection| {
             query
-                .execute(&mut *acquire(&self.pool).await?)
+                .execute(connection)
                 .await
                 .map(|done| done.rows_affected())
                 .map_err(unavailable)
@@ -734,12 +729,13 @@ impl PostgresStore {
 }
 
 /// Begins a transaction on a connection of `pool` with `statement`, its `BEGIN` in a task
-/// of its own ([`pooled::begin_on`]).
+/// of its own ([`Open::begin`]); a transaction not ended by a commit or a rollback closes its
+/// connection.
 pub(super) async fn begin_on(
     pool: &PgPool,
     statement: sqlx::SqlStr,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-    pooled::begin_on(pool, Some(statement)).await
+) -> Result<Open<sqlx::Postgres>, StoreError> {
+    Open::begin(pool, Some(statement), None).await
 }
 
 /// A statement with its parameters bound.
@@ -990,8 +986,18 @@ impl Store for PostgresStore {
         lease: Lease,
     ) -> Result<Claim, StoreError> {
         let mut connection = within(self.timeout, acquire(&self.pool)).await?;
-        self.claim_on(&mut connection, key, fingerprint, reservation, lease, None)
-            .await
+        let claimed = self
+            .claim_on(&mut connection, key, fingerprint, reservation, lease, None)
+            .await;
+        // A statement given up on: its connection is closed, not pooled (see
+        // `pooled::on_connection`).
+        if claimed
+            .as_ref()
+            .is_err_and(|error| error.kind() == StoreErrorKind::Timeout)
+        {
+            connection.close_on_drop();
+        }
+        claimed
     }
 
     /// Ends when another process announces a change of `key` (the statements that complete,

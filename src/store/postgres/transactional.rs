@@ -9,9 +9,11 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::Postgres;
 use sqlx::{AssertSqlSafe, SqlSafeStr as _};
 
-use super::{PostgresStore, begin_on, server_side, table_key};
+use super::{PostgresStore, server_side, table_key};
 use crate::fingerprint::Fingerprint;
-use crate::store::pooled::{OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back};
+use crate::store::pooled::{
+    Open, OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back,
+};
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
     StoreErrorKind, StoredResponse, codec, within,
@@ -176,7 +178,8 @@ impl Store for TransactionalPostgresStore {
     ) -> Result<Claim, StoreError> {
         let timeout = self.store.timeout;
         let begin = AssertSqlSafe(Arc::clone(&self.begin)).into_sql_str();
-        let mut transaction = within(timeout, begin_on(&self.store.pool, begin)).await?;
+        let mut transaction =
+            within(timeout, Open::begin(&self.store.pool, Some(begin), None)).await?;
         // Any error or cancellation below drops the transaction: rolled back.
         let lock = lock_id(&self.store.sql.table, key);
         let claim = self
