@@ -336,6 +336,7 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
     };
 
     let key = unique_key("counted");
+    let pings = proxy.pings.load(Ordering::SeqCst);
     let cases = [
         (operation(&key, "p"), 2, 201, "new: claim + complete"),
         (operation(&key, "p"), 1, 201, "replay: claim"),
@@ -357,6 +358,19 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
             round_trips,
             "{what}"
         );
+    }
+    // Each call found the connection the one before it kept: none went back to the pool,
+    // whose ping is a round trip more.
+    assert_eq!(
+        proxy.pings.load(Ordering::SeqCst),
+        pings,
+        "no ping between calls"
+    );
+    // Once the calls stop, the kept connection goes back to the pool.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while store.pool().num_idle() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

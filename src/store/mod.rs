@@ -81,7 +81,8 @@ pub mod mysql;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod notifier;
 mod operator;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 mod pooled;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

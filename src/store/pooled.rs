@@ -77,6 +77,7 @@ pub(crate) fn valid_table(name: &str) -> Result<(), StoreError> {
 
 /// The slot of a claim's open transaction: empty once the layer took it to commit or roll
 /// back.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 type Slot<DB> = Option<Open<DB>>;
 
 /// A pooled connection inside a transaction a transactional store began: ended by the store
@@ -85,6 +86,7 @@ type Slot<DB> = Option<Open<DB>>;
 /// timed out) never goes back to the pool: its session may still hold the transaction, its
 /// locks or its settings, and an answer sqlx would wait for before its next use. The server
 /// rolls back what the closed session left open.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) struct Open<DB: sqlx::Database> {
     connection: sqlx::pool::PoolConnection<DB>,
     /// What puts the session back as the pool hands it out, after the transaction.
@@ -92,6 +94,7 @@ pub(crate) struct Open<DB: sqlx::Database> {
     ended: bool,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> Drop for Open<DB> {
     fn drop(&mut self) {
         if !self.ended {
@@ -100,6 +103,7 @@ impl<DB: sqlx::Database> Drop for Open<DB> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::ops::Deref for Open<DB> {
     type Target = DB::Connection;
 
@@ -108,12 +112,14 @@ impl<DB: sqlx::Database> std::ops::Deref for Open<DB> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::ops::DerefMut for Open<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
         &mut self.connection
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> Open<DB>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -184,10 +190,12 @@ where
 /// [`TransactionalMySqlStore`]: crate::store::mysql::TransactionalMySqlStore
 /// [`PgTransaction`]: crate::store::PgTransaction
 /// [`MySqlTransaction`]: crate::store::mysql::MySqlTransaction
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub struct SqlTransaction<DB: sqlx::Database> {
     slot: std::sync::Arc<tokio::sync::Mutex<Slot<DB>>>,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> Clone for SqlTransaction<DB> {
     fn clone(&self) -> Self {
         Self {
@@ -201,10 +209,12 @@ impl<DB: sqlx::Database> Clone for SqlTransaction<DB> {
 /// (`PgConnection`, `MySqlConnection`), so `&mut *connection` is an executor of every sqlx
 /// query. Drop it before the create answers: the layer's complete waits for it, up to the
 /// store's timeout.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub struct SqlTransactionConnection<DB: sqlx::Database>(
     tokio::sync::OwnedMappedMutexGuard<Slot<DB>, DB::Connection>,
 );
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::ops::Deref for SqlTransactionConnection<DB> {
     type Target = DB::Connection;
 
@@ -213,12 +223,14 @@ impl<DB: sqlx::Database> std::ops::Deref for SqlTransactionConnection<DB> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::ops::DerefMut for SqlTransactionConnection<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
         &mut self.0
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::fmt::Debug for SqlTransactionConnection<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlTransactionConnection")
@@ -227,6 +239,7 @@ impl<DB: sqlx::Database> std::fmt::Debug for SqlTransactionConnection<DB> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> std::fmt::Debug for SqlTransaction<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlTransaction")
@@ -235,6 +248,7 @@ impl<DB: sqlx::Database> std::fmt::Debug for SqlTransaction<DB> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> SqlTransaction<DB> {
     pub(crate) fn new(transaction: Open<DB>) -> Self {
         Self {
@@ -280,6 +294,7 @@ impl<DB: sqlx::Database> SqlTransaction<DB> {
 
 /// Rolls `transaction` back within `timeout`; past it, or on an error, its connection is
 /// closed, which ends the transaction on the server.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn roll_back<DB: sqlx::Database>(transaction: Open<DB>, timeout: Duration)
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -301,16 +316,19 @@ where
 
 /// The open transaction of each new claim in flight of a transactional store, by reservation;
 /// never locked across an `.await`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) struct OpenTransactions<DB: sqlx::Database>(
     std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u128, SqlTransaction<DB>>>>,
 );
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> Clone for OpenTransactions<DB> {
     fn clone(&self) -> Self {
         Self(std::sync::Arc::clone(&self.0))
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> Default for OpenTransactions<DB> {
     fn default() -> Self {
         Self(std::sync::Arc::default())
@@ -318,6 +336,7 @@ impl<DB: sqlx::Database> Default for OpenTransactions<DB> {
 }
 
 /// The error of a complete that did not commit: nothing of the create may have happened.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn uncommitted(source: Option<StoreError>) -> StoreError {
     match source {
         Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
@@ -325,6 +344,7 @@ fn uncommitted(source: Option<StoreError>) -> StoreError {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<DB: sqlx::Database> OpenTransactions<DB>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -424,20 +444,191 @@ where
     }
 }
 
-/// Runs `call` on a connection of `pool`, both within `timeout`. A call that times out
-/// closes its connection rather than putting it back in the pool: sqlx would first wait, with
-/// no bound, for the answer to the statement the call gave up on, and a server that went away
-/// without a word would hold that pool slot for good.
+/// How often a call waiting for a connection while every one is out looks at the pool again.
+const SATURATED_POLL: Duration = Duration::from_millis(5);
+
+/// How long a connection a store call used is kept for the next call, before it goes back to
+/// its pool.
+const KEEP_IDLE: Duration = Duration::from_secs(1);
+
+/// A store's pool, and the connections its calls keep between them while calls keep coming.
+///
+/// sqlx checks every connection that goes back to its pool with a ping, a round trip (this
+/// cannot be turned off), so a call that took a connection and gave it back cost two round
+/// trips: half the store's rate. A call that ends well keeps its connection here instead, for
+/// the next call, handed first to the calls waiting for one, in their order; one not used
+/// again within [`KEEP_IDLE`] goes back to the pool (and its ping). So under load the store
+/// holds the connections its calls use at once, as it would anyway, and once idle it holds
+/// none. A connection whose call failed, was cancelled or timed out is never kept.
+pub(crate) struct Connections<DB: sqlx::Database>(std::sync::Arc<Kept<DB>>);
+
+impl<DB: sqlx::Database> Clone for Connections<DB> {
+    fn clone(&self) -> Self {
+        Self(std::sync::Arc::clone(&self.0))
+    }
+}
+
+pub(crate) struct Kept<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    state: std::sync::Mutex<KeptState<DB>>,
+    /// Whether a task gives back the connections not used again in time.
+    reaping: std::sync::atomic::AtomicBool,
+}
+
+struct KeptState<DB: sqlx::Database> {
+    /// The connections kept, the most recently used last, with when each was.
+    idle: Vec<(sqlx::pool::PoolConnection<DB>, tokio::time::Instant)>,
+    /// The calls waiting for a connection while every one the pool may make is out, first
+    /// come first; a call that stopped waiting leaves its sender closed.
+    waiting:
+        std::collections::VecDeque<tokio::sync::oneshot::Sender<sqlx::pool::PoolConnection<DB>>>,
+}
+
+impl<DB: sqlx::Database> Connections<DB> {
+    pub(crate) fn new(pool: sqlx::Pool<DB>) -> Self {
+        Self(std::sync::Arc::new(Kept {
+            pool,
+            state: std::sync::Mutex::new(KeptState {
+                idle: Vec::new(),
+                waiting: std::collections::VecDeque::new(),
+            }),
+            reaping: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.0.pool
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptState<DB>> {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether every connection the pool may make is out.
+    fn saturated(&self) -> bool {
+        let pool = &self.0.pool;
+        pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections()
+    }
+
+    /// A kept connection, the most recently used; else the first one a call keeps, in line
+    /// with the other calls waiting, or one of the pool, whichever comes first. While every
+    /// connection the pool may make is out (in a call, or kept), it waits in line only,
+    /// looking at the pool again every [`SATURATED_POLL`] (a connection a failed call gave
+    /// back goes to the pool).
+    pub(crate) async fn take(&self) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+        let mut waiting = {
+            let mut state = self.lock();
+            if let Some((connection, _)) = state.idle.pop() {
+                return Ok(connection);
+            }
+            let (handed, waiting) = tokio::sync::oneshot::channel();
+            state.waiting.push_back(handed);
+            waiting
+        };
+        loop {
+            if !self.saturated() {
+                let mut acquiring = std::pin::pin!(acquire(&self.0.pool));
+                return std::future::poll_fn(|cx| {
+                    if let std::task::Poll::Ready(Ok(connection)) =
+                        std::pin::Pin::new(&mut waiting).poll(cx)
+                    {
+                        return std::task::Poll::Ready(Ok(connection));
+                    }
+                    acquiring.as_mut().poll(cx)
+                })
+                .await;
+            }
+            match tokio::time::timeout(SATURATED_POLL, &mut waiting).await {
+                Ok(Ok(connection)) => return Ok(connection),
+                // No longer in line (the store is going away): the pool's.
+                Ok(Err(_)) => return acquire(&self.0.pool).await,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Hands `connection` to the first call waiting for one, or keeps it for the next call,
+    /// up to the pool's size; a task gives a kept one back to the pool once it is not used
+    /// again within [`KEEP_IDLE`].
+    pub(crate) fn keep(&self, connection: sqlx::pool::PoolConnection<DB>) {
+        let limit = usize::try_from(self.0.pool.options().get_max_connections()).unwrap_or(0);
+        let mut connection = connection;
+        {
+            let mut state = self.lock();
+            while let Some(waiting) = state.waiting.pop_front() {
+                match waiting.send(connection) {
+                    Ok(()) => return,
+                    // That call stopped waiting: the next.
+                    Err(back) => connection = back,
+                }
+            }
+            if state.idle.len() >= limit {
+                drop(state);
+                return;
+            }
+            state.idle.push((connection, tokio::time::Instant::now()));
+        }
+        if !self
+            .0
+            .reaping
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let kept = std::sync::Arc::downgrade(&self.0);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(KEEP_IDLE).await;
+                    let Some(kept) = kept.upgrade() else { return };
+                    let connections = Connections(kept);
+                    let (stale, done) = {
+                        let mut state = connections.lock();
+                        let now = tokio::time::Instant::now();
+                        let stale = state
+                            .idle
+                            .partition_point(|(_, used)| now - *used >= KEEP_IDLE);
+                        let stale: Vec<_> = state.idle.drain(..stale).collect();
+                        let done = state.idle.is_empty();
+                        if done {
+                            connections
+                                .0
+                                .reaping
+                                .store(false, std::sync::atomic::Ordering::Release);
+                        }
+                        (stale, done)
+                    };
+                    // Back to the pool, outside the lock.
+                    drop(stale);
+                    if done {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Runs `call` on a connection of `connections`, both within `timeout`; the connection is
+/// kept for the next call if the call answered. A call that times out closes its connection
+/// rather than putting it back in the pool: sqlx would first wait, with no bound, for the
+/// answer to the statement the call gave up on, and a server that went away without a word
+/// would hold that pool slot for good.
 pub(crate) async fn on_connection<DB: sqlx::Database, T>(
-    pool: &sqlx::Pool<DB>,
+    connections: &Connections<DB>,
     timeout: Duration,
     call: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let started = tokio::time::Instant::now();
-    let mut connection = super::within(timeout, acquire(pool)).await?;
+    let mut connection = super::within(timeout, connections.take()).await?;
     let left = timeout.saturating_sub(started.elapsed());
     match tokio::time::timeout(left, call(&mut connection)).await {
-        Ok(answer) => answer,
+        Ok(Ok(answer)) => {
+            connections.keep(connection);
+            Ok(answer)
+        }
+        // Back to the pool, which checks it.
+        Ok(Err(error)) => Err(error),
         Err(_) => {
             connection.close_on_drop();
             Err(StoreError::new(StoreErrorKind::Timeout))

@@ -15,12 +15,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
 
 use super::Purger;
 use super::codec;
+use super::pooled::{Connections, on_connection};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, Reservation, Store,
@@ -73,7 +75,11 @@ use crate::fingerprint::Fingerprint;
 /// with a call its caller gave up on: each call is bounded by the store's own timeout.
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    /// The connections of writes: the store's own pool of one, or the application's.
+    writes: Connections<Sqlite>,
+    /// The connections of reads (a claim's first look, the operator's): a pool of a few of
+    /// the store's own, since WAL lets readers go on beside the writer, or the application's.
+    reads: Connections<Sqlite>,
     waiters: Arc<Mutex<WaiterMap>>,
     /// The `busy_timeout` of the store's own pool's new connections, in milliseconds: its
     /// timeout. `None` on the application's pool, whose settings are its own.
@@ -120,6 +126,9 @@ const RESERVE: &str = "INSERT INTO idempotency_records \
 /// Passes of a claim's read and write before it gives up: each pass that writes nothing
 /// found the record changed by another claim since its read.
 const CLAIM_ATTEMPTS: usize = 4;
+
+/// The connections of reads in the store's own pool.
+const READERS: u32 = 4;
 
 /// A record as a claim reads it: fingerprint, token, response, lease_until, take_over,
 /// expires_at, changed_at.
@@ -419,27 +428,31 @@ impl SqliteStore {
         drop(connection.close().await);
         prepared?;
         let busy_timeout = Arc::new(AtomicU64::new(busy_millis(DEFAULT_TIMEOUT)));
-        let for_new_connections = Arc::clone(&busy_timeout);
-        // One connection: this process's calls in order, without polling each other for the
-        // write lock. No ping before each use (a round trip more on every call), and no
-        // acquire timeout of the pool's own beyond sqlx's: each call is bounded by the
-        // store's timeout, which may be set after the open.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .test_before_acquire(false)
-            .after_connect(move |connection, _| {
-                let millis = for_new_connections.load(Ordering::Relaxed);
-                Box::pin(async move {
-                    connection
-                        .execute(AssertSqlSafe(format!("PRAGMA busy_timeout = {millis}")))
-                        .await
-                        .map(drop)
+        // The writes on one connection: this process's writes in order, without polling each
+        // other for the write lock. The reads on a few more, beside it (WAL). No ping before
+        // each use (a round trip more on every call), and no acquire timeout of the pool's own
+        // beyond sqlx's: each call is bounded by the store's timeout, which may be set after
+        // the open.
+        let pool = |connections: u32| {
+            let for_new_connections = Arc::clone(&busy_timeout);
+            SqlitePoolOptions::new()
+                .max_connections(connections)
+                .test_before_acquire(false)
+                .after_connect(move |connection, _| {
+                    let millis = for_new_connections.load(Ordering::Relaxed);
+                    Box::pin(async move {
+                        connection
+                            .execute(AssertSqlSafe(format!("PRAGMA busy_timeout = {millis}")))
+                            .await
+                            .map(drop)
+                    })
                 })
-            })
-            .connect_lazy_with(options);
+                .connect_lazy_with(options.clone())
+        };
         Ok(Self {
-            busy_timeout: Some(busy_timeout),
-            ..Self::new(pool)
+            reads: Connections::new(pool(READERS)),
+            busy_timeout: Some(Arc::clone(&busy_timeout)),
+            ..Self::new(pool(1))
         })
     }
 
@@ -465,8 +478,10 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn new(pool: SqlitePool) -> Self {
+        let connections = Connections::new(pool);
         Self {
-            pool,
+            writes: connections.clone(),
+            reads: connections,
             waiters: Arc::default(),
             busy_timeout: None,
             retention_ms: millis(super::DEFAULT_RETENTION),
@@ -482,7 +497,7 @@ impl SqliteStore {
     ///
     /// A [`StoreError`] if the file cannot be written.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut connection = self.pool.acquire().await.map_err(unavailable)?;
+        let mut connection = self.pool().acquire().await.map_err(unavailable)?;
         if present(&mut connection).await.map_err(unavailable)? < 2 {
             connection
                 .execute(Self::SCHEMA)
@@ -494,7 +509,7 @@ impl SqliteStore {
 
     /// The pool the store runs on: the application's, or its own.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        self.writes.pool()
     }
 
     /// Gives completed records an `expires_at` `retention` after they were completed; from
@@ -561,7 +576,7 @@ impl SqliteStore {
         loop {
             let started = std::time::Instant::now();
             let deleted = self
-                .call(async |pool| {
+                .call(async |connection| {
                     sqlx::query(
                         "DELETE FROM idempotency_records WHERE key IN (SELECT key \
                          FROM idempotency_records WHERE expires_at <= ?1 \
@@ -569,7 +584,7 @@ impl SqliteStore {
                     )
                     .bind(now_millis())
                     .bind(batch)
-                    .execute(pool)
+                    .execute(connection)
                     .await
                     .map(|done| done.rows_affected())
                 })
@@ -612,13 +627,24 @@ impl SqliteStore {
             .len()
     }
 
-    /// Runs `f` on the pool, bounded by the timeout.
+    /// Runs `f` on a connection for writes, bounded by the timeout.
     async fn call<T>(
         &self,
-        f: impl AsyncFnOnce(&SqlitePool) -> Result<T, sqlx::Error>,
+        f: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, StoreError> {
-        within(self.timeout, async {
-            f(&self.pool).await.map_err(unavailable)
+        on_connection(&self.writes, self.timeout, async |connection| {
+            f(connection).await.map_err(unavailable)
+        })
+        .await
+    }
+
+    /// Runs `f` on a connection for reads, bounded by the timeout.
+    async fn look<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, StoreError> {
+        on_connection(&self.reads, self.timeout, async |connection| {
+            f(connection).await.map_err(unavailable)
         })
         .await
     }
@@ -635,7 +661,7 @@ impl SqliteStore {
         let now = now_millis();
         let expires = (self.retention_ms > 0).then(|| now.saturating_add(self.retention_ms));
         let rows = self
-            .call(async |pool| {
+            .call(async |connection| {
                 sqlx::query(
                     "UPDATE idempotency_records SET response = ?3, token = NULL, \
                      lease_until = NULL, changed_at = ?4, expires_at = ?5 \
@@ -646,7 +672,7 @@ impl SqliteStore {
                 .bind(&encoded[..])
                 .bind(now)
                 .bind(expires)
-                .execute(pool)
+                .execute(connection)
                 .await
                 .map(|done| done.rows_affected())
             })
@@ -664,8 +690,11 @@ impl SqliteStore {
 }
 
 /// The record of `key`, if any.
-async fn read(pool: &SqlitePool, key: &str) -> Result<Option<Row>, sqlx::Error> {
-    sqlx::query_as(SELECT).bind(key).fetch_optional(pool).await
+async fn read(connection: &mut SqliteConnection, key: &str) -> Result<Option<Row>, sqlx::Error> {
+    sqlx::query_as(SELECT)
+        .bind(key)
+        .fetch_optional(connection)
+        .await
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -690,41 +719,47 @@ impl Store for SqliteStore {
         let fingerprint = fingerprint.as_str();
         let token = reservation.as_u128().to_be_bytes();
         let deadline = now_millis().saturating_add(millis(self.timeout));
-        self.call(async |pool| {
+        within(self.timeout, async {
             for _ in 0..CLAIM_ATTEMPTS {
                 // A replay, a pending or a conflicting claim: decided on a read, nothing
                 // written.
-                let row = read(pool, key).await?;
+                let row = self
+                    .look(async |connection| read(connection, key).await)
+                    .await?;
                 let now = now_millis();
                 if let Decision::Answer(answer) =
                     decide(row, now, fingerprint, &token, reservation, lease)
                 {
-                    return Ok(answer);
+                    return answer;
                 }
                 // Absent, expired or to be taken over: written in one statement that checks
                 // the same again under the file's write lock, and the caller's deadline.
-                let reserved = sqlx::query(RESERVE)
-                    .bind(key)
-                    .bind(fingerprint)
-                    .bind(&token[..])
-                    .bind(now.saturating_add(millis(lease.duration())))
-                    .bind(lease.takes_over())
-                    .bind(now)
-                    .bind(deadline)
-                    .bind(lease.takes_over())
-                    .execute(pool)
-                    .await?
-                    .rows_affected();
+                let reserved = self
+                    .call(async |connection| {
+                        sqlx::query(RESERVE)
+                            .bind(key)
+                            .bind(fingerprint)
+                            .bind(&token[..])
+                            .bind(now.saturating_add(millis(lease.duration())))
+                            .bind(lease.takes_over())
+                            .bind(now)
+                            .bind(deadline)
+                            .bind(lease.takes_over())
+                            .execute(connection)
+                            .await
+                            .map(|done| done.rows_affected())
+                    })
+                    .await?;
                 if reserved == 1 {
-                    return Ok(Ok(Claim::New(reservation)));
+                    return Ok(Claim::New(reservation));
                 }
                 if now_millis() >= deadline {
                     break;
                 }
             }
-            Ok(Err(StoreError::new(StoreErrorKind::Timeout)))
+            Err(StoreError::new(StoreErrorKind::Timeout))
         })
-        .await?
+        .await
     }
 
     async fn renew(
@@ -735,7 +770,7 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
-            .call(async |pool| {
+            .call(async |connection| {
                 sqlx::query(
                     "UPDATE idempotency_records SET lease_until = ?3 \
                      WHERE key = ?1 AND token = ?2",
@@ -743,7 +778,7 @@ impl Store for SqliteStore {
                 .bind(key)
                 .bind(&token[..])
                 .bind(now_millis().saturating_add(millis(lease)))
-                .execute(pool)
+                .execute(connection)
                 .await
                 .map(|done| done.rows_affected())
             })
@@ -769,11 +804,11 @@ impl Store for SqliteStore {
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
         let token = reservation.as_u128().to_be_bytes();
         let rows = self
-            .call(async |pool| {
+            .call(async |connection| {
                 sqlx::query("DELETE FROM idempotency_records WHERE key = ?1 AND token = ?2")
                     .bind(key)
                     .bind(&token[..])
-                    .execute(pool)
+                    .execute(connection)
                     .await
                     .map(|done| done.rows_affected())
             })
@@ -786,7 +821,9 @@ impl Store for SqliteStore {
 
 impl Operator for SqliteStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let row = self.call(async |pool| read(pool, key).await).await?;
+        let row = self
+            .look(async |connection| read(connection, key).await)
+            .await?;
         let Some((fingerprint, _, response, lease_until, _, _, changed_at)) = row else {
             return Ok(None);
         };
@@ -813,13 +850,13 @@ impl Operator for SqliteStore {
     async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
         let age = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
         let before = now_millis().saturating_sub(age);
-        self.call(async |pool| {
+        self.look(async |connection| {
             sqlx::query_scalar(
                 "SELECT key FROM idempotency_records WHERE token IS NOT NULL \
                  AND changed_at <= ?1 ORDER BY key",
             )
             .bind(before)
-            .fetch_all(pool)
+            .fetch_all(connection)
             .await
         })
         .await
@@ -831,10 +868,10 @@ impl Operator for SqliteStore {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let rows = self
-            .call(async |pool| {
+            .call(async |connection| {
                 sqlx::query("DELETE FROM idempotency_records WHERE key = ?1")
                     .bind(key)
-                    .execute(pool)
+                    .execute(connection)
                     .await
                     .map(|done| done.rows_affected())
             })

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
 
 use super::Purger;
 use super::codec;
-use super::pooled::{Open, on_connection, table_key, valid_table};
+use super::pooled::{Connections, Open, on_connection, table_key, valid_table};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
@@ -91,7 +91,10 @@ pub use transactional::{MySqlTransaction, MySqlTransactionConnection, Transactio
 ///     .after_connect(|connection, _| {
 ///         use tower_idempotency::store::mysql::sqlx::Executor as _;
 ///         Box::pin(async move {
-///             connection.execute("SET SESSION innodb_lock_wait_timeout = 1").await.map(drop)
+///             connection
+///                 .execute("SET SESSION innodb_lock_wait_timeout = 1, lock_wait_timeout = 1")
+///                 .await
+///                 .map(drop)
 ///         })
 ///     })
 ///     .connect_with(options)
@@ -100,6 +103,15 @@ pub use transactional::{MySqlTransaction, MySqlTransactionConnection, Transactio
 /// store.migrate().await?;
 /// # Ok(()) }
 /// ```
+///
+/// The store's own pool also bounds the wait for a table's metadata lock
+/// (`lock_wait_timeout`, behind an `ALTER` queued after a long transaction); set it too.
+///
+/// sqlx pings every connection that goes back to its pool (a round trip): so a call that ends
+/// well keeps its connection for the store's next call, and the store gives it back to the
+/// pool once no call used it for a second; idle, the store holds none. A connection whose call
+/// failed goes back at once, and one whose call timed out is closed (sqlx would wait, with no
+/// bound, for the answer to the statement given up on).
 ///
 /// A lost claim (its answer never came back) is settled after one timeout, in a transaction
 /// that waits for any insert of the key still in flight: see [`Store::settle_claim`].
@@ -112,7 +124,7 @@ pub use transactional::{MySqlTransaction, MySqlTransactionConnection, Transactio
 /// that does not verify fails the connect, with the TLS error in the [`StoreError`]'s chain.
 #[derive(Clone)]
 pub struct MySqlStore {
-    pool: MySqlPool,
+    connections: Connections<sqlx::MySql>,
     sql: Arc<Sql>,
     waiters: Arc<Mutex<WaiterMap>>,
     /// The `innodb_lock_wait_timeout` of the store's own pool's new connections, in seconds;
@@ -191,7 +203,7 @@ impl MySqlStore {
     /// ```
     pub fn new(pool: MySqlPool) -> Self {
         Self {
-            pool,
+            connections: Connections::new(pool),
             sql: Arc::new(Sql::new(Self::DEFAULT_TABLE)),
             waiters: Arc::default(),
             lock_wait: None,
@@ -308,7 +320,7 @@ impl MySqlStore {
         // Making a connection may take longer than a short store timeout (TLS, a loaded
         // server): at least a second and a half.
         let timeout = self.timeout.max(Duration::from_millis(1_500));
-        on_connection(&self.pool, timeout, async |connection| {
+        on_connection(&self.connections, timeout, async |connection| {
             let present: i64 = sqlx::query_scalar(self.sql.exists.clone())
                 .fetch_one(&mut *connection)
                 .await
@@ -363,7 +375,7 @@ impl MySqlStore {
 
     /// The pool the store runs on: the application's, or its own.
     pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        self.connections.pool()
     }
 
     /// The table the store uses.
@@ -434,7 +446,7 @@ impl MySqlStore {
     /// Runs one statement on a pooled connection, bounded by the timeout, and returns the
     /// rows it matched.
     async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
-        on_connection(&self.pool, self.timeout, async |connection| {
+        on_connection(&self.connections, self.timeout, async |connection| {
             query
                 .execute(connection)
                 .await
@@ -446,7 +458,7 @@ impl MySqlStore {
 
     /// Runs one statement that returns at most one row, bounded by the timeout.
     async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<MySqlRow>, StoreError> {
-        on_connection(&self.pool, self.timeout, async |connection| {
+        on_connection(&self.connections, self.timeout, async |connection| {
             query.fetch_optional(connection).await.map_err(unavailable)
         })
         .await
@@ -641,7 +653,7 @@ impl Store for MySqlStore {
     ) -> Result<Claim, StoreError> {
         let key = &*table_key(key);
         let fingerprint = fingerprint.to_hex();
-        on_connection(&self.pool, self.timeout, async |connection| {
+        on_connection(&self.connections, self.timeout, async |connection| {
             self.claim_on(connection, key, fingerprint.as_str(), reservation, lease)
                 .await
         })
@@ -687,7 +699,7 @@ impl Store for MySqlStore {
         let token = reservation.as_u128().to_be_bytes();
         tokio::time::sleep(self.timeout).await;
         within(self.timeout, async {
-            let mut transaction = Open::begin(&self.pool, None, None).await?;
+            let mut transaction = Open::begin(self.connections.pool(), None, None).await?;
             sqlx::query(self.sql.hold.clone())
                 .bind(stored)
                 .bind(fingerprint.to_hex().as_str())
@@ -760,7 +772,7 @@ impl Operator for MySqlStore {
         let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
         // A listing scans the table: ten store timeouts.
         let listing = self.timeout.saturating_mul(10);
-        let keys: Vec<Vec<u8>> = on_connection(&self.pool, listing, async |connection| {
+        let keys: Vec<Vec<u8>> = on_connection(&self.connections, listing, async |connection| {
             sqlx::query_scalar(self.sql.pending.clone())
                 .bind(millis)
                 .fetch_all(connection)

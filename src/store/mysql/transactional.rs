@@ -319,7 +319,7 @@ impl Store for TransactionalMySqlStore {
         let mut transaction = within(
             timeout,
             Open::begin(
-                &self.store.pool,
+                self.store.connections.pool(),
                 Some(SqlStr::from_static(BEGIN)),
                 Some(RESET),
             ),

@@ -18,7 +18,7 @@ use super::Purger;
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::pooled::Open;
-pub(super) use super::pooled::{acquire, on_connection, table_key, valid_table};
+pub(super) use super::pooled::{Connections, on_connection, table_key, valid_table};
 use super::waiting;
 use super::{
     Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
@@ -104,7 +104,14 @@ pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPos
 ///
 /// sqlx pings a pooled connection each time it hands it out unless the pool is built with
 /// `PgPoolOptions::test_before_acquire(false)`: a round trip more on every store call (the
-/// capacity bench measures both). The pool the store makes itself turns it off.
+/// capacity bench measures both). The pool the store makes itself turns it off. sqlx also
+/// pings every connection that goes back to its pool, which cannot be turned off: so a call
+/// that ends well keeps its connection for the store's next call, and the store gives it back
+/// to the pool once no call used it for a second. Under load the store holds the connections
+/// its calls use at once (never more than the pool's size), and idle it holds none; calls
+/// waiting for a connection while every one is out get the kept ones in their order. A
+/// connection whose call failed or timed out goes back at once (one that timed out is closed:
+/// sqlx would wait, with no bound, for the answer to the statement given up on).
 ///
 /// Behind PgBouncer in transaction mode, statements run on whichever server connection is
 /// free: the store works, since it keeps no session state and its transactions are whole
@@ -143,7 +150,7 @@ pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPos
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
+    connections: Connections<sqlx::Postgres>,
     sql: Arc<Sql>,
     retention_ms: i64,
     timeout: Duration,
@@ -214,7 +221,7 @@ impl PostgresStore {
         let sql = Arc::new(Sql::new(Self::DEFAULT_TABLE));
         let notifier = Notifier::new(Listener::new(&pool, &sql));
         Self {
-            pool,
+            connections: Connections::new(pool),
             sql,
             retention_ms: i64::try_from(retention_millis(super::DEFAULT_RETENTION))
                 .unwrap_or(i64::MAX),
@@ -303,7 +310,7 @@ impl PostgresStore {
     pub fn table(mut self, name: &str) -> Result<Self, StoreError> {
         valid_table(name)?;
         self.sql = Arc::new(Sql::new(name));
-        self.notifier = Notifier::new(Listener::new(&self.pool, &self.sql));
+        self.notifier = Notifier::new(Listener::new(self.connections.pool(), &self.sql));
         Ok(self)
     }
 
@@ -386,7 +393,7 @@ impl PostgresStore {
 
     /// The connection pool: the application's, or the one the store made.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.connections.pool()
     }
 
     /// The table name.
@@ -429,7 +436,11 @@ impl PostgresStore {
             // `MIGRATE_CONNECT_WAIT`, as making one (TLS, a loaded server) may take longer
             // than a short store timeout.
             let connect_wait = self.timeout.max(MIGRATE_CONNECT_WAIT);
-            let mut transaction = within(connect_wait, begin_on(&self.pool, begin.clone())).await?;
+            let mut transaction = within(
+                connect_wait,
+                begin_on(self.connections.pool(), begin.clone()),
+            )
+            .await?;
             // `None`: a lock the change needs is held (its `lock_timeout` passed).
             let tried = within(self.timeout, async {
                 match sqlx::raw_sql(self.sql.migrate.clone())
@@ -492,7 +503,7 @@ impl PostgresStore {
     /// holds it up), so past that time it fails, saying so, and the next `migrate` drops the
     /// invalid index it left and builds it again.
     async fn build_expiry_index(&self) -> Result<(), StoreError> {
-        let options = self.pool.connect_options();
+        let options = self.connections.pool().connect_options();
         let mut connection = within(self.timeout.max(MIGRATE_CONNECT_WAIT), async {
             PgConnection::connect_with(&options)
                 .await
@@ -617,7 +628,7 @@ impl PostgresStore {
     pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
         let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
         loop {
-            let deleted = on_connection(&self.pool, self.timeout, async |connection| {
+            let deleted = on_connection(&self.connections, self.timeout, async |connection| {
                 sqlx::query(self.sql.purge.clone())
                     .bind(batch)
                     .execute(connection)
@@ -668,7 +679,7 @@ impl PostgresStore {
     /// Runs one statement that changes the records of `key` and returns, for each, whether a
     /// request waits on it; announces the change if one does, and returns the rows changed.
     async fn change(&self, query: Query<'_>, key: &str) -> Result<u64, StoreError> {
-        let rows = on_connection(&self.pool, self.timeout, async |connection| {
+        let rows = on_connection(&self.connections, self.timeout, async |connection| {
             query.fetch_all(connection).await.map_err(unavailable)
         })
         .await?;
@@ -709,7 +720,7 @@ impl PostgresStore {
 
     /// Runs one statement (prepared once per connection) that returns at most one row.
     async fn fetch_optional(&self, query: Query<'_>) -> Result<Option<PgRow>, StoreError> {
-        on_connection(&self.pool, self.timeout, async |connection| {
+        on_connection(&self.connections, self.timeout, async |connection| {
             query.fetch_optional(connection).await.map_err(unavailable)
         })
         .await
@@ -717,7 +728,7 @@ impl PostgresStore {
 
     /// Runs one statement (prepared once per connection) and returns the rows it affected.
     async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
-        on_connection(&self.pool, self.timeout, async |connection| {
+        on_connection(&self.connections, self.timeout, async |connection| {
             query
                 .execute(connection)
                 .await
@@ -985,17 +996,17 @@ impl Store for PostgresStore {
         reservation: Reservation,
         lease: Lease,
     ) -> Result<Claim, StoreError> {
-        let mut connection = within(self.timeout, acquire(&self.pool)).await?;
+        let mut connection = within(self.timeout, self.connections.take()).await?;
         let claimed = self
             .claim_on(&mut connection, key, fingerprint, reservation, lease, None)
             .await;
-        // A statement given up on: its connection is closed, not pooled (see
-        // `pooled::on_connection`).
-        if claimed
-            .as_ref()
-            .is_err_and(|error| error.kind() == StoreErrorKind::Timeout)
-        {
-            connection.close_on_drop();
+        match &claimed {
+            // Kept for the next call (see `pooled::Connections`).
+            Ok(_) => self.connections.keep(connection),
+            // A statement given up on: its connection is closed, not pooled (see
+            // `pooled::on_connection`).
+            Err(error) if error.kind() == StoreErrorKind::Timeout => connection.close_on_drop(),
+            Err(_) => {}
         }
         claimed
     }
@@ -1072,7 +1083,8 @@ impl Store for PostgresStore {
         // statement_timeout: by one timeout from now it has committed or been cancelled.
         tokio::time::sleep(self.timeout).await;
         let waited = within(self.timeout, async {
-            let mut transaction = begin_on(&self.pool, sqlx::SqlStr::from_static("BEGIN")).await?;
+            let mut transaction =
+                begin_on(self.connections.pool(), sqlx::SqlStr::from_static("BEGIN")).await?;
             sqlx::query(self.sql.wait_for_claim.clone())
                 .bind(key)
                 .bind(fingerprint.to_hex().as_str())

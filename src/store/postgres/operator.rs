@@ -59,7 +59,7 @@ impl Operator for PostgresStore {
         ))
         .into_sql_str();
         let rows = within(listing, async {
-            let mut transaction = begin_on(&self.pool, begin).await?;
+            let mut transaction = begin_on(self.connections.pool(), begin).await?;
             let rows = sqlx::query(self.sql.pending.clone())
                 .bind(millis)
                 .fetch_all(&mut *transaction)

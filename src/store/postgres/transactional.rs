@@ -178,8 +178,11 @@ impl Store for TransactionalPostgresStore {
     ) -> Result<Claim, StoreError> {
         let timeout = self.store.timeout;
         let begin = AssertSqlSafe(Arc::clone(&self.begin)).into_sql_str();
-        let mut transaction =
-            within(timeout, Open::begin(&self.store.pool, Some(begin), None)).await?;
+        let mut transaction = within(
+            timeout,
+            Open::begin(self.store.connections.pool(), Some(begin), None),
+        )
+        .await?;
         // Any error or cancellation below drops the transaction: rolled back.
         let lock = lock_id(&self.store.sql.table, key);
         let claim = self
