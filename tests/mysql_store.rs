@@ -628,3 +628,50 @@ async fn a_call_that_times_out_on_a_silent_server_holds_no_pool_slot() {
         }
     }
 }
+
+/// Found in review: on the application's pool, a store call that found every connection out
+/// waited only for one another store call kept, looking at the pool now and then, while each
+/// connection the application's own users gave back went to the next of them in the pool's
+/// line: the store's calls timed out though connections came back all the time. A store call
+/// waits in the pool's line too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_calls_get_their_turn_on_a_busy_application_pool() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect_with(mysql_options())
+        .await
+        .unwrap();
+    // The table made elsewhere: this store has used no connection yet, and keeps none.
+    drop(make_store(None).await);
+    let store = MySqlStore::new(pool.clone()).table(TABLE).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Twelve users of the application's pool, each holding a connection for a moment, back to
+    // back, so that the pool always has someone in its line.
+    let users: Vec<_> = (0..12)
+        .map(|_| {
+            let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let mut connection = pool.acquire().await.unwrap();
+                    sqlx::query("SELECT SLEEP(0.02)")
+                        .execute(&mut *connection)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    // Every connection out, the users' line formed.
+    wait_for(|| pool.size() == 2 && pool.num_idle() == 0).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fp = LabelContract::fingerprint("x", "y");
+    for i in 0..20 {
+        let claimed = store.claim(&unique_key(&format!("busy-{i}")), &fp).await;
+        assert!(matches!(claimed, Ok(Claim::New(_))), "{i}: {claimed:?}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for user in users {
+        user.await.unwrap();
+    }
+}

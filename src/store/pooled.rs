@@ -152,19 +152,26 @@ where
 
     /// Commits, then resets the session; the connection goes back to the pool.
     pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        use sqlx_core::transaction::TransactionManager as _;
-        DB::TransactionManager::commit(&mut self.connection).await?;
-        self.end().await
+        self.commit_only().await?;
+        self.reset().await
     }
 
     /// Rolls back, then resets the session; the connection goes back to the pool.
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
         use sqlx_core::transaction::TransactionManager as _;
         DB::TransactionManager::rollback(&mut self.connection).await?;
-        self.end().await
+        self.reset().await
     }
 
-    async fn end(&mut self) -> Result<(), sqlx::Error> {
+    /// Commits, the session not reset yet: the commit's own answer.
+    pub(crate) async fn commit_only(&mut self) -> Result<(), sqlx::Error> {
+        use sqlx_core::transaction::TransactionManager as _;
+        DB::TransactionManager::commit(&mut self.connection).await
+    }
+
+    /// Resets the session of a transaction ended; the connection goes back to the pool (if
+    /// the reset fails, or is given up on, it is closed).
+    pub(crate) async fn reset(mut self) -> Result<(), sqlx::Error> {
         if let Some(reset) = self.reset {
             sqlx::raw_sql(reset).execute(&mut *self.connection).await?;
         }
@@ -437,15 +444,32 @@ where
             }
         }
         super::within(timeout, async {
-            transaction.commit().await.map_err(unavailable)
+            transaction.commit_only().await.map_err(unavailable)
         })
         .await
-        .map_err(|error| uncommitted(Some(error)))
+        .map_err(|error| uncommitted(Some(error)))?;
+        // Committed: the answer stands whatever becomes of the session's reset (a connection
+        // not reset in time is closed).
+        let _ = super::within(timeout, async {
+            transaction.reset().await.map_err(unavailable)
+        })
+        .await;
+        Ok(())
     }
 }
 
-/// How often a call waiting for a connection while every one is out looks at the pool again.
+/// How often a call waiting for a connection while every one is the store's looks at the
+/// pool again (a connection a failed call gave back goes there).
 const SATURATED_POLL: Duration = Duration::from_millis(5);
+
+/// The length of the line of waiting calls past which those that stopped waiting are dropped
+/// from it.
+const WAITING_SWEEP: usize = 64;
+
+/// The least time a call must have left to start on a connection it was handed: with less, it
+/// would time out mid-statement and close a sound connection; the connection goes to the next
+/// call instead.
+const LEAST_LEFT: Duration = Duration::from_millis(10);
 
 /// How long a connection a store call used is kept for the next call, before it goes back to
 /// its pool.
@@ -456,8 +480,9 @@ const KEEP_IDLE: Duration = Duration::from_secs(1);
 /// sqlx checks every connection that goes back to its pool with a ping, a round trip (this
 /// cannot be turned off), so a call that took a connection and gave it back cost two round
 /// trips: half the store's rate. A call that ends well keeps its connection here instead, for
-/// the next call, handed first to the calls waiting for one, in their order; one not used
-/// again within [`KEEP_IDLE`] goes back to the pool (and its ping). So under load the store
+/// the next call, handed first to the calls waiting for one, in their order (unless others
+/// wait in the pool's own line: then it goes back to the pool, theirs); one not used again
+/// within [`KEEP_IDLE`] goes back to the pool (and its ping). So under load the store
 /// holds the connections its calls use at once, as it would anyway, and once idle it holds
 /// none. A connection whose call failed, was cancelled or timed out is never kept.
 pub(crate) struct Connections<DB: sqlx::Database>(std::sync::Arc<Kept<DB>>);
@@ -473,15 +498,55 @@ pub(crate) struct Kept<DB: sqlx::Database> {
     state: std::sync::Mutex<KeptState<DB>>,
     /// Whether a task gives back the connections not used again in time.
     reaping: std::sync::atomic::AtomicBool,
+    /// The pool's connections the store's calls have now, in a call or kept.
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A connection of the pool a store call has (in a call, or kept): counted while it is.
+pub(crate) struct Held<DB: sqlx::Database> {
+    connection: sqlx::pool::PoolConnection<DB>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<DB: sqlx::Database> Held<DB> {
+    fn new(
+        connection: sqlx::pool::PoolConnection<DB>,
+        held: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Self {
+        held.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self {
+            connection,
+            held: std::sync::Arc::clone(held),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Held<DB> {
+    fn drop(&mut self) {
+        self.held.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::Deref for Held<DB> {
+    type Target = sqlx::pool::PoolConnection<DB>;
+
+    fn deref(&self) -> &sqlx::pool::PoolConnection<DB> {
+        &self.connection
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for Held<DB> {
+    fn deref_mut(&mut self) -> &mut sqlx::pool::PoolConnection<DB> {
+        &mut self.connection
+    }
 }
 
 struct KeptState<DB: sqlx::Database> {
     /// The connections kept, the most recently used last, with when each was.
-    idle: Vec<(sqlx::pool::PoolConnection<DB>, tokio::time::Instant)>,
+    idle: Vec<(Held<DB>, tokio::time::Instant)>,
     /// The calls waiting for a connection while every one the pool may make is out, first
     /// come first; a call that stopped waiting leaves its sender closed.
-    waiting:
-        std::collections::VecDeque<tokio::sync::oneshot::Sender<sqlx::pool::PoolConnection<DB>>>,
+    waiting: std::collections::VecDeque<tokio::sync::oneshot::Sender<Held<DB>>>,
 }
 
 impl<DB: sqlx::Database> Connections<DB> {
@@ -493,6 +558,7 @@ impl<DB: sqlx::Database> Connections<DB> {
                 waiting: std::collections::VecDeque::new(),
             }),
             reaping: std::sync::atomic::AtomicBool::new(false),
+            held: std::sync::Arc::default(),
         }))
     }
 
@@ -513,47 +579,65 @@ impl<DB: sqlx::Database> Connections<DB> {
         pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections()
     }
 
-    /// A kept connection, the most recently used; else the first one a call keeps, in line
-    /// with the other calls waiting, or one of the pool, whichever comes first. While every
-    /// connection the pool may make is out (in a call, or kept), it waits in line only,
-    /// looking at the pool again every [`SATURATED_POLL`] (a connection a failed call gave
-    /// back goes to the pool).
-    pub(crate) async fn take(&self) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+    /// Whether every connection the pool may make is out and some are others' (the
+    /// application's, a transaction's): then others may be in the pool's line.
+    fn others_wait(&self) -> bool {
+        self.saturated() && self.others_hold()
+    }
+
+    /// Whether some of the pool's connections are others'.
+    fn others_hold(&self) -> bool {
+        self.0.held.load(std::sync::atomic::Ordering::Acquire)
+            < usize::try_from(self.0.pool.size()).unwrap_or(usize::MAX)
+    }
+
+    /// A kept connection, the most recently used; else the first one a call keeps (in line
+    /// with the other calls waiting) or one of the pool (in sqlx's line, with everyone else
+    /// who uses the pool), whichever comes first.
+    pub(crate) async fn take(&self) -> Result<Held<DB>, StoreError> {
         let mut waiting = {
             let mut state = self.lock();
             if let Some((connection, _)) = state.idle.pop() {
                 return Ok(connection);
             }
+            // The calls that stopped waiting, dropped once the line grows.
+            if state.waiting.len() >= WAITING_SWEEP {
+                state.waiting.retain(|waiting| !waiting.is_closed());
+            }
             let (handed, waiting) = tokio::sync::oneshot::channel();
             state.waiting.push_back(handed);
             waiting
         };
-        loop {
-            if !self.saturated() {
-                let mut acquiring = std::pin::pin!(acquire(&self.0.pool));
-                return std::future::poll_fn(|cx| {
-                    if let std::task::Poll::Ready(Ok(connection)) =
-                        std::pin::Pin::new(&mut waiting).poll(cx)
-                    {
-                        return std::task::Poll::Ready(Ok(connection));
-                    }
-                    acquiring.as_mut().poll(cx)
-                })
-                .await;
-            }
+        // While every connection is the store's, one comes back through this line; a call
+        // that failed gives its back to the pool, looked at again every `SATURATED_POLL`.
+        while self.saturated() && !self.others_hold() {
             match tokio::time::timeout(SATURATED_POLL, &mut waiting).await {
                 Ok(Ok(connection)) => return Ok(connection),
-                // No longer in line (the store is going away): the pool's.
-                Ok(Err(_)) => return acquire(&self.0.pool).await,
+                Ok(Err(_)) => break,
                 Err(_) => {}
             }
         }
+        let held = &self.0.held;
+        let mut acquiring = std::pin::pin!(async {
+            acquire(&self.0.pool)
+                .await
+                .map(|connection| Held::new(connection, held))
+        });
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(Ok(connection)) =
+                std::pin::Pin::new(&mut waiting).poll(cx)
+            {
+                return std::task::Poll::Ready(Ok(connection));
+            }
+            acquiring.as_mut().poll(cx)
+        })
+        .await
     }
 
     /// Hands `connection` to the first call waiting for one, or keeps it for the next call,
     /// up to the pool's size; a task gives a kept one back to the pool once it is not used
     /// again within [`KEEP_IDLE`].
-    pub(crate) fn keep(&self, connection: sqlx::pool::PoolConnection<DB>) {
+    pub(crate) fn keep(&self, connection: Held<DB>) {
         let limit = usize::try_from(self.0.pool.options().get_max_connections()).unwrap_or(0);
         let mut connection = connection;
         {
@@ -565,7 +649,9 @@ impl<DB: sqlx::Database> Connections<DB> {
                     Err(back) => connection = back,
                 }
             }
-            if state.idle.len() >= limit {
+            // Full, or others wait in the pool's line (the application's handlers, a
+            // transaction's begin): theirs.
+            if state.idle.len() >= limit || self.others_wait() {
                 drop(state);
                 return;
             }
@@ -622,6 +708,10 @@ pub(crate) async fn on_connection<DB: sqlx::Database, T>(
     let started = tokio::time::Instant::now();
     let mut connection = super::within(timeout, connections.take()).await?;
     let left = timeout.saturating_sub(started.elapsed());
+    if left < LEAST_LEFT.min(timeout) {
+        connections.keep(connection);
+        return Err(StoreError::new(StoreErrorKind::Timeout));
+    }
     match tokio::time::timeout(left, call(&mut connection)).await {
         Ok(Ok(answer)) => {
             connections.keep(connection);
