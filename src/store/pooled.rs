@@ -194,9 +194,9 @@ where
 /// With axum, take it as `axum::Extension<PgTransaction>` (or `MySqlTransaction`).
 ///
 /// [`TransactionalPostgresStore`]: crate::store::TransactionalPostgresStore
-/// [`TransactionalMySqlStore`]: crate::store::mysql::TransactionalMySqlStore
+/// [`TransactionalMySqlStore`]: crate::store::TransactionalMySqlStore
 /// [`PgTransaction`]: crate::store::PgTransaction
-/// [`MySqlTransaction`]: crate::store::mysql::MySqlTransaction
+/// [`MySqlTransaction`]: crate::store::MySqlTransaction
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub struct SqlTransaction<DB: sqlx::Database> {
     slot: std::sync::Arc<tokio::sync::Mutex<Slot<DB>>>,
