@@ -375,9 +375,28 @@ where
             .insert(reservation.as_u128(), SqlTransaction::new(transaction));
     }
 
-    /// Whether `reservation`'s transaction is open.
-    pub(crate) fn contains(&self, reservation: &super::Reservation) -> bool {
-        self.lock().contains_key(&reservation.as_u128())
+    /// A reservation's renewal: nothing to renew while its transaction is open (it holds the
+    /// key for as long as the create runs); [`StoreErrorKind::ReservationLost`] once ended.
+    pub(crate) fn renew(&self, reservation: &super::Reservation) -> Result<(), StoreError> {
+        if self.lock().contains_key(&reservation.as_u128()) {
+            Ok(())
+        } else {
+            Err(StoreError::new(StoreErrorKind::ReservationLost))
+        }
+    }
+
+    /// A reservation's release: its transaction rolled back, the key free as before the claim;
+    /// [`StoreErrorKind::ReservationLost`] if it had ended.
+    pub(crate) async fn release(
+        &self,
+        reservation: &super::Reservation,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if self.roll_back(reservation, timeout).await {
+            Ok(())
+        } else {
+            Err(StoreError::new(StoreErrorKind::ReservationLost))
+        }
     }
 
     /// Puts `reservation`'s transaction, if open, in `extensions` for the create.

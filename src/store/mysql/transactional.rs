@@ -172,10 +172,6 @@ fn committed(row: Option<MySqlRow>, fingerprint: &str) -> Result<Claim, StoreErr
     }
 }
 
-fn ended() -> StoreError {
-    StoreError::new(StoreErrorKind::ReservationLost)
-}
-
 impl TransactionalMySqlStore {
     /// The transactional mode of `store`: the same pool, table, retention and timeout.
     pub fn new(store: MySqlStore) -> Self {
@@ -357,11 +353,7 @@ impl Store for TransactionalMySqlStore {
         reservation: &Reservation,
         _lease: Duration,
     ) -> Result<(), StoreError> {
-        if self.open.contains(reservation) {
-            Ok(())
-        } else {
-            Err(ended())
-        }
+        self.open.renew(reservation)
     }
 
     /// Stores the response in the claim's transaction and commits: the record, the create's
@@ -411,11 +403,7 @@ impl Store for TransactionalMySqlStore {
 
     /// Rolls the claim back: the key is free, as before the claim.
     async fn release(&self, _key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        if self.open.roll_back(reservation, self.store.timeout).await {
-            Ok(())
-        } else {
-            Err(ended())
-        }
+        self.open.release(reservation, self.store.timeout).await
     }
 
     fn attach(&self, _key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {

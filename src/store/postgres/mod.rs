@@ -468,8 +468,9 @@ impl PostgresStore {
                     .await?;
                     Some(indexed)
                 }
-                // Rolled back now, not after the pause: its locks (the migrate's advisory
-                // lock, a change's table lock) are not held while it waits.
+                // Ended now, not after the pause (its connection closed, which the server
+                // rolls back): its locks (the migrate's advisory lock, a change's table lock)
+                // are not held while it waits.
                 Ok(None) => {
                     drop(transaction);
                     None

@@ -16,7 +16,7 @@ use crate::store::pooled::{
 };
 use crate::store::{
     CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse, codec, within,
+    StoredResponse, codec, within,
 };
 
 /// A [`PostgresStore`] whose claim, the create's own writes and the complete commit in **one
@@ -148,10 +148,6 @@ impl TransactionalPostgresStore {
     }
 }
 
-fn ended() -> StoreError {
-    StoreError::new(StoreErrorKind::ReservationLost)
-}
-
 /// The advisory lock of `key` in `table`: 64 bits of their digest.
 fn lock_id(table: &str, key: &str) -> i64 {
     let mut digest = Sha256::new();
@@ -218,11 +214,7 @@ impl Store for TransactionalPostgresStore {
         reservation: &Reservation,
         _lease: Duration,
     ) -> Result<(), StoreError> {
-        if self.open.contains(reservation) {
-            Ok(())
-        } else {
-            Err(ended())
-        }
+        self.open.renew(reservation)
     }
 
     /// Stores the response in the claim's transaction and commits: the record, the create's
@@ -273,11 +265,7 @@ impl Store for TransactionalPostgresStore {
 
     /// Rolls the claim back: the key is free, as before the claim.
     async fn release(&self, _key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        if self.open.roll_back(reservation, self.store.timeout).await {
-            Ok(())
-        } else {
-            Err(ended())
-        }
+        self.open.release(reservation, self.store.timeout).await
     }
 
     fn attach(&self, _key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
