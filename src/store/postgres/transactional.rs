@@ -218,7 +218,7 @@ impl Store for TransactionalPostgresStore {
     }
 
     /// Stores the response in the claim's transaction and commits: the record, the create's
-    /// writes and the response together. Any failure is [`StoreErrorKind::Uncommitted`].
+    /// writes and the response together. Any failure is [`StoreErrorKind::Uncommitted`](crate::store::StoreErrorKind::Uncommitted).
     async fn complete(
         &self,
         key: &str,
