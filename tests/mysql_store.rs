@@ -675,3 +675,19 @@ async fn store_calls_get_their_turn_on_a_busy_application_pool() {
         user.await.unwrap();
     }
 }
+
+/// Found when a clean run's outage test kept a key pending: the store kept the one connection
+/// of its pool for its next call as long as calls kept coming, so that the pool's line (a
+/// transaction of the store settling a lost claim, an application's handler) waited for the
+/// calls to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
+    drop(make_store(None).await);
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(mysql_options())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool.clone()).table(TABLE).unwrap();
+    common::the_pools_line_gets_a_turn_while_store_calls_go_on(store, pool).await;
+}

@@ -854,3 +854,18 @@ async fn a_claim_whose_commit_fails_is_an_error_not_new() {
     assert_eq!(rows, 0, "nothing recorded");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The store keeps a connection for its next call as long as calls keep coming: the pool's
+/// line (an application's handler, a transaction of the store) still gets its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
+    drop(SqliteStore::open(path()).await.unwrap());
+    let options = ::sqlx::sqlite::SqliteConnectOptions::new().filename(path());
+    let pool: ::sqlx::SqlitePool = ::sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone());
+    common::the_pools_line_gets_a_turn_while_store_calls_go_on(store, pool).await;
+}

@@ -494,6 +494,12 @@ const LEAST_LEFT: Duration = Duration::from_millis(10);
 /// its pool.
 const KEEP_IDLE: Duration = Duration::from_secs(1);
 
+/// How long the store's calls hold one of the pool's connections, handing it from call to
+/// call, before it goes back to the pool: whoever waits in the pool's line (an application's
+/// handler, a transaction of the store's own) gets a turn within about this while the
+/// store's calls go on.
+const TURN: Duration = Duration::from_millis(50);
+
 /// A store's pool, and the connections its calls keep between them while calls keep coming.
 ///
 /// sqlx checks every connection that goes back to its pool with a ping, a round trip (this
@@ -501,9 +507,10 @@ const KEEP_IDLE: Duration = Duration::from_secs(1);
 /// trips: half the store's rate. A call that ends well keeps its connection here instead, for
 /// the next call, handed first to the calls waiting for one, in their order (unless others
 /// wait in the pool's own line: then it goes back to the pool, theirs); one not used again
-/// within [`KEEP_IDLE`] goes back to the pool (and its ping). So under load the store
-/// holds the connections its calls use at once, as it would anyway, and once idle it holds
-/// none. A connection whose call failed, was cancelled or timed out is never kept.
+/// within [`KEEP_IDLE`] goes back to the pool (and its ping), and so does one held for a
+/// [`TURN`], since sqlx tells no one who waits in its line. So under load the store holds the
+/// connections its calls use at once, as it would anyway, and once idle it holds none. A
+/// connection whose call failed, was cancelled or timed out is never kept.
 pub(crate) struct Connections<DB: sqlx::Database>(std::sync::Arc<Kept<DB>>);
 
 impl<DB: sqlx::Database> Clone for Connections<DB> {
@@ -525,6 +532,8 @@ pub(crate) struct Kept<DB: sqlx::Database> {
 pub(crate) struct Held<DB: sqlx::Database> {
     connection: sqlx::pool::PoolConnection<DB>,
     held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// When the store took it from the pool.
+    since: tokio::time::Instant,
 }
 
 impl<DB: sqlx::Database> Held<DB> {
@@ -536,6 +545,7 @@ impl<DB: sqlx::Database> Held<DB> {
         Self {
             connection,
             held: std::sync::Arc::clone(held),
+            since: tokio::time::Instant::now(),
         }
     }
 }
@@ -655,8 +665,11 @@ impl<DB: sqlx::Database> Connections<DB> {
 
     /// Hands `connection` to the first call waiting for one, or keeps it for the next call,
     /// up to the pool's size; a task gives a kept one back to the pool once it is not used
-    /// again within [`KEEP_IDLE`].
+    /// again within [`KEEP_IDLE`]. One held for a [`TURN`] goes back to the pool at once.
     pub(crate) fn keep(&self, connection: Held<DB>) {
+        if connection.since.elapsed() >= TURN {
+            return;
+        }
         let limit = usize::try_from(self.0.pool.options().get_max_connections()).unwrap_or(0);
         let mut connection = connection;
         {

@@ -618,6 +618,69 @@ pub async fn outage_fails_closed_and_recovers<St: Store>(
     assert_eq!(creates.load(Ordering::SeqCst), warmed + 1);
 }
 
+/// A store on an application's pool of one connection, called back to back by a task: someone
+/// else in the pool's line (the application's handler, the store's own transaction settling
+/// a lost claim) gets the connection while the calls go on, not only once they stop.
+pub async fn the_pools_line_gets_a_turn_while_store_calls_go_on<St: Store, DB: sqlx::Database>(
+    store: St,
+    pool: sqlx::Pool<DB>,
+) {
+    use std::sync::atomic::AtomicBool;
+    let fp = LabelContract::fingerprint("x", "y");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = tokio::spawn({
+        let (store, answered, stop) = (store.clone(), Arc::clone(&answered), Arc::clone(&stop));
+        async move {
+            // Bounded: on a store that never gives the connection up, the line gets it when
+            // the calls stop, and the assertions below say so.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                let key = conformance::unique_key("turn");
+                if store.claim(&key, &fp).await.is_ok() {
+                    answered.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    let calls_going = || {
+        let answered = &answered;
+        let before = answered.load(Ordering::SeqCst);
+        async move {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+            while answered.load(Ordering::SeqCst) < before + 3 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no store call answered"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    };
+    calls_going().await;
+    let connection = pool.acquire().await;
+    assert!(connection.is_ok(), "{:?}", connection.err());
+    assert!(
+        !caller.is_finished(),
+        "the application's handler got the connection only once the store's calls stopped"
+    );
+    drop(connection);
+    // The store's own transaction: settling a claim whose answer was lost.
+    let key = conformance::unique_key("turn-settle");
+    let Ok(Claim::New(reservation)) = store.claim(&key, &fp).await else {
+        panic!("a new claim");
+    };
+    calls_going().await;
+    let settled = store.settle_claim(&key, &fp, reservation).await;
+    assert!(settled.is_ok(), "{settled:?}");
+    assert!(
+        !caller.is_finished(),
+        "the store's transaction got the connection only once the store's calls stopped"
+    );
+    stop.store(true, Ordering::SeqCst);
+    caller.await.unwrap();
+}
+
 /// Warms `service`: the pool's first connection is made within the store's short timeout,
 /// which a loaded machine can miss; a warm-up refused so is tried again, under another key.
 /// Returns the creates made.
