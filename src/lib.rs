@@ -253,6 +253,7 @@ pub mod operation;
 mod outcome;
 mod pipeline;
 pub mod problem;
+mod refusal;
 pub mod reply;
 pub mod scope;
 pub mod service;

@@ -55,46 +55,17 @@
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response};
 
-use crate::outcome::Refusal;
 use crate::outcome::{Invalid, Rejection};
+use crate::refusal::default_base;
 
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-macro_rules! default_base {
-    () => {
-        "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#"
-    };
-}
-
 /// What every problem type starts with unless an operation is given a base of its own: this
 /// page, so that a type is the address of its case's heading. Stable across releases.
 pub const DEFAULT_TYPE_BASE: &str = default_base!();
-
-macro_rules! problem_type {
-    ($code:literal) => {
-        concat!(default_base!(), $code)
-    };
-}
-
-macro_rules! problem {
-    ($code:literal, $title:literal, $status:literal, $detail:literal) => {
-        concat!(
-            r#"{"type":""#,
-            problem_type!($code),
-            r#"","title":""#,
-            $title,
-            r#"","status":"#,
-            $status,
-            r#","detail":""#,
-            $detail,
-            r#""}"#
-        )
-        .as_bytes()
-    };
-}
 
 /// The problem reply for `rejection`, its type under `base` (the default's when `None`).
 pub(crate) fn reply_under(rejection: &Rejection, base: Option<&str>) -> Response<Bytes> {
@@ -123,146 +94,22 @@ fn rebase(body: &Bytes, base: &str) -> Bytes {
     Bytes::from(rebased)
 }
 
-/// The problem reply for `rejection`.
+/// The problem reply for `rejection`: its row of the [refusal table](crate::refusal) as it is,
+/// the detail of an invalid request the operation's own.
 pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
-    let (status, body): (StatusCode, Bytes) = match rejection {
-        Rejection::NotFound => fixed(
-            StatusCode::NOT_FOUND,
-            problem!(
-                "not_found",
-                "Not found",
-                404,
-                "No create endpoint is guarded at this path."
-            ),
-        ),
-        Rejection::MethodNotAllowed => fixed(
-            StatusCode::METHOD_NOT_ALLOWED,
-            problem!(
-                "method_not_allowed",
-                "Method not allowed",
-                405,
-                "The method is not the create's."
-            ),
-        ),
-        Rejection::UnsupportedMediaType => fixed(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            problem!(
-                "unsupported_media_type",
-                "Unsupported media type",
-                415,
-                "The body must be sent with the content type this endpoint reads."
-            ),
-        ),
-        Rejection::PayloadTooLarge => fixed(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            problem!(
-                "payload_too_large",
-                "Payload too large",
-                413,
-                "The body is over this endpoint's limit."
-            ),
-        ),
-        Rejection::InvalidKey => fixed(
-            StatusCode::BAD_REQUEST,
-            problem!(
-                "invalid_idempotency_key",
-                "Invalid Idempotency-Key",
-                400,
-                "Send one Idempotency-Key header of 1 to 255 visible ASCII characters, bare or as a quoted string."
-            ),
-        ),
-        Rejection::InvalidRequest(why) => (StatusCode::BAD_REQUEST, invalid(why)),
-        Rejection::ScopeRequired => fixed(
-            StatusCode::FORBIDDEN,
-            problem!(
-                "scope_required",
-                "Scope required",
-                403,
-                "The request carries no scope (tenant, client) for its key."
-            ),
-        ),
-        Rejection::Conflict => fixed(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            problem!(
-                "idempotency_conflict",
-                "Idempotency-Key reused",
-                422,
-                "The key was used for a different request payload."
-            ),
-        ),
-        Rejection::Pending => fixed(
-            StatusCode::CONFLICT,
-            problem!(
-                "request_pending",
-                "Request pending",
-                409,
-                "The first request with this key has not completed; retry later."
-            ),
-        ),
-        Rejection::NotAdmitted(Refusal::TooManyRequests) => fixed(
-            StatusCode::TOO_MANY_REQUESTS,
-            problem!(
-                "not_admitted",
-                "Not admitted",
-                429,
-                "Too many creates right now; nothing was created. Retry after the delay."
-            ),
-        ),
-        Rejection::NotAdmitted(Refusal::ServiceUnavailable) => fixed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            problem!(
-                "not_admitted",
-                "Not admitted",
-                503,
-                "Over capacity right now; nothing was created. Retry after the delay."
-            ),
-        ),
-        Rejection::StoreUnavailable => fixed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            problem!(
-                "store_unavailable",
-                "Store unavailable",
-                503,
-                "The idempotency store cannot take the request now; nothing was created. Retry after the delay."
-            ),
-        ),
-        Rejection::CreateFailed => fixed(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            problem!(
-                "create_failed",
-                "Create failed",
-                500,
-                "The create failed; whether it took effect is unknown."
-            ),
-        ),
-        Rejection::ResponseTooLarge => fixed(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            problem!(
-                "response_too_large",
-                "Response too large",
-                500,
-                "The created response is over the cap and was not stored; the key stays taken."
-            ),
-        ),
+    let declared = rejection.declared();
+    let body = match rejection {
+        Rejection::InvalidRequest(why) => invalid(why),
+        _ => Bytes::from_static(declared.problem),
     };
     let mut response = Response::new(body);
-    *response.status_mut() = status;
+    *response.status_mut() = declared.status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    match rejection {
-        Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => {
-            headers.insert(RETRY_AFTER, HeaderValue::from_static("2"));
-        }
-        Rejection::Pending => {
-            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        _ => {}
+    if let Some(seconds) = declared.retry.default_value() {
+        headers.insert(RETRY_AFTER, HeaderValue::from_static(seconds));
     }
     response
-}
-
-fn fixed(status: StatusCode, body: &'static [u8]) -> (StatusCode, Bytes) {
-    (status, Bytes::from_static(body))
 }
 
 /// The one problem with a detail of the operation's: an invalid body, and the member it is
@@ -279,9 +126,13 @@ fn invalid(why: &Invalid) -> Bytes {
         ),
         None => String::new(),
     };
+    let row = &crate::refusal::INVALID_REQUEST;
     Bytes::from(format!(
-        r#"{{"type":"{}","title":"Invalid request","status":400,"detail":{detail}{errors}}}"#,
-        problem_type!("invalid_request")
+        r#"{{"type":"{}{}","title":"{}","status":{},"detail":{detail}{errors}}}"#,
+        default_base!(),
+        row.code,
+        row.title,
+        row.status.as_u16(),
     ))
 }
 
@@ -291,23 +142,8 @@ mod tests {
     use crate::outcome::Invalid;
 
     /// Every case of a problem reply, once.
-    fn cases() -> Vec<Rejection> {
-        vec![
-            Rejection::NotFound,
-            Rejection::MethodNotAllowed,
-            Rejection::UnsupportedMediaType,
-            Rejection::PayloadTooLarge,
-            Rejection::InvalidKey,
-            Rejection::InvalidRequest(Invalid::at("/a", "why")),
-            Rejection::ScopeRequired,
-            Rejection::Conflict,
-            Rejection::Pending,
-            Rejection::NotAdmitted(Refusal::TooManyRequests),
-            Rejection::NotAdmitted(Refusal::ServiceUnavailable),
-            Rejection::StoreUnavailable,
-            Rejection::CreateFailed,
-            Rejection::ResponseTooLarge,
-        ]
+    fn cases() -> [Rejection; 14] {
+        Rejection::every()
     }
 
     fn type_of(response: &Response<Bytes>) -> String {
@@ -361,7 +197,8 @@ mod tests {
     /// a base that needs escaping in JSON is escaped.
     #[test]
     fn a_base_of_ones_own_prefixes_every_type() {
-        for case in cases() {
+        let pointed = Rejection::InvalidRequest(Invalid::at("/a", "why"));
+        for case in cases().into_iter().chain([pointed]) {
             let default = reply(&case);
             let own = reply_under(&case, Some("https://api.example.com/problems/"));
             let name = type_of(&default).rsplit('#').next().unwrap().to_owned();

@@ -11,8 +11,8 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::outcome::Refusal;
 use crate::outcome::Rejection;
+use crate::refusal;
 
 /// The content type of a gRPC call, with or without a `+proto`-style suffix.
 const GRPC: &str = "application/grpc";
@@ -289,27 +289,26 @@ impl Code {
     }
 }
 
-/// The gRPC status code and message of a refusal.
+/// The gRPC status code and message of a refusal: its row of the
+/// [refusal table](crate::refusal), the code read off the row's HTTP status, and any bad key
+/// or body `invalid_request` (the key travels in metadata, beside the message).
 fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
-    match rejection {
-        Rejection::NotFound => (Code::Unimplemented, "not_found"),
-        Rejection::MethodNotAllowed => (Code::Unimplemented, "method_not_allowed"),
-        Rejection::UnsupportedMediaType => (Code::Unimplemented, "unsupported_media_type"),
-        Rejection::PayloadTooLarge => (Code::ResourceExhausted, "payload_too_large"),
-        Rejection::InvalidKey | Rejection::InvalidRequest(_) => {
-            (Code::InvalidArgument, "invalid_request")
-        }
-        Rejection::ScopeRequired => (Code::PermissionDenied, "scope_required"),
-        Rejection::Conflict => (Code::FailedPrecondition, "idempotency_conflict"),
-        Rejection::Pending => (Code::Aborted, "request_pending"),
-        Rejection::NotAdmitted(Refusal::TooManyRequests) => {
-            (Code::ResourceExhausted, "not_admitted")
-        }
-        Rejection::NotAdmitted(_) => (Code::Unavailable, "not_admitted"),
-        Rejection::StoreUnavailable => (Code::Unavailable, "store_unavailable"),
-        Rejection::CreateFailed => (Code::Internal, "create_failed"),
-        Rejection::ResponseTooLarge => (Code::Internal, "response_too_large"),
-    }
+    let declared = match rejection {
+        Rejection::InvalidKey => &refusal::INVALID_REQUEST,
+        other => other.declared(),
+    };
+    let code = match declared.status {
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::BAD_REQUEST => Code::InvalidArgument,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::UNPROCESSABLE_ENTITY => Code::FailedPrecondition,
+        StatusCode::CONFLICT => Code::Aborted,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        StatusCode::INTERNAL_SERVER_ERROR => Code::Internal,
+        // Not found, method not allowed, unsupported media type: no such method here.
+        _ => Code::Unimplemented,
+    };
+    (code, declared.code)
 }
 
 #[cfg(test)]

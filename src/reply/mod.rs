@@ -7,6 +7,7 @@ use http::header::RETRY_AFTER;
 use crate::body::ResponseBody;
 use crate::operation::Operation;
 pub use crate::outcome::{Invalid, Outcome, Rejection};
+use crate::refusal::Retry;
 
 /// The replay marker header, sent on replays only when
 /// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
@@ -36,10 +37,10 @@ impl Rejection {
         retry_after: &RetryAfter,
     ) -> Response<ResponseBody<B>> {
         let mut response = operation.reply(&self);
-        let value = match self {
-            Rejection::Pending => Some(&retry_after.pending),
-            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => Some(&retry_after.refused),
-            _ => None,
+        let value = match self.declared().retry {
+            Retry::Pending => Some(&retry_after.pending),
+            Retry::Refused => Some(&retry_after.refused),
+            Retry::Never => None,
         };
         if let (Some(value), Some(header)) = (value, response.headers_mut().get_mut(RETRY_AFTER)) {
             header.clone_from(value);

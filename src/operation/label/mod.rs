@@ -40,6 +40,7 @@ pub use self::shared_str::SharedStr;
 use super::media;
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
 use crate::outcome::Rejection;
+use crate::refusal;
 
 /// One create operation: the intent (`request_id`) and the object it acts on (`parcel_id`).
 ///
@@ -306,56 +307,32 @@ impl Operation for LabelContract {
         })
     }
 
+    /// The [refusal table](crate::refusal)'s row as `{"error":"<code>"}`, with three
+    /// differences the contract makes: any bad key or body is `invalid_request`, a reused key
+    /// is `409` (the contract's status for both of its conflicts), and only a refusal of
+    /// admission or the store carries `Retry-After` (a pending key does not). A `405` names
+    /// the method allowed.
     fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
-        let (status, body): (StatusCode, &'static [u8]) = match rejection {
-            Rejection::NotFound => (StatusCode::NOT_FOUND, br#"{"error":"not_found"}"#),
-            Rejection::MethodNotAllowed => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                br#"{"error":"method_not_allowed"}"#,
-            ),
-            Rejection::UnsupportedMediaType => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                br#"{"error":"unsupported_media_type"}"#,
-            ),
-            Rejection::PayloadTooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                br#"{"error":"payload_too_large"}"#,
-            ),
-            Rejection::InvalidRequest(_) | Rejection::InvalidKey => {
-                (StatusCode::BAD_REQUEST, br#"{"error":"invalid_request"}"#)
-            }
-            Rejection::ScopeRequired => (StatusCode::FORBIDDEN, br#"{"error":"scope_required"}"#),
-            Rejection::Conflict => (StatusCode::CONFLICT, br#"{"error":"idempotency_conflict"}"#),
-            Rejection::Pending => (StatusCode::CONFLICT, br#"{"error":"request_pending"}"#),
-            Rejection::NotAdmitted(refusal) => (refusal.status(), br#"{"error":"not_admitted"}"#),
-            Rejection::StoreUnavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                br#"{"error":"store_unavailable"}"#,
-            ),
-            Rejection::CreateFailed => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                br#"{"error":"create_failed"}"#,
-            ),
-            Rejection::ResponseTooLarge => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                br#"{"error":"response_too_large"}"#,
-            ),
+        let declared = match rejection {
+            Rejection::InvalidKey => &refusal::INVALID_REQUEST,
+            other => other.declared(),
         };
-        let mut response = Response::new(Bytes::from_static(body));
+        let status = match rejection {
+            Rejection::Conflict => StatusCode::CONFLICT,
+            _ => declared.status,
+        };
+        let mut response = Response::new(Bytes::from_static(declared.error));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        match rejection {
-            Rejection::MethodNotAllowed => {
-                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
-            }
-            Rejection::NotAdmitted(_) | Rejection::StoreUnavailable => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-            }
-            _ => {}
+        if let Rejection::MethodNotAllowed = rejection {
+            headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        if declared.retry == refusal::Retry::Refused {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
         }
         response
     }

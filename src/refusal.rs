@@ -1,0 +1,189 @@
+//! Every refusal the layer answers itself, declared once: its code, title, status, detail,
+//! and whether it carries `Retry-After`. The formats read this table and override only what
+//! differs: the problem details ([`crate::problem`]) take every row as it is, the label
+//! contract and gRPC change a few (each says which, and why, where it does).
+//!
+//! A new refusal is a variant of [`Rejection`] and a row here; the formats follow.
+
+use http::StatusCode;
+
+use crate::outcome::{Refusal, Rejection};
+
+/// The base of every problem type unless an operation has its own: the problem page, so
+/// that a type is the address of its case's heading.
+macro_rules! default_base {
+    () => {
+        "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#"
+    };
+}
+pub(crate) use default_base;
+
+/// A problem type under the default base.
+macro_rules! problem_type {
+    ($code:literal) => {
+        concat!($crate::refusal::default_base!(), $code)
+    };
+}
+
+/// Whether, and which of the layer's `Retry-After` values, a refusal carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// None: retrying the same request cannot help.
+    Never,
+    /// The pending key's (`1` second by default): the first attempt is still running.
+    Pending,
+    /// The refusals' (`2` seconds by default): admission or the store said not now.
+    Refused,
+}
+
+impl Retry {
+    /// The header's value unless the layer sets its own.
+    pub(crate) fn default_value(self) -> Option<&'static str> {
+        match self {
+            Self::Never => None,
+            Self::Pending => Some("1"),
+            Self::Refused => Some("2"),
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug)]
+pub(crate) struct Declared {
+    /// The refusal's name: the problem type's fragment, the label contract's `error`, the
+    /// gRPC message.
+    pub(crate) code: &'static str,
+    /// The problem's title.
+    pub(crate) title: &'static str,
+    /// The status unless a format says otherwise.
+    pub(crate) status: StatusCode,
+    /// The problem details body, made from the row when the crate is compiled.
+    pub(crate) problem: &'static [u8],
+    /// The label contract's body, `{"error":"<code>"}`.
+    pub(crate) error: &'static [u8],
+    /// The `Retry-After` it carries.
+    pub(crate) retry: Retry,
+}
+
+macro_rules! declare {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident: $code:literal, $title:literal, $status:literal $constant:ident,
+        $detail:literal, $retry:ident;
+    )*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) const $name: Declared = Declared {
+                code: $code,
+                title: $title,
+                status: StatusCode::$constant,
+                problem: concat!(
+                    r#"{"type":""#, problem_type!($code),
+                    r#"","title":""#, $title,
+                    r#"","status":"#, $status,
+                    r#","detail":""#, $detail, r#""}"#
+                )
+                .as_bytes(),
+                error: concat!(r#"{"error":""#, $code, r#""}"#).as_bytes(),
+                retry: Retry::$retry,
+            };
+        )*
+    };
+}
+
+declare! {
+    /// No create endpoint at the request's path.
+    NOT_FOUND: "not_found", "Not found", 404 NOT_FOUND,
+        "No create endpoint is guarded at this path.", Never;
+    /// The method is not the create's.
+    METHOD_NOT_ALLOWED: "method_not_allowed", "Method not allowed", 405 METHOD_NOT_ALLOWED,
+        "The method is not the create's.", Never;
+    /// The body's content type is not one the operation reads.
+    UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type", "Unsupported media type",
+        415 UNSUPPORTED_MEDIA_TYPE,
+        "The body must be sent with the content type this endpoint reads.", Never;
+    /// The body is over the limit.
+    PAYLOAD_TOO_LARGE: "payload_too_large", "Payload too large", 413 PAYLOAD_TOO_LARGE,
+        "The body is over this endpoint's limit.", Never;
+    /// The key header is missing, repeated or not a key.
+    INVALID_KEY: "invalid_idempotency_key", "Invalid Idempotency-Key", 400 BAD_REQUEST,
+        "Send one Idempotency-Key header of 1 to 255 visible ASCII characters, bare or as a quoted string.",
+        Never;
+    /// The body is not a valid operation; the problem's detail is the operation's own.
+    INVALID_REQUEST: "invalid_request", "Invalid request", 400 BAD_REQUEST,
+        "The body is not a valid request.", Never;
+    /// No scope for the key.
+    SCOPE_REQUIRED: "scope_required", "Scope required", 403 FORBIDDEN,
+        "The request carries no scope (tenant, client) for its key.", Never;
+    /// The key was used with another payload.
+    CONFLICT: "idempotency_conflict", "Idempotency-Key reused", 422 UNPROCESSABLE_ENTITY,
+        "The key was used for a different request payload.", Never;
+    /// The first attempt with the key has not completed.
+    PENDING: "request_pending", "Request pending", 409 CONFLICT,
+        "The first request with this key has not completed; retry later.", Pending;
+    /// Admission refused with `429`.
+    TOO_MANY_REQUESTS: "not_admitted", "Not admitted", 429 TOO_MANY_REQUESTS,
+        "Too many creates right now; nothing was created. Retry after the delay.", Refused;
+    /// Admission refused with `503`.
+    OVER_CAPACITY: "not_admitted", "Not admitted", 503 SERVICE_UNAVAILABLE,
+        "Over capacity right now; nothing was created. Retry after the delay.", Refused;
+    /// The store did not answer the claim.
+    STORE_UNAVAILABLE: "store_unavailable", "Store unavailable", 503 SERVICE_UNAVAILABLE,
+        "The idempotency store cannot take the request now; nothing was created. Retry after the delay.",
+        Refused;
+    /// The create failed without an answer.
+    CREATE_FAILED: "create_failed", "Create failed", 500 INTERNAL_SERVER_ERROR,
+        "The create failed; whether it took effect is unknown.", Never;
+    /// The created response went past its own size hint.
+    RESPONSE_TOO_LARGE: "response_too_large", "Response too large", 500 INTERNAL_SERVER_ERROR,
+        "The created response is over the cap and was not stored; the key stays taken.", Never;
+}
+
+impl Rejection {
+    /// This refusal's row of the table.
+    pub(crate) fn declared(&self) -> &'static Declared {
+        match self {
+            Self::NotFound => &NOT_FOUND,
+            Self::MethodNotAllowed => &METHOD_NOT_ALLOWED,
+            Self::UnsupportedMediaType => &UNSUPPORTED_MEDIA_TYPE,
+            Self::PayloadTooLarge => &PAYLOAD_TOO_LARGE,
+            Self::InvalidKey => &INVALID_KEY,
+            Self::InvalidRequest(_) => &INVALID_REQUEST,
+            Self::ScopeRequired => &SCOPE_REQUIRED,
+            Self::Conflict => &CONFLICT,
+            Self::Pending => &PENDING,
+            Self::NotAdmitted(Refusal::TooManyRequests) => &TOO_MANY_REQUESTS,
+            Self::NotAdmitted(Refusal::ServiceUnavailable) => &OVER_CAPACITY,
+            Self::StoreUnavailable => &STORE_UNAVAILABLE,
+            Self::CreateFailed => &CREATE_FAILED,
+            Self::ResponseTooLarge => &RESPONSE_TOO_LARGE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row's problem body is valid JSON that says the row's code, title and status, and
+    /// a refusal of admission has its refusal's status.
+    #[test]
+    fn every_row_agrees_with_itself() {
+        for rejection in Rejection::every() {
+            let row = rejection.declared();
+            let problem: serde_json::Value = serde_json::from_slice(row.problem).unwrap();
+            assert_eq!(
+                problem["type"],
+                format!("{}{}", default_base!(), row.code),
+                "{rejection:?}"
+            );
+            assert_eq!(problem["title"], row.title, "{rejection:?}");
+            assert_eq!(problem["status"], row.status.as_u16(), "{rejection:?}");
+            let error: serde_json::Value = serde_json::from_slice(row.error).unwrap();
+            assert_eq!(error, serde_json::json!({ "error": row.code }));
+            if let Rejection::NotAdmitted(refusal) = rejection {
+                assert_eq!(row.status, refusal.status());
+            }
+        }
+    }
+}
