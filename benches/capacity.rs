@@ -39,7 +39,7 @@ use http_body_util::BodyExt;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
-    Claim, MySqlStore, PostgresStore, RedisStore, Reservation, SqliteStore, StoredResponse,
+    Claim, MySqlStore, PostgresStore, Purge, RedisStore, Reservation, SqliteStore, StoredResponse,
 };
 use tower_idempotency::{LabelContract, MemoryStore, Store};
 

@@ -4,6 +4,7 @@ mod common;
 
 use std::time::Duration;
 
+use tower_idempotency::store::Purge;
 use tower_idempotency::{LabelContract, MemoryStore, Store};
 
 async fn make_store(retention: Option<Duration>) -> MemoryStore {
@@ -32,12 +33,12 @@ async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {
         )
         .await
         .unwrap();
-    assert_eq!(store.purge_expired(), 0);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
     tokio::time::sleep(Duration::from_millis(40)).await;
-    assert_eq!(store.purge_expired(), 1);
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
     assert_eq!(store.len(), 1);
     assert!(store.is_pending("open"));
-    assert_eq!(MemoryStore::new().purge_expired(), 0);
+    assert_eq!(MemoryStore::new().purge_expired().await.unwrap(), 0);
 }
 
 /// A bounded store refuses a new key when full (the layer answers 503 and creates nothing),
@@ -71,7 +72,11 @@ async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
     // A release gives its room back.
     let fp = LabelContract::fingerprint("x", "p");
     tokio::time::sleep(Duration::from_millis(60)).await;
-    assert_eq!(store.purge_expired(), 2, "both completed records expired");
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        2,
+        "both completed records expired"
+    );
     let tower_idempotency::store::Claim::New(reservation) = store.claim("a", &fp).await.unwrap()
     else {
         panic!()
@@ -141,7 +146,7 @@ async fn claims_drop_expired_records_as_they_go() {
         640,
         "every expired record was dropped by a claim"
     );
-    assert_eq!(store.purge_expired(), 0);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
 }
 
 /// A key completed, forgotten and completed again is dropped when its second completion
@@ -169,13 +174,13 @@ async fn a_record_completed_again_expires_from_its_last_completion() {
     complete(store.clone()).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
-        store.purge_expired(),
+        store.purge_expired().await.unwrap(),
         0,
         "the first completion's entry is stale"
     );
     assert!(store.completed("k").is_some());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(store.purge_expired(), 1);
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
     assert!(store.completed("k").is_none());
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tower_idempotency::scope::store_key;
-use tower_idempotency::store::{Operator, RecordState};
+use tower_idempotency::store::{Operator, Purge, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
 const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
@@ -235,36 +235,30 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
     }))
 }
 
-/// What `purge` does on a store.
-trait Purge {
+/// What `purge` does on a store: the store's own [`Purge`], or nothing for a store that
+/// deletes its expired records itself.
+trait Purging {
     /// Deletes the expired records, adding how many to `purged`: `false` for a store that
     /// expires them itself.
     async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError>;
 }
 
-impl Purge for tower_idempotency::store::RedisStore {
+impl Purging for tower_idempotency::store::RedisStore {
     async fn purge(&self, _: &mut u64) -> Result<bool, StoreError> {
         Ok(false)
     }
 }
 
-impl Purge for tower_idempotency::store::PostgresStore {
-    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
-        self.purge_expired_counting(purged).await.map(|()| true)
-    }
+macro_rules! purging {
+    ($($store:ident),*) => {$(
+        impl Purging for tower_idempotency::store::$store {
+            async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
+                self.purge_expired_counting(purged).await.map(|()| true)
+            }
+        }
+    )*};
 }
-
-impl Purge for tower_idempotency::store::MySqlStore {
-    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
-        self.purge_expired_counting(purged).await.map(|()| true)
-    }
-}
-
-impl Purge for tower_idempotency::store::SqliteStore {
-    async fn purge(&self, purged: &mut u64) -> Result<bool, StoreError> {
-        self.purge_expired_counting(purged).await.map(|()| true)
-    }
-}
+purging!(PostgresStore, MySqlStore, SqliteStore);
 
 /// Whether `key` is a stored digest as `pending` prints it: `sha256:` and 64 lowercase
 /// hexadecimal digits (PostgreSQL and MySQL keep a key over 512 bytes so).
@@ -278,7 +272,7 @@ fn is_digest(key: &str) -> bool {
 }
 
 /// Runs the command on `store`; the exit code.
-async fn run(store: impl Operator + Purge, options: &Options) -> Result<u8, StoreError> {
+async fn run(store: impl Operator + Purging, options: &Options) -> Result<u8, StoreError> {
     let key_of = |key: &str| {
         // A digest as `pending` prints it is the stored key itself.
         if is_digest(key) {

@@ -87,8 +87,7 @@ mod pooled;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod purger;
+mod purge;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -101,12 +100,7 @@ mod waiting;
 
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::operator::{Operator, RecordInfo, RecordState};
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
-pub use self::purger::Purger;
+pub use self::purge::{Purge, Purger};
 pub use self::reservation::{Claim, Lease, Reservation};
 pub use self::response::StoredResponse;
 

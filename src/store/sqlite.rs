@@ -20,7 +20,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
 
-use super::Purger;
+use super::Purge;
 use super::codec;
 use super::pooled::{Connections, on_connection};
 use super::waiting::{self, WaiterMap, Waiters};
@@ -540,84 +540,6 @@ impl SqliteStore {
         self
     }
 
-    /// Deletes the completed records past their retention, and returns how many: in batches
-    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
-    /// within the store's timeout, until none is left. So it finishes at any backlog, and
-    /// the claims of every process of the host take their turns at the file's write lock
-    /// between its batches. Pending records are never deleted.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the file cannot be written; the records of the batches before it
-    /// stay deleted.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        self.purge_expired_counting(&mut purged).await?;
-        Ok(purged)
-    }
-
-    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
-    /// it goes: after a failure it holds what the batches before it deleted.
-    ///
-    /// # Errors
-    ///
-    /// As [`purge_expired`](Self::purge_expired).
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::SqliteStore) {
-    /// let mut purged = 0;
-    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
-    ///     eprintln!("purged {purged}, then: {error:#}");
-    /// }
-    /// # }
-    /// ```
-    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
-        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        loop {
-            let started = std::time::Instant::now();
-            let deleted = self
-                .call(async |connection| {
-                    sqlx::query(
-                        "DELETE FROM idempotency_records WHERE key IN (SELECT key \
-                         FROM idempotency_records WHERE expires_at <= ?1 \
-                         ORDER BY expires_at LIMIT ?2)",
-                    )
-                    .bind(now_millis())
-                    .bind(batch)
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-                })
-                .await?;
-            *purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(());
-            }
-            // SQLite's write lock is not fair: a writer of another process polls for it
-            // (busy_timeout) and would miss it if the next batch took it at once. A pause of
-            // four times the batch keeps the purge to a fifth of the lock's time.
-            tokio::time::sleep(purge_pause(started.elapsed())).await;
-        }
-    }
-
-    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
-    /// the first time at once, in a task of its own, until the returned [`Purger`] is
-    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
-    /// it at once, and the purge with it). One process of the host purging is
-    /// enough.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] outside a
-    /// Tokio runtime.
-    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
-        let store = self.clone();
-        Purger::spawn(interval, move || {
-            let store = store.clone();
-            async move { store.purge_expired().await }
-        })
-    }
-
     /// How many keys requests of this process wait on now
     /// ([`pending_wait`](crate::IdempotencyLayer::pending_wait)), for metrics and tests.
     pub fn waited_keys(&self) -> usize {
@@ -704,6 +626,54 @@ impl std::fmt::Debug for SqliteStore {
             .field("timeout", &self.timeout)
             .field("own_pool", &self.busy_timeout.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
+/// well within the store's timeout, until none is left. So it finishes at any backlog, and
+/// the claims of every process of the host take their turns at the file's write lock
+/// between its batches. One process of the host purging is enough.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// use std::time::Duration;
+/// use tower_idempotency::store::{SqliteStore, Purge};
+///
+/// let store = SqliteStore::open("idempotency.db").await?;
+/// store.migrate().await?;
+/// let purger = store.purge_every(Duration::from_secs(3600))?;
+/// // … serve; the purger stops when dropped.
+/// # drop(purger);
+/// # Ok(()) }
+/// ```
+impl Purge for SqliteStore {
+    async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        loop {
+            let started = std::time::Instant::now();
+            let deleted = self
+                .call(async |connection| {
+                    sqlx::query(
+                        "DELETE FROM idempotency_records WHERE key IN (SELECT key \
+                         FROM idempotency_records WHERE expires_at <= ?1 \
+                         ORDER BY expires_at LIMIT ?2)",
+                    )
+                    .bind(now_millis())
+                    .bind(batch)
+                    .execute(connection)
+                    .await
+                    .map(|done| done.rows_affected())
+                })
+                .await?;
+            *purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(());
+            }
+            // SQLite's write lock is not fair: a writer of another process polls for it
+            // (busy_timeout) and would miss it if the next batch took it at once. A pause of
+            // four times the batch keeps the purge to a fifth of the lock's time.
+            tokio::time::sleep(purge_pause(started.elapsed())).await;
+        }
     }
 }
 

@@ -19,8 +19,8 @@ use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Reservation, Store,
-    StoreError, StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Purge, Reservation,
+    Store, StoreError, StoreErrorKind, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -405,16 +405,6 @@ impl MemoryStore {
         codec::decode(response?).ok()
     }
 
-    /// Drops every completed record older than the retention window now, and returns how many
-    /// were dropped. Without a retention window it drops nothing.
-    ///
-    /// Claims drop the expired records of their own shard as they go, so calling this is
-    /// optional: it frees the memory of shards no claim touches. It walks only the expired
-    /// records, never a whole shard.
-    pub fn purge_expired(&self) -> usize {
-        self.sweep_every_shard(usize::MAX)
-    }
-
     /// Drops the expired records of every shard, looking at `limit` entries of each expiry
     /// queue at most, and returns how many it dropped.
     fn sweep_every_shard(&self, limit: usize) -> usize {
@@ -476,6 +466,18 @@ impl std::fmt::Debug for MemoryStore {
 impl Waiters for MemoryStore {
     fn with_waiters<R>(&self, key: &str, f: impl FnOnce(&mut WaiterMap) -> R) -> R {
         f(&mut lock(self.shard(key)).waiters)
+    }
+}
+
+/// Drops every completed record older than the retention window now, in one pass that never
+/// fails; without a retention window it drops nothing. Claims drop the expired records of
+/// their own shard as they go, so purging is optional: it frees the memory of shards no claim
+/// touches. It walks only the expired records, never a whole shard.
+impl Purge for MemoryStore {
+    async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        let dropped = self.sweep_every_shard(usize::MAX);
+        *purged += u64::try_from(dropped).unwrap_or(u64::MAX);
+        Ok(())
     }
 }
 

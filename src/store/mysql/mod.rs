@@ -14,7 +14,7 @@ use bytes::Bytes;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
 
-use super::Purger;
+use super::Purge;
 use super::codec;
 use super::pooled::{Connections, Open, on_connection, table_key, valid_table};
 use super::waiting::{self, WaiterMap, Waiters};
@@ -383,66 +383,6 @@ impl MySqlStore {
         &self.sql.table
     }
 
-    /// Deletes the completed records past their retention, and returns how many: in batches
-    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
-    /// within the store's timeout, until none is left. So it finishes at any backlog, and
-    /// claims between its batches are not held up. Pending records are never deleted.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the database cannot be reached or refuses; the records of the
-    /// batches before it stay deleted.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        self.purge_expired_counting(&mut purged).await?;
-        Ok(purged)
-    }
-
-    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
-    /// it goes: after a failure it holds what the batches before it deleted.
-    ///
-    /// # Errors
-    ///
-    /// As [`purge_expired`](Self::purge_expired).
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::MySqlStore) {
-    /// let mut purged = 0;
-    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
-    ///     eprintln!("purged {purged}, then: {error:#}");
-    /// }
-    /// # }
-    /// ```
-    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
-        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        loop {
-            let deleted = self
-                .execute(sqlx::query(self.sql.purge.clone()).bind(batch))
-                .await?;
-            *purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(());
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
-    /// the first time at once, in a task of its own, until the returned [`Purger`] is
-    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
-    /// it at once, and the purge with it). One replica's purger is enough.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] outside a Tokio runtime.
-    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
-        let store = self.clone();
-        Purger::spawn(interval, move || {
-            let store = store.clone();
-            async move { store.purge_expired().await }
-        })
-    }
-
     /// Runs one statement on a pooled connection, bounded by the timeout, and returns the
     /// rows it matched.
     async fn execute(&self, query: Query<'_>) -> Result<u64, StoreError> {
@@ -640,6 +580,38 @@ impl std::fmt::Debug for MySqlStore {
             .field("retention_ms", &self.retention_ms)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
+/// well within the store's timeout, until none is left. So it finishes at any backlog, and
+/// claims between its batches are not held up. One replica's purger is enough.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// use std::time::Duration;
+/// use tower_idempotency::store::{MySqlStore, Purge};
+///
+/// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// store.migrate().await?;
+/// let purger = store.purge_every(Duration::from_secs(3600))?;
+/// // … serve; the purger stops when dropped.
+/// # drop(purger);
+/// # Ok(()) }
+/// ```
+impl Purge for MySqlStore {
+    async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        loop {
+            let deleted = self
+                .execute(sqlx::query(self.sql.purge.clone()).bind(batch))
+                .await?;
+            *purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(());
+            }
+            tokio::task::yield_now().await;
+        }
     }
 }
 

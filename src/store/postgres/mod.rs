@@ -14,7 +14,7 @@ use bytes::Bytes;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _, SqlSafeStr as _};
 
-use super::Purger;
+use super::Purge;
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::pooled::Open;
@@ -593,90 +593,6 @@ impl PostgresStore {
         }
     }
 
-    /// Deletes the completed records past their retention, and returns how many: in batches
-    /// of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement well
-    /// within the store's timeout, until none is left. So it finishes at any backlog (one
-    /// statement for millions of rows would outlast the timeout every time, and the table
-    /// would grow while the purge kept failing), and claims between and beside its batches
-    /// are not held up: each batch locks only its own rows, and the purge yields between
-    /// them. Pending records are never deleted.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the database cannot be reached or refuses; the records of the
-    /// batches before it stay deleted.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        self.purge_expired_counting(&mut purged).await?;
-        Ok(purged)
-    }
-
-    /// [`purge_expired`](Self::purge_expired), adding each batch's deletions to `purged` as
-    /// it goes: after a failure it holds what the batches before it deleted.
-    ///
-    /// # Errors
-    ///
-    /// As [`purge_expired`](Self::purge_expired).
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::PostgresStore) {
-    /// let mut purged = 0;
-    /// if let Err(error) = store.purge_expired_counting(&mut purged).await {
-    ///     eprintln!("purged {purged}, then: {error:#}");
-    /// }
-    /// # }
-    /// ```
-    pub async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
-        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        loop {
-            let deleted = on_connection(&self.connections, self.timeout, async |connection| {
-                sqlx::query(self.sql.purge.clone())
-                    .bind(batch)
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .map_err(unavailable)
-            })
-            .await?;
-            *purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(());
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Purges the expired records every `interval` ([`purge_expired`](Self::purge_expired)),
-    /// the first time at once, in a task of its own, until the returned [`Purger`] is
-    /// dropped: keep it for as long as the store serves (bound to a name: `let _ = …` drops
-    /// it at once, and the purge with it). One replica's purger is enough; more
-    /// share the work (each batch skips the rows another holds).
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-    /// use std::time::Duration;
-    /// use tower_idempotency::store::PostgresStore;
-    ///
-    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
-    /// store.migrate().await?;
-    /// let purger = store.purge_every(Duration::from_secs(3600))?;
-    /// // … serve; the purger stops when dropped.
-    /// # drop(purger);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] outside a
-    /// Tokio runtime.
-    pub fn purge_every(&self, interval: Duration) -> Result<Purger, StoreError> {
-        let store = self.clone();
-        Purger::spawn(interval, move || {
-            let store = store.clone();
-            async move { store.purge_expired().await }
-        })
-    }
-
     /// Runs one statement that changes the records of `key` and returns, for each, whether a
     /// request waits on it; announces the change if one does, and returns the rows changed.
     async fn change(&self, query: Query<'_>, key: &str) -> Result<u64, StoreError> {
@@ -986,6 +902,47 @@ fn committed(row: &PgRow, fingerprint: &str) -> Result<Claim, StoreError> {
     match response {
         Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay),
         None => Ok(Claim::Pending),
+    }
+}
+
+/// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
+/// well within the store's timeout, until none is left. So it finishes at any backlog (one
+/// statement for millions of rows would outlast the timeout every time, and the table would
+/// grow while the purge kept failing), and claims between and beside its batches are not held
+/// up: each batch locks only its own rows, and the purge yields between them. Several
+/// replicas' purgers share the work (each batch skips the rows another holds).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// use std::time::Duration;
+/// use tower_idempotency::store::{PostgresStore, Purge};
+///
+/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// store.migrate().await?;
+/// let purger = store.purge_every(Duration::from_secs(3600))?;
+/// // … serve; the purger stops when dropped.
+/// # drop(purger);
+/// # Ok(()) }
+/// ```
+impl Purge for PostgresStore {
+    async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
+        loop {
+            let deleted = on_connection(&self.connections, self.timeout, async |connection| {
+                sqlx::query(self.sql.purge.clone())
+                    .bind(batch)
+                    .execute(connection)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(unavailable)
+            })
+            .await?;
+            *purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(());
+            }
+            tokio::task::yield_now().await;
+        }
     }
 }
 
