@@ -490,14 +490,11 @@ const WAITING_SWEEP: usize = 64;
 /// call instead.
 const LEAST_LEFT: Duration = Duration::from_millis(10);
 
-/// How long a connection a store call used is kept for the next call, before it goes back to
-/// its pool.
-const KEEP_IDLE: Duration = Duration::from_secs(1);
-
 /// How long the store's calls hold one of the pool's connections, handing it from call to
-/// call, before it goes back to the pool: whoever waits in the pool's line (an application's
-/// handler, a transaction of the store's own) gets a turn within about this while the
-/// store's calls go on.
+/// call or keeping it for the next one, before it goes back to the pool: whoever waits in
+/// the pool's line (an application's handler, a transaction of the store's own) gets a turn
+/// within about twice this, whether the store's calls go on or pause. sqlx tells no one who
+/// waits in its line, so every connection goes back once its turn is over.
 const TURN: Duration = Duration::from_millis(50);
 
 /// A store's pool, and the connections its calls keep between them while calls keep coming.
@@ -505,10 +502,10 @@ const TURN: Duration = Duration::from_millis(50);
 /// sqlx checks every connection that goes back to its pool with a ping, a round trip (this
 /// cannot be turned off), so a call that took a connection and gave it back cost two round
 /// trips: half the store's rate. A call that ends well keeps its connection here instead, for
-/// the next call, handed first to the calls waiting for one, in their order (unless others
-/// wait in the pool's own line: then it goes back to the pool, theirs); one not used again
-/// within [`KEEP_IDLE`] goes back to the pool (and its ping), and so does one held for a
-/// [`TURN`], since sqlx tells no one who waits in its line. So under load the store holds the
+/// the next call: handed to the store's calls waiting for one, in their order, or kept idle
+/// for the next call (unless the pool is out of connections and others hold some: then the
+/// pool's line may hold theirs, and it goes back). Each goes back to the pool (and its ping)
+/// once the store has held it for a [`TURN`], idle or not. So under load the store holds the
 /// connections its calls use at once, as it would anyway, and once idle it holds none. A
 /// connection whose call failed, was cancelled or timed out is never kept.
 pub(crate) struct Connections<DB: sqlx::Database>(std::sync::Arc<Kept<DB>>);
@@ -571,8 +568,8 @@ impl<DB: sqlx::Database> std::ops::DerefMut for Held<DB> {
 }
 
 struct KeptState<DB: sqlx::Database> {
-    /// The connections kept, the most recently used last, with when each was.
-    idle: Vec<(Held<DB>, tokio::time::Instant)>,
+    /// The connections kept, the most recently used last.
+    idle: Vec<Held<DB>>,
     /// The calls waiting for a connection while every one the pool may make is out, first
     /// come first; a call that stopped waiting leaves its sender closed.
     waiting: std::collections::VecDeque<tokio::sync::oneshot::Sender<Held<DB>>>,
@@ -626,8 +623,11 @@ impl<DB: sqlx::Database> Connections<DB> {
     pub(crate) async fn take(&self) -> Result<Held<DB>, StoreError> {
         let mut waiting = {
             let mut state = self.lock();
-            if let Some((connection, _)) = state.idle.pop() {
-                return Ok(connection);
+            // The most recently used first; one whose turn is over goes back to the pool.
+            while let Some(connection) = state.idle.pop() {
+                if connection.since.elapsed() < TURN {
+                    return Ok(connection);
+                }
             }
             // The calls that stopped waiting, dropped once the line grows.
             if state.waiting.len() >= WAITING_SWEEP {
@@ -664,8 +664,8 @@ impl<DB: sqlx::Database> Connections<DB> {
     }
 
     /// Hands `connection` to the first call waiting for one, or keeps it for the next call,
-    /// up to the pool's size; a task gives a kept one back to the pool once it is not used
-    /// again within [`KEEP_IDLE`]. One held for a [`TURN`] goes back to the pool at once.
+    /// up to the pool's size, until its [`TURN`] is over: a task gives back the kept ones
+    /// whose turn is over. One whose turn is over goes back to the pool at once.
     pub(crate) fn keep(&self, connection: Held<DB>) {
         if connection.since.elapsed() >= TURN {
             return;
@@ -687,7 +687,7 @@ impl<DB: sqlx::Database> Connections<DB> {
                 drop(state);
                 return;
             }
-            state.idle.push((connection, tokio::time::Instant::now()));
+            state.idle.push(connection);
         }
         if !self
             .0
@@ -697,16 +697,15 @@ impl<DB: sqlx::Database> Connections<DB> {
             let kept = std::sync::Arc::downgrade(&self.0);
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(KEEP_IDLE).await;
+                    tokio::time::sleep(TURN).await;
                     let Some(kept) = kept.upgrade() else { return };
                     let connections = Connections(kept);
-                    let (stale, done) = {
+                    let (over, done) = {
                         let mut state = connections.lock();
-                        let now = tokio::time::Instant::now();
-                        let stale = state
-                            .idle
-                            .partition_point(|(_, used)| now - *used >= KEEP_IDLE);
-                        let stale: Vec<_> = state.idle.drain(..stale).collect();
+                        let (over, current) = std::mem::take(&mut state.idle)
+                            .into_iter()
+                            .partition::<Vec<_>, _>(|kept| kept.since.elapsed() >= TURN);
+                        state.idle = current;
                         let done = state.idle.is_empty();
                         if done {
                             connections
@@ -714,10 +713,10 @@ impl<DB: sqlx::Database> Connections<DB> {
                                 .reaping
                                 .store(false, std::sync::atomic::Ordering::Release);
                         }
-                        (stale, done)
+                        (over, done)
                     };
                     // Back to the pool, outside the lock.
-                    drop(stale);
+                    drop(over);
                     if done {
                         return;
                     }

@@ -679,6 +679,23 @@ pub async fn the_pools_line_gets_a_turn_while_store_calls_go_on<St: Store, DB: s
     );
     stop.store(true, Ordering::SeqCst);
     caller.await.unwrap();
+    // Calls that pause: the connection the last call kept goes back to the pool within its
+    // turn, not after the second for which an unused connection used to be kept (found by a
+    // review: a settling transaction waiting behind it timed out).
+    assert!(
+        store
+            .claim(&conformance::unique_key("turn-pause"), &fp)
+            .await
+            .is_ok()
+    );
+    let started = std::time::Instant::now();
+    let connection = pool.acquire().await;
+    assert!(connection.is_ok(), "{:?}", connection.err());
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(900),
+        "the pool had its connection back after {:?}",
+        started.elapsed()
+    );
 }
 
 /// Warms `service`: the pool's first connection is made within the store's short timeout,
