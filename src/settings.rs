@@ -65,8 +65,9 @@ pub enum OtherPaths {
 /// a create that answers is stored and replayed, whatever its status, under
 /// [`Every`](Self::Every), while under [`Successful`](Self::Successful) an answer other than
 /// `2xx` is passed on unstored and its key released, so a retry creates anew (only a store
-/// that undoes the create, `TransactionalPostgresStore` (feature `postgres`), frees the key
-/// of a create that failed, since nothing of it remains).
+/// that undoes the create, `TransactionalPostgresStore` (feature `postgres`) or
+/// `TransactionalMySqlStore` (feature `mysql`), frees the key of a create that failed, since
+/// nothing of it remains).
 ///
 /// # A response over the cap
 ///

@@ -101,6 +101,14 @@ pub struct TransactionalMySqlStore {
 
 /// The transaction of a new claim of a [`TransactionalMySqlStore`], in the inner service's
 /// request extensions ([`SqlTransaction`] on MySQL): its connection is a [`MySqlConnection`].
+///
+/// Unlike PostgreSQL's, a MySQL transaction goes on after a statement that failed (a missing
+/// table, a duplicate key): the create decides. If it answers, the answer is stored as any
+/// other ([`StoredResponses`](crate::StoredResponses)), and commits with whatever the
+/// transaction wrote before; under [`StoredResponses::Successful`](crate::StoredResponses::Successful)
+/// an answer other than `2xx` rolls back and frees the key. If it fails without an answer (an
+/// error, a panic), the transaction rolls back and the key is free again. On PostgreSQL the
+/// failed statement ends the transaction, so the complete fails (`503`) and the key is free.
 pub type MySqlTransaction = SqlTransaction<MySql>;
 
 /// The connection of a claim's open transaction on MySQL, while a create holds it
