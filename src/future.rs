@@ -40,9 +40,9 @@ use crate::store::Store;
 type Decision<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>;
 
 /// What a guarded request holds while its body is read.
-struct Reading<S, St, A, O> {
+struct Reading<S, St, O, A> {
     parts: Parts,
-    guard: Guard<S, St, A, O>,
+    guard: Guard<S, St, O, A>,
     collector: Collector,
 }
 
@@ -58,13 +58,13 @@ pin_project! {
     /// # Panics
     ///
     /// When polled again after it returned `Poll::Ready`, like most futures.
-    pub struct ResponseFuture<S, St, A, O, ReqBody, ResBody>
+    pub struct ResponseFuture<S, St, O, A, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         #[pin]
-        state: State<S, St, A, O, ReqBody, ResBody>,
+        state: State<S, St, O, A, ReqBody, ResBody>,
         span: Span,
         // Whether the outcome goes into the response's extensions too.
         extension: bool,
@@ -72,7 +72,7 @@ pin_project! {
         metrics: Metrics,
     }
 
-    impl<S, St, A, O, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, A, O, ReqBody, ResBody>
+    impl<S, St, O, A, ReqBody, ResBody> PinnedDrop for ResponseFuture<S, St, O, A, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
@@ -90,14 +90,14 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, St, A, O, ReqBody, ResBody>
+    enum State<S, St, O, A, ReqBody, ResBody>
     where
         S: Service<Request<RequestBody<ReqBody>>>,
         ResBody: 'static,
     {
         Ready { response: Option<Response<ResponseBody<ResBody>>> },
         PassThrough { #[pin] future: S::Future },
-        Reading { #[pin] body: ReqBody, reading: Option<Reading<S, St, A, O>> },
+        Reading { #[pin] body: ReqBody, reading: Option<Reading<S, St, O, A>> },
         Deciding { decision: Option<Decision<ResBody>> },
     }
 }
@@ -105,22 +105,19 @@ pin_project! {
 /// Moves an abandoned decision to a task of its own, in the request's span; its outcome is
 /// counted in the layer's series as any other.
 fn hand_over<B: 'static>(decision: Decision<B>, span: Span, metrics: Metrics) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(crate::pipeline::CLIENT_LEFT.scope((), async move {
-                let response = decision.instrument(span).await;
-                if let Some(outcome) = response.body().outcome() {
-                    metrics.outcome(outcome, response.status());
-                }
-            }));
+    let decided = crate::pipeline::CLIENT_LEFT.scope((), async move {
+        let response = decision.instrument(span).await;
+        if let Some(outcome) = response.body().outcome() {
+            metrics.outcome(outcome, response.status());
         }
-        Err(_) => tracing::error!(
-            "response future dropped after the claim outside a Tokio runtime; the work is abandoned"
-        ),
-    }
+    });
+    crate::pipeline::spawn_or_log(
+        decided,
+        "the work of a response future dropped after the claim is abandoned",
+    );
 }
 
-impl<S, St, A, O, ReqBody, ResBody> ResponseFuture<S, St, A, O, ReqBody, ResBody>
+impl<S, St, O, A, ReqBody, ResBody> ResponseFuture<S, St, O, A, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,
@@ -153,7 +150,7 @@ where
     pub(crate) fn reading(
         body: ReqBody,
         parts: Parts,
-        guard: Guard<S, St, A, O>,
+        guard: Guard<S, St, O, A>,
         collector: Collector,
         span: Span,
         extension: bool,
@@ -196,7 +193,7 @@ fn finished<B>(
 
 const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
 
-impl<S, St, A, O, ReqBody, ResBody> Future for ResponseFuture<S, St, A, O, ReqBody, ResBody>
+impl<S, St, O, A, ReqBody, ResBody> Future for ResponseFuture<S, St, O, A, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -299,7 +296,7 @@ where
     }
 }
 
-impl<S, St, A, O, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, St, A, O, ReqBody, ResBody>
+impl<S, St, O, A, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, St, O, A, ReqBody, ResBody>
 where
     S: Service<Request<RequestBody<ReqBody>>>,
     ResBody: 'static,
@@ -339,8 +336,8 @@ mod tests {
 
     /// The size of the decision of `future`, polled until it waits for its create: the one
     /// allocation of a guarded request that goes on to create.
-    fn decision_size<S, St, A, O, ReqBody, ResBody>(
-        future: &ResponseFuture<S, St, A, O, ReqBody, ResBody>,
+    fn decision_size<S, St, O, A, ReqBody, ResBody>(
+        future: &ResponseFuture<S, St, O, A, ReqBody, ResBody>,
     ) -> usize
     where
         S: Service<Request<RequestBody<ReqBody>>>,

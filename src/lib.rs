@@ -206,6 +206,8 @@
 //! | `sqlite` | `store::SqliteStore` on sqlx (the SQLite library built in), and `sqlx` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
+//! | `metrics` | `metrics`: the layer's outcomes, store call times, waiting and settling tasks and the client layer's attempts, through the `metrics` 0.24 facade, for any exporter |
+//! | `reqwest` | `client::reqwest`: the client layer's retries as a `reqwest-middleware` 0.5 middleware for `reqwest` 0.13; turns `client` on |
 //! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
@@ -273,3 +275,35 @@ pub use crate::store::{MemoryStore, Store};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    /// The crate docs' feature table has a row for every feature of the manifest, and no
+    /// other.
+    #[test]
+    fn the_feature_table_is_the_manifests() {
+        let manifest = include_str!("../Cargo.toml");
+        let features = manifest
+            .split("\n[features]\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .expect("a [features] table");
+        let mut declared: Vec<&str> = features
+            .lines()
+            .filter(|line| !line.starts_with('#') && line.contains(" = "))
+            .filter_map(|line| line.split(" = ").next())
+            .filter(|name| *name != "default")
+            .collect();
+        let docs = include_str!("lib.rs");
+        let mut documented: Vec<&str> = docs
+            .lines()
+            .skip_while(|line| *line != "//! | feature | what it adds |")
+            .skip(2)
+            .take_while(|line| line.starts_with("//! | `"))
+            .filter_map(|line| line.split('`').nth(1))
+            .collect();
+        declared.sort_unstable();
+        documented.sort_unstable();
+        assert_eq!(documented, declared);
+    }
+}

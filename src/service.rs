@@ -11,8 +11,9 @@ use tower::Service;
 use crate::admission::{Admission, AlwaysAdmit};
 use crate::body::{Collector, RequestBody, ResponseBody};
 use crate::future::ResponseFuture;
+use crate::operation::Head;
 use crate::operation::Operation;
-use crate::pipeline::{self, Guard, Start};
+use crate::pipeline::{self, Guard};
 use crate::settings::Settings;
 use tower::BoxError;
 
@@ -124,7 +125,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, St, A, O, ReqBody, ResBody>;
+    type Future = ResponseFuture<S, St, O, A, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -134,7 +135,7 @@ where
         let (parts, body) = request.into_parts();
         let settings = &self.settings;
         let start = pipeline::head(settings, &parts);
-        if let Start::PassThrough = start {
+        if let Head::PassThrough = start {
             let request = Request::from_parts(parts, RequestBody::inner(body));
             return ResponseFuture::pass_through(self.inner.call(request));
         }
@@ -154,7 +155,7 @@ where
         } else {
             span
         };
-        if let Start::Refuse(rejection) = start {
+        if let Head::Reject(rejection) = start {
             let response = settings.refuse(rejection);
             let metrics = settings.metrics.clone();
             return ResponseFuture::ready(response, span, settings.outcome_extension, metrics);

@@ -4,7 +4,7 @@
 //! 2. the body, read up to the limit by the response future ([`Collector`]), then
 //!    [`Guard::read`];
 //! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
-//! 4. the claim: at once in [`Claimed::claim_now`] where the store answers without waiting (a
+//! 4. the claim: at once in [`Validated::claim_now`] where the store answers without waiting (a
 //!    replay, a conflict or a pending key is then the reply, and no decision is made), else
 //!    [`claim`] (and the wait for a pending first attempt, if configured);
 //! 5. [`admit`] (a refusal releases);
@@ -12,7 +12,7 @@
 //! 7. [`keep`] and [`collect`]: the created response, read whole;
 //! 8. [`complete`], and only then the reply.
 //!
-//! Steps 4 (unless the claim was answered at once) to 8 are the decision, [`Claimed::run`].
+//! Steps 4 (unless the claim was answered at once) to 8 are the decision, [`Validated::run`].
 //!
 //! Nothing refused before step 4 touches the store, admission or the inner service.
 
@@ -32,6 +32,15 @@ mod guards;
 mod settle;
 mod wait;
 
+/// Runs `task` in a task of its own on the current Tokio runtime, so that it outlives the
+/// request; outside one it cannot run, and the error log says what is not done: `undone`.
+pub(crate) fn spawn_or_log(task: impl Future<Output = ()> + Send + 'static, undone: &'static str) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(task)),
+        Err(_) => tracing::error!("no Tokio runtime: {undone}"),
+    }
+}
+
 use self::guards::{CatchUnwind, renewing};
 use self::settle::{Settle, Unsettled, is_unknown, release, settle};
 pub(crate) use self::wait::CLIENT_LEFT;
@@ -41,39 +50,27 @@ use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::drain::InFlight;
 use crate::headers;
 use crate::metrics::{Call, Started};
-use crate::operation::{self, Fingerprint, Operation, Parsed};
+use crate::operation::{Fingerprint, Head, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
 use crate::settings::{OtherPaths, Settings, StoredResponses, Tally};
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 
-/// What step 1 decided.
-pub(crate) enum Start {
-    /// Not guarded: the inner service gets the request untouched.
-    PassThrough,
-    /// Refused before the body is read.
-    Refuse(Rejection),
-    /// Guarded: read the body.
-    Read,
-}
-
 /// Step 1: the path, the operation's checks of the head, and a declared length over the limit.
-pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Start {
+pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Head {
     if let Some(path) = &settings.path
         && parts.uri.path() != path
     {
         return match settings.other_paths {
-            OtherPaths::PassThrough => Start::PassThrough,
-            OtherPaths::NotFound => Start::Refuse(Rejection::NotFound),
+            OtherPaths::PassThrough => Head::PassThrough,
+            OtherPaths::NotFound => Head::Reject(Rejection::NotFound),
         };
     }
     match settings.operation.head(parts) {
-        operation::Head::PassThrough => Start::PassThrough,
-        operation::Head::Reject(rejection) => Start::Refuse(rejection),
-        operation::Head::Guard if body::declares_over(&parts.headers, settings.body_limit) => {
-            Start::Refuse(Rejection::PayloadTooLarge)
+        Head::Guard if body::declares_over(&parts.headers, settings.body_limit) => {
+            Head::Reject(Rejection::PayloadTooLarge)
         }
-        operation::Head::Guard => Start::Read,
+        head => head,
     }
 }
 
@@ -87,14 +84,14 @@ fn read(collector: Collector, read: Result<(), ReadError>) -> Result<Bytes, Reje
 }
 
 /// Everything a guarded request needs after its head passed, moved into its future.
-pub(crate) struct Guard<S, St, A, O> {
+pub(crate) struct Guard<S, St, O, A> {
     pub(crate) inner: S,
     pub(crate) store: St,
     pub(crate) admission: A,
     pub(crate) settings: Arc<Settings<O>>,
 }
 
-impl<S, St, A, O: Operation> Guard<S, St, A, O> {
+impl<S, St, O: Operation, A> Guard<S, St, O, A> {
     /// Steps 2 and 3, once the body stream ended: the body, then the operation, its scope and
     /// its store key; a refusal is the operation's response. Nothing is claimed until the body
     /// is complete and valid, so a slow or stalled body holds no reservation.
@@ -106,13 +103,13 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
         parts: Parts,
         collector: Collector,
         result: Result<(), ReadError>,
-    ) -> Result<Claimed<S, St, A, O>, Response<ResponseBody<B>>> {
+    ) -> Result<Validated<S, St, O, A>, Response<ResponseBody<B>>> {
         let operation = read(collector, result).and_then(|body| {
             let (key, fingerprint, value) = self.operation(&parts, &body)?;
             Ok((key, fingerprint, value, body))
         });
         match operation {
-            Ok((key, fingerprint, value, body)) => Ok(Claimed {
+            Ok((key, fingerprint, value, body)) => Ok(Validated {
                 guard: self,
                 key,
                 fingerprint,
@@ -146,8 +143,8 @@ impl<S, St, A, O: Operation> Guard<S, St, A, O> {
 }
 
 /// A valid request about to be claimed.
-pub(crate) struct Claimed<S, St, A, O: Operation> {
-    guard: Guard<S, St, A, O>,
+pub(crate) struct Validated<S, St, O: Operation, A> {
+    guard: Guard<S, St, O, A>,
     key: KeyBuf,
     fingerprint: Fingerprint,
     value: O::Value,
@@ -155,7 +152,7 @@ pub(crate) struct Claimed<S, St, A, O: Operation> {
     body: Bytes,
 }
 
-impl<S, St, A, O: Operation> Claimed<S, St, A, O> {
+impl<S, St, O: Operation, A> Validated<S, St, O, A> {
     /// Records the fingerprint, and the key if configured, on the request's span.
     pub(crate) fn trace(&self, span: &tracing::Span) {
         if span.is_disabled() {
@@ -447,7 +444,7 @@ async fn claim<St: Store, O: Operation, B>(
 
 /// The claim's answer: a new claim's reservation, or the reply. A failure whose outcome is
 /// unknown is settled in a task of its own.
-// As `Claimed::claim_now`: the reply moves once.
+// As `Validated::claim_now`: the reply moves once.
 #[allow(clippy::result_large_err)]
 fn answered<St: Store, O: Operation, B>(
     answer: Result<Claim, StoreError>,

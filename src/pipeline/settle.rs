@@ -84,10 +84,7 @@ pub(super) fn settle<St: Store>(
         }
         tracing::error!("a lost store answer could not be settled; the key may stay pending");
     };
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(settling)),
-        Err(_) => tracing::error!("no Tokio runtime to settle a lost store answer"),
-    }
+    super::spawn_or_log(settling, "a lost store answer is not settled");
 }
 
 /// Deletes a reservation: after a confirmed admission refusal, or an unstored response. If
@@ -139,11 +136,9 @@ impl<St: Store> Drop for Unsettled<'_, St> {
             self.key.as_str().to_owned(),
             *self.reservation,
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                store.abandon(&key, &reservation).await;
-            })),
-            Err(_) => tracing::error!("no Tokio runtime to abandon an unfinished create"),
-        }
+        super::spawn_or_log(
+            async move { store.abandon(&key, &reservation).await },
+            "an unfinished create is not abandoned",
+        );
     }
 }

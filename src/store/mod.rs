@@ -44,7 +44,7 @@
 //!
 //! Then hold it to the same suite the built-in stores run, with the `test-util` feature:
 //! `tower_idempotency::store_conformance!` in a test file (the suite is
-//! `tower_idempotency::testing::conformance`). The crate's `tests/toy_store.rs` is a complete
+//! `tower_idempotency::testing::conformance`). The crate's `tests/stores/toy_store.rs` is a complete
 //! store written that way, with the public API alone.
 //!
 //! ```

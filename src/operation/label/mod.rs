@@ -307,7 +307,7 @@ impl Operation for LabelContract {
         })
     }
 
-    /// The [refusal table](crate::refusal)'s row as `{"error":"<code>"}`, with three
+    /// The crate's refusal table's row as `{"error":"<code>"}`, with three
     /// differences the contract makes: any bad key or body is `invalid_request`, a reused key
     /// is `409` (the contract's status for both of its conflicts), and only a refusal of
     /// admission or the store carries `Retry-After` (a pending key does not). A `405` names

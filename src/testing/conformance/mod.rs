@@ -18,7 +18,7 @@
 //! tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 //! ```
 //!
-//! `tests/toy_store.rs` in the repository is a complete worked example: a store written with the
+//! `tests/stores/toy_store.rs` in the repository is a complete worked example: a store written with the
 //! public API alone that passes the suite.
 
 use bytes::Bytes;
