@@ -2,7 +2,7 @@
 //! hand: create, replay (the same message bytes and trailers), conflict, missing key, invalid
 //! message, pending, a create that answers a non-OK status, and calls that are not guarded.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //! the health service beside it. Calls from a tonic client over HTTP/2 and as gRPC-web frames
 //! over HTTP/1.1.
 
-#[path = "../examples/grpc_labels/mod.rs"]
+#[path = "../../examples/grpc_labels/mod.rs"]
 mod grpc_labels;
 
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! is guarded. (tonic-web answers `400` to HTTP/1.1 requests that are not gRPC-web, so in a
 //! tonic-web stack a JSON route belongs outside `GrpcWebLayer`.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The admission policies, through the layer.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The layer in axum apps.
 
-mod common;
+use crate::common;
 
 use axum::Router;
 use axum::body::Body;

@@ -1,6 +1,6 @@
 //! The layer in tower stacks with tower-http middleware, outside and inside it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

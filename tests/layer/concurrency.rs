@@ -1,6 +1,6 @@
 //! Concurrency and cancellation: at most one create per key, whatever the client does.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,6 @@
 //! Every line of the contract, through the layer, with the call journal of §6.
 
-mod common;
+use crate::common;
 
 use common::*;
 use tower_idempotency::operation::LabelOperation;

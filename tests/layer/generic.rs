@@ -1,7 +1,7 @@
 //! The generic operations: `JsonOperation` (draft-ietf-httpapi-idempotency-key-header, RFC 8785
 //! fingerprints, RFC 9457 replies) and `RawOperation`, at the level of the contract tests.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::future::poll_fn;

@@ -1,6 +1,6 @@
 //! Headers that must not be replayed are never stored.
 
-mod common;
+use crate::common;
 
 use common::*;
 use http::header::SET_COOKIE;

@@ -3,7 +3,7 @@
 //! process) is abandoned, stays pending by default, and is taken over only by a layer that
 //! allows it; the abandoned owner can no longer complete.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! Panics in the create or in admission: caught once, a 500 for the client, the key kept
 //! pending (the create may have run), the admission permit freed, nothing polled after a panic.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

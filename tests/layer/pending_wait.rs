@@ -2,7 +2,7 @@
 //! for the first attempt's completion and answers with its stored bytes, bounded in time and in
 //! count, woken by the completion itself on the memory store; without it, the immediate 409.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! Bounded resources: a body is never read past the limit, a stalled body holds no
 //! reservation, a created response is capped.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::pin::Pin;

@@ -1,7 +1,7 @@
 //! Scopes and endpoints: one `request_id` in two scopes, or on two endpoints, is two
 //! operations.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

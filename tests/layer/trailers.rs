@@ -1,7 +1,7 @@
 //! A create's trailers (a gRPC response's `grpc-status`, say) are stored with its response and
 //! written after the body, on the first reply (built from what was stored) and on every replay.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 

@@ -1,6 +1,6 @@
 //! Tracing, the outcome extension, and the opt-in replay marker.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, Once};

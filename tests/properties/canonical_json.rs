@@ -2,7 +2,7 @@
 //! ways (member order, whitespace, string escapes, number spellings), canonicalize to the same
 //! bytes and are one operation through the layer; any change of a value is another.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

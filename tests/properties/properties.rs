@@ -1,7 +1,7 @@
 //! Property tests: random requests against an oracle of the contract's validation, and random
 //! operation sequences (interleavings included) against a model of its state machine.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

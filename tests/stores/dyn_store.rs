@@ -1,7 +1,7 @@
 //! `DynStore`: the conformance suite through the type-erased wrapper, on the memory store and,
 //! with their features, on Redis and PostgreSQL; and the layer over it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The memory store: the conformance suite, and what only it offers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -251,17 +251,26 @@ fn resident_bytes() -> usize {
 fn a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory() {
     const ALONE: &str = "TOWER_IDEMPOTENCY_FLOOD_ALONE";
     if std::env::var_os(ALONE).is_none() {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory",
-                "--test-threads=1",
-                "--nocapture",
-            ])
+        // The test's name in its binary: its module's path below the binary's, then its own.
+        let name = "a_flood_of_distinct_keys_past_the_bound_is_refused_within_the_bounds_memory";
+        let name = match module_path!().split_once("::") {
+            Some((_, module)) => format!("{module}::{name}"),
+            None => name.to_owned(),
+        };
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--test-threads=1", "--nocapture"])
             .env(ALONE, "1")
-            .status()
+            .output()
             .expect("the test binary runs again");
-        assert!(status.success(), "the flood in a process of its own");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "the flood in a process of its own: {stdout}"
+        );
+        assert!(
+            stdout.contains("1 passed"),
+            "the flood ran, alone, in its own process: {stdout}"
+        );
         return;
     }
     use common::*;

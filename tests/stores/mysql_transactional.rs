@@ -3,7 +3,7 @@
 //! `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`).
 #![cfg(feature = "mysql")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`).
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -156,23 +156,35 @@ async fn store_on_own_table() -> PostgresStore {
         "tidem_listen_{:x}",
         tower_idempotency::store::Reservation::generate().as_u128()
     );
+    // A timeout for a loaded server: these tests are about listening and migrating, not time.
     let store = PostgresStore::connect(&database_url())
         .await
         .unwrap()
         .table(&table)
-        .unwrap();
+        .unwrap()
+        .timeout(Duration::from_secs(5));
     store.migrate().await.unwrap();
     store
 }
 
+/// A pool for the tests' own looks and changes, with no statement timeout: beside the
+/// heavier tests of this file a loaded server takes longer than a store's.
+async fn admin_pool() -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(database_options())
+        .await
+        .unwrap()
+}
+
 /// The backends listening on `store`'s table channel.
-async fn listeners(admin: &PostgresStore, table: &str) -> Vec<i32> {
+async fn listeners(admin: &sqlx::PgPool, table: &str) -> Vec<i32> {
     let rows = sqlx::query(
         "SELECT pid FROM pg_stat_activity WHERE application_name = \
          'tower-idempotency listener' AND query = $1",
     )
     .bind(format!("LISTEN \"{table}_changed\""))
-    .fetch_all(admin.pool())
+    .fetch_all(admin)
     .await
     .unwrap();
     rows.iter().map(|row| row.get(0)).collect()
@@ -182,7 +194,7 @@ async fn listeners(admin: &PostgresStore, table: &str) -> Vec<i32> {
 /// the application's pool listens too, on a connection of its own outside that pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_listening_connection_per_store_ended_with_it() {
-    let admin = make_store(None).await;
+    let admin = admin_pool().await;
     let store = store_on_own_table().await;
     let keys: Vec<_> = (0..20).map(|i| format!("k{i}")).collect();
     let waits: Vec<_> = keys.iter().map(|key| store.changed(key)).collect();
@@ -243,7 +255,7 @@ async fn one_listening_connection_per_store_ended_with_it() {
 /// once to look again, well before its one-second fallback poll; the store listens again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_look_again_when_the_listener_loses_its_connection() {
-    let admin = make_store(None).await;
+    let admin = admin_pool().await;
     let store = store_on_own_table().await;
     drop(store.changed("warm-up"));
     listening(&store).await;
@@ -252,7 +264,7 @@ async fn waiters_look_again_when_the_listener_loses_its_connection() {
     for pid in listeners(&admin, store.table_name()).await {
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)
-            .execute(admin.pool())
+            .execute(&admin)
             .await
             .unwrap();
     }
@@ -813,7 +825,7 @@ fn the_listener_starts_again_from_the_next_runtime() {
     });
     drop(first);
     runtime().block_on(async {
-        let admin = make_store(None).await;
+        let admin = admin_pool().await;
         let table = store.table_name().to_owned();
         drop(store.changed("again"));
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -825,7 +837,7 @@ fn the_listener_starts_again_from_the_next_runtime() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(store.notifications_listening());
-        batch(admin.pool(), format!("DROP TABLE \"{table}\"")).await;
+        batch(&admin, format!("DROP TABLE \"{table}\"")).await;
     });
 }
 

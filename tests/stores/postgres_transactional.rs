@@ -3,7 +3,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`).
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
 
 use std::str::FromStr;
 use std::sync::Arc;

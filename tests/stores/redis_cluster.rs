@@ -4,7 +4,7 @@
 //! and `redis-cli` on PATH), stopped by the test, or when the test process ends.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

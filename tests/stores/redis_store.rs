@@ -2,7 +2,7 @@
 //! Needs a Redis at `REDIS_URL` (default `redis://127.0.0.1:6379`) and `redis-server` on PATH.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

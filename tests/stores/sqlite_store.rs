@@ -2,7 +2,7 @@
 //! what only it offers. Needs nothing installed: the SQLite library is built in.
 #![cfg(feature = "sqlite")]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,0 +1,15 @@
+//! Every store against the public conformance suite and its own guarantees: memory, a third party's toy store, the boxed store, Redis and Redis Cluster, PostgreSQL and MySQL (plain and transactional), and SQLite. The service-backed ones run behind their features.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod dyn_store;
+mod memory_store;
+mod mysql_store;
+mod mysql_transactional;
+mod postgres_store;
+mod postgres_transactional;
+mod redis_cluster;
+mod redis_store;
+mod sqlite_store;
+mod toy_store;
