@@ -11,12 +11,12 @@ use std::time::Duration;
 use super::{Store, StoreError, StoreErrorKind};
 
 /// A store whose completed records past their retention stay until they are deleted: this
-/// deletes them, in batches, so that it finishes at any backlog and claims keep answering
-/// beside it. Pending records are never deleted. As tower-sessions' `ExpiredDeletion`.
+/// deletes them. Pending records are never deleted. As tower-sessions' `ExpiredDeletion`.
 ///
-/// Implemented by every store that purges ([`PostgresStore`](super::PostgresStore),
-/// [`MySqlStore`](super::MySqlStore), [`SqliteStore`](super::SqliteStore),
-/// [`MemoryStore`](crate::MemoryStore)); a store of your own implements
+/// Implemented by every store that purges: the SQL stores (`PostgresStore`, `MySqlStore`,
+/// `SqliteStore`), in batches, so that a purge finishes at any backlog and claims keep
+/// answering beside it, and [`MemoryStore`](crate::MemoryStore), in one pass bounded by its
+/// record cap. A store of your own implements
 /// [`purge_expired_counting`](Purge::purge_expired_counting) and gets the rest.
 ///
 /// ```
