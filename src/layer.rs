@@ -16,8 +16,9 @@ use crate::admission::AlwaysAdmit;
 use crate::operation::Operation;
 use crate::scope::{GlobalKeys, KeySpace, Scope, Scoped, Unscoped};
 use crate::service::Idempotency;
-use crate::settings::{Bounded, Config, PathSetting, Settings};
+use crate::settings::{Config, PathSetting, Settings};
 use crate::store::{Lease, Store};
+use crate::tally::Bounded;
 
 /// A [`Layer`] that makes a create endpoint idempotent.
 ///

@@ -261,6 +261,7 @@ pub mod scope;
 pub mod service;
 mod settings;
 pub mod store;
+mod tally;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;

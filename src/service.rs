@@ -157,8 +157,13 @@ where
         };
         if let Head::Reject(rejection) = start {
             let response = settings.refuse(rejection);
-            let metrics = settings.metrics.clone();
-            return ResponseFuture::ready(response, span, settings.outcome_extension, metrics);
+            let metrics = settings.config.metrics.clone();
+            return ResponseFuture::ready(
+                response,
+                span,
+                settings.config.outcome_extension,
+                metrics,
+            );
         }
         // The instance that was polled ready is the one that will be called.
         let clone = self.inner.clone();
@@ -169,8 +174,8 @@ where
             settings: Arc::clone(settings),
         };
         let collector = Collector::new(settings.body_limit);
-        let extension = settings.outcome_extension;
-        let metrics = settings.metrics.clone();
+        let extension = settings.config.outcome_extension;
+        let metrics = settings.config.metrics.clone();
         ResponseFuture::reading(body, parts, guard, collector, span, extension, metrics)
     }
 }

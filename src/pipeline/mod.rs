@@ -53,15 +53,16 @@ use crate::metrics::{Call, Started};
 use crate::operation::{Fingerprint, Head, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
-use crate::settings::{OtherPaths, Settings, StoredResponses, Tally};
+use crate::settings::{OtherPaths, Settings, StoredResponses};
 use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use crate::tally::Tally;
 
 /// Step 1: the path, the operation's checks of the head, and a declared length over the limit.
 pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Head {
     if let Some(path) = &settings.path
         && parts.uri.path() != path
     {
-        return match settings.other_paths {
+        return match settings.config.other_paths {
             OtherPaths::PassThrough => Head::PassThrough,
             OtherPaths::NotFound => Head::Reject(Rejection::NotFound),
         };
@@ -133,7 +134,7 @@ impl<S, St, O: Operation, A> Guard<S, St, O, A> {
             fingerprint,
             value,
         } = self.settings.operation.parse(parts, body)?;
-        let scope = match &self.settings.scope {
+        let scope = match &self.settings.config.scope {
             Some(scope) => Some((scope.0)(parts).ok_or(Rejection::ScopeRequired)?),
             None => None,
         };
@@ -159,7 +160,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             return;
         }
         span.record("fingerprint", self.fingerprint.to_hex().as_str());
-        if self.guard.settings.trace_keys {
+        if self.guard.settings.config.trace_keys {
             span.record("key", self.key.as_str());
         }
     }
@@ -182,7 +183,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             store, settings, ..
         } = &self.guard;
         // A closing server claims nothing new; what is past its claim is counted until done.
-        let in_flight = match &settings.drain {
+        let in_flight = match &settings.config.drain {
             None => None,
             Some(drain) => match drain.enter() {
                 Some(in_flight) => Some(in_flight),
@@ -195,11 +196,12 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
         let (key, fingerprint) = (self.key.as_str(), &self.fingerprint);
         let reservation = Reservation::generate();
         let started = Started::now();
-        let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.lease) else {
+        let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.config.lease)
+        else {
             return Ok((First::Claim, reservation, in_flight));
         };
-        settings.metrics.store_call(Call::Claim, started);
-        if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.pending_wait) {
+        settings.config.metrics.store_call(Call::Claim, started);
+        if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.config.pending_wait) {
             return Ok((First::Wait, reservation, in_flight));
         }
         answered(answer, store, key, fingerprint, reservation, settings)
@@ -303,7 +305,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
                 };
                 let response = match keep(
                     create(input, settings.value_extension).await,
-                    settings.stored,
+                    settings.config.stored,
                 ) {
                     Keep::Store(response) => response,
                     Keep::Release(response) => return Err((response, Then::Release)),
@@ -316,8 +318,8 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
                     Err(rejection) => Err((settings.refuse(rejection), Then::Abandon)),
                 }
             };
-            let lease = settings.lease.duration();
-            let (key, metrics) = (key.as_str(), &settings.metrics);
+            let lease = settings.config.lease.duration();
+            let (key, metrics) = (key.as_str(), &settings.config.metrics);
             let created = renewing(work, &store, key, &reservation, lease, metrics).await;
             unsettled.armed = false;
             let response = finish(created, &store, key, &reservation, &settings).await;
@@ -420,13 +422,13 @@ async fn claim<St: Store, O: Operation, B>(
         First::Claim => {
             let started = Started::now();
             let answer = store
-                .claim_with(key, fingerprint, reservation, settings.lease)
+                .claim_with(key, fingerprint, reservation, settings.config.lease)
                 .await;
-            settings.metrics.store_call(Call::Claim, started);
+            settings.config.metrics.store_call(Call::Claim, started);
             answer
         }
     };
-    if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.pending_wait) {
+    if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.config.pending_wait) {
         // Boxed: the wait is rare and its future large, and every decision's state would
         // otherwise hold room for it.
         answer = Box::pin(wait_for_first(
@@ -458,7 +460,7 @@ fn answered<St: Store, O: Operation, B>(
         Ok(Claim::New(reservation)) => return Ok(reservation),
         Ok(Claim::Replay(stored)) => {
             let mut response = reply::stored(stored, Outcome::Replay);
-            if settings.mark_replays {
+            if settings.config.mark_replays {
                 response
                     .headers_mut()
                     .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -573,7 +575,7 @@ fn collect<ResBody: Body<Data = Bytes>, O>(
 ) -> Collect<'_, ResBody, O> {
     let (head, body) = response.into_parts();
     Collect {
-        read: body::ReadLimited::new(body, settings.response_limit),
+        read: body::ReadLimited::new(body, settings.config.response_limit),
         head: Some(head),
         settings,
     }
@@ -621,9 +623,9 @@ fn stored<B, O>(
     let (body, trailers) = match read {
         body::Read::Whole(body, trailers) => (body, trailers),
         body::Read::Over(body) => {
-            headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
+            headers::retain_storable(&mut parts.headers, &settings.config.excluded_headers);
             tracing::warn!(
-                cap = settings.response_limit,
+                cap = settings.config.response_limit,
                 "created response over the cap: given whole, its record without the body"
             );
             let compact = compact(parts.status, &parts.headers);
@@ -643,7 +645,7 @@ fn stored<B, O>(
             return Err(Rejection::CreateFailed);
         }
     };
-    headers::retain_storable(&mut parts.headers, &settings.excluded_headers);
+    headers::retain_storable(&mut parts.headers, &settings.config.excluded_headers);
     let Some(mut trailers) = trailers else {
         return Ok(Collected::Whole(StoredResponse::new(
             parts.status,
@@ -652,14 +654,14 @@ fn stored<B, O>(
         )));
     };
     // The trailers are stored as the headers are: the same exclusions, within the same cap.
-    headers::retain_storable(&mut trailers, &settings.excluded_headers);
+    headers::retain_storable(&mut trailers, &settings.config.excluded_headers);
     let trailer_bytes: usize = trailers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
-    if body.len().saturating_add(trailer_bytes) > settings.response_limit {
+    if body.len().saturating_add(trailer_bytes) > settings.config.response_limit {
         tracing::warn!(
-            cap = settings.response_limit,
+            cap = settings.config.response_limit,
             "created response over the cap with its trailers: given whole, its record without the body"
         );
         let compact = compact(parts.status, &parts.headers);

@@ -8,8 +8,8 @@ use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
 use crate::scope::KeyBuf;
-use crate::settings::Tally;
 use crate::store::{Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use crate::tally::Tally;
 
 /// Whether a failed store call may still have taken effect: its answer was lost.
 pub(super) fn is_unknown(error: &StoreError) -> bool {

@@ -48,7 +48,7 @@ pub(super) async fn wait_for_first<St: Store, O>(
         return Ok(Claim::Pending);
     };
     let mut timer = std::pin::pin!(timer);
-    let drain = settings.drain.as_ref();
+    let drain = settings.config.drain.as_ref();
     let mut closing = std::pin::pin!(async {
         match drain {
             Some(drain) => drain.closed().await,
@@ -61,9 +61,9 @@ pub(super) async fn wait_for_first<St: Store, O>(
         let changed = store.changed(key);
         let started = Started::now();
         let answer = store
-            .claim_with(key, fingerprint, reservation, settings.lease)
+            .claim_with(key, fingerprint, reservation, settings.config.lease)
             .await;
-        settings.metrics.store_call(Call::Claim, started);
+        settings.config.metrics.store_call(Call::Claim, started);
         match answer {
             Ok(Claim::Pending) => {}
             Ok(Claim::New(reservation)) if stop() => {
