@@ -1,6 +1,6 @@
 //! Every refusal the layer answers itself, declared once: its code, title, status, detail,
 //! and whether it carries `Retry-After`. The formats read this table and override only what
-//! differs: the problem details ([`crate::problem`]) take every row as it is, the label
+//! differs: the problem details (the `problem` module) take every row as it is, the label
 //! contract and gRPC change a few (each says which, and why, where it does).
 //!
 //! A new refusal is a variant of [`Rejection`] and a row here; the formats follow.
