@@ -1,5 +1,5 @@
 //! The slowest claims of a memory store filling up, on its default tables and sized up front
-//! with `MemoryStore::with_capacity`: a table that grows moves every record of its shard
+//! with `MemoryStore::reserve`: a table that grows moves every record of its shard
 //! under the shard's lock, and the claim that makes it grow waits for that.
 //!
 //! Then the same under churn: a store that holds a window of a sixteenth of the keys, filled
@@ -100,10 +100,7 @@ fn main() {
             let (name, make) = if sized {
                 (
                     "sized",
-                    MemoryStore::new()
-                        .keep_forever()
-                        .unbounded()
-                        .with_capacity(n),
+                    MemoryStore::new().keep_forever().unbounded().reserve(n),
                 )
             } else {
                 ("default", MemoryStore::new().keep_forever().unbounded())
@@ -117,7 +114,7 @@ fn main() {
                 MemoryStore::new()
                     .keep_forever()
                     .unbounded()
-                    .with_capacity(window)
+                    .reserve(window)
             } else {
                 MemoryStore::new().keep_forever().unbounded()
             };

@@ -435,7 +435,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// third of `lease` ([`Store::renew`]), so a pending key whose lease lapsed was abandoned
     /// (its process died mid-create) and one that did not is in progress; the
     /// `idempotency_keys` tool (feature `cli`) and [`Operator::inspect`](crate::store::Operator::inspect)
-    /// show which. Default [`Lease::DEFAULT`] (thirty seconds); at least [`Lease::MIN`]. A
+    /// show which. Default [`Lease::DEFAULT_DURATION`] (thirty seconds); at least [`Lease::MIN_DURATION`]. A
     /// create that finishes within a third of the lease costs no renewal. Keep it at three
     /// times the store's timeout or more: a renewal may take that long. The renewals need
     /// Tokio's timer; without one the lease is not renewed (and a warning is logged).

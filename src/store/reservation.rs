@@ -23,7 +23,7 @@ use super::StoredResponse;
 /// assert_eq!(lease.duration(), Duration::from_secs(10));
 /// assert!(lease.takes_over());
 /// assert!(!Lease::default().takes_over());
-/// assert_eq!(Lease::new(Duration::ZERO).duration(), Lease::MIN);
+/// assert_eq!(Lease::new(Duration::ZERO).duration(), Lease::MIN_DURATION);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
@@ -33,16 +33,16 @@ pub struct Lease {
 
 impl Lease {
     /// The default lease: thirty seconds.
-    pub const DEFAULT: Duration = Duration::from_secs(30);
+    pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 
     /// The shortest lease; a shorter one is raised to it.
-    pub const MIN: Duration = Duration::from_millis(30);
+    pub const MIN_DURATION: Duration = Duration::from_millis(30);
 
-    /// A lease of `duration` (at least [`Lease::MIN`]; past [`MAX_RETENTION`](crate::store::MAX_RETENTION) remote stores
+    /// A lease of `duration` (at least [`Lease::MIN_DURATION`]; past [`MAX_RETENTION`](crate::store::MAX_RETENTION) remote stores
     /// clamp it) that never takes over.
     pub fn new(duration: Duration) -> Self {
         Self {
-            duration: duration.max(Self::MIN),
+            duration: duration.max(Self::MIN_DURATION),
             take_over: false,
         }
     }
@@ -66,7 +66,7 @@ impl Lease {
 
 impl Default for Lease {
     fn default() -> Self {
-        Self::new(Self::DEFAULT)
+        Self::new(Self::DEFAULT_DURATION)
     }
 }
 

@@ -61,7 +61,7 @@ async fn a_long_create_renews_its_lease_and_stays_in_progress() {
 
 #[tokio::test]
 async fn a_quick_create_costs_no_renewal() {
-    let rig = rig(|layer| layer.lease(Lease::MIN));
+    let rig = rig(|layer| layer.lease(Lease::MIN_DURATION));
     rig.send_expecting(
         operation("quick", "p"),
         &["claim", "admit", "create", "complete", "write"],

@@ -815,7 +815,7 @@ async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operat
         .retention(Duration::from_secs(3600));
     let layer = tower_idempotency::IdempotencyLayer::new(store.clone(), LabelContract)
         .global_keys()
-        .lease(Lease::MIN);
+        .lease(Lease::MIN_DURATION);
     let created = tower::Layer::layer(
         &layer,
         Inner::new(tower::service_fn(
@@ -902,7 +902,7 @@ async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operat
                 break;
             }
             assert!(tokio::time::Instant::now() < deadline, "{key} abandoned");
-            tokio::time::sleep(Lease::MIN).await;
+            tokio::time::sleep(Lease::MIN_DURATION).await;
         }
         assert!(store.forget(key).await.unwrap());
     }

@@ -598,7 +598,7 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     let fingerprint = tower_idempotency::LabelContract::fingerprint("k", "p");
     complete_new_at(&store, &labels("done"), &fingerprint).await;
     // Pending: one whose lease lapses at once (its server died), one still renewed.
-    let lapsed = Lease::new(Lease::MIN);
+    let lapsed = Lease::new(Lease::MIN_DURATION);
     store
         .claim_with(
             &labels("stuck"),
@@ -633,7 +633,7 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     assert_eq!(lines[3], "status 201");
     assert_eq!(lines.len(), 4, "{shown}");
     // Lapsed once its lease has passed.
-    tokio::time::sleep(Lease::MIN * 2).await;
+    tokio::time::sleep(Lease::MIN_DURATION * 2).await;
     let (code, shown) = run(&["show", "stuck"]);
     assert_eq!(code, Some(0));
     assert_eq!(shown.lines().next(), Some("state pending"));

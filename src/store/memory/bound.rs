@@ -23,7 +23,7 @@ impl MemoryStore {
     /// forgets every key of a memory store). [`len`](Self::len) tells how full it is.
     ///
     /// Like [`retention`](Self::retention), it returns an **empty** store: set it on a new
-    /// one, before it is shared; the room reserved with [`MemoryStore::with_capacity`] is
+    /// one, before it is shared; the room reserved with [`MemoryStore::reserve`] is
     /// kept.
     ///
     /// ```

@@ -31,7 +31,7 @@ impl MemoryStore {
     /// the records come or not: a table's slot is 121 bytes, and a table of twice the room
     /// rounds its slots up to a power of two (240 to 480 bytes a record of room, about what
     /// a store not sized reaches under churn; a small store's room is mostly its margin, and
-    /// `with_capacity(1)` takes about 500 KB); a queue's entry is 16 bytes more. The first
+    /// `reserve(1)` takes about 500 KB); a queue's entry is 16 bytes more. The first
     /// write to each page of it faults the page in, so the first claims into a sized store
     /// are a little slower, and none waits for a table to grow (`cargo bench --bench
     /// claim_tail`). Call it on a new store; with [`MemoryStore::max_records`], in either
@@ -47,14 +47,13 @@ impl MemoryStore {
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
     /// // An hour of retention at up to 25 creates a second.
-    /// let store = MemoryStore::with_retention(Duration::from_secs(60 * 60)).with_capacity(90_000);
+    /// let store = MemoryStore::with_retention(Duration::from_secs(60 * 60)).reserve(90_000);
     /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
     /// # drop(layer);
     /// ```
-    pub fn with_capacity(self, records: usize) -> Self {
+    pub fn reserve(self, records: usize) -> Self {
         let room = shard_room(records);
-        let refused =
-            |error: String| -> ! { panic!("MemoryStore::with_capacity({records}): {error}") };
+        let refused = |error: String| -> ! { panic!("MemoryStore::reserve({records}): {error}") };
         self.shared.sized_for.fetch_max(records, Ordering::Relaxed);
         for shard in self.shared.shards.iter() {
             let mut shard = lock(shard);
@@ -102,7 +101,7 @@ mod tests {
     #[tokio::test]
     async fn a_store_sized_for_its_records_never_grows() {
         let records = 20_000;
-        let store = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        let store = MemoryStore::with_retention(Duration::from_secs(3600)).reserve(records);
         let sized = room(&store);
         assert!(sized.0 >= records && sized.1 >= records, "{sized:?}");
         assert!(
@@ -122,12 +121,12 @@ mod tests {
         assert_eq!(store.len(), records);
         assert_eq!(room(&store), sized, "no table or queue grew");
         // Without a retention window there is no queue to size.
-        let store = MemoryStore::new().keep_forever().with_capacity(records);
+        let store = MemoryStore::new().keep_forever().reserve(records);
         let (tables, queues) = room(&store);
         assert!(tables >= records);
         assert_eq!(queues, 0);
         // A bound set after the room keeps it, and the bound; the store is made new.
-        let used = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        let used = MemoryStore::with_retention(Duration::from_secs(3600)).reserve(records);
         used.claim("k", &crate::LabelContract::fingerprint("k", "p"))
             .await
             .unwrap();
@@ -142,7 +141,7 @@ mod tests {
             Ok(Claim::New(_))
         ));
         // Bounded while shared: a new store with the same room, its clones' store unchanged.
-        let shared = MemoryStore::with_retention(Duration::from_secs(3600)).with_capacity(records);
+        let shared = MemoryStore::with_retention(Duration::from_secs(3600)).reserve(records);
         shared.claim("k", &fingerprint).await.unwrap();
         let bounded = shared.clone().max_records(1);
         assert_eq!(room(&bounded), sized);
@@ -174,7 +173,7 @@ mod tests {
     #[tokio::test]
     async fn a_store_sized_for_its_records_never_grows_under_churn() {
         let records = 20_000;
-        let store = MemoryStore::new().with_capacity(records);
+        let store = MemoryStore::new().reserve(records);
         let tables = |store: &MemoryStore| {
             let shards = store.shared.shards.iter();
             shards
@@ -212,10 +211,10 @@ mod tests {
     /// Room beyond what can be had is a panic that names it, not an abort.
     #[test]
     fn room_that_cannot_be_had_is_a_panic_that_says_so() {
-        let refused = std::panic::catch_unwind(|| MemoryStore::new().with_capacity(usize::MAX))
+        let refused = std::panic::catch_unwind(|| MemoryStore::new().reserve(usize::MAX))
             .expect_err("no table holds that many");
         let message = refused.downcast_ref::<String>().expect("a message");
-        let named = format!("MemoryStore::with_capacity({}): ", usize::MAX);
+        let named = format!("MemoryStore::reserve({}): ", usize::MAX);
         assert!(message.starts_with(&named), "{message}");
     }
 

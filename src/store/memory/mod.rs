@@ -90,7 +90,7 @@ struct Shared {
     /// The bytes the records take ([`Record::bytes`]), pending and completed (kept only when
     /// bounded).
     bytes: AtomicUsize,
-    /// The most records [`MemoryStore::with_capacity`] was asked to make room for, so that
+    /// The most records [`MemoryStore::reserve`] was asked to make room for, so that
     /// a store bounded while shared gets the same room (not what its tables hold now, which
     /// slots marked deleted take from).
     sized_for: AtomicUsize,
@@ -159,7 +159,7 @@ impl MemoryStore {
             *shared.records.get_mut() = 0;
             *shared.bytes.get_mut() = 0;
             let sized_for = *shared.sized_for.get_mut();
-            return self.with_capacity(sized_for);
+            return self.reserve(sized_for);
         }
         self.beside(retention, self.shared.max_records, self.shared.max_bytes)
     }
@@ -208,7 +208,7 @@ impl MemoryStore {
         let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
         Self::build(retention)
             .with_bounds(max_records, max_bytes)
-            .with_capacity(sized_for)
+            .reserve(sized_for)
     }
 
     /// The claim, decided and reserved under one shard lock.
@@ -577,7 +577,7 @@ mod tests {
     #[tokio::test]
     async fn a_retention_keeps_the_bound_and_the_room() {
         let fingerprint = crate::LabelContract::fingerprint("k", "p");
-        let store = MemoryStore::new().max_records(5).with_capacity(1_000);
+        let store = MemoryStore::new().max_records(5).reserve(1_000);
         let room = |store: &MemoryStore| lock(&store.shared.shards[0]).records.capacity();
         let sized = room(&store);
         assert!(matches!(

@@ -249,12 +249,12 @@ pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store
     }
     let key = unique_key("race-take-over");
     let owner = Reservation::generate();
-    let short = Lease::new(Lease::MIN).take_over_abandoned();
+    let short = Lease::new(Lease::MIN_DURATION).take_over_abandoned();
     assert_eq!(
         claim_with(&store, &key, "a", owner, short).await,
         Claim::New(owner)
     );
-    tokio::time::sleep(Lease::MIN * 4).await;
+    tokio::time::sleep(Lease::MIN_DURATION * 4).await;
     let take_over = Lease::default().take_over_abandoned();
     assert_eq!(race(&store, &key, take_over).await, 1, "one takes it over");
 }

@@ -116,7 +116,7 @@ pub async fn an_abandoned_key_is_taken_over_only_when_asked(store: impl Operator
     let response = awkward_response();
     assert_eq!(
         store
-            .renew(&key, &owner, Lease::DEFAULT)
+            .renew(&key, &owner, Lease::DEFAULT_DURATION)
             .await
             .map_err(lost),
         Err(StoreErrorKind::ReservationLost)
@@ -195,14 +195,17 @@ pub async fn renewing_keeps_a_lease_alive(store: impl Operator) {
 pub async fn the_owner_writes_after_its_lease_lapsed(store: impl Store) {
     let key = unique_key("lapsed");
     let owner = Reservation::generate();
-    let lease = Lease::new(Lease::MIN).take_over_abandoned();
+    let lease = Lease::new(Lease::MIN_DURATION).take_over_abandoned();
     assert_eq!(
         claim_with(&store, &key, "a", owner, lease).await,
         Claim::New(owner)
     );
-    tokio::time::sleep(Lease::MIN * 4).await;
-    store.renew(&key, &owner, Lease::MIN).await.unwrap();
-    tokio::time::sleep(Lease::MIN * 4).await;
+    tokio::time::sleep(Lease::MIN_DURATION * 4).await;
+    store
+        .renew(&key, &owner, Lease::MIN_DURATION)
+        .await
+        .unwrap();
+    tokio::time::sleep(Lease::MIN_DURATION * 4).await;
     let response = awkward_response();
     store.complete(&key, &owner, &response).await.unwrap();
     assert_eq!(claim(&store, &key, &fp("a")).await, Claim::Replay(response));
