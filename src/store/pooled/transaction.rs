@@ -1,0 +1,390 @@
+//! A claim's transaction on a pooled connection, shared by the transactional stores: the
+//! connection it holds ([`Open`]), the handle the create gets ([`SqlTransaction`]), and the
+//! open transactions of a store's claims in flight ([`OpenTransactions`]).
+
+use std::time::Duration;
+
+use super::super::{StoreError, StoreErrorKind};
+use super::acquire;
+
+/// The slot of a claim's open transaction: empty once the layer took it to commit or roll
+/// back.
+type Slot<DB> = Option<Open<DB>>;
+
+/// A pooled connection inside a transaction a transactional store began: ended by the store
+/// (committed or rolled back, then its session `reset`), or closed. A connection whose
+/// transaction the store did not end (its claim cancelled, a commit or rollback failed or
+/// timed out) never goes back to the pool: its session may still hold the transaction, its
+/// locks or its settings, and an answer sqlx would wait for before its next use. The server
+/// rolls back what the closed session left open.
+pub(crate) struct Open<DB: sqlx::Database> {
+    connection: sqlx::pool::PoolConnection<DB>,
+    /// What puts the session back as the pool hands it out, after the transaction.
+    reset: Option<&'static str>,
+    ended: bool,
+}
+
+impl<DB: sqlx::Database> Drop for Open<DB> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.connection.close_on_drop();
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::Deref for Open<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.connection
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for Open<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.connection
+    }
+}
+
+impl<DB: sqlx::Database> Open<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Begins a transaction with `statement` (sqlx's `BEGIN` if `None`) on a connection of
+    /// `pool`, `reset` to run after it ends. The connection is waited for in the caller's
+    /// future, the begin runs in a task of its own: a begin cancelled halfway closes its
+    /// connection there, never leaving it in the pool inside a transaction.
+    pub(crate) async fn begin(
+        pool: &sqlx::Pool<DB>,
+        statement: Option<sqlx::SqlStr>,
+        reset: Option<&'static str>,
+    ) -> Result<Self, StoreError> {
+        use sqlx_core::transaction::TransactionManager as _;
+        let connection = acquire(pool).await?;
+        tokio::spawn(async move {
+            let mut open = Self {
+                connection,
+                reset,
+                ended: false,
+            };
+            DB::TransactionManager::begin(&mut open.connection, statement)
+                .await
+                .map(|()| open)
+        })
+        .await
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))?
+        .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))
+    }
+
+    /// Commits, then resets the session; the connection goes back to the pool.
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        self.commit_only().await?;
+        self.reset().await
+    }
+
+    /// Rolls back, then resets the session; the connection goes back to the pool.
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        use sqlx_core::transaction::TransactionManager as _;
+        DB::TransactionManager::rollback(&mut self.connection).await?;
+        self.reset().await
+    }
+
+    /// Commits, the session not reset yet: the commit's own answer.
+    pub(crate) async fn commit_only(&mut self) -> Result<(), sqlx::Error> {
+        use sqlx_core::transaction::TransactionManager as _;
+        DB::TransactionManager::commit(&mut self.connection).await
+    }
+
+    /// Resets the session of a transaction ended; the connection goes back to the pool (if
+    /// the reset fails, or is given up on, it is closed).
+    pub(crate) async fn reset(mut self) -> Result<(), sqlx::Error> {
+        if let Some(reset) = self.reset {
+            sqlx::raw_sql(reset).execute(&mut *self.connection).await?;
+        }
+        self.ended = true;
+        Ok(())
+    }
+}
+
+/// The transaction of a new claim of a transactional store ([`TransactionalPostgresStore`],
+/// [`TransactionalMySqlStore`]), in the inner service's request extensions: the create's own
+/// writes go through it, and commit with its stored response, or not at all. Named by its
+/// database: [`PgTransaction`], [`MySqlTransaction`].
+///
+/// [`acquire`](Self::acquire) gives the transaction's connection, a `&mut` sqlx connection
+/// for any sqlx call (`sqlx::query(…).execute(&mut *connection)`, `query_as`, `query!`).
+/// Cloning it shares the one transaction; one holder at a time has the connection. Once the
+/// layer commits or rolls it back, `acquire` fails with
+/// [`StoreErrorKind::ReservationLost`].
+///
+/// With axum, take it as `axum::Extension<PgTransaction>` (or `MySqlTransaction`).
+///
+/// [`TransactionalPostgresStore`]: crate::store::TransactionalPostgresStore
+/// [`TransactionalMySqlStore`]: crate::store::TransactionalMySqlStore
+/// [`PgTransaction`]: crate::store::PgTransaction
+/// [`MySqlTransaction`]: crate::store::MySqlTransaction
+pub struct SqlTransaction<DB: sqlx::Database> {
+    slot: std::sync::Arc<tokio::sync::Mutex<Slot<DB>>>,
+}
+
+impl<DB: sqlx::Database> Clone for SqlTransaction<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: std::sync::Arc::clone(&self.slot),
+        }
+    }
+}
+
+/// The connection of a claim's open transaction, while a create holds it
+/// ([`SqlTransaction::acquire`]): it dereferences to sqlx's connection of its database
+/// (`PgConnection`, `MySqlConnection`), so `&mut *connection` is an executor of every sqlx
+/// query. Drop it before the create answers: the layer's complete waits for it, up to the
+/// store's timeout.
+pub struct SqlTransactionConnection<DB: sqlx::Database>(
+    tokio::sync::OwnedMappedMutexGuard<Slot<DB>, DB::Connection>,
+);
+
+impl<DB: sqlx::Database> std::ops::Deref for SqlTransactionConnection<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.0
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for SqlTransactionConnection<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.0
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlTransactionConnection<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransactionConnection")
+            .field("database", &DB::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlTransaction<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransaction")
+            .field("database", &DB::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> SqlTransaction<DB> {
+    pub(crate) fn new(transaction: Open<DB>) -> Self {
+        Self {
+            slot: std::sync::Arc::new(tokio::sync::Mutex::new(Some(transaction))),
+        }
+    }
+
+    /// The transaction's connection, for the create's statements; waits while another holder
+    /// of the same transaction has it.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn create(transaction: tower_idempotency::store::PgTransaction) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::postgres::sqlx;
+    ///
+    /// let mut connection = transaction.acquire().await?;
+    /// let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
+    ///     .fetch_one(&mut *connection)
+    ///     .await?;
+    /// # let _ = count; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::ReservationLost`] once the layer committed or rolled the transaction
+    /// back.
+    pub async fn acquire(&self) -> Result<SqlTransactionConnection<DB>, StoreError> {
+        let slot = std::sync::Arc::clone(&self.slot).lock_owned().await;
+        tokio::sync::OwnedMutexGuard::try_map(slot, |slot| slot.as_deref_mut())
+            .map(SqlTransactionConnection)
+            .map_err(|_| StoreError::new(StoreErrorKind::ReservationLost))
+    }
+
+    /// The transaction, taken out: nobody can use it after this. Waits, up to `timeout`, for a
+    /// holder of its connection (a task the create spawned).
+    pub(crate) async fn take(&self, timeout: Duration) -> Slot<DB> {
+        tokio::time::timeout(timeout, self.slot.lock())
+            .await
+            .ok()?
+            .take()
+    }
+}
+
+/// Rolls `transaction` back within `timeout`; past it, or on an error, its connection is
+/// closed, which ends the transaction on the server.
+pub(crate) async fn roll_back<DB: sqlx::Database>(transaction: Open<DB>, timeout: Duration)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    if let Err(error) = super::super::within(timeout, async {
+        transaction
+            .rollback()
+            .await
+            .map_err(|error| StoreError::with_source(StoreErrorKind::Unavailable, error))
+    })
+    .await
+    {
+        tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "rollback failed; the connection is closed, which ends its transaction"
+        );
+    }
+}
+
+/// The open transaction of each new claim in flight of a transactional store, by reservation;
+/// never locked across an `.await`.
+pub(crate) struct OpenTransactions<DB: sqlx::Database>(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u128, SqlTransaction<DB>>>>,
+);
+
+impl<DB: sqlx::Database> Clone for OpenTransactions<DB> {
+    fn clone(&self) -> Self {
+        Self(std::sync::Arc::clone(&self.0))
+    }
+}
+
+impl<DB: sqlx::Database> Default for OpenTransactions<DB> {
+    fn default() -> Self {
+        Self(std::sync::Arc::default())
+    }
+}
+
+/// The error of a complete that did not commit: nothing of the create may have happened.
+fn uncommitted(source: Option<StoreError>) -> StoreError {
+    match source {
+        Some(source) => StoreError::with_source(StoreErrorKind::Uncommitted, source),
+        None => StoreError::new(StoreErrorKind::Uncommitted),
+    }
+}
+
+impl<DB: sqlx::Database> OpenTransactions<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u128, SqlTransaction<DB>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Transactions open now.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Keeps `transaction` open as `reservation`'s.
+    pub(crate) fn insert(&self, reservation: &super::super::Reservation, transaction: Open<DB>) {
+        self.lock()
+            .insert(reservation.as_u128(), SqlTransaction::new(transaction));
+    }
+
+    /// A reservation's renewal: nothing to renew while its transaction is open (it holds the
+    /// key for as long as the create runs); [`StoreErrorKind::ReservationLost`] once ended.
+    pub(crate) fn renew(&self, reservation: &super::super::Reservation) -> Result<(), StoreError> {
+        if self.lock().contains_key(&reservation.as_u128()) {
+            Ok(())
+        } else {
+            Err(StoreError::new(StoreErrorKind::ReservationLost))
+        }
+    }
+
+    /// A reservation's release: its transaction rolled back, the key free as before the claim;
+    /// [`StoreErrorKind::ReservationLost`] if it had ended.
+    pub(crate) async fn release(
+        &self,
+        reservation: &super::super::Reservation,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if self.roll_back(reservation, timeout).await {
+            Ok(())
+        } else {
+            Err(StoreError::new(StoreErrorKind::ReservationLost))
+        }
+    }
+
+    /// Puts `reservation`'s transaction, if open, in `extensions` for the create.
+    pub(crate) fn attach(
+        &self,
+        reservation: &super::super::Reservation,
+        extensions: &mut http::Extensions,
+    ) {
+        if let Some(transaction) = self.lock().get(&reservation.as_u128()) {
+            extensions.insert(transaction.clone());
+        }
+    }
+
+    /// The open transaction of `reservation`, no longer open to anyone else.
+    fn remove(&self, reservation: &super::super::Reservation) -> Option<SqlTransaction<DB>> {
+        self.lock().remove(&reservation.as_u128())
+    }
+
+    /// Rolls back the transaction of `reservation`, if open; whether it was.
+    pub(crate) async fn roll_back(
+        &self,
+        reservation: &super::super::Reservation,
+        timeout: Duration,
+    ) -> bool {
+        let Some(transaction) = self.remove(reservation) else {
+            return false;
+        };
+        if let Some(transaction) = transaction.take(timeout).await {
+            roll_back(transaction, timeout).await;
+        }
+        true
+    }
+
+    /// Runs `complete` (the statement that stores the response; the rows it changed) in the
+    /// transaction of `reservation` and commits: the record, the create's writes and the
+    /// response together. Anything but one row changed and a commit is
+    /// [`StoreErrorKind::Uncommitted`], the transaction rolled back.
+    pub(crate) async fn complete(
+        &self,
+        reservation: &super::super::Reservation,
+        timeout: Duration,
+        complete: impl AsyncFnOnce(&mut DB::Connection) -> Result<u64, sqlx::Error>,
+    ) -> Result<(), StoreError> {
+        let unavailable = |error| StoreError::with_source(StoreErrorKind::Unavailable, error);
+        // No open transaction (never claimed here, or ended): nothing to commit.
+        let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
+        let mut transaction = transaction
+            .take(timeout)
+            .await
+            .ok_or_else(|| uncommitted(None))?;
+        let updated = super::super::within(timeout, async {
+            complete(&mut transaction).await.map_err(unavailable)
+        })
+        .await;
+        match updated {
+            Ok(1) => {}
+            Ok(_) => {
+                roll_back(transaction, timeout).await;
+                return Err(uncommitted(None));
+            }
+            Err(error) => {
+                roll_back(transaction, timeout).await;
+                return Err(uncommitted(Some(error)));
+            }
+        }
+        super::super::within(timeout, async {
+            transaction.commit_only().await.map_err(unavailable)
+        })
+        .await
+        .map_err(|error| uncommitted(Some(error)))?;
+        // Committed: the answer stands whatever becomes of the session's reset (a connection
+        // not reset in time is closed).
+        let _ = super::super::within(timeout, async {
+            transaction.reset().await.map_err(unavailable)
+        })
+        .await;
+        Ok(())
+    }
+}
