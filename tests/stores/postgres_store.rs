@@ -33,7 +33,10 @@ async fn make_store(retention: Option<Duration>) -> PostgresStore {
         .await
         .expect("PostgreSQL at DATABASE_URL")
         .table(TABLE)
-        .unwrap();
+        .unwrap()
+        // Generous: beside this binary's heavier tests a loaded server once took a second
+        // for a conformance claim; the tests about time make stores of their own.
+        .timeout(Duration::from_secs(5));
     store.migrate().await.unwrap();
     match retention {
         Some(retention) => store.retention(retention),
