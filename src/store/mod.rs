@@ -23,6 +23,7 @@
 //!   this claim allow it ([`Lease::takes_over`]) → take it over, [`Claim::New`]; pending →
 //!   [`Claim::Pending`]; completed → [`Claim::Replay`] with the stored response. A completed
 //!   record past the store's retention counts as absent; pending records never expire.
+//!   [`decide`] is that decision, written once: read the record, ask it, write what it says.
 //! - [`renew`](Store::renew), [`complete`](Store::complete) and [`release`](Store::release) act
 //!   only on a record pending under the caller's reservation (compare all 128 bits), else
 //!   [`StoreErrorKind::ReservationLost`] and no change: a stale attempt never overwrites a
@@ -72,6 +73,7 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 
 mod codec;
+mod decide;
 mod dynamic;
 mod error;
 mod memory;
@@ -98,6 +100,7 @@ mod response;
 pub mod sqlite;
 mod waiting;
 
+pub use self::decide::{Decision, Found, decide};
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::operator::{Operator, RecordInfo, RecordState};
 pub use self::purge::{Purge, Purger};

@@ -25,8 +25,8 @@ use super::codec;
 use super::pooled::{Connections, on_connection};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, Reservation, Store,
-    StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Found, Lease, Operator, RecordInfo, Reservation,
+    Store, StoreError, StoreErrorKind, StoredResponse, decide, retention_millis, within,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -142,49 +142,27 @@ type Row = (
     i64,
 );
 
-/// What a claim does with the record it read.
-enum Decision {
-    /// Answer without writing.
-    Answer(Result<Claim, StoreError>),
-    /// Write the caller's pending reservation over the record (absent, expired or taken over).
-    Reserve,
-}
-
-/// The claim's decision on `row` (contract §4): fingerprint first, then the status.
-fn decide(
+/// The record a claim read, as the claim's decision takes it.
+fn found(
     row: Option<Row>,
     now: i64,
     fingerprint: &str,
     token: &[u8; 16],
-    reservation: Reservation,
-    lease: Lease,
-) -> Decision {
-    let Some((stored_fingerprint, stored_token, response, lease_until, take_over, expires_at, _)) =
-        row
-    else {
-        return Decision::Reserve;
-    };
-    let expired = response.is_some() && expires_at.is_some_and(|at| at <= now);
-    if expired {
-        return Decision::Reserve;
-    }
-    if stored_fingerprint != fingerprint {
-        return Decision::Answer(Ok(Claim::Conflict));
-    }
-    match (response, stored_token) {
-        (Some(response), _) => {
-            Decision::Answer(codec::decode(Bytes::from(response)).map(Claim::Replay))
-        }
-        (None, Some(stored)) if stored[..] == token[..] => {
-            Decision::Answer(Ok(Claim::New(reservation)))
-        }
-        (None, _)
-            if take_over && lease.takes_over() && lease_until.is_none_or(|until| until <= now) =>
-        {
-            Decision::Reserve
-        }
-        (None, _) => Decision::Answer(Ok(Claim::Pending)),
-    }
+) -> Option<Found<Vec<u8>>> {
+    let (stored_fingerprint, stored_token, response, lease_until, take_over, expires_at, _) = row?;
+    let same_fingerprint = stored_fingerprint == fingerprint;
+    Some(match response {
+        Some(response) => Found::Completed {
+            same_fingerprint,
+            expired: expires_at.is_some_and(|at| at <= now),
+            response,
+        },
+        None => Found::Pending {
+            same_fingerprint,
+            mine: stored_token.is_some_and(|stored| stored[..] == token[..]),
+            abandoned: take_over && lease_until.is_none_or(|until| until <= now),
+        },
+    })
 }
 
 /// Now, in milliseconds since the Unix epoch: the clock every process of the host shares.
@@ -697,8 +675,9 @@ impl Store for SqliteStore {
                     .look(async |connection| read(connection, key).await)
                     .await?;
                 let now = now_millis();
-                if let Decision::Answer(answer) =
-                    decide(row, now, fingerprint, &token, reservation, lease)
+                let decision = decide(found(row, now, fingerprint, &token), lease);
+                if let Some(answer) =
+                    decision.answer(reservation, |response| codec::decode(Bytes::from(response)))
                 {
                     return answer;
                 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tower_idempotency::Store;
 use tower_idempotency::operation::Fingerprint;
 use tower_idempotency::store::{
-    Claim, Lease, Reservation, StoreError, StoreErrorKind, StoredResponse,
+    Claim, Decision, Found, Lease, Reservation, StoreError, StoreErrorKind, StoredResponse, decide,
 };
 use tower_idempotency::store::{Operator, RecordInfo};
 
@@ -99,28 +99,34 @@ impl Store for ToyStore {
             since: now,
         };
         let mut records = self.records();
-        let Some(record) = records.get(key).filter(|record| !self.expired(record)) else {
+        // The record in the decision's terms; then the one decision every built-in store
+        // makes, and the write it calls for.
+        let found = records.get(key).map(|record| {
+            let same_fingerprint = record.fingerprint == *fingerprint;
+            match &record.state {
+                State::Completed { response } => Found::Completed {
+                    same_fingerprint,
+                    expired: self.expired(record),
+                    response: response.clone(),
+                },
+                State::Pending {
+                    reservation: owner,
+                    until,
+                    take_over,
+                } => Found::Pending {
+                    same_fingerprint,
+                    mine: *owner == reservation,
+                    abandoned: *take_over && *until <= now,
+                },
+            }
+        });
+        let decision = decide(found, lease);
+        if let Decision::Reserve | Decision::TakeOver = decision {
             records.insert(key.to_owned(), fresh);
-            return Ok(Claim::New(reservation));
-        };
-        if record.fingerprint != *fingerprint {
-            return Ok(Claim::Conflict);
         }
-        match &record.state {
-            State::Completed { response } => {
-                StoredResponse::from_bytes(response.clone()).map(Claim::Replay)
-            }
-            State::Pending {
-                reservation: owner, ..
-            } if *owner == reservation => Ok(Claim::New(reservation)),
-            State::Pending {
-                until, take_over, ..
-            } if *take_over && lease.takes_over() && *until <= now => {
-                records.insert(key.to_owned(), fresh);
-                Ok(Claim::New(reservation))
-            }
-            State::Pending { .. } => Ok(Claim::Pending),
-        }
+        decision
+            .answer(reservation, StoredResponse::from_bytes)
+            .unwrap_or(Ok(Claim::New(reservation)))
     }
 
     async fn renew(

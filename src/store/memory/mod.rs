@@ -19,8 +19,8 @@ use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Lease, Purge, Reservation,
-    Store, StoreError, StoreErrorKind, StoredResponse,
+    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Decision, Found, Lease,
+    Purge, Reservation, Store, StoreError, StoreErrorKind, StoredResponse, decide,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -230,41 +230,43 @@ impl MemoryStore {
             self.give_room(dropped, bytes);
         }
         let retention = self.shared.retention;
-        let stored = match shard.get_mut(probe) {
-            Some(record) if !retention.is_some_and(|r| record.is_expired(now(), r)) => {
-                if record.fingerprint != fingerprint {
-                    return Ok(Claim::Conflict);
-                }
-                match &record.state {
-                    State::Pending {
-                        reservation: held, ..
-                    } if *held == reservation.halves() => return Ok(Claim::New(reservation)),
-                    State::Pending {
-                        until, take_over, ..
-                    } if *take_over && lease.takes_over() && now() >= *until => {
-                        let before = record.bytes();
-                        record.reclaim(fingerprint, reservation, now(), lease);
-                        self.resize(before, record.bytes());
-                        return Ok(Claim::New(reservation));
-                    }
-                    State::Pending { .. } => return Ok(Claim::Pending),
-                    State::Completed { .. } => record.response().unwrap_or_default(),
-                }
-            }
-            // Expired: a new operation.
-            Some(record) => {
+        let Some(record) = shard.get_mut(probe) else {
+            let room = self.shared.response_room.load(Ordering::Relaxed);
+            let record = Record::pending(probe, fingerprint, reservation, now(), lease, room);
+            self.take_room(record.bytes())?;
+            shard.insert(record);
+            return Ok(Claim::New(reservation));
+        };
+        let same_fingerprint = record.fingerprint == fingerprint;
+        let found = match &record.state {
+            State::Pending {
+                reservation: held,
+                until,
+                take_over,
+                ..
+            } => Found::Pending {
+                same_fingerprint,
+                mine: *held == reservation.halves(),
+                // The clock only when the lease decides.
+                abandoned: *take_over && lease.takes_over() && now() >= *until,
+            },
+            State::Completed { .. } => Found::Completed {
+                same_fingerprint,
+                expired: retention.is_some_and(|r| record.is_expired(now(), r)),
+                response: (),
+            },
+        };
+        let stored = match decide(Some(found), lease) {
+            Decision::Reserve | Decision::TakeOver => {
                 let before = record.bytes();
                 record.reclaim(fingerprint, reservation, now(), lease);
                 self.resize(before, record.bytes());
                 return Ok(Claim::New(reservation));
             }
-            None => {
-                let room = self.shared.response_room.load(Ordering::Relaxed);
-                let record = Record::pending(probe, fingerprint, reservation, now(), lease, room);
-                self.take_room(record.bytes())?;
-                shard.insert(record);
-                return Ok(Claim::New(reservation));
-            }
+            Decision::Replay(()) => record.response().unwrap_or_default(),
+            Decision::Mine => return Ok(Claim::New(reservation)),
+            Decision::Conflict => return Ok(Claim::Conflict),
+            Decision::Pending => return Ok(Claim::Pending),
         };
         drop(shard);
         // Decoded outside the lock: the shard waits for nobody's header map.

@@ -19,8 +19,9 @@ use super::codec;
 use super::pooled::{Connections, Open, on_connection, table_key, valid_table};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Lease, Operator, RecordInfo, RecordState,
-    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, Operator, RecordInfo,
+    RecordState, Reservation, Store, StoreError, StoreErrorKind, StoredResponse, decide,
+    retention_millis, within,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -446,14 +447,13 @@ impl MySqlStore {
                 // Released or forgotten in between: insert again.
                 continue;
             };
-            let pass = pass(&row, &token, fingerprint, take_over)?;
-            let Some(taking) =
-                taking_over(&self.sql, &pass, key, fingerprint, &token, lease, take_over)
+            let decision = decide(Some(found(&row, &token, fingerprint)?), lease);
+            let Some(taking) = taking_over(&self.sql, &decision, key, fingerprint, &token, lease)
             else {
-                if let Pass::Answer(claim) = pass {
-                    return Ok(claim);
+                match decision.answer(reservation, decode) {
+                    Some(answer) => return answer,
+                    None => continue,
                 }
-                continue;
             };
             let taken = taking.execute(&mut *connection).await;
             if taken.map_err(unavailable)?.rows_affected() == 1 {
@@ -494,83 +494,67 @@ impl MySqlStore {
 /// A statement with its parameters bound.
 type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
 
-/// The take-over statement `pass` calls for, bound: the caller's reservation written over the
-/// record; `None` for an answer.
-fn taking_over<'q>(
+/// The take-over statement the claim's decision calls for, bound: the caller's reservation
+/// written over the record; `None` for an answer.
+fn taking_over<'q, R>(
     sql: &Sql,
-    pass: &Pass,
+    decision: &Decision<R>,
     key: &'q str,
     fingerprint: &'q str,
     token: &'q [u8; 16],
     lease: Lease,
-    take_over: bool,
 ) -> Option<Query<'q>> {
     let lease_ms = millis(lease.duration());
-    match pass {
-        Pass::Answer(_) => None,
-        Pass::TakeOver => Some(
+    match decision {
+        // A record was read: the completed one past its retention, absent, written over.
+        Decision::Reserve => Some(
             sqlx::query(sql.take_over.clone())
                 .bind(fingerprint)
                 .bind(&token[..])
                 .bind(lease_ms)
-                .bind(take_over)
+                .bind(lease.takes_over())
                 .bind(key),
         ),
-        Pass::TakeOverAbandoned => Some(
+        Decision::TakeOver => Some(
             sqlx::query(sql.take_over_abandoned.clone())
                 .bind(&token[..])
                 .bind(lease_ms)
-                .bind(take_over)
+                .bind(lease.takes_over())
                 .bind(key)
                 .bind(fingerprint),
         ),
+        _ => None,
     }
 }
 
-/// What one pass of a claim found in the record it read.
-enum Pass {
-    /// The claim's answer.
-    Answer(Claim),
-    /// A completed record past its retention: absent, to take over.
-    TakeOver,
-    /// A pending record whose lease lapsed, its owner letting it be taken over, and the
-    /// caller asking to.
-    TakeOverAbandoned,
+/// A stored response read back.
+fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
+    codec::decode(Bytes::copy_from_slice(response))
 }
 
-/// What a claim's read of the record says: the token, fingerprint and response of the record,
-/// whether it expired, and whether its lease lapsed.
-fn pass(
-    row: &MySqlRow,
+/// What a claim's read of the record says: its token, fingerprint and response, whether it
+/// expired, and whether it was abandoned.
+fn found<'r>(
+    row: &'r MySqlRow,
     token: &[u8; 16],
     fingerprint: &str,
-    take_over: bool,
-) -> Result<Pass, StoreError> {
+) -> Result<Found<&'r [u8]>, StoreError> {
     let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
     let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
     let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
-    let expired = row.try_get::<i64, _>(3).map_err(corrupt)? != 0;
-    let lapsed = row.try_get::<i64, _>(4).map_err(corrupt)? != 0;
-    let same = stored_fingerprint == fingerprint.as_bytes();
-    // Pending under this token already (a repeated claim): the reservation is the caller's.
-    if stored_token == Some(&token[..]) && same {
-        let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
-        return Ok(Pass::Answer(Claim::New(reservation)));
-    }
-    if expired {
-        return Ok(Pass::TakeOver);
-    }
-    if lapsed && take_over && response.is_none() && same {
-        return Ok(Pass::TakeOverAbandoned);
-    }
-    Ok(Pass::Answer(if !same {
-        Claim::Conflict
-    } else {
-        match response {
-            Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay)?,
-            None => Claim::Pending,
-        }
-    }))
+    let same_fingerprint = stored_fingerprint == fingerprint.as_bytes();
+    Ok(match response {
+        Some(response) => Found::Completed {
+            same_fingerprint,
+            expired: row.try_get::<i64, _>(3).map_err(corrupt)? != 0,
+            response,
+        },
+        None => Found::Pending {
+            same_fingerprint,
+            mine: stored_token == Some(&token[..]),
+            abandoned: row.try_get::<i64, _>(4).map_err(corrupt)? != 0,
+        },
+    })
 }
 
 impl std::fmt::Debug for MySqlStore {

@@ -5,18 +5,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use sqlx::SqlStr;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
-use sqlx::{Row as _, SqlStr};
 
-use super::{CLAIM_ATTEMPTS, MySqlStore, Pass, corrupt, millis, pass, taking_over, unavailable};
+use super::{CLAIM_ATTEMPTS, MySqlStore, decode, found, millis, taking_over, unavailable};
 use crate::fingerprint::Fingerprint;
 use crate::store::pooled::{
     Open, OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back, table_key,
 };
 use crate::store::{
-    CHANGE_POLL_INTERVAL, Claim, Lease, Operator, RecordInfo, Reservation, Store, StoreError,
-    StoreErrorKind, StoredResponse, codec, within,
+    CHANGE_POLL_INTERVAL, Claim, Decision, Lease, Operator, RecordInfo, Reservation, Store,
+    StoreError, StoreErrorKind, StoredResponse, codec, decide, within,
 };
 
 /// A [`MySqlStore`] whose claim, the create's own writes and the complete commit in **one
@@ -160,23 +159,15 @@ fn duplicate(error: &sqlx::Error) -> bool {
 /// What the committed record answers while another transaction holds the key: a replay or a
 /// conflict if one is there within its retention, pending otherwise.
 fn committed(row: Option<MySqlRow>, fingerprint: &str) -> Result<Claim, StoreError> {
-    let Some(row) = row else {
-        return Ok(Claim::Pending);
-    };
-    let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
-    let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
-    let expired = row.try_get::<i64, _>(3).map_err(corrupt)? != 0;
-    // Past its retention, the record is absent: the transaction holding the key is creating
-    // it again, so neither its old response nor its old fingerprint answers.
-    if expired {
-        return Ok(Claim::Pending);
-    }
-    if stored_fingerprint != fingerprint.as_bytes() {
-        return Ok(Claim::Conflict);
-    }
-    match response {
-        Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay),
-        None => Ok(Claim::Pending),
+    let found = row
+        .as_ref()
+        .map(|row| found(row, &[0; 16], fingerprint))
+        .transpose()?;
+    // No token is the caller's, and no take-over while another transaction holds the key.
+    match decide(found, Lease::default()) {
+        Decision::Conflict => Ok(Claim::Conflict),
+        Decision::Replay(response) => decode(response).map(Claim::Replay),
+        _ => Ok(Claim::Pending),
     }
 }
 
@@ -233,11 +224,11 @@ impl TransactionalMySqlStore {
         let lease_ms = millis(lease.duration());
         let take_over = lease.takes_over();
         for _ in 0..CLAIM_ATTEMPTS {
-            let found = sqlx::query(sql.read_locked.clone())
+            let read = sqlx::query(sql.read_locked.clone())
                 .bind(key)
                 .fetch_optional(&mut *connection)
                 .await;
-            let row = match found {
+            let row = match read {
                 Ok(row) => row,
                 // Another transaction holds the key: its create is in flight.
                 Err(error) if lock_not_had(&error) => {
@@ -245,7 +236,7 @@ impl TransactionalMySqlStore {
                 }
                 Err(error) => return Err(unavailable(error)),
             };
-            let pass = match row {
+            let decision = match &row {
                 None => {
                     let inserted = sqlx::query(insert.clone())
                         .bind(key)
@@ -266,15 +257,14 @@ impl TransactionalMySqlStore {
                         Err(error) => return Err(unavailable(error)),
                     }
                 }
-                Some(row) => pass(&row, &token, fingerprint, take_over)?,
+                Some(row) => decide(Some(found(row, &token, fingerprint)?), lease),
             };
             // The record is this transaction's (its row lock): a take-over changes it.
-            let Some(taking) = taking_over(sql, &pass, key, fingerprint, &token, lease, take_over)
-            else {
-                if let Pass::Answer(claim) = pass {
-                    return Ok(claim);
+            let Some(taking) = taking_over(sql, &decision, key, fingerprint, &token, lease) else {
+                match decision.answer(reservation, decode) {
+                    Some(answer) => return answer,
+                    None => continue,
                 }
-                continue;
             };
             let taken = taking
                 .execute(&mut *connection)

@@ -21,8 +21,8 @@ use super::pooled::Open;
 pub(super) use super::pooled::{Connections, on_connection, table_key, valid_table};
 use super::waiting;
 use super::{
-    Claim, DEFAULT_TIMEOUT, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse,
-    retention_millis, within,
+    Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, Reservation, Store, StoreError, StoreErrorKind,
+    StoredResponse, decide, retention_millis, within,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -803,10 +803,10 @@ impl PostgresStore {
             .await?;
             let pass = match (lock, row) {
                 (_, None) => Pass::Again,
-                (None, Some(row)) => self.pass(&row, 0, &token, &fingerprint, take_over)?,
+                (None, Some(row)) => self.pass(&row, 0, &token, &fingerprint, lease)?,
                 (Some(_), Some(row)) => {
                     if row.try_get::<bool, _>(0).map_err(corrupt)? {
-                        self.pass(&row, 1, &token, &fingerprint, take_over)?
+                        self.pass(&row, 1, &token, &fingerprint, lease)?
                     } else {
                         Pass::Answer(committed(&row, &fingerprint)?)
                     }
@@ -834,74 +834,80 @@ impl PostgresStore {
         Err(StoreError::new(StoreErrorKind::Unavailable))
     }
 
-    /// What a claim's row says, its columns from `first` on: the token, fingerprint and
-    /// response of the record, whether it expired, and whether its lease lapsed; the token
-    /// NULL and the fingerprint NULL when there is no record (the transactional claim's row).
+    /// What a claim's row says, its columns from `first` on (see [`found`]): the answer, a
+    /// take-over, or another pass when there is no record.
     fn pass(
         &self,
         row: &PgRow,
         first: usize,
         token: &[u8; 16],
         fingerprint: &str,
-        take_over: bool,
+        lease: Lease,
     ) -> Result<Pass, StoreError> {
-        let stored_token: Option<&[u8]> = row.try_get(first).map_err(corrupt)?;
-        let Some(stored_fingerprint) =
-            row.try_get::<Option<&str>, _>(first + 1).map_err(corrupt)?
-        else {
+        let Some(found) = found(row, first, token, fingerprint)? else {
             return Ok(Pass::Again);
         };
-        let response: Option<&[u8]> = row.try_get(first + 2).map_err(corrupt)?;
-        let expired: bool = row.try_get(first + 3).map_err(corrupt)?;
-        // Pending, its lease lapsed, and its owner lets it be taken over.
-        let lapsed: bool = row.try_get(first + 4).map_err(corrupt)?;
-        // Inserted by this statement, or pending under this token already (a repeated
-        // claim): the reservation is the caller's.
-        if stored_token == Some(&token[..]) && stored_fingerprint == fingerprint {
-            let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
-            return Ok(Pass::Answer(Claim::New(reservation)));
-        }
-        // A completed record past its retention is absent, and a pending one whose lease
-        // lapsed may be taken over if the caller asks: take it over, once.
-        if expired {
-            return Ok(Pass::TakeOver(self.sql.take_over.clone()));
-        }
-        if lapsed && take_over && response.is_none() && stored_fingerprint == fingerprint {
-            return Ok(Pass::TakeOver(self.sql.take_over_abandoned.clone()));
-        }
-        Ok(Pass::Answer(if stored_fingerprint != fingerprint {
-            Claim::Conflict
-        } else {
-            match response {
-                Some(response) => {
-                    codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay)?
+        Ok(match decide(Some(found), lease) {
+            // Past its retention: absent, to be written over.
+            Decision::Reserve => Pass::TakeOver(self.sql.take_over.clone()),
+            Decision::TakeOver => Pass::TakeOver(self.sql.take_over_abandoned.clone()),
+            decision => {
+                let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
+                match decision.answer(reservation, decode) {
+                    Some(answer) => Pass::Answer(answer?),
+                    None => Pass::Again,
                 }
-                None => Claim::Pending,
             }
-        }))
+        })
     }
+}
+
+/// A claim's row, its columns from `first` on: the token, fingerprint and response of the
+/// record, whether it expired, and whether it was abandoned; `None` when there is no record
+/// (the fingerprint NULL, as in the transactional claim's row).
+fn found<'r>(
+    row: &'r PgRow,
+    first: usize,
+    token: &[u8; 16],
+    fingerprint: &str,
+) -> Result<Option<Found<&'r [u8]>>, StoreError> {
+    let stored_token: Option<&[u8]> = row.try_get(first).map_err(corrupt)?;
+    let Some(stored_fingerprint) = row.try_get::<Option<&str>, _>(first + 1).map_err(corrupt)?
+    else {
+        return Ok(None);
+    };
+    let same_fingerprint = stored_fingerprint == fingerprint;
+    let response: Option<&[u8]> = row.try_get(first + 2).map_err(corrupt)?;
+    Ok(Some(match response {
+        Some(response) => Found::Completed {
+            same_fingerprint,
+            expired: row.try_get(first + 3).map_err(corrupt)?,
+            response,
+        },
+        None => Found::Pending {
+            same_fingerprint,
+            mine: stored_token == Some(&token[..]),
+            abandoned: row.try_get(first + 4).map_err(corrupt)?,
+        },
+    }))
+}
+
+fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
+    codec::decode(Bytes::copy_from_slice(response))
 }
 
 /// What the committed record answers while another transaction holds the key's lock (the
 /// transactional claim's row, its columns from 1 on): a replay or a conflict if one is there
-/// within its retention, pending otherwise.
+/// within its retention, pending otherwise. Past its retention, the record is absent: the
+/// transaction holding the key is creating it again, so neither its old response nor its old
+/// fingerprint answers.
 fn committed(row: &PgRow, fingerprint: &str) -> Result<Claim, StoreError> {
-    let Some(stored_fingerprint) = row.try_get::<Option<&str>, _>(2).map_err(corrupt)? else {
-        return Ok(Claim::Pending);
-    };
-    let response: Option<&[u8]> = row.try_get(3).map_err(corrupt)?;
-    let expired: bool = row.try_get(4).map_err(corrupt)?;
-    // Past its retention, the record is absent: the transaction holding the key is creating
-    // it again, so neither its old response nor its old fingerprint answers.
-    if expired {
-        return Ok(Claim::Pending);
-    }
-    if stored_fingerprint != fingerprint {
-        return Ok(Claim::Conflict);
-    }
-    match response {
-        Some(response) => codec::decode(Bytes::copy_from_slice(response)).map(Claim::Replay),
-        None => Ok(Claim::Pending),
+    // No token is the caller's, and no take-over while another transaction holds the key.
+    let found = found(row, 1, &[0; 16], fingerprint)?;
+    match decide(found, Lease::default()) {
+        Decision::Conflict => Ok(Claim::Conflict),
+        Decision::Replay(response) => decode(response).map(Claim::Replay),
+        _ => Ok(Claim::Pending),
     }
 }
 

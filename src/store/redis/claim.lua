@@ -1,7 +1,10 @@
 -- Claim: creates the pending reservation with its lease, or reports conflict (fingerprint
 -- first), pending or replay with the stored response, all in one atomic step; takes over a
 -- pending record whose lease lapsed when asked to; marks a replay to be confirmed on a
--- replica when asked to.
+-- replica when asked to. The steps are the crate's one claim decision (src/store/decide.rs),
+-- in its order: a completed record past its retention is absent (its key expired in Redis);
+-- another fingerprint is a conflict; the caller's own reservation is the caller's; completed
+-- replays; an abandoned record is taken over when both sides allow it; pending otherwise.
 local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko')
 if record[1] then
   if record[1] ~= ARGV[1] then return {1} end
