@@ -128,7 +128,7 @@ fn routers() -> [axum::Router; 2] {
         .route("/labels", axum::routing::post(create))
         .route_layer(
             tower_idempotency::IdempotencyLayer::new(
-                MemoryStore::new().keep_forever(),
+                MemoryStore::builder().keep_forever().build(),
                 LabelContract,
             )
             .global_keys(),
@@ -182,7 +182,7 @@ fn resident() -> Option<usize> {
 /// the stored response's own bytes (status, header names and values, body).
 fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
     // Unbounded: `n` may be the default bound or more.
-    let store = MemoryStore::new().unbounded();
+    let store = MemoryStore::builder().unbounded().build();
     let service = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(store.clone(), tower_idempotency::LabelContract)
             .global_keys(),
@@ -233,13 +233,13 @@ fn main() {
         .unwrap();
     let service = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(
-            MemoryStore::new().keep_forever(),
+            MemoryStore::builder().keep_forever().build(),
             tower_idempotency::LabelContract,
         )
         .global_keys(),
         Create,
     );
-    let json = common::json_service(MemoryStore::new().keep_forever());
+    let json = common::json_service(MemoryStore::builder().keep_forever().build());
     // The layer's own steps, with the store's work taken out.
     let floor = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(
@@ -327,9 +327,12 @@ fn main() {
     }
     // The layer with the operation's value left out of the request extensions.
     let lean = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(MemoryStore::new().keep_forever(), LabelContract)
-            .global_keys()
-            .value_extension(false),
+        &tower_idempotency::IdempotencyLayer::new(
+            MemoryStore::builder().keep_forever().build(),
+            LabelContract,
+        )
+        .global_keys()
+        .value_extension(false),
         Create,
     );
     for i in 0..WARM {

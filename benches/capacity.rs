@@ -482,7 +482,7 @@ fn main() {
     let wanted = |name: &str| options.stores.iter().any(|s| s == name);
     runtime.block_on(async {
         if wanted("memory") {
-            let store = MemoryStore::new().unbounded();
+            let store = MemoryStore::builder().unbounded().build();
             let before = resident_bytes() as i64;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = resident_bytes() as i64 - before;

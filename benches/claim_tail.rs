@@ -1,5 +1,5 @@
 //! The slowest claims of a memory store filling up, on its default tables and sized up front
-//! with `MemoryStore::reserve`: a table that grows moves every record of its shard
+//! with `MemoryStoreBuilder::reserve`: a table that grows moves every record of its shard
 //! under the shard's lock, and the claim that makes it grow waits for that.
 //!
 //! Then the same under churn: a store that holds a window of a sixteenth of the keys, filled
@@ -100,10 +100,17 @@ fn main() {
             let (name, make) = if sized {
                 (
                     "sized",
-                    MemoryStore::new().keep_forever().unbounded().reserve(n),
+                    MemoryStore::builder()
+                        .keep_forever()
+                        .unbounded()
+                        .reserve(n)
+                        .build(),
                 )
             } else {
-                ("default", MemoryStore::new().keep_forever().unbounded())
+                (
+                    "default",
+                    MemoryStore::builder().keep_forever().unbounded().build(),
+                )
             };
             let (times, elapsed) = claims(&runtime, &make, &keys, None);
             println!("{}", row(round, name, &times, elapsed));
@@ -111,12 +118,13 @@ fn main() {
             // Under churn: the window's keys claimed first, untimed, then every key once
             // more, the first window's again after their records were dropped.
             let store = if sized {
-                MemoryStore::new()
+                MemoryStore::builder()
                     .keep_forever()
                     .unbounded()
                     .reserve(window)
+                    .build()
             } else {
-                MemoryStore::new().keep_forever().unbounded()
+                MemoryStore::builder().keep_forever().unbounded().build()
             };
             claims(&runtime, &store, &keys[n - window..], None);
             let (times, elapsed) = claims(&runtime, &store, &keys, Some(window));

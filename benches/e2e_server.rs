@@ -46,7 +46,7 @@ fn main() {
         // As the README puts it on a router: on its routes.
         "layered" | "retained" => {
             let store = match mode.as_str() {
-                "layered" => MemoryStore::new().keep_forever().unbounded(),
+                "layered" => MemoryStore::builder().keep_forever().unbounded().build(),
                 _ => MemoryStore::with_retention(Duration::from_secs(1)),
             };
             router.route_layer(IdempotencyLayer::new(store, LabelContract).global_keys())

@@ -198,10 +198,12 @@ fn grpc(c: &mut Criterion) {
         );
     });
     // Replays from a store that keeps its one record for good: every call a replay.
-    let replaying =
-        IdempotencyLayer::new(MemoryStore::new().keep_forever(), grpc_labels::operation())
-            .global_keys()
-            .layer(grpc_labels::Labels::new(Duration::ZERO));
+    let replaying = IdempotencyLayer::new(
+        MemoryStore::builder().keep_forever().build(),
+        grpc_labels::operation(),
+    )
+    .global_keys()
+    .layer(grpc_labels::Labels::new(Duration::ZERO));
     runtime.block_on(call(&replaying, create_label("g-replay")));
     group.bench_function("replay", |b| {
         b.to_async(&runtime).iter_batched(

@@ -39,10 +39,10 @@ fn unique(prefix: &str) -> String {
 
 /// The new path on the memory store without the setting and with it, nobody waiting.
 fn nobody_waits(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
-    let off = IdempotencyLayer::new(MemoryStore::new().keep_forever(), LabelContract)
+    let off = IdempotencyLayer::new(MemoryStore::builder().keep_forever().build(), LabelContract)
         .global_keys()
         .layer(Create);
-    let on = IdempotencyLayer::new(MemoryStore::new().keep_forever(), LabelContract)
+    let on = IdempotencyLayer::new(MemoryStore::builder().keep_forever().build(), LabelContract)
         .global_keys()
         .pending_wait(Duration::from_secs(5))
         .layer(Create);
@@ -191,7 +191,7 @@ fn pending_wait(c: &mut Criterion) {
         c,
         &runtime,
         "memory",
-        MemoryStore::new().keep_forever(),
+        MemoryStore::builder().keep_forever().build(),
         MemoryStore::waited_keys,
     );
 

@@ -243,8 +243,8 @@ pub async fn drained<E: std::fmt::Display>(
     }
 }
 
-/// `store` keeping completed keys for `retention`, or for good (`None`): every store has both
-/// settings.
+/// `store` keeping completed keys for `retention`, or for good (`None`): every store (the
+/// memory store's builder) has both settings.
 macro_rules! retained {
     ($store:expr, $retention:expr) => {
         match $retention {
@@ -414,10 +414,10 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
     let (url, retention) = (options.store.as_str(), options.retention);
     if url == "memory" {
         let store = match options.max_records {
-            Some(max) => MemoryStore::new().max_records(max),
-            None => MemoryStore::new().unbounded(),
+            Some(max) => MemoryStore::builder().max_records(max),
+            None => MemoryStore::builder().unbounded(),
         };
-        return Ok(DynStore::new(retained!(store, retention)));
+        return Ok(DynStore::new(retained!(store, retention).build()));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]

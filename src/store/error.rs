@@ -20,7 +20,7 @@ pub enum StoreErrorKind {
     /// The store's configuration is invalid (a malformed URL or table name, say).
     InvalidConfig,
     /// The store holds as many records as it may
-    /// ([`MemoryStore::max_records`](crate::MemoryStore::max_records)); nothing was claimed.
+    /// ([`MemoryStoreBuilder::max_records`](crate::store::MemoryStoreBuilder::max_records)); nothing was claimed.
     CapacityExceeded,
     /// The store does not offer this call (an [`Operator`](crate::store::Operator) call on a
     /// [`DynStore::without_operator`](crate::store::DynStore::without_operator)).

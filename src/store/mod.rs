@@ -111,7 +111,7 @@ pub use self::response::StoredResponse;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
 pub use dynamic::DynStore;
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::{MySqlStore, MySqlTransaction, TransactionalMySqlStore};
@@ -161,13 +161,13 @@ pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_sec
 /// `POST /labels`) with responses of 155 bytes, more for longer keys and responses. Past it a
 /// claim of a new key is refused: the layer answers the operation's *store unavailable*
 /// (`503`, `Retry-After: 2`) and creates nothing, while replays and pending keys keep their
-/// answers. Set another bound with [`MemoryStore::max_records`], or none with
-/// [`MemoryStore::unbounded`]; a process without a bound grows with every distinct key its
+/// answers. Set another bound with [`MemoryStoreBuilder::max_records`], or none with
+/// [`MemoryStoreBuilder::unbounded`]; a process without a bound grows with every distinct key its
 /// clients send.
 pub const DEFAULT_MAX_RECORDS: usize = 1_000_000;
 
 /// The default bound on the bytes a [`MemoryStore`]'s records take: 1 GiB (see
-/// [`MemoryStore::max_bytes`] for what a record counts, and why this).
+/// [`MemoryStoreBuilder::max_bytes`] for what a record counts, and why this).
 pub const DEFAULT_MAX_BYTES: usize = 1 << 30;
 
 /// The longest retention a remote store keeps: a hundred years. A longer one (up to

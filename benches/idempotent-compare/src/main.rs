@@ -88,7 +88,7 @@ where
 
 fn ours() -> Bench {
     let layer = tower_idempotency::IdempotencyLayer::new(
-        tower_idempotency::MemoryStore::new().keep_forever(),
+        tower_idempotency::MemoryStore::builder().keep_forever().build(),
         LabelContract,
     )
     .global_keys();
@@ -232,7 +232,7 @@ fn throughput(rounds: usize, per_task: usize) {
         create.call(request)
     });
     let ours = tower_idempotency::IdempotencyLayer::new(
-        tower_idempotency::MemoryStore::new().keep_forever(),
+        tower_idempotency::MemoryStore::builder().keep_forever().build(),
         LabelContract,
     )
     .global_keys()

@@ -2,85 +2,13 @@
 //! room each record takes of them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
 
 use super::MemoryStore;
 use crate::store::{StoreError, StoreErrorKind};
 
 impl MemoryStore {
-    /// Holds at most `max` records, pending and completed (default [`DEFAULT_MAX_RECORDS`](crate::store::DEFAULT_MAX_RECORDS),
-    /// one million): when full, a claim of a new key fails with
-    /// [`StoreErrorKind::CapacityExceeded`] (the layer answers `503`, `store_unavailable`,
-    /// with `Retry-After`, and creates nothing) until releases or the retention make room.
-    /// Before it refuses, a full store drops expired records of every shard. A replay and a
-    /// claim of a pending key need no room: they keep their answers when the store is full.
-    ///
-    /// Pending records count, and never expire: a create that fails without an answer (the
-    /// inner service's error or panic) keeps its key pending, since it may have taken effect.
-    /// So while the create's downstream fails every request, a bounded store fills with such
-    /// keys and then refuses every new key, until they are resolved or forgotten (the
-    /// store's [`Operator`](crate::store::Operator) view) or the process restarts (which
-    /// forgets every key of a memory store). [`len`](Self::len) tells how full it is.
-    ///
-    /// Like [`retention`](Self::retention), it returns an **empty** store: set it on a new
-    /// one, before it is shared; the room reserved with [`MemoryStore::reserve`] is
-    /// kept.
-    ///
-    /// ```
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
-    /// use tower_idempotency::store::StoreErrorKind;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let store = MemoryStore::new().max_records(1);
-    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
-    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
-    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
-    /// # }
-    /// ```
-    pub fn max_records(self, max: usize) -> Self {
-        let bytes = self.shared.max_bytes;
-        self.with_bounds(Some(max), bytes)
-    }
-
-    /// Holds records of at most `max` bytes in all, pending and completed (default
-    /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES), 1 GiB), beside the bound on
-    /// their number: when a new key's record would take the store past it, the claim fails
-    /// with [`StoreErrorKind::CapacityExceeded`] (`503`, `store_unavailable`, with
-    /// `Retry-After`) until releases or the retention make room.
-    ///
-    /// A record counts its data (the key, then its response, or while pending the room made
-    /// for the response to come, up to a kilobyte) and 256 bytes for its place in the store's
-    /// table and expiry queue. The count is exact: every claim, complete, release, expiry and
-    /// forget moves it by what the record took and takes. Only a new key is refused: a
-    /// complete is never refused for its size (the create ran; its response is stored), so a
-    /// large response can take the store past the bound, and new keys wait until it is back
-    /// under. With the [response cap](crate::IdempotencyLayer::response_limit), a record
-    /// takes at most about 1 MiB.
-    ///
-    /// Why 1 GiB: the default bound of a million records takes about 350 MB when its
-    /// responses are a few hundred bytes; a gigabyte leaves room for responses of a few
-    /// kilobytes at that count, while a million keys kept pending (which never expire)
-    /// reserving their kilobyte each, or a few thousand responses near the cap, cannot take
-    /// the process's memory with them. Like [`max_records`](Self::max_records), it returns an
-    /// **empty** store.
-    ///
-    /// ```
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
-    /// use tower_idempotency::store::StoreErrorKind;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let store = MemoryStore::new().max_bytes(300);
-    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
-    /// assert!(store.held_bytes() > 256);
-    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
-    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
-    /// # }
-    /// ```
-    pub fn max_bytes(self, max: usize) -> Self {
-        let records = self.shared.max_records;
-        self.with_bounds(records, Some(max))
-    }
-
-    /// The bytes the records take now, as [`max_bytes`](Self::max_bytes) counts them; `0`
-    /// for a store without a byte bound, which does not count them.
+    /// The bytes the records take now, as [`max_bytes`](super::MemoryStoreBuilder::max_bytes)
+    /// counts them; `0` for a store without a byte bound, which does not count them.
     ///
     /// ```
     /// assert_eq!(tower_idempotency::MemoryStore::new().held_bytes(), 0);
@@ -96,55 +24,15 @@ impl MemoryStore {
     /// use tower_idempotency::store::DEFAULT_MAX_BYTES;
     ///
     /// assert_eq!(MemoryStore::new().byte_bound(), Some(DEFAULT_MAX_BYTES));
-    /// assert_eq!(MemoryStore::new().unbounded().byte_bound(), None);
+    /// assert_eq!(MemoryStore::builder().unbounded().build().byte_bound(), None);
     /// ```
     pub fn byte_bound(&self) -> Option<usize> {
         self.shared.max_bytes
     }
 
-    /// Holds every record it is sent, without a bound on their number or their bytes: the
-    /// process then grows with every
-    /// distinct key its clients send, until it runs out of memory. For a store whose keys
-    /// the server chooses, or that something in front of it bounds. Like
-    /// [`max_records`](Self::max_records), it returns an empty store.
-    ///
-    /// ```
-    /// use tower_idempotency::MemoryStore;
-    /// use tower_idempotency::store::DEFAULT_MAX_RECORDS;
-    ///
-    /// assert_eq!(MemoryStore::new().record_bound(), Some(DEFAULT_MAX_RECORDS));
-    /// assert_eq!(MemoryStore::new().max_records(10).record_bound(), Some(10));
-    /// assert_eq!(MemoryStore::new().unbounded().record_bound(), None);
-    /// ```
-    pub fn unbounded(self) -> Self {
-        self.with_bounds(None, None)
-    }
-
     /// The most records this store holds at once, `None` without a bound.
     pub fn record_bound(&self) -> Option<usize> {
         self.shared.max_records
-    }
-
-    /// This store with the bounds `records` and `bytes`: made new in place when not shared
-    /// yet, else a new store beside the one its clones hold, with the same retention and room.
-    pub(super) fn with_bounds(mut self, records: Option<usize>, bytes: Option<usize>) -> Self {
-        // Not shared: bounded in place, a store made new (emptied) with the room reserved in
-        // its shards kept.
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            for shard in &mut shared.shards {
-                let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
-                shard.records.clear();
-                shard.expiry.clear();
-                shard.waiters.clear();
-            }
-            shared.max_records = records;
-            *shared.records.get_mut() = 0;
-            shared.max_bytes = bytes;
-            *shared.bytes.get_mut() = 0;
-            return self;
-        }
-        // Shared: a new store, beside the one its clones hold, with the same room.
-        self.beside(self.shared.retention, records, bytes)
     }
 
     /// Takes room for one more record of `bytes` bytes, if the store has it under both of its
@@ -219,8 +107,10 @@ mod tests {
     /// claim past the bound is refused, room given back lets it in.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_bytes_counted_are_the_records_bytes_under_racing_calls() {
-        let store = MemoryStore::with_retention(std::time::Duration::from_millis(2))
-            .max_bytes(usize::MAX / 2);
+        let store = MemoryStore::builder()
+            .retention(std::time::Duration::from_millis(2))
+            .max_bytes(usize::MAX / 2)
+            .build();
         let tasks: Vec<_> = (0..4)
             .map(|task| {
                 let store = store.clone();
@@ -257,12 +147,7 @@ mod tests {
         assert_eq!(store.held_bytes(), shard_records_bytes(&store));
 
         // A bound just over one record: the next new key is refused until room is given back.
-        let store = MemoryStore::new().max_bytes(RECORD + 200);
-        // A store made new (another retention) counts from nothing again.
-        let fingerprint = LabelContract::fingerprint("a", "p");
-        store.claim("a", &fingerprint).await.unwrap();
-        assert!(store.held_bytes() > 0);
-        let store = store.retention(std::time::Duration::from_secs(60));
+        let store = MemoryStore::builder().max_bytes(RECORD + 200).build();
         assert_eq!(store.held_bytes(), 0);
         let fingerprint = LabelContract::fingerprint("a", "p");
         let Ok(Claim::New(first)) = store.claim("a", &fingerprint).await else {
@@ -289,10 +174,16 @@ mod tests {
             MemoryStore::new().byte_bound(),
             Some(crate::store::DEFAULT_MAX_BYTES)
         );
-        assert_eq!(MemoryStore::new().max_bytes(7).byte_bound(), Some(7));
-        assert_eq!(MemoryStore::new().unbounded().byte_bound(), None);
+        assert_eq!(
+            MemoryStore::builder().max_bytes(7).build().byte_bound(),
+            Some(7)
+        );
+        assert_eq!(
+            MemoryStore::builder().unbounded().build().byte_bound(),
+            None
+        );
         // Without bounds nothing is counted, nor given back.
-        let unbounded = MemoryStore::new().unbounded();
+        let unbounded = MemoryStore::builder().unbounded().build();
         let fingerprint = LabelContract::fingerprint("free", "p");
         let Ok(Claim::New(reservation)) = unbounded.claim("free", &fingerprint).await else {
             panic!("a new key")
@@ -308,9 +199,11 @@ mod tests {
         // Several rounds: the ninth key's own shard may hold one of the eight, whose sweep
         // would make room without the sweep of every shard.
         for _ in 0..6 {
-            let store = MemoryStore::with_retention(std::time::Duration::from_millis(1))
+            let store = MemoryStore::builder()
+                .retention(std::time::Duration::from_millis(1))
                 .max_records(8)
-                .max_bytes(1 << 20);
+                .max_bytes(1 << 20)
+                .build();
             for i in 0..8 {
                 let key = format!("swept-{i}");
                 let fingerprint = LabelContract::fingerprint(&key, "p");
@@ -346,14 +239,14 @@ mod tests {
     /// even for a moment: a count past it would refuse a claim while a place is free.
     #[test]
     fn the_count_never_passes_the_bound_under_racing_claims() {
-        let store = MemoryStore::new().max_records(4);
+        let store = MemoryStore::builder().max_records(4).build();
         for _ in 0..4 {
             store.take_room(0).unwrap();
         }
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let racers: Vec<_> = (0..3)
             .map(|_| {
-                let (store, stop) = (store.clone(), Arc::clone(&stop));
+                let (store, stop) = (store.clone(), std::sync::Arc::clone(&stop));
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         if store.take_room(0).is_ok() {

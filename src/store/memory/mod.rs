@@ -1,26 +1,27 @@
 //! The in-memory store: one process, lost on restart.
 
-use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod bound;
+mod builder;
 mod capacity;
 mod key;
 mod operator;
 mod shard;
 
+pub use self::builder::MemoryStoreBuilder;
 use self::key::Probe;
 use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION, Decision, Found, Lease,
-    Purge, Reservation, Store, StoreError, StoreErrorKind, StoredResponse, decide,
+    Claim, Decision, Found, Lease, Purge, Reservation, Store, StoreError, StoreErrorKind,
+    StoredResponse, decide,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -46,19 +47,18 @@ const SWEEP_WHEN_FULL: usize = 64;
 /// It is **not** shared between replicas and does **not** survive a restart: use it for one
 /// process, tests and examples, and a shared store (Redis, PostgreSQL) in a real deployment.
 ///
-/// It holds at most [`DEFAULT_MAX_RECORDS`] records (one million) of at most
-/// [`DEFAULT_MAX_BYTES`] in all (1 GiB) unless [`max_records`](MemoryStore::max_records) and
-/// [`max_bytes`](MemoryStore::max_bytes) set other bounds or
-/// [`unbounded`](MemoryStore::unbounded) none: a flood of distinct keys, or of large
-/// responses, gets the operation's *store unavailable* answer once it is full, not the
+/// It holds at most [`DEFAULT_MAX_RECORDS`](crate::store::DEFAULT_MAX_RECORDS) records (one
+/// million) of at most [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES) in all (1 GiB) unless
+/// its [builder](MemoryStore::builder) sets other bounds or none: a flood of distinct keys, or of
+/// large responses, gets the operation's *store unavailable* answer once it is full, not the
 /// process's memory.
 ///
 /// Pending records never expire. *Completed* records older than the retention window
-/// ([`DEFAULT_RETENTION`], 24 hours, unless [`MemoryStore::with_retention`] sets another or
-/// [`MemoryStore::keep_forever`] none) are dropped, so a long-running process does not grow
-/// with every key it ever saw; a retry after that is a new operation. Expiry is amortised: each shard keeps its completed
-/// records in completion order, and every claim drops the few oldest that expired, so no
-/// claim ever scans a shard.
+/// ([`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION), 24 hours, unless
+/// [`MemoryStore::with_retention`] sets another or [`MemoryStoreBuilder::keep_forever`] none) are
+/// dropped, so a long-running process does not grow with every key it ever saw; a retry after that
+/// is a new operation. Expiry is amortised: each shard keeps its completed records in completion
+/// order, and every claim drops the few oldest that expired, so no claim ever scans a shard.
 ///
 /// ```
 /// use std::time::Duration;
@@ -90,10 +90,6 @@ struct Shared {
     /// The bytes the records take ([`Record::bytes`]), pending and completed (kept only when
     /// bounded).
     bytes: AtomicUsize,
-    /// The most records [`MemoryStore::reserve`] was asked to make room for, so that
-    /// a store bounded while shared gets the same room (not what its tables hold now, which
-    /// slots marked deleted take from).
-    sized_for: AtomicUsize,
     /// The bytes of the last response completed, encoded: the room a claim makes after its
     /// key for the response to come, so that the record takes one allocation.
     response_room: AtomicUsize,
@@ -105,63 +101,51 @@ struct Shared {
 }
 
 impl MemoryStore {
-    /// An empty store that drops completed records after [`DEFAULT_RETENTION`] (24 hours).
-    /// Retention is the store's, as on every store: [`retention`](Self::retention) sets
-    /// another window, [`keep_forever`](Self::keep_forever) none.
+    /// An empty store that drops completed records after
+    /// [`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION) (24 hours), bounded by
+    /// [`DEFAULT_MAX_RECORDS`](crate::store::DEFAULT_MAX_RECORDS) and
+    /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES). Retention is the
+    /// store's, as on every store: [`with_retention`](Self::with_retention) sets another
+    /// window, and [`builder`](Self::builder) every setting.
     ///
     /// ```
-    /// use std::time::Duration;
     /// use tower_idempotency::MemoryStore;
     /// use tower_idempotency::store::DEFAULT_RETENTION;
     ///
     /// assert_eq!(MemoryStore::new().retention_window(), Some(DEFAULT_RETENTION));
-    /// let hour = Duration::from_secs(3600);
-    /// assert_eq!(MemoryStore::new().retention(hour).retention_window(), Some(hour));
-    /// assert_eq!(MemoryStore::new().keep_forever().retention_window(), None);
     /// ```
     pub fn new() -> Self {
-        Self::build(Some(DEFAULT_RETENTION))
+        Self::builder().build()
     }
 
-    /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
-    /// pending records are kept however old they are. A zero window drops a record as it is
-    /// completed, so every retry creates again: [`keep_forever`](Self::keep_forever) is the
-    /// setting for records that never expire.
+    /// An empty store that drops completed records older than `retention`: the same as
+    /// `MemoryStore::builder().retention(retention).build()`.
     ///
-    /// Set it on a new store, before it is shared, as [`max_records`](Self::max_records): it
-    /// returns an **empty** store, with the bound and the room reserved kept. Called on a store
-    /// whose clones are held (by a layer, say), it returns a new store beside theirs, and they
-    /// keep the old one and its window.
-    pub fn retention(self, retention: Duration) -> Self {
-        self.with_retention_setting(Some(retention))
+    /// Pending records are kept however old they are.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    ///
+    /// let hour = Duration::from_secs(3600);
+    /// assert_eq!(MemoryStore::with_retention(hour).retention_window(), Some(hour));
+    /// ```
+    pub fn with_retention(retention: Duration) -> Self {
+        Self::builder().retention(retention).build()
     }
 
-    /// Keeps every completed record for the life of the process, rather than for the
-    /// retention window: the store then fills with every key it is sent, up to its
-    /// [bound](Self::max_records), and refuses new keys once full. Like [`retention`](Self::retention), it returns an
-    /// empty store: set it on a new one, before it is shared.
-    pub fn keep_forever(self) -> Self {
-        self.with_retention_setting(None)
-    }
-
-    /// This store with `retention`: made new in place when not shared yet, else a new store
-    /// beside the one its clones hold, with the same bound and room.
-    fn with_retention_setting(mut self, retention: Option<Duration>) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.retention = retention;
-            for shard in &mut shared.shards {
-                let shard = shard.get_mut().unwrap_or_else(PoisonError::into_inner);
-                shard.records.clear();
-                shard.waiters.clear();
-                // No queue without a window; with one, its room is reserved below.
-                shard.expiry = VecDeque::new();
-            }
-            *shared.records.get_mut() = 0;
-            *shared.bytes.get_mut() = 0;
-            let sized_for = *shared.sized_for.get_mut();
-            return self.reserve(sized_for);
-        }
-        self.beside(retention, self.shared.max_records, self.shared.max_bytes)
+    /// The settings of a new store: its retention, its bounds, the room it reserves. A
+    /// store's settings are fixed once it is built, so every clone of it (held by a layer,
+    /// say) has the same.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().keep_forever().unbounded().build();
+    /// assert_eq!((store.retention_window(), store.record_bound()), (None, None));
+    /// ```
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
     }
 
     /// How long completed records are kept, `None` for the life of the process.
@@ -169,46 +153,27 @@ impl MemoryStore {
         self.shared.retention
     }
 
-    /// An empty store that drops completed records older than `retention`: the same as
-    /// `MemoryStore::new().retention(retention)`.
-    ///
-    /// Pending records are kept however old they are.
-    pub fn with_retention(retention: Duration) -> Self {
-        Self::build(Some(retention))
-    }
-
-    fn build(retention: Option<Duration>) -> Self {
+    fn build(
+        retention: Option<Duration>,
+        max_records: Option<usize>,
+        max_bytes: Option<usize>,
+    ) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
         Self {
             shared: Arc::new(Shared {
                 shards,
                 hasher: RandomState::new(),
                 retention,
-                max_records: Some(DEFAULT_MAX_RECORDS),
+                max_records,
                 records: AtomicUsize::new(0),
-                max_bytes: Some(DEFAULT_MAX_BYTES),
+                max_bytes,
                 bytes: AtomicUsize::new(0),
-                sized_for: AtomicUsize::new(0),
                 response_room: AtomicUsize::new(0),
                 epoch: Instant::now(),
                 #[cfg(test)]
                 skew: std::sync::atomic::AtomicU64::new(0),
             }),
         }
-    }
-
-    /// A new store beside this one (whose clones keep it), with `retention` and the bound
-    /// `max`, and the room this one was sized for.
-    fn beside(
-        &self,
-        retention: Option<Duration>,
-        max_records: Option<usize>,
-        max_bytes: Option<usize>,
-    ) -> Self {
-        let sized_for = self.shared.sized_for.load(Ordering::Relaxed);
-        Self::build(retention)
-            .with_bounds(max_records, max_bytes)
-            .reserve(sized_for)
     }
 
     /// The claim, decided and reserved under one shard lock.
@@ -574,49 +539,36 @@ mod tests {
         store.shared.skew.store(nanos, Ordering::Relaxed);
     }
 
-    /// A retention set on a store not yet shared is set in place, the store made new; on a
-    /// shared one it gives a new store beside it; either way the bound and the room are kept.
-    #[tokio::test]
-    async fn a_retention_keeps_the_bound_and_the_room() {
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
-        let store = MemoryStore::new().max_records(5).reserve(1_000);
-        let room = |store: &MemoryStore| lock(&store.shared.shards[0]).records.capacity();
-        let sized = room(&store);
-        assert!(matches!(
-            store.claim("k", &fingerprint).await,
-            Ok(Claim::New(_))
-        ));
-        let held = store.clone();
-        let forever = store.keep_forever();
-        assert!(!Arc::ptr_eq(&forever.shared, &held.shared), "a new store");
-        assert!(held.is_pending("k") && forever.is_empty());
-        assert_eq!(
-            (forever.retention_window(), forever.shared.max_records),
-            (None, Some(5))
-        );
-        assert!(room(&forever) >= sized);
-        drop(held);
-        assert!(matches!(
-            forever.claim("k", &fingerprint).await,
-            Ok(Claim::New(_))
-        ));
-        let before = Arc::as_ptr(&forever.shared);
+    /// Every setting of the builder reads back from the store it builds, whatever the order,
+    /// and a window sizes the expiry queues the room is reserved in; none keeps no queue.
+    #[test]
+    fn a_built_store_has_every_setting_it_was_given() {
         let hour = Duration::from_secs(3600);
-        let in_place = forever.retention(hour);
-        assert_eq!(Arc::as_ptr(&in_place.shared), before, "in place");
-        assert!(in_place.is_empty(), "made new");
-        assert_eq!(in_place.shared.records.load(Ordering::Relaxed), 0);
+        let store = MemoryStore::builder()
+            .max_records(5)
+            .keep_forever()
+            .reserve(1_000)
+            .retention(hour)
+            .max_bytes(7)
+            .build();
         assert_eq!(
-            (in_place.retention_window(), in_place.shared.max_records),
-            (Some(hour), Some(5))
+            (
+                store.retention_window(),
+                store.record_bound(),
+                store.byte_bound()
+            ),
+            (Some(hour), Some(5), Some(7))
         );
-        assert!(room(&in_place) >= sized);
-        // In place, a window gets its expiry queues sized; none keeps no queue.
         let queue = |store: &MemoryStore| lock(&store.shared.shards[0]).expiry.capacity();
-        assert!(queue(&in_place) > 0);
-        let forever = in_place.keep_forever();
+        assert!(queue(&store) > 0);
+        let forever = MemoryStore::builder().reserve(1_000).keep_forever().build();
         assert_eq!(queue(&forever), 0);
-        assert!(queue(&forever.retention(hour)) > 0);
+        assert!(lock(&forever.shared.shards[0]).records.capacity() > 0);
+        let unbounded = MemoryStore::builder().max_records(5).unbounded().build();
+        assert_eq!(
+            (unbounded.record_bound(), unbounded.byte_bound()),
+            (None, None)
+        );
     }
 
     /// A claim makes room after its key for a response as large as the last one completed:
@@ -689,18 +641,24 @@ mod tests {
         );
         for (store, forever) in [
             (MemoryStore::new(), false),
-            (MemoryStore::new().keep_forever(), true),
+            (MemoryStore::builder().keep_forever().build(), true),
         ] {
             let Ok(Claim::New(reservation)) = store.claim("k", &fingerprint).await else {
                 panic!("a new key is new");
             };
             store.complete("k", &reservation, &response).await.unwrap();
-            skew(&store, DEFAULT_RETENTION - Duration::from_secs(1));
+            skew(
+                &store,
+                crate::store::DEFAULT_RETENTION - Duration::from_secs(1),
+            );
             assert!(matches!(
                 store.claim("k", &fingerprint).await,
                 Ok(Claim::Replay(_))
             ));
-            skew(&store, DEFAULT_RETENTION + Duration::from_secs(1));
+            skew(
+                &store,
+                crate::store::DEFAULT_RETENTION + Duration::from_secs(1),
+            );
             let past = store.claim("k", &fingerprint).await;
             if forever {
                 skew(&store, Duration::from_secs(10 * 365 * 24 * 3600));

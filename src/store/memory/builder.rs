@@ -1,0 +1,226 @@
+//! Building a memory store: its retention, its bounds and the room it reserves, all set
+//! before the store exists, so that no setting ever meets a store whose clones are held.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::store::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION};
+
+/// The settings of a [`MemoryStore`] to be built: from [`MemoryStore::builder`], each setting
+/// a method, then [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::MemoryStore;
+///
+/// let store = MemoryStore::builder()
+///     .retention(Duration::from_secs(60 * 60))
+///     .max_records(100_000)
+///     .build();
+/// assert_eq!(store.record_bound(), Some(100_000));
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until it is built"]
+pub struct MemoryStoreBuilder {
+    retention: Option<Duration>,
+    max_records: Option<usize>,
+    max_bytes: Option<usize>,
+    room: usize,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            retention: Some(DEFAULT_RETENTION),
+            max_records: Some(DEFAULT_MAX_RECORDS),
+            max_bytes: Some(DEFAULT_MAX_BYTES),
+            room: 0,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
+    /// pending records are kept however old they are. A zero window drops a record as it is
+    /// completed, so every retry creates again: [`keep_forever`](Self::keep_forever) is the
+    /// setting for records that never expire.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    ///
+    /// let hour = Duration::from_secs(3600);
+    /// let store = MemoryStore::builder().retention(hour).build();
+    /// assert_eq!(store.retention_window(), Some(hour));
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// Keeps every completed record for the life of the process, rather than for the
+    /// retention window: the store then fills with every key it is sent, up to its
+    /// [bound](Self::max_records), and refuses new keys once full.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().keep_forever().build();
+    /// assert_eq!(store.retention_window(), None);
+    /// ```
+    pub fn keep_forever(mut self) -> Self {
+        self.retention = None;
+        self
+    }
+
+    /// Holds at most `max` records, pending and completed (default
+    /// [`DEFAULT_MAX_RECORDS`](crate::store::DEFAULT_MAX_RECORDS), one million): when full, a claim
+    /// of a new key fails with
+    /// [`StoreErrorKind::CapacityExceeded`](crate::store::StoreErrorKind::CapacityExceeded) (the
+    /// layer answers `503`, `store_unavailable`, with `Retry-After`, and creates nothing) until
+    /// releases or the retention make room. Before it refuses, a full store drops expired records
+    /// of every shard. A replay and a claim of a pending key need no room: they keep their answers
+    /// when the store is full.
+    ///
+    /// Pending records count, and never expire: a create that fails without an answer (the
+    /// inner service's error or panic) keeps its key pending, since it may have taken effect.
+    /// So while the create's downstream fails every request, a bounded store fills with such
+    /// keys and then refuses every new key, until they are resolved or forgotten (the
+    /// store's [`Operator`](crate::store::Operator) view) or the process restarts (which
+    /// forgets every key of a memory store). [`MemoryStore::len`] tells how full it is.
+    ///
+    /// ```
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::store::StoreErrorKind;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::builder().max_records(1).build();
+    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
+    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
+    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
+    /// # }
+    /// ```
+    pub fn max_records(mut self, max: usize) -> Self {
+        self.max_records = Some(max);
+        self
+    }
+
+    /// Holds records of at most `max` bytes in all, pending and completed (default
+    /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES), 1 GiB), beside the bound on their
+    /// number: when a new key's record would take the store past it, the claim fails with
+    /// [`StoreErrorKind::CapacityExceeded`](crate::store::StoreErrorKind::CapacityExceeded) (`503`,
+    /// `store_unavailable`, with `Retry-After`) until releases or the retention make room.
+    ///
+    /// A record counts its data (the key, then its response, or while pending the room made
+    /// for the response to come, up to a kilobyte) and 256 bytes for its place in the store's
+    /// table and expiry queue. The count is exact: every claim, complete, release, expiry and
+    /// forget moves it by what the record took and takes. Only a new key is refused: a
+    /// complete is never refused for its size (the create ran; its response is stored), so a
+    /// large response can take the store past the bound, and new keys wait until it is back
+    /// under. With the [response cap](crate::IdempotencyLayer::response_limit), a record
+    /// takes at most about 1 MiB.
+    ///
+    /// Why 1 GiB: the default bound of a million records takes about 350 MB when its
+    /// responses are a few hundred bytes; a gigabyte leaves room for responses of a few
+    /// kilobytes at that count, while a million keys kept pending (which never expire)
+    /// reserving their kilobyte each, or a few thousand responses near the cap, cannot take
+    /// the process's memory with them.
+    ///
+    /// ```
+    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::store::StoreErrorKind;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::builder().max_bytes(300).build();
+    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
+    /// assert!(store.held_bytes() > 256);
+    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
+    /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
+    /// # }
+    /// ```
+    pub fn max_bytes(mut self, max: usize) -> Self {
+        self.max_bytes = Some(max);
+        self
+    }
+
+    /// Holds every record it is sent, without a bound on their number or their bytes: the
+    /// process then grows with every
+    /// distinct key its clients send, until it runs out of memory. For a store whose keys
+    /// the server chooses, or that something in front of it bounds.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::DEFAULT_MAX_RECORDS;
+    ///
+    /// assert_eq!(MemoryStore::new().record_bound(), Some(DEFAULT_MAX_RECORDS));
+    /// assert_eq!(MemoryStore::builder().max_records(10).build().record_bound(), Some(10));
+    /// assert_eq!(MemoryStore::builder().unbounded().build().record_bound(), None);
+    /// ```
+    pub fn unbounded(mut self) -> Self {
+        self.max_records = None;
+        self.max_bytes = None;
+        self
+    }
+
+    /// Reserves room for `records` records, pending and completed, up front: a store sized
+    /// for what it holds at its fullest (the keys of one retention window) does not grow a
+    /// table until it holds more. A table grows under its shard's lock, moving every record
+    /// of the shard, so the claim that makes it grow waits for that, and so does every claim
+    /// of the shard behind it; on a store of millions of keys that is milliseconds, and the
+    /// allocator's work of the larger tables besides. With a retention window the shards'
+    /// expiry queues are sized alike. A store not sized grows its tables as they fill
+    /// (amortised, as a `HashMap`'s do).
+    ///
+    /// The room is spread over the shards with a margin for keys that do not spread evenly
+    /// (six standard deviations of a shard's share), so a store sized for `records` holds that
+    /// many without growing a table, but for about one store in ten million. Each table is
+    /// given twice that room, because records come and go: a record removed (expired,
+    /// forgotten, or released after a refused admission) leaves its slot marked deleted when
+    /// its neighbours are full, a table whose free slots are all used up so is rehashed, and
+    /// a table more than half full grows to twice its size instead. At most half full, a
+    /// table never grows: it keeps most removed records' slots free, and is rehashed in place
+    /// (every record of its shard moved, under its lock) only when the few marked deleted
+    /// have used up its free slots, after churn of many times what it holds, as a store not
+    /// sized is once it has grown to the same size. (An expiry queue also keeps the entries
+    /// of records forgotten, or expired and claimed again, until the sweep passes them:
+    /// under such churn a queue may still grow.) It is memory held from the start, whether
+    /// the records come or not: a table's slot is 121 bytes, and a table of twice the room
+    /// rounds its slots up to a power of two (240 to 480 bytes a record of room, about what
+    /// a store not sized reaches under churn; a small store's room is mostly its margin, and
+    /// `reserve(1)` takes about 500 KB); a queue's entry is 16 bytes more. The first
+    /// write to each page of it faults the page in, so the first claims into a sized store
+    /// are a little slower, and none waits for a table to grow (`cargo bench --bench
+    /// claim_tail`).
+    ///
+    /// [`build`](Self::build) panics if the room cannot be had (more than the address space
+    /// holds, or memory the allocator refuses), with a message that says so, as a
+    /// `HashMap::with_capacity` that large would.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// // An hour of retention at up to 25 creates a second.
+    /// let store = MemoryStore::builder()
+    ///     .retention(Duration::from_secs(60 * 60))
+    ///     .reserve(90_000)
+    ///     .build();
+    /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).global_keys();
+    /// # drop(layer);
+    /// ```
+    pub fn reserve(mut self, records: usize) -> Self {
+        self.room = records;
+        self
+    }
+
+    /// The store, empty, with these settings.
+    ///
+    /// # Panics
+    ///
+    /// If the room [reserved](Self::reserve) cannot be had.
+    pub fn build(self) -> MemoryStore {
+        let store = MemoryStore::build(self.retention, self.max_records, self.max_bytes);
+        if self.room > 0 {
+            store.reserve_room(self.room);
+        }
+        store
+    }
+}
