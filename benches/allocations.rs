@@ -20,9 +20,9 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::MemoryStore;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 
 struct Counting;
 
@@ -115,7 +115,7 @@ fn axum_rows(runtime: &tokio::runtime::Runtime) {
     );
 }
 
-/// An axum router of the lesson's create, bare and with the layer on its route.
+/// An axum router of the label contract's create, bare and with the layer on its route.
 fn routers() -> [axum::Router; 2] {
     async fn create() -> Response<Full<Bytes>> {
         common::created()
@@ -184,8 +184,11 @@ fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
     // Unbounded: `n` may be the default bound or more.
     let store = MemoryStore::builder().unbounded().build();
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store.clone(), tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store.clone(),
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Create,
     );
     let keys: Vec<String> = (0..n).map(|i| format!("label-req-{i:08}")).collect();
@@ -234,7 +237,7 @@ fn main() {
     let service = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(
             MemoryStore::builder().keep_forever().build(),
-            tower_idempotency::LabelContract,
+            tower_idempotency::operation::LabelContract,
         )
         .global_keys(),
         Create,
@@ -244,7 +247,7 @@ fn main() {
     let floor = tower::Layer::layer(
         &tower_idempotency::IdempotencyLayer::new(
             common::KeepsNothing,
-            tower_idempotency::LabelContract,
+            tower_idempotency::operation::LabelContract,
         )
         .global_keys(),
         Create,

@@ -12,7 +12,7 @@
 //! and `redis-cli` on PATH) and measure the store twice on them: with its default, which
 //! waits for a replica after every write, and with the wait off (`wait_for_replicas(0, _)`).
 //!
-//! Defaults: 100,000 records of the lesson's created response (201, four headers, a 59-byte
+//! Defaults: 100,000 records of the label contract's created response (201, four headers, a 59-byte
 //! body: 154 bytes in all) under keys as clients send them (a UUID, 36 characters, on
 //! `POST /labels`), 64 tasks on two workers for 5 seconds a figure, a PostgreSQL pool of 16.
 //! Needs Redis at `REDIS_URL`, PostgreSQL at `DATABASE_URL` and MySQL at `MYSQL_URL` for
@@ -36,12 +36,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use http_body_util::BodyExt;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
     Claim, MySqlStore, PostgresStore, Purge, RedisStore, Reservation, SqliteStore, StoredResponse,
 };
-use tower_idempotency::{LabelContract, MemoryStore, Store};
+use tower_idempotency::{MemoryStore, Store};
 
 struct Options {
     records: usize,
@@ -88,17 +89,17 @@ fn options() -> Options {
     options
 }
 
-/// The lesson's created response, its body replaced by `body` bytes if given.
+/// The label contract's created response, its body replaced by `body` bytes if given.
 fn response(body: Option<usize>) -> StoredResponse {
     let created = common::created();
     let (parts, full) = created.into_parts();
-    let lesson = match futures_executor(full.collect()) {
+    let created = match futures_executor(full.collect()) {
         Ok(collected) => collected.to_bytes(),
         Err(never) => match never {},
     };
     let body = match body {
         Some(n) => Bytes::from(vec![b'x'; n]),
-        None => lesson,
+        None => created,
     };
     StoredResponse::new(parts.status, parts.headers, body)
 }

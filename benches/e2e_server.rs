@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 

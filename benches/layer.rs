@@ -20,8 +20,9 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
-use tower_idempotency::{Idempotency, IdempotencyLayer, LabelContract, MemoryStore, Store};
+use tower_idempotency::{Idempotency, IdempotencyLayer, MemoryStore, Store};
 
 const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
 

@@ -22,8 +22,8 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::{MemoryStore, PostgresStore, RedisStore};
 use tower_idempotency::{IdempotencyLayer, Store};
 
@@ -62,7 +62,7 @@ fn nobody_waits(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     group.finish();
 }
 
-/// The lesson's create, held until the bench opens the gate.
+/// The label contract's create, held until the bench opens the gate.
 #[derive(Clone, Default)]
 struct Gated {
     gate: Arc<Notify>,

@@ -39,8 +39,11 @@ fn run_id() -> String {
 
 fn paths<St: Store>(c: &mut Criterion, runtime: &tokio::runtime::Runtime, name: &str, store: St) {
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Create,
     );
     let run = run_id();
@@ -89,8 +92,11 @@ fn redis_round_trips(
         })
     };
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Create,
     );
     let run = run_id();

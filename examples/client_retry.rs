@@ -4,14 +4,14 @@
 //! ```text
 //! cargo run --example payments_server &
 //! cargo run --features client --example client_retry -- [--url http://HOST:PORT/PATH]
-//!     [--count N] [--concurrency C] [--lesson]
+//!     [--count N] [--concurrency C] [--label-contract]
 //! ```
 //!
 //! - `--url`: the endpoint, default the payments server's `http://127.0.0.1:3001/payments`.
 //! - `--count N`: how many intents (default 10); `--concurrency C`: how many at once (default 4).
-//! - `--lesson`: send the label contract's body instead of a payment: `request_id` is the
+//! - `--label-contract`: send the label contract's body instead of a payment: `request_id` is the
 //!   intent's key and `parcel_id` a fresh one (`cargo run --example label_server`, then
-//!   `--url http://127.0.0.1:3000/labels --lesson`).
+//!   `--url http://127.0.0.1:3000/labels --label-contract`).
 //!
 //! It prints one line per intent (its key, its final status, its attempts), then
 //! `intents N, succeeded S, attempts A`, and exits 0 only when every intent succeeded (a
@@ -30,13 +30,13 @@ use tower::{Layer, ServiceExt};
 use tower_idempotency::client::{Attempts, ClientLayer, GaveUp, IntentKey};
 
 const USAGE: &str = "usage: client_retry [--url http://HOST:PORT/PATH] [--count N] \
-[--concurrency C] [--lesson]";
+[--concurrency C] [--label-contract]";
 
 struct Options {
     url: Uri,
     count: usize,
     concurrency: usize,
-    lesson: bool,
+    label_contract: bool,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
@@ -44,11 +44,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
         url: Uri::from_static("http://127.0.0.1:3001/payments"),
         count: 10,
         concurrency: 4,
-        lesson: false,
+        label_contract: false,
     };
     while let Some(flag) = args.next() {
-        if flag == "--lesson" {
-            options.lesson = true;
+        if flag == "--label-contract" {
+            options.label_contract = true;
             continue;
         }
         if flag == "--help" || flag == "-h" {
@@ -72,15 +72,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
 }
 
 /// The key of intent `n` of this run: unique across runs, so that a shared store's earlier
-/// keys are not replayed. With `--lesson` it is the body's `request_id` too.
+/// keys are not replayed. With `--label-contract` it is the body's `request_id` too.
 fn key(run: u128, n: usize) -> String {
     format!("intent-{run:x}-{n}")
 }
 
-/// Intent `n`'s request: a payment, or with `--lesson` the label contract's body.
+/// Intent `n`'s request: a payment, or with `--label-contract` the label contract's body.
 fn intent(options: &Options, run: u128, n: usize) -> Request<Full<Bytes>> {
     let key = key(run, n);
-    let body = if options.lesson {
+    let body = if options.label_contract {
         format!(r#"{{"request_id":"{key}","parcel_id":"parcel-{run:x}-{n}"}}"#)
     } else {
         format!(r#"{{"amount":{},"currency":"EUR"}}"#, n + 1)

@@ -1,4 +1,4 @@
-//! The lesson's label create as a gRPC service: `labels.v1.Labels/CreateLabel`, made idempotent
+//! The label contract's create as a gRPC service: `labels.v1.Labels/CreateLabel`, made idempotent
 //! by the layer with [`GrpcOperation`](tower_idempotency::GrpcOperation), on one port for HTTP/2
 //! gRPC and for gRPC-web over HTTP/1.1 (tonic-web), beside `grpc.health.v1.Health`, which the
 //! layer leaves untouched.
@@ -12,7 +12,7 @@
 //!
 //! The client subcommand makes one `CreateLabel` call (over HTTP/2, or as gRPC-web over
 //! HTTP/1.1 with `--web`) and prints its status, its label and its trailers: no `grpcurl`
-//! needed. Its `--key` defaults to its `--request-id` (the lesson's rule: they must be equal).
+//! needed. Its `--key` defaults to its `--request-id` (the label contract's rule: they must be equal).
 
 mod common;
 mod grpc_labels;
@@ -51,7 +51,7 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    // The key is the request's own id, shared by every client: the lesson's global keys.
+    // The key is the request's own id, shared by every client: the label contract's global keys.
     let layer = IdempotencyLayer::new(store, operation()).global_keys();
     let layer = common::with_wait_and_drain(layer, options.pending_wait);
     let listener = match tokio::net::TcpListener::bind(options.addr).await {

@@ -1,5 +1,5 @@
 //! The label server: `POST /labels` creates a shipping label, at most once per
-//! `Idempotency-Key`, through the idempotency layer with the lesson's `LabelContract`.
+//! `Idempotency-Key`, through the idempotency layer with `LabelContract`.
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
@@ -33,8 +33,8 @@ use axum::{Json, Router};
 use common::Ids;
 use tower::Layer;
 use tower_idempotency::IdempotencyLayer;
-use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admission, Admit, ConcurrencyLimit, RateLimit};
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::store::DynStore;
 #[cfg(feature = "mysql")]
@@ -164,7 +164,7 @@ async fn create_label_in_mysql_transaction(
     created(&op, &label_id)
 }
 
-/// The lesson's 201 for `op`, labelled `label_id`.
+/// The label contract's 201 for `op`, labelled `label_id`.
 fn created(op: &LabelOperation, label_id: &str) -> Response {
     let body = Created {
         request_id: &op.request_id,

@@ -8,7 +8,8 @@
 //!
 //! ```
 //! use tower_idempotency::admission::{admit_fn, Admit, ConcurrencyLimit, RateLimit, Refusal};
-//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::operation::LabelContract;
 //! use tower_idempotency::operation::LabelOperation;
 //!
 //! // At most 8 creates at once (503 beyond), at most 100 admitted creates per second (429).
@@ -33,7 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use crate::outcome::Refusal;
 
 /// A policy that admits or refuses a newly claimed operation of type `T` (the
-/// [`Operation::Value`](crate::Operation::Value): a [`LabelContract`](crate::LabelContract)'s `LabelOperation`,
+/// [`Operation::Value`](crate::Operation::Value): a [`LabelContract`](crate::operation::LabelContract)'s `LabelOperation`,
 /// your own body type, …).
 ///
 /// The built-in policies admit operations of every type.
@@ -58,7 +59,8 @@ pub enum Admit<P = ()> {
 ///
 /// ```
 /// use tower_idempotency::admission::AlwaysAdmit;
-/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::operation::LabelContract;
 ///
 /// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys().admission(AlwaysAdmit);
 /// # drop(layer);

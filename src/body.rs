@@ -210,7 +210,7 @@ impl<B> ResponseBody<B> {
     /// let create = service_fn(|_: Request<RequestBody<String>>| async {
     ///     Ok::<_, std::convert::Infallible>(Response::builder().status(201).body(String::new()).unwrap())
     /// });
-    /// let service = tower::Layer::layer(&tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), tower_idempotency::LabelContract).global_keys(), create);
+    /// let service = tower::Layer::layer(&tower_idempotency::IdempotencyLayer::new(MemoryStore::new(), tower_idempotency::operation::LabelContract).global_keys(), create);
     /// let op = LabelOperation::new("label-req-7", "parcel-42");
     /// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
     /// let again = service.oneshot(op.attempt("/labels").unwrap()).await.unwrap();

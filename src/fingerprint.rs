@@ -73,10 +73,9 @@ impl Fingerprint {
     /// it back.
     ///
     /// ```
-    /// use tower_idempotency::LabelContract;
     /// use tower_idempotency::operation::Fingerprint;
     ///
-    /// let fp = LabelContract::fingerprint("a", "b");
+    /// let fp = Fingerprint::digest(["a", "b"]);
     /// assert_eq!(Fingerprint::parse(&fp.to_hex()), Some(fp));
     /// assert_eq!(Fingerprint::parse(&fp.to_hex().to_uppercase()), None);
     /// assert_eq!(Fingerprint::parse("not hex"), None);
@@ -110,9 +109,9 @@ impl fmt::Debug for Fingerprint {
 /// A [`Fingerprint`]'s 64 lowercase hexadecimal characters, held inline; it derefs to `str`.
 ///
 /// ```
-/// use tower_idempotency::LabelContract;
+/// use tower_idempotency::operation::Fingerprint;
 ///
-/// let hex = LabelContract::fingerprint("label-req-7", "parcel-42").to_hex();
+/// let hex = Fingerprint::digest(["label-req-7", "parcel-42"]).to_hex();
 /// assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
 /// assert_eq!(&*hex, hex.as_str());
 /// ```

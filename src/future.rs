@@ -324,8 +324,9 @@ mod tests {
     use super::*;
     use tower::Layer;
 
+    use crate::MemoryStore;
+    use crate::operation::LabelContract;
     use crate::operation::LabelOperation;
-    use crate::{LabelContract, MemoryStore};
 
     /// Polls `future` once: it waits (its create never answers).
     fn poll_once<F: Future>(future: Pin<&mut F>) {

@@ -25,7 +25,7 @@ use crate::tally::Bounded;
 /// It holds only configuration: the [`Store`], the [`Operation`] (what a create request means:
 /// [`JsonOperation`](crate::JsonOperation) for your own JSON body,
 /// [`RawOperation`](crate::RawOperation) for any bytes, [`GrpcOperation`](crate::GrpcOperation)
-/// for unary gRPC, or a strict contract such as [`LabelContract`](crate::LabelContract)), the
+/// for unary gRPC, or a strict contract such as [`LabelContract`](crate::operation::LabelContract)), the
 /// [`Admission`](crate::admission::Admission) policy, the key space, the guarded path, the
 /// request body limit, the cap on a created response (default 1 MiB) and which responses are
 /// stored.
@@ -200,7 +200,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// Guards only `path`, compared exactly with the request's URI path; other paths get
     /// [`OtherPaths`]. The generic operations guard every path (the layer sits on the route)
     /// unless a path is set; a strict contract may have a path of its own
-    /// ([`LabelContract`](crate::LabelContract) guards `/labels` unless told otherwise).
+    /// ([`LabelContract`](crate::operation::LabelContract) guards `/labels` unless told otherwise).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -228,7 +228,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 
     /// Sets the request body limit in bytes. Default: the operation's (16 KiB for the generic
-    /// operations, 4096 for the [`LabelContract`](crate::LabelContract)).
+    /// operations, 4096 for the [`LabelContract`](crate::operation::LabelContract)).
     ///
     /// A declared `Content-Length` over it is refused at once; otherwise at most one byte past
     /// it is read before the `413`.
@@ -398,7 +398,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over (its handler
     /// writes `Extension<T>`), while [`JsonOperation::new`](crate::JsonOperation::new),
     /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and
-    /// the [`LabelContract`](crate::LabelContract) hand nothing over: their handlers read the
+    /// the [`LabelContract`](crate::operation::LabelContract) hand nothing over: their handlers read the
     /// body, and a request's first extension costs three allocations. `true` hands the value
     /// over whatever the operation says (the label contract's handler can then take
     /// `Extension<LabelOperation>`); `false` never. An inner service that expects a value
@@ -406,7 +406,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// left pending.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::operation::LabelContract;
     ///
     /// // The handler takes `Extension<LabelOperation>`.
     /// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).value_extension(true);

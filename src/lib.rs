@@ -12,8 +12,8 @@
 //!    the value the inner service gets. [`JsonOperation`] serves any JSON body, typed or not,
 //!    as draft-ietf-httpapi-idempotency-key-header describes it (the fingerprint over the body
 //!    in canonical JSON, RFC 8785); [`RawOperation`] any bytes; [`GrpcOperation`] unary gRPC calls;
-//!    [`LabelContract`] is the worked example of a strict contract (`POST /labels`, every byte
-//!    fixed).
+//!    an operation of your own implements the trait ([`operation`] shows how, and
+//!    [`operation::LabelContract`] is a strict contract written that way).
 //! 3. **The claim** of the key in a [`Store`], atomic: *new*, *pending*, *conflict* (another
 //!    payload under the key) or *replay* (the stored response, value for value).
 //! 4. **Admission** of a new claim ([`admission`]): a refusal (429 or 503) releases the key and
@@ -84,49 +84,6 @@
 //! let reused = service.oneshot(attempt(r#"{"amount":6,"currency":"EUR"}"#)).await.unwrap();
 //! assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
 //! assert_eq!(reused.headers()["content-type"], "application/problem+json");
-//! # }
-//! ```
-//!
-//! # Example: a strict contract, the labels
-//!
-//! Where an API's contract fixes every status and byte, the operation says so. The crate's
-//! worked example is [`LabelContract`], a shipping-label create specified to the byte: `POST /labels`
-//! with exactly `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to
-//! `request_id`, every refusal `{"error":"…"}`. The inner service reads the body, or gets the
-//! [`LabelOperation`](operation::LabelOperation) in the request extensions when the layer
-//! says [`value_extension(true)`](IdempotencyLayer::value_extension), as here.
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use http::{Request, Response, StatusCode};
-//! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
-//! use tower_idempotency::body::RequestBody;
-//! use tower_idempotency::operation::LabelOperation;
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let create = service_fn(|request: Request<RequestBody<String>>| async move {
-//!     let op = request.extensions().get::<LabelOperation>().unwrap();
-//!     let body = format!(r#"{{"request_id":"{}","state":"created"}}"#, op.request_id);
-//!     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(body).unwrap())
-//! });
-//! let service = ServiceBuilder::new()
-//!     .layer(
-//!         IdempotencyLayer::new(MemoryStore::new(), LabelContract)
-//!             .global_keys()
-//!             .value_extension(true),
-//!     )
-//!     .service(create);
-//!
-//! // The client stores the operation, then builds every attempt from it.
-//! let op = LabelOperation::new("label-req-7", "parcel-42");
-//! let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
-//! let retry = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
-//! assert_eq!((first.status(), retry.status()), (StatusCode::CREATED, StatusCode::CREATED));
-//!
-//! let other = LabelOperation::new("label-req-7", "parcel-43");
-//! let conflict = service.oneshot(other.attempt("/labels").unwrap()).await.unwrap();
-//! assert_eq!(conflict.status(), StatusCode::CONFLICT);
 //! # }
 //! ```
 //!
@@ -267,7 +224,7 @@ mod tally;
 pub mod testing;
 
 pub use crate::layer::{IdempotencyLayer, OtherPaths, StoredResponses};
-pub use crate::operation::{GrpcOperation, JsonOperation, LabelContract, Operation, RawOperation};
+pub use crate::operation::{GrpcOperation, JsonOperation, Operation, RawOperation};
 pub use crate::reply::Outcome;
 pub use crate::service::Idempotency;
 pub use crate::store::{MemoryStore, Store};

@@ -83,7 +83,8 @@ impl std::fmt::Display for Outcome {
 /// [`Operation::reply`]: crate::Operation::reply
 ///
 /// ```
-/// use tower_idempotency::{JsonOperation, LabelContract, Operation};
+/// use tower_idempotency::{JsonOperation, Operation};
+/// use tower_idempotency::operation::LabelContract;
 /// use tower_idempotency::reply::Rejection;
 ///
 /// let label = LabelContract.reply(&Rejection::Conflict);

@@ -42,7 +42,8 @@ use crate::store::Store;
 /// use tower::{Layer, ServiceExt, service_fn};
 /// use tower_idempotency::body::RequestBody;
 /// use tower_idempotency::operation::LabelOperation;
-/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::operation::LabelContract;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let create = service_fn(|_: Request<RequestBody<String>>| async {

@@ -10,7 +10,8 @@
 //! use tower::{ServiceExt, service_fn};
 //! use tower_idempotency::admission::Refusal;
 //! use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
-//! use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::operation::LabelContract;
 //! use tower_idempotency::operation::LabelOperation;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -86,14 +87,15 @@ impl Journal {
 ///
 /// ```
 /// use tower_idempotency::testing::{Journal, RecordingStore};
-/// use tower_idempotency::{LabelContract, MemoryStore, Store};
+/// use tower_idempotency::{MemoryStore, Store};
+/// use tower_idempotency::operation::Fingerprint;
 /// use tower_idempotency::store::StoreErrorKind;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let journal = Journal::new();
 /// let store = RecordingStore::new(MemoryStore::new(), journal.clone());
 /// store.fail("claim");
-/// let error = store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap_err();
+/// let error = store.claim("k", &Fingerprint::digest(["k", "p"])).await.unwrap_err();
 /// assert_eq!(error.kind(), StoreErrorKind::Unavailable);
 /// assert_eq!(journal.take(), ["claim"]);
 /// # }

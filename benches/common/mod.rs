@@ -1,4 +1,4 @@
-//! What every bench sends and the create it guards: the lesson's operation and response.
+//! What every bench sends and the create it guards: the label contract's operation and response.
 #![allow(dead_code)]
 
 use std::convert::Infallible;
@@ -12,10 +12,10 @@ use http_body_util::Full;
 use tower::Service;
 use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResponse};
 
-#[path = "../../tests/common/lesson.rs"]
-mod lesson;
+#[path = "../../tests/common/labels.rs"]
+mod labels;
 
-/// The lesson's create, answering at once: 201, `Content-Type`, `Location`, two `ETag`s.
+/// The label contract's create, answering at once: 201, `Content-Type`, `Location`, two `ETag`s.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Create;
 
@@ -29,13 +29,13 @@ impl<B> Service<Request<B>> for Create {
     }
 
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        std::future::ready(Ok(lesson::created_response()))
+        std::future::ready(Ok(labels::created_response()))
     }
 }
 
-/// The lesson's created response, as [`Create`] answers it.
+/// The label contract's created response, as [`Create`] answers it.
 pub fn created() -> Response<Full<Bytes>> {
-    lesson::created_response()
+    labels::created_response()
 }
 
 /// `POST /labels` with a key, a content type and a body.

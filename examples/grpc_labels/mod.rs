@@ -55,7 +55,7 @@ pub struct Label {
 }
 
 /// The operation guarding `CreateLabel`: keyed by the `idempotency-key` metadata entry, which
-/// must equal the message's `request_id` (the lesson's rule); a message that does not decode,
+/// must equal the message's `request_id` (the label contract's rule); a message that does not decode,
 /// or has an empty field, is `INVALID_ARGUMENT` too.
 pub fn operation() -> GrpcOperation {
     GrpcOperation::new()

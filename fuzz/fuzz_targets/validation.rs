@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 
 const REPLIES: [(u16, &str); 6] = [
     (404, r#"{"error":"not_found"}"#),

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo install tower-idempotency --features cli
-//! idempotency_keys --store URL [--path /labels] [--method POST] [--scope SCOPE] \
+//! idempotency_keys --store URL --path PATH [--method POST] [--scope SCOPE] \
 //!     [--table NAME] [--retention-s N] COMMAND
 //! ```
 //!
@@ -19,7 +19,7 @@ use tower_idempotency::scope::store_key;
 use tower_idempotency::store::{Operator, Purge, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
-const USAGE: &str = "usage: idempotency_keys --store URL [--path /labels] [--method POST] \
+const USAGE: &str = "usage: idempotency_keys --store URL --path PATH [--method POST] \
 [--scope SCOPE] [--table NAME] [--prefix PREFIX] [--wait-for-replicas N] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
 [--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
 | purge)";
@@ -55,7 +55,8 @@ OPTIONS
                      Redis: the replicas a resolve or forget waits for (0: none; default:
                      one where the key's primary has any, as the store finds at connect)
   --method METHOD    the endpoint's method (default POST; any case)
-  --path PATH        the endpoint's path (default /labels)
+  --path PATH        the endpoint's path, as the layer saw it (/payments, say): required
+                     by every command but purge
   --scope SCOPE      the key space the layer was given with .scope(...), if any
   --retention-s N    how long a resolved key replays, as the servers keep a completed key
                      (default 86400; 0 for good: give what the servers were given)
@@ -138,7 +139,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// The command line, or `None` when it asks for the help.
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
     let (mut store, mut table, mut method, mut path, mut scope) =
-        (None, None, Method::POST, "/labels".to_owned(), None);
+        (None, None, Method::POST, None, None);
     let mut prefix = None;
     let mut words = Vec::new();
     let (mut older_than, mut status, mut body_file) = (None, None, None);
@@ -166,7 +167,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
                     .parse()
                     .map_err(|e| format!("--method: {e}"))?
             }
-            "--path" => path = value()?,
+            "--path" => path = Some(value()?),
             "--scope" => scope = Some(value()?),
             "--older-than" => older_than = Some(duration(&value()?)?),
             "--status" => {
@@ -220,6 +221,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, Stri
         }
         [purge] if purge == "purge" => Command::Purge,
         _ => return Err("one command: show, pending, forget, resolve or purge".to_owned()),
+    };
+    // Every command but purge names keys of one endpoint: which one is not guessed.
+    let path = match (path, &command) {
+        (Some(path), _) => path,
+        (None, Command::Purge) => String::new(),
+        (None, _) => return Err("--path PATH is required: the endpoint's path".to_owned()),
     };
     Ok(Some(Options {
         store: store.ok_or("--store URL is required")?,

@@ -22,7 +22,7 @@ pub(crate) fn media_type(headers: &HeaderMap) -> Option<&str> {
     Some(media_type.trim())
 }
 
-/// Contract §2 step 3: the media type is `application/json`, compared case-insensitively,
+/// Label contract §2 step 3 (`LABEL_CONTRACT.md`), which the JSON operations share: the media type is `application/json`, compared case-insensitively,
 /// parameters allowed; missing or unparsable fails.
 pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     media_type(headers).is_some_and(|media| media.eq_ignore_ascii_case("application/json"))

@@ -11,7 +11,7 @@
 //! | [`JsonOperation`] | any JSON create endpoint, typed or not | the `Idempotency-Key` header (IETF draft) | method, path and query, body in canonical JSON (RFC 8785) | `application/problem+json` |
 //! | [`RawOperation`] | form or binary bodies, any content type | the `Idempotency-Key` header | method, path and query, content type, exact body bytes | `application/problem+json` |
 //! | [`GrpcOperation`] | unary gRPC calls of the methods it names | the `idempotency-key` metadata entry | the method's path and the framed request message | gRPC statuses in an HTTP 200 |
-//! | [`LabelContract`] | the lesson's `POST /labels`, every byte fixed | `request_id`, equal to the header | `request_id` and `parcel_id` | `{"error":"…"}` |
+//! | [`LabelContract`] | `POST /labels` (`LABEL_CONTRACT.md`), every byte fixed | `request_id`, equal to the header | `request_id` and `parcel_id` | `{"error":"…"}` |
 //!
 //! Write your own by implementing [`Operation`]:
 //!

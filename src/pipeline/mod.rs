@@ -208,7 +208,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             .map(|reservation| (First::New, reservation, in_flight))
     }
 
-    /// Steps 4 (unless the claim was made at once) to 8, contract §4 and §5: claim, admit,
+    /// Steps 4 (unless the claim was made at once) to 8: claim, admit,
     /// create, complete, and only then reply.
     ///
     /// A plain function returning the decision, not an `async fn`: the request's pieces are
@@ -288,7 +288,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
                 };
                 let permit = match admitted {
                     Ok(permit) => permit,
-                    // Only a confirmed refusal releases the key (contract §5.2).
+                    // Only a confirmed refusal releases the key.
                     Err(rejection) => {
                         // Let go of the inner service and the request before the store's
                         // round trip: the service may hold a slot of its own.
@@ -405,7 +405,7 @@ pub(crate) enum First {
     Wait,
 }
 
-/// Step 4, contract §4: the claim decides; only a new claim goes on, with its reservation.
+/// Step 4: the claim decides; only a new claim goes on, with its reservation.
 /// The reservation is chosen before the claim: if the claim's answer is lost, the claim may
 /// still take effect, and releasing the reservation settles it.
 async fn claim<St: Store, O: Operation, B>(
@@ -489,7 +489,7 @@ fn answered<St: Store, O: Operation, B>(
     Err(settings.refuse(rejection))
 }
 
-/// Step 5, contract §5.1–2: admission. The caller releases the key on a refusal. A panic is
+/// Step 5: admission. The caller releases the key on a refusal. A panic is
 /// caught: no refusal was confirmed, so the key stays pending and the client gets a 500.
 async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit, Rejection> {
     match CatchUnwind::new(|| admission.admit(value)).await {
@@ -502,7 +502,7 @@ async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit
     }
 }
 
-/// Step 6, contract §5.3: the create. The inner service gets the body bytes and the
+/// Step 6: the create. The inner service gets the body bytes and the
 /// operation's value in the extensions (if `with_value`). A panic in its `call` or its future
 /// is caught once and is a failed create (`None`): the create may have run.
 ///
@@ -708,7 +708,7 @@ enum Then {
     Abandon,
 }
 
-/// Step 8, contract §5.4: the complete, before the reply is written. If its answer is lost,
+/// Step 8: the complete, before the reply is written. If its answer is lost,
 /// it is repeated later with the same reservation, so the key ends completed, not pending.
 /// A transaction that did not commit ([`StoreErrorKind::Uncommitted`]) is
 /// [`Outcome::StoreUnavailable`]: the create's writes went with it, or may have.

@@ -49,13 +49,14 @@
 //! store written that way, with the public API alone.
 //!
 //! ```
-//! use tower_idempotency::{LabelContract, MemoryStore, Store};
+//! use tower_idempotency::{MemoryStore, Store};
+//! use tower_idempotency::operation::Fingerprint;
 //! use tower_idempotency::store::{Claim, StoredResponse};
 //! use http::{HeaderMap, StatusCode};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = MemoryStore::new();
-//! let fp = LabelContract::fingerprint("label-req-7", "parcel-42");
+//! let fp = Fingerprint::digest(["label-req-7", "parcel-42"]);
 //!
 //! let Ok(Claim::New(reservation)) = store.claim("label-req-7", &fp).await else { panic!() };
 //! assert!(matches!(store.claim("label-req-7", &fp).await, Ok(Claim::Pending)));
@@ -200,7 +201,7 @@ pub(crate) fn retention_millis(retention: std::time::Duration) -> u64 {
 ///
 /// See [`MemoryStore`] for the reference implementation.
 pub trait Store: Clone + Send + Sync + 'static {
-    /// Looks at the record for `key` and decides atomically (contract §4):
+    /// Looks at the record for `key` and decides atomically ([`decide`]):
     ///
     /// | record | fingerprint | result |
     /// |---|---|---|
@@ -249,11 +250,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// ```
     /// use tower_idempotency::store::{Lease, Reservation};
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::Claim;
     ///
     /// let store = MemoryStore::new();
-    /// let fp = LabelContract::fingerprint("label-req-7", "parcel-42");
+    /// let fp = Fingerprint::digest(["label-req-7", "parcel-42"]);
     /// let claimed = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());
     /// assert!(matches!(claimed, Some(Ok(Claim::New(_)))));
     /// let again = store.claim_now("label-req-7", &fp, Reservation::generate(), Lease::default());

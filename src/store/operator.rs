@@ -21,12 +21,13 @@ use crate::fingerprint::Fingerprint;
 /// use std::time::Duration;
 /// use http::{HeaderMap, StatusCode};
 /// use tower_idempotency::store::{Operator, RecordState};
-/// use tower_idempotency::{LabelContract, MemoryStore, Store};
+/// use tower_idempotency::{MemoryStore, Store};
+/// use tower_idempotency::operation::Fingerprint;
 /// use tower_idempotency::store::StoredResponse;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let store = MemoryStore::new();
-/// store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap(); // then the process crashed
+/// store.claim("k", &Fingerprint::digest(["k", "p"])).await.unwrap(); // then the process crashed
 /// assert_eq!(store.pending_older_than(Duration::ZERO).await.unwrap(), ["k"]);
 /// assert_eq!(store.inspect("k").await.unwrap().unwrap().state, RecordState::Pending);
 ///
@@ -125,10 +126,10 @@ impl RecordInfo {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::{RecordInfo, RecordState};
     ///
-    /// let info = RecordInfo::pending(LabelContract::fingerprint("k", "p"), Some(Duration::from_secs(5)), false);
+    /// let info = RecordInfo::pending(Fingerprint::digest(["k", "p"]), Some(Duration::from_secs(5)), false);
     /// assert_eq!((info.state, info.status, info.abandoned), (RecordState::Pending, None, false));
     /// ```
     pub fn pending(fingerprint: Fingerprint, age: Option<Duration>, abandoned: bool) -> Self {
@@ -146,10 +147,10 @@ impl RecordInfo {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::{RecordInfo, RecordState};
     ///
-    /// let info = RecordInfo::completed(LabelContract::fingerprint("k", "p"), None, StatusCode::CREATED);
+    /// let info = RecordInfo::completed(Fingerprint::digest(["k", "p"]), None, StatusCode::CREATED);
     /// assert_eq!((info.state, info.status), (RecordState::Completed, Some(StatusCode::CREATED)));
     /// ```
     pub fn completed(fingerprint: Fingerprint, age: Option<Duration>, status: StatusCode) -> Self {

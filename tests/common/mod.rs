@@ -3,7 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub use tower_idempotency::testing::conformance;
-pub mod lesson;
+pub mod labels;
 pub mod payments;
 pub mod servers;
 
@@ -20,8 +20,8 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::{Fingerprint, LabelOperation};
 use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResponse};
@@ -29,7 +29,7 @@ use tower_idempotency::{Idempotency, IdempotencyLayer, MemoryStore, Store};
 
 pub use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
 
-pub use self::lesson::{BODY, CREATED_BODY, KEY, created_response};
+pub use self::labels::{BODY, CREATED_BODY, KEY, created_response};
 
 /// The create's error. A concrete type, not a boxed `dyn Error`: a `'static` trait object in a
 /// service type trips rustc's "higher-ranked lifetime error" (rust-lang/rust#102211) when the
@@ -234,7 +234,7 @@ impl Reply {
             .collect()
     }
 
-    /// Asserts this is the lesson's created response, value for value.
+    /// Asserts this is the label contract's created response, value for value.
     #[track_caller]
     pub fn is_created(&self) -> &Self {
         self.exact(201, CREATED_BODY)
@@ -294,7 +294,7 @@ pub fn request(
     builder.body(Chunks::one(body)).unwrap()
 }
 
-/// The lesson's valid request.
+/// The label contract's valid request.
 pub fn valid() -> Request<Chunks> {
     request("POST", "/labels", Some(KEY), Some("application/json"), BODY)
 }
@@ -354,7 +354,7 @@ pub async fn wait_for(condition: impl Fn() -> bool) {
 }
 
 /// A service over `store` whose create counts into `creates`, takes `delay`, and answers the
-/// lesson's 201.
+/// label contract's 201.
 pub fn counting_service<St: Store>(
     store: St,
     creates: Arc<AtomicUsize>,
@@ -368,8 +368,11 @@ pub fn counting_service<St: Store>(
         }
     });
     tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Inner::new(create),
     )
 }
@@ -491,7 +494,7 @@ impl<St: Store> Store for GatedStore<St> {
     }
 }
 
-/// Contract §5's gap: the store connection drops after the create and before the complete
+/// The gap between create and complete (`LABEL_CONTRACT.md` §5): the store connection drops after the create and before the complete
 /// (`cut` is called inside the create). The client still gets the created response, and
 /// retries, once the store is back (`restore`), get `request_pending` or, once the lost
 /// complete is settled, its replay; never a second create.
@@ -506,7 +509,7 @@ pub async fn crash_between_create_and_complete<St: Store>(
     if let Ok(Claim::New(reservation)) = store
         .claim(
             &warm,
-            &tower_idempotency::LabelContract::fingerprint(&warm, "p"),
+            &tower_idempotency::operation::LabelContract::fingerprint(&warm, "p"),
         )
         .await
     {
@@ -521,8 +524,11 @@ pub async fn crash_between_create_and_complete<St: Store>(
         async { Ok::<_, CreateError>(created_response()) }
     });
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Inner::new(create),
     );
     let key = conformance::unique_key("crash");
@@ -552,7 +558,7 @@ pub async fn crash_between_create_and_complete<St: Store>(
     assert_eq!(creates.load(Ordering::SeqCst), 1, "no second create");
 }
 
-/// The lesson's create as an axum handler: 201, JSON, the lesson's body for the operation.
+/// The label contract's create as an axum handler: 201, JSON, the label contract's body for the operation.
 pub async fn axum_create_label(
     axum::Json(op): axum::Json<LabelOperation>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
@@ -1078,8 +1084,9 @@ pub fn claims_meanwhile<St: Store>(store: St, claims: usize) -> tokio::task::Joi
     })
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) run with `args`: its exit code,
-/// what it printed, and what it said on its error output.
+/// The operator's tool (`idempotency_keys`, feature `cli`) run with `args` on the label
+/// contract's endpoint (`--path /labels`) unless they name another path: its exit code, what it
+/// printed, and what it said on its error output.
 #[cfg(feature = "cli")]
 pub fn operator_tool(args: &[&str]) -> (Option<i32>, String, String) {
     operator_tool_with(args, &[])
@@ -1088,6 +1095,21 @@ pub fn operator_tool(args: &[&str]) -> (Option<i32>, String, String) {
 /// [`operator_tool`] with more variables in its environment.
 #[cfg(feature = "cli")]
 pub fn operator_tool_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let labels: &[&str] = if args.contains(&"--path") {
+        &[]
+    } else {
+        &["--path", "/labels"]
+    };
+    let all: Vec<&str> = labels.iter().chain(args).copied().collect();
+    operator_tool_as_given(&all, env)
+}
+
+/// The operator's tool run with exactly `args`.
+#[cfg(feature = "cli")]
+pub fn operator_tool_as_given(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
         .args(args)
         .envs(env.iter().copied())

@@ -16,7 +16,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
 
 /// The health service next to the JSON create route, as one router.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use common::*;
 use tower::Layer;
-use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{ConcurrencyLimit, RateLimit};
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[tokio::test]

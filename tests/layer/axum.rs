@@ -8,7 +8,7 @@ use axum::routing::{get, post};
 use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
 

@@ -15,7 +15,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{MemoryStore, Outcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

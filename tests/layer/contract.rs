@@ -3,8 +3,9 @@
 use crate::common;
 
 use common::*;
+use tower_idempotency::Outcome;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
-use tower_idempotency::{LabelContract, Outcome};
 
 // §6: admission refuses, then proceeds, then replays.
 

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use common::*;
 use tower::ServiceExt;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::store::Lease;
 use tower_idempotency::store::Operator;
-use tower_idempotency::{IdempotencyLayer, LabelContract};
 
 fn rig(
     configure: impl FnOnce(
@@ -125,8 +126,9 @@ async fn a_layer_that_allows_it_takes_over_an_abandoned_key_once() {
 /// complete changes nothing.
 #[tokio::test]
 async fn an_owner_whose_lease_lapsed_is_fenced_out() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::{Claim, Reservation};
-    use tower_idempotency::{LabelContract, Store};
     let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
     rig.store.fail("renew");
     let late = spawn_send(&rig.service, operation("late", "slow-300"));

@@ -10,14 +10,14 @@ use std::time::Duration;
 use common::*;
 use http::Request;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, ConcurrencyLimit, admit_fn};
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
 /// A create that panics in its future for `parcel_id` "boom", in its `call` for "bang", and
-/// otherwise answers the lesson's 201 after `delay`.
+/// otherwise answers the label contract's 201 after `delay`.
 fn panicking_create(calls: Arc<AtomicUsize>, delay: Duration) -> Inner {
     Inner::new(tower::service_fn(
         move |request: Request<RequestBody<Chunks>>| {

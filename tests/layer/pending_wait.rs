@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
@@ -141,7 +141,7 @@ fn first_refused<St: tower_idempotency::Store>(
     tower_idempotency::Idempotency<
         Inner,
         St,
-        tower_idempotency::LabelContract,
+        tower_idempotency::operation::LabelContract,
         impl tower_idempotency::admission::Admission<LabelOperation>,
     >,
     Arc<AtomicUsize>,

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use common::*;
 use http_body::{Body, Frame, SizeHint};
 use tower::ServiceExt;
-use tower_idempotency::LabelContract;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// An endless body of 64 KiB chunks that counts the bytes it handed out.

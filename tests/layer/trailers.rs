@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::LabelContract;
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{Idempotency, MemoryStore};
 
 fn grpc_trailers() -> HeaderMap {
@@ -53,8 +53,11 @@ fn service(
         }
     });
     tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         create,
     )
 }

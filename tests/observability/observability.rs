@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use common::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::scope::GlobalKeys;
 use tower_idempotency::{IdempotencyLayer, Outcome};
 use tracing::field::{Field, Visit};
@@ -94,7 +94,7 @@ async fn every_request_has_a_span_with_its_outcome_and_fingerprint_never_its_bod
     let lines = recorded.take();
     let fingerprint = format!(
         "fingerprint={}",
-        tower_idempotency::LabelContract::fingerprint(KEY, "parcel-42")
+        tower_idempotency::operation::LabelContract::fingerprint(KEY, "parcel-42")
     );
     for expected in [
         "outcome=created",

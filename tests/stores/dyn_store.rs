@@ -41,8 +41,11 @@ async fn the_layer_over_a_dyn_store_creates_once_and_replays() {
     let store = make_store(None).await;
     assert!(format!("{store:?}").contains("MemoryStore"));
     let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store.clone(), tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store.clone(),
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         timed_create(Journal::default(), Default::default()),
     );
     let first = spawn_send(&service, operation("dyn", "p")).await.unwrap();
@@ -58,7 +61,7 @@ async fn the_layer_over_a_dyn_store_creates_once_and_replays() {
 async fn changed_is_asked_of_the_wrapped_store_at_once() {
     let memory = MemoryStore::new();
     let store = DynStore::new(memory.clone());
-    let fp = tower_idempotency::LabelContract::fingerprint("k", "p");
+    let fp = tower_idempotency::operation::LabelContract::fingerprint("k", "p");
     let Ok(tower_idempotency::store::Claim::New(reservation)) = store.claim("k", &fp).await else {
         panic!("a new claim");
     };
@@ -116,8 +119,9 @@ mod postgres {
 /// layer answers its replays with nothing allocated; a store that does not stays `None`.
 #[tokio::test]
 async fn a_claim_at_once_is_forwarded() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::{Claim, Lease, Reservation};
-    use tower_idempotency::{LabelContract, Store};
     let fp = LabelContract::fingerprint("k", "p");
     let token = Reservation::generate();
     let memory = DynStore::new(MemoryStore::new());

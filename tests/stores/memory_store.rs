@@ -4,8 +4,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Purge;
-use tower_idempotency::{LabelContract, MemoryStore, Store};
+use tower_idempotency::{MemoryStore, Store};
 
 async fn make_store(retention: Option<Duration>) -> MemoryStore {
     match retention {

@@ -15,10 +15,11 @@ use common::servers::Proxy;
 use common::*;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
+use tower_idempotency::Store;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::MySqlStore;
 use tower_idempotency::store::mysql::sqlx;
 use tower_idempotency::store::{Claim, Purge, StoreErrorKind};
-use tower_idempotency::{LabelContract, Store};
 
 const TABLE: &str = "tower_idempotency_test";
 

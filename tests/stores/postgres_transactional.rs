@@ -16,9 +16,9 @@ use http_body_util::Full;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row as _};
 use tower::{Layer, ServiceExt};
-use tower_idempotency::LabelContract;
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
 use tower_idempotency::body::RequestBody;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::Claim;
@@ -124,7 +124,7 @@ impl Db {
         tower::Layer::layer(
             &tower_idempotency::IdempotencyLayer::new(
                 self.store.clone(),
-                tower_idempotency::LabelContract,
+                tower_idempotency::operation::LabelContract,
             )
             .global_keys()
             // The create reads the operation from the request extensions.
@@ -474,7 +474,7 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
     let store = TransactionalPostgresStore::new(
         PostgresStore::new(pool).table("tx_records_cancel").unwrap(),
     );
-    let fingerprint = tower_idempotency::LabelContract::fingerprint("c-1", "p");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint("c-1", "p");
     let idle_in_transaction = || async {
         let row = sqlx::query(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tx-cancel-test' \
@@ -537,7 +537,7 @@ async fn a_claim_cancelled_mid_call_leaves_no_connection_in_a_transaction() {
 async fn renewing_holds_only_for_an_open_transaction() {
     let db = Db::new("renew").await;
     let store = &db.store;
-    let fingerprint = tower_idempotency::LabelContract::fingerprint("n-1", "p");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint("n-1", "p");
     let lease = Duration::from_secs(5);
     let stranger = tower_idempotency::store::Reservation::generate();
     let lost = store.renew("n-1", &stranger, lease).await.unwrap_err();

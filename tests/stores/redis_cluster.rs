@@ -137,7 +137,7 @@ async fn cluster_with_created_keys(
     timeout: Duration,
 ) -> (
     RedisCluster,
-    tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::LabelContract>,
+    tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::operation::LabelContract>,
     Arc<AtomicUsize>,
     Vec<(String, u16)>,
 ) {
@@ -333,7 +333,8 @@ impl Failover {
 fn counting_each_key(
     store: RedisStore,
     creates: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
-) -> tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::LabelContract> {
+) -> tower_idempotency::Idempotency<Inner, RedisStore, tower_idempotency::operation::LabelContract>
+{
     use tower_idempotency::body::RequestBody;
     let create = tower::service_fn(move |request: http::Request<RequestBody<Chunks>>| {
         let key = request
@@ -346,8 +347,11 @@ fn counting_each_key(
         async { Ok::<_, CreateError>(created_response()) }
     });
     tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(store, tower_idempotency::LabelContract)
-            .global_keys(),
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
         Inner::new(create),
     )
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::servers::{RedisServer, pause_redis};
 use common::*;
+use tower_idempotency::Store;
+use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
-use tower_idempotency::{LabelContract, Store};
 
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -220,7 +221,11 @@ impl CommandCounter {
     /// Asserts that `request` costs exactly `expected` commands.
     async fn expect<St: Store>(
         &mut self,
-        service: &tower_idempotency::Idempotency<Inner, St, tower_idempotency::LabelContract>,
+        service: &tower_idempotency::Idempotency<
+            Inner,
+            St,
+            tower_idempotency::operation::LabelContract,
+        >,
         request: http::Request<Chunks>,
         expected: u64,
         what: &str,

@@ -93,8 +93,9 @@ mod on_the_applications_pool {
 /// stayed pending for good. The claim's write carries its deadline: it writes nothing after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_caller_gave_up_writes_nothing_after() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::StoreErrorKind;
-    use tower_idempotency::{LabelContract, Store};
     let (dir, file) = fresh_file("late-claim");
     drop(SqliteStore::open(&file).await.unwrap());
     // The application's pool, one connection that waits long for the lock.
@@ -131,8 +132,9 @@ async fn a_claim_whose_caller_gave_up_writes_nothing_after() {
 /// as separate processes have), released together: exactly one is new, over many keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_from_separate_connections_give_exactly_one_new() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::Claim;
-    use tower_idempotency::{LabelContract, Store};
     let stores = futures_stores(8).await;
     for round in 0..20 {
         let key = format!(
@@ -177,8 +179,9 @@ async fn futures_stores(n: usize) -> Vec<SqliteStore> {
 /// the store's thread panic, and every later call failed. Any timeout is accepted.
 #[tokio::test]
 async fn any_timeout_is_accepted() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::Claim;
-    use tower_idempotency::{LabelContract, Store};
     let store = make_store(None).await.timeout(Duration::MAX);
     let key = tower_idempotency::store::Reservation::generate().to_string();
     assert!(matches!(
@@ -192,8 +195,9 @@ async fn any_timeout_is_accepted() {
 /// Found in review: a record the store cannot read is `Corrupt`, not `Unavailable`.
 #[tokio::test]
 async fn an_unreadable_record_is_corrupt() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::StoreErrorKind;
-    use tower_idempotency::{LabelContract, Store};
     let store = make_store(None).await;
     let key = format!(
         "corrupt-{}",
@@ -520,7 +524,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
         .await
         .unwrap()
         .retention(Duration::from_secs(3600));
-    let fingerprint = tower_idempotency::LabelContract::fingerprint("k", "p");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint("k", "p");
     let response = StoredResponse::new(http::StatusCode::CREATED, Default::default(), "{}".into());
     for key in ["old-1", "old-2", "kept", "pending"] {
         let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
@@ -549,6 +553,28 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     // A key that begins with a dash, after `--`.
     let (code, _, _) = tool(&["--store", &url, "show", "--", "--dashed"]);
     assert_eq!(code, Some(1), "a key, not a flag");
+    // Every command but purge names its endpoint: the tool does not guess one.
+    let as_given = |args: &[&str]| common::operator_tool_as_given(args, &[]);
+    for command in [
+        &["show", "k"][..],
+        &["forget", "k"],
+        &["pending", "--older-than", "0s"],
+    ] {
+        let args: Vec<&str> = ["--store", url.as_str()]
+            .iter()
+            .chain(command)
+            .copied()
+            .collect();
+        let (code, _, said) = as_given(&args);
+        assert_eq!(code, Some(2), "{command:?}: {said}");
+        assert!(said.contains("--path PATH is required"), "{said}");
+    }
+    let (code, out, _) = as_given(&["--store", &url, "purge"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "purged 0\n"),
+        "purge needs no path"
+    );
     // A path that names no file is a bad command line, and makes no file.
     let typo = dir.join("records.sqlite3x");
     let typo_url = format!("sqlite://{}", typo.display());
@@ -595,7 +621,7 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     let url = format!("sqlite://{}", file.display());
     let store = SqliteStore::open(&file).await.unwrap();
     let labels = |key: &str| store_key(None, &http::Method::POST, "/labels", key);
-    let fingerprint = tower_idempotency::LabelContract::fingerprint("k", "p");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint("k", "p");
     complete_new_at(&store, &labels("done"), &fingerprint).await;
     // Pending: one whose lease lapses at once (its server died), one still renewed.
     let lapsed = Lease::new(Lease::MIN_DURATION);
@@ -785,7 +811,7 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A completed record of `key`, with the lesson's created response.
+/// A completed record of `key`, with the label contract's created response.
 #[cfg(feature = "cli")]
 async fn complete_new_at(
     store: &SqliteStore,
@@ -815,8 +841,9 @@ async fn journal_mode(file: &std::path::Path) -> String {
 /// again. A write whose commit fails is an error, and leaves no record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_commit_fails_is_an_error_not_new() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::StoreErrorKind;
-    use tower_idempotency::{LabelContract, Store};
     let (dir, file) = fresh_file("commit-fails");
     let options = SqliteConnectOptions::new()
         .filename(&file)

@@ -1,6 +1,6 @@
 //! The layer against crates.io's `idempotent` 2.x, in one run, on one machine.
 //!
-//! Every contender wraps the same create service (the lesson's 201, the benches' `Create`),
+//! Every contender wraps the same create service (the label contract's 201, the benches' `Create`),
 //! driven through `ServiceExt` (`ready`, `call`, the response body read to its end). The
 //! requests are the same for every contender (`Idempotency-Key: k-<n>`, body
 //! `{"request_id":"k-<n>","parcel_id":"p-<n>"}`), built before the timed region. Contenders
@@ -25,7 +25,7 @@ use tower::{Layer, Service, ServiceExt};
 #[path = "../../common/mod.rs"]
 mod common;
 use common::{Create, KeepsNothing};
-use tower_idempotency::LabelContract;
+use tower_idempotency::operation::LabelContract;
 
 /// Attempt `n` of the shared workload.
 fn request(n: usize) -> Request<Full<Bytes>> {

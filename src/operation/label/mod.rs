@@ -1,4 +1,4 @@
-//! The lesson's label contract: [`LabelOperation`], its strict validation, its fingerprint, and
+//! The label contract (`LABEL_CONTRACT.md` in the repository): [`LabelOperation`], its strict validation, its fingerprint, and
 //! [`LabelContract`], the [`Operation`] that guards `POST /labels` byte for byte.
 //!
 //! A client stores a [`LabelOperation`] *before* its first attempt and builds every attempt from
@@ -7,7 +7,7 @@
 //! compares intents with [`fingerprint`].
 //!
 //! ```
-//! use tower_idempotency::LabelContract;
+//! use tower_idempotency::operation::LabelContract;
 //! use tower_idempotency::operation::LabelOperation;
 //!
 //! let op = LabelOperation::new("label-req-7", "parcel-42");
@@ -72,7 +72,7 @@ pub struct LabelOperation {
     pub parcel_id: SharedStr,
 }
 
-/// The body or key of a request is not a valid operation (contract §2, steps 5 and 6).
+/// The body or key of a request is not a valid operation (`LABEL_CONTRACT.md` §2, steps 5 and 6).
 ///
 /// ```
 /// use tower_idempotency::operation::LabelOperation;
@@ -164,7 +164,7 @@ impl LabelOperation {
     /// The fingerprint of this operation; see [`LabelContract::fingerprint`].
     ///
     /// ```
-    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::LabelContract;
     /// use tower_idempotency::operation::LabelOperation;
     ///
     /// let op = LabelOperation::new("a", "b");
@@ -229,7 +229,7 @@ impl LabelOperation {
     }
 }
 
-/// The lesson's label contract as an [`Operation`]: `POST /labels` with exactly
+/// The label contract (`LABEL_CONTRACT.md` in the repository) as an [`Operation`]: `POST /labels` with exactly
 /// `{"request_id":"…","parcel_id":"…"}` and `Idempotency-Key` equal to `request_id`, every
 /// refusal `{"error":"…"}` byte for byte. The worked example of a strict operation.
 ///
@@ -239,13 +239,38 @@ impl LabelOperation {
 /// [`value_extension(true)`](crate::IdempotencyLayer::value_extension).
 ///
 /// ```
-/// use tower_idempotency::{IdempotencyLayer, LabelContract, MemoryStore};
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::operation::LabelContract;
+/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::operation::LabelOperation;
 ///
-/// // Its handler takes `Extension<LabelOperation>`.
-/// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract)
-///     .global_keys()
-///     .value_extension(true);
-/// # drop(layer);
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let create = service_fn(|request: Request<RequestBody<String>>| async move {
+///     let op = request.extensions().get::<LabelOperation>().unwrap();
+///     let body = format!(r#"{{"request_id":"{}","state":"created"}}"#, op.request_id);
+///     Ok::<_, Infallible>(Response::builder().status(StatusCode::CREATED).body(body).unwrap())
+/// });
+/// let service = ServiceBuilder::new()
+///     .layer(
+///         IdempotencyLayer::new(MemoryStore::new(), LabelContract)
+///             .global_keys()
+///             .value_extension(true),
+///     )
+///     .service(create);
+///
+/// // The client stores the operation, then builds every attempt from it.
+/// let op = LabelOperation::new("label-req-7", "parcel-42");
+/// let first = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+/// let retry = service.clone().oneshot(op.attempt("/labels").unwrap()).await.unwrap();
+/// assert_eq!((first.status(), retry.status()), (StatusCode::CREATED, StatusCode::CREATED));
+///
+/// let other = LabelOperation::new("label-req-7", "parcel-43");
+/// let conflict = service.oneshot(other.attempt("/labels").unwrap()).await.unwrap();
+/// assert_eq!(conflict.status(), StatusCode::CONFLICT);
+/// # }
 /// ```
 ///
 /// Its replies, in the order the checks run:
@@ -255,14 +280,14 @@ impl LabelOperation {
 pub struct LabelContract;
 
 impl LabelContract {
-    /// `sha256(request_id + "\n" + parcel_id)`: the contract's fingerprint (§3), shown as its 64
+    /// `sha256(request_id + "\n" + parcel_id)`: the contract's fingerprint (`LABEL_CONTRACT.md` §3), shown as its 64
     /// lowercase hexadecimal digits ([`Fingerprint::to_hex`], `Display`).
     ///
     /// It is computed from validated field values, not from the raw body, so field order and
     /// whitespace do not change it. It compares intents; it proves nothing about who sent them.
     ///
     /// ```
-    /// use tower_idempotency::LabelContract;
+    /// use tower_idempotency::operation::LabelContract;
     ///
     /// assert_eq!(
     ///     LabelContract::fingerprint("label-req-7", "parcel-42").to_hex().as_str(),
@@ -346,7 +371,7 @@ impl Operation for LabelContract {
     }
 }
 
-/// Contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`; the key,
+/// Label contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`; the key,
 /// borrowed from the header.
 fn matching_key<'a>(headers: &'a HeaderMap, request_id: &str) -> Option<&'a str> {
     crate::headers::single(headers, &IDEMPOTENCY_KEY)

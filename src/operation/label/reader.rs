@@ -1,4 +1,4 @@
-//! Reading a label body (contract §2 step 5): the plain body every client sends without serde,
+//! Reading a label body (`LABEL_CONTRACT.md` §2 step 5): the plain body every client sends without serde,
 //! anything else by serde, both to the same answers; and the identifier alphabet.
 
 use std::borrow::Cow;
@@ -18,7 +18,7 @@ pub(super) struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    /// Contract §2 step 5: exactly the two fields, each an identifier.
+    /// Label contract §2 step 5: exactly the two fields, each an identifier.
     pub(super) fn parse(body: &'a [u8]) -> Result<Self, InvalidOperation> {
         if let Some(fields) = Self::plain(body) {
             return Ok(fields);

@@ -97,9 +97,10 @@ fn give(held: &AtomicUsize, max: Option<usize>, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Store;
+    use crate::operation::LabelContract;
     use crate::store::memory::shard::{RECORD_BYTES, lock};
     use crate::store::{Claim, Operator, StoredResponse};
-    use crate::{LabelContract, Store};
 
     /// Claims, completes of every size (in a claim's room, past it, past the room's
     /// kilobyte), releases, forgets, take-overs of expired keys and expiries racing on four

@@ -90,12 +90,13 @@ impl MemoryStoreBuilder {
     /// forgets every key of a memory store). [`MemoryStore::len`] tells how full it is.
     ///
     /// ```
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::StoreErrorKind;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::builder().max_records(1).build();
-    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
-    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
+    /// store.claim("a", &Fingerprint::digest(["a", "p"])).await.unwrap();
+    /// let full = store.claim("b", &Fingerprint::digest(["b", "p"])).await.unwrap_err();
     /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     /// # }
     /// ```
@@ -126,13 +127,14 @@ impl MemoryStoreBuilder {
     /// the process's memory with them.
     ///
     /// ```
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::StoreErrorKind;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::builder().max_bytes(300).build();
-    /// store.claim("a", &LabelContract::fingerprint("a", "p")).await.unwrap();
+    /// store.claim("a", &Fingerprint::digest(["a", "p"])).await.unwrap();
     /// assert!(store.held_bytes() > 256);
-    /// let full = store.claim("b", &LabelContract::fingerprint("b", "p")).await.unwrap_err();
+    /// let full = store.claim("b", &Fingerprint::digest(["b", "p"])).await.unwrap_err();
     /// assert_eq!(full.kind(), StoreErrorKind::CapacityExceeded);
     /// # }
     /// ```

@@ -68,7 +68,7 @@ mod tests {
             StoredResponse::new(http::StatusCode::CREATED, Default::default(), Bytes::new());
         for i in 0..records {
             let key = format!("POST /labels k-{i}");
-            let fingerprint = crate::LabelContract::fingerprint(&key, "p");
+            let fingerprint = crate::operation::LabelContract::fingerprint(&key, "p");
             let Claim::New(reservation) = store.claim(&key, &fingerprint).await.unwrap() else {
                 panic!("a new key");
             };
@@ -115,7 +115,7 @@ mod tests {
         };
         let sized = tables(&store);
         let capacity = |key: &str| lock(store.shard(key)).records.capacity();
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let fingerprint = crate::operation::LabelContract::fingerprint("k", "p");
         for i in 0..10 * records {
             let key = format!("POST /labels k-{i}");
             let before = capacity(&key);

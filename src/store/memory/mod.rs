@@ -346,10 +346,11 @@ impl MemoryStore {
     /// Whether `key` is held by a pending reservation.
     ///
     /// ```
-    /// use tower_idempotency::{LabelContract, MemoryStore, Store};
+    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::operation::Fingerprint;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::new();
-    /// store.claim("k", &LabelContract::fingerprint("k", "p")).await.unwrap();
+    /// store.claim("k", &Fingerprint::digest(["k", "p"])).await.unwrap();
     /// assert!(store.is_pending("k"));
     /// # }
     /// ```
@@ -577,7 +578,7 @@ mod tests {
     #[tokio::test]
     async fn a_claim_makes_room_for_a_response_like_the_last() {
         let store = MemoryStore::new();
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let fingerprint = crate::operation::LabelContract::fingerprint("k", "p");
         let response = StoredResponse::new(
             http::StatusCode::CREATED,
             http::HeaderMap::new(),
@@ -633,7 +634,7 @@ mod tests {
     /// replays, one past it is new; a store told to keep records forever replays years later.
     #[tokio::test]
     async fn a_new_store_keeps_a_completed_record_for_the_default_window() {
-        let fingerprint = crate::LabelContract::fingerprint("k", "p");
+        let fingerprint = crate::operation::LabelContract::fingerprint("k", "p");
         let response = StoredResponse::new(
             http::StatusCode::CREATED,
             http::HeaderMap::new(),

@@ -70,7 +70,7 @@ use crate::fingerprint::Fingerprint;
 /// time to live. So such records grow only with those failures, one a failed request: an
 /// outage of the create's downstream that fails every request on distinct keys grows them
 /// at the request rate. The operator's tool lists them (`idempotency_keys --store URL
-/// pending --older-than 5m --abandoned`: pending past their lease, nobody renewing; give it
+/// --path PATH pending --older-than 5m --abandoned`: pending past their lease, nobody renewing; give it
 /// `--timeout-s` for a store of millions of keys, since the listing scans every key), and
 /// `resolve` or `forget` ends each. A layer with
 /// [`take_over_abandoned`](crate::IdempotencyLayer::take_over_abandoned) lets a client's retry

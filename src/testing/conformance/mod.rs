@@ -24,7 +24,6 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
-use crate::LabelContract;
 use crate::Store;
 use crate::operation::Fingerprint;
 use crate::store::{Claim, Lease, Reservation, StoredResponse};
@@ -45,7 +44,7 @@ pub fn unique_key(name: &str) -> String {
 }
 
 pub(super) fn fp(parcel: &str) -> Fingerprint {
-    LabelContract::fingerprint("conformance", parcel)
+    Fingerprint::digest(["conformance", parcel])
 }
 
 /// A response with every awkward part a store must keep: two values of one header, a

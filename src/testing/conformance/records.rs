@@ -267,7 +267,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
             let headers = response.headers_mut();
             headers.insert(
                 http::header::LOCATION,
-                HeaderValue::from_static("/labels/big"),
+                HeaderValue::from_static("/parcels/big"),
             );
             headers.insert(
                 http::header::CONTENT_TYPE,
@@ -281,16 +281,18 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
         }
     });
     let service = tower::Layer::layer(
-        &crate::IdempotencyLayer::new(store, crate::LabelContract).global_keys(),
+        &crate::IdempotencyLayer::new(store, crate::RawOperation::new()).global_keys(),
         create,
     );
-    let operation = crate::operation::LabelOperation::new(unique_key("over-cap"), "parcel-big");
+    let key = HeaderValue::try_from(unique_key("over-cap")).expect("a key is a header value");
     let send = || async {
-        let response = service
-            .clone()
-            .oneshot(operation.attempt("/labels").unwrap())
-            .await
-            .unwrap();
+        let mut request = http::Request::post("/parcels")
+            .body(String::from("parcel-big"))
+            .expect("a request");
+        request
+            .headers_mut()
+            .insert(crate::operation::IDEMPOTENCY_KEY, key.clone());
+        let response = service.clone().oneshot(request).await.unwrap();
         let (parts, body) = response.into_parts();
         let outcome = body.outcome();
         let body = body.collect().await.unwrap().to_bytes();
@@ -299,7 +301,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
     let (first, outcome, body) = send().await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(outcome, Some(crate::Outcome::Created));
-    assert_eq!(first.headers["location"], "/labels/big");
+    assert_eq!(first.headers["location"], "/parcels/big");
     assert_eq!(first.headers["content-length"], "2097152");
     assert!(!first.headers.contains_key("idempotent-body-omitted"));
     assert_eq!(body.len(), 2 * 1024 * 1024);
@@ -308,7 +310,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
     let (retry, outcome, body) = send().await;
     assert_eq!(outcome, Some(crate::Outcome::Replay));
     assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.headers["location"], "/labels/big");
+    assert_eq!(retry.headers["location"], "/parcels/big");
     assert_eq!(retry.headers["content-type"], "application/octet-stream");
     assert_eq!(retry.headers["idempotent-body-omitted"], "true");
     assert!(!retry.headers.contains_key("content-length"));
