@@ -34,7 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use crate::outcome::Refusal;
 
 /// A policy that admits or refuses a newly claimed operation of type `T` (the
-/// [`Operation::Value`](crate::Operation::Value): a [`LabelContract`](crate::operation::LabelContract)'s `LabelOperation`,
+/// [`Operation::Value`](crate::Operation::Value): the label contract's `LabelOperation`,
 /// your own body type, …).
 ///
 /// The built-in policies admit operations of every type.

@@ -29,7 +29,7 @@ use crate::admission::Admission;
 use crate::body::{self, Collector, RequestBody, ResponseBody};
 use crate::metrics::Metrics;
 use crate::operation::Operation;
-use crate::pipeline::Guard;
+use crate::pipeline::Pipeline;
 use tower::BoxError;
 
 use crate::store::Store;
@@ -42,7 +42,7 @@ type Decision<B> = Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send
 /// What a guarded request holds while its body is read.
 struct Reading<S, St, O, A> {
     parts: Parts,
-    guard: Guard<S, St, O, A>,
+    pipeline: Pipeline<S, St, O, A>,
     collector: Collector,
 }
 
@@ -150,7 +150,7 @@ where
     pub(crate) fn reading(
         body: ReqBody,
         parts: Parts,
-        guard: Guard<S, St, O, A>,
+        pipeline: Pipeline<S, St, O, A>,
         collector: Collector,
         span: Span,
         extension: bool,
@@ -161,7 +161,7 @@ where
                 body,
                 reading: Some(Reading {
                     parts,
-                    guard,
+                    pipeline,
                     collector,
                 }),
             },
@@ -265,11 +265,11 @@ where
                     };
                     let Reading {
                         parts,
-                        guard,
+                        pipeline,
                         collector,
                     } = reading.take().expect(POLLED_AFTER_COMPLETION);
                     // A reply at once is returned from here, not moved into the state first.
-                    let answer = match guard.read(parts, collector, read) {
+                    let answer = match pipeline.read(parts, collector, read) {
                         Err(response) => response,
                         Ok(claimed) => {
                             claimed.trace(span);

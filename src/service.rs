@@ -13,7 +13,7 @@ use crate::body::{Collector, RequestBody, ResponseBody};
 use crate::future::ResponseFuture;
 use crate::operation::Head;
 use crate::operation::Operation;
-use crate::pipeline::{self, Guard};
+use crate::pipeline::{self, Pipeline};
 use crate::settings::Settings;
 use tower::BoxError;
 
@@ -168,7 +168,7 @@ where
         }
         // The instance that was polled ready is the one that will be called.
         let clone = self.inner.clone();
-        let guard = Guard {
+        let pipeline = Pipeline {
             inner: std::mem::replace(&mut self.inner, clone),
             store: self.store.clone(),
             admission: self.admission.clone(),
@@ -177,6 +177,6 @@ where
         let collector = Collector::new(settings.body_limit);
         let extension = settings.config.outcome_extension;
         let metrics = settings.config.metrics.clone();
-        ResponseFuture::reading(body, parts, guard, collector, span, extension, metrics)
+        ResponseFuture::reading(body, parts, pipeline, collector, span, extension, metrics)
     }
 }

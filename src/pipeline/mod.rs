@@ -2,8 +2,8 @@
 //!
 //! 1. [`head`]: the path, the operation's head checks, a declared length over the limit;
 //! 2. the body, read up to the limit by the response future ([`Collector`]), then
-//!    [`Guard::read`];
-//! 3. [`Guard::operation`]: the operation parsed, the scope, the store key;
+//!    [`Pipeline::read`];
+//! 3. [`Pipeline::operation`]: the operation parsed, the scope, the store key;
 //! 4. the claim: at once in [`Validated::claim_now`] where the store answers without waiting (a
 //!    replay, a conflict or a pending key is then the reply, and no decision is made), else
 //!    [`claim`] (and the wait for a pending first attempt, if configured);
@@ -28,7 +28,8 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-mod guards;
+mod futures;
+mod response;
 mod settle;
 mod wait;
 
@@ -41,7 +42,8 @@ pub(crate) fn spawn_or_log(task: impl Future<Output = ()> + Send + 'static, undo
     }
 }
 
-use self::guards::{CatchUnwind, renewing};
+use self::futures::{CatchUnwind, renewing};
+use self::response::{Collected, Keep, collect, keep};
 use self::settle::{Settle, Unsettled, is_unknown, release, settle};
 pub(crate) use self::wait::CLIENT_LEFT;
 use self::wait::wait_for_first;
@@ -85,14 +87,14 @@ fn read(collector: Collector, read: Result<(), ReadError>) -> Result<Bytes, Reje
 }
 
 /// Everything a guarded request needs after its head passed, moved into its future.
-pub(crate) struct Guard<S, St, O, A> {
+pub(crate) struct Pipeline<S, St, O, A> {
     pub(crate) inner: S,
     pub(crate) store: St,
     pub(crate) admission: A,
     pub(crate) settings: Arc<Settings<O>>,
 }
 
-impl<S, St, O: Operation, A> Guard<S, St, O, A> {
+impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
     /// Steps 2 and 3, once the body stream ended: the body, then the operation, its scope and
     /// its store key; a refusal is the operation's response. Nothing is claimed until the body
     /// is complete and valid, so a slow or stalled body holds no reservation.
@@ -111,7 +113,7 @@ impl<S, St, O: Operation, A> Guard<S, St, O, A> {
         });
         match operation {
             Ok((key, fingerprint, value, body)) => Ok(Validated {
-                guard: self,
+                pipeline: self,
                 key,
                 fingerprint,
                 value,
@@ -145,7 +147,7 @@ impl<S, St, O: Operation, A> Guard<S, St, O, A> {
 
 /// A valid request about to be claimed.
 pub(crate) struct Validated<S, St, O: Operation, A> {
-    guard: Guard<S, St, O, A>,
+    pipeline: Pipeline<S, St, O, A>,
     key: KeyBuf,
     fingerprint: Fingerprint,
     value: O::Value,
@@ -160,7 +162,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             return;
         }
         span.record("fingerprint", self.fingerprint.to_hex().as_str());
-        if self.guard.settings.config.trace_keys {
+        if self.pipeline.settings.config.trace_keys {
             span.record("key", self.key.as_str());
         }
     }
@@ -179,9 +181,9 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
     where
         St: Store,
     {
-        let Guard {
+        let Pipeline {
             store, settings, ..
-        } = &self.guard;
+        } = &self.pipeline;
         // A closing server claims nothing new; what is past its claim is counted until done.
         let in_flight = match &settings.config.drain {
             None => None,
@@ -229,8 +231,8 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
         ResBody: Body<Data = Bytes>,
     {
         let Self {
-            guard:
-                Guard {
+            pipeline:
+                Pipeline {
                     inner,
                     store,
                     admission,
@@ -527,176 +529,6 @@ where
         request.extensions_mut().insert(value);
     }
     CatchUnwind::new(move || inner.call(request))
-}
-
-/// What to do with the create's answer.
-enum Keep<R, B> {
-    /// Store it.
-    Store(R),
-    /// Release the key and reply with this, unstored: the create answered that nothing took
-    /// effect.
-    Release(Response<ResponseBody<B>>),
-    /// Keep the key pending and reply with this: the create may have taken effect.
-    Pending(Rejection),
-}
-
-/// Step 7a: which answers are stored ([`StoredResponses`]).
-fn keep<ResBody, E>(
-    response: Option<Result<Response<ResBody>, E>>,
-    stored: StoredResponses,
-) -> Keep<Response<ResBody>, ResBody> {
-    let Some(response) = response else {
-        tracing::error!("create panicked; the key stays pending");
-        return Keep::Pending(Rejection::CreateFailed);
-    };
-    match (response, stored) {
-        (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
-            let response =
-                response.map(|body| ResponseBody::inner(body).with_outcome(Outcome::Unstored));
-            Keep::Release(response)
-        }
-        (Ok(response), _) => Keep::Store(response),
-        // An error is no answer: whether the create took effect is unknown, whatever the
-        // policy, so the key stays taken.
-        (Err(_), _) => {
-            tracing::error!("create failed; the key stays pending");
-            Keep::Pending(Rejection::CreateFailed)
-        }
-    }
-}
-
-/// Step 7b: the created response read whole (up to the cap) into what the store keeps.
-///
-/// A future of its own, not an `async fn`: the body is read where it is, not moved out of the
-/// function's captures into a second place.
-fn collect<ResBody: Body<Data = Bytes>, O>(
-    response: Response<ResBody>,
-    settings: &Settings<O>,
-) -> Collect<'_, ResBody, O> {
-    let (head, body) = response.into_parts();
-    Collect {
-        read: body::ReadLimited::new(body, settings.config.response_limit),
-        head: Some(head),
-        settings,
-    }
-}
-
-pin_project! {
-    /// The future of [`collect`].
-    struct Collect<'a, B, O> {
-        #[pin]
-        read: body::ReadLimited<B>,
-        head: Option<http::response::Parts>,
-        settings: &'a Settings<O>,
-    }
-}
-
-/// What [`collect`] read of a created response.
-enum Collected<B> {
-    /// The response whole: stored and given.
-    Whole(StoredResponse),
-    /// A response over the cap: its compact record ([`compact`]), and the response to give,
-    /// whole. Boxed: it is rare, and every decision would hold room for it.
-    Over(Box<(StoredResponse, Response<ResponseBody<B>>)>),
-}
-
-impl<B: Body<Data = Bytes>, O> Future for Collect<'_, B, O> {
-    type Output = Result<Collected<B>, Rejection>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let read = std::task::ready!(this.read.poll(cx));
-        Poll::Ready(stored(this.head.take(), read, this.settings))
-    }
-}
-
-/// What the store keeps of a created response, and what is given: the response read whole,
-/// or, past the cap, its compact record and the response itself; or why neither is.
-fn stored<B, O>(
-    parts: Option<http::response::Parts>,
-    read: body::Read<B>,
-    settings: &Settings<O>,
-) -> Result<Collected<B>, Rejection> {
-    let Some(mut parts) = parts else {
-        return Err(Rejection::CreateFailed);
-    };
-    let (body, trailers) = match read {
-        body::Read::Whole(body, trailers) => (body, trailers),
-        body::Read::Over(body) => {
-            headers::retain_storable(&mut parts.headers, &settings.config.excluded_headers);
-            tracing::warn!(
-                cap = settings.config.response_limit,
-                "created response over the cap: given whole, its record without the body"
-            );
-            let compact = compact(parts.status, &parts.headers);
-            return Ok(Collected::Over(Box::new((
-                compact,
-                Response::from_parts(parts, body),
-            ))));
-        }
-        body::Read::Failed(ReadError::TooLarge) => {
-            tracing::error!(
-                "created response past the size its body declared; the key stays pending"
-            );
-            return Err(Rejection::ResponseTooLarge);
-        }
-        body::Read::Failed(ReadError::Broken) => {
-            tracing::error!("created response body failed; the key stays pending");
-            return Err(Rejection::CreateFailed);
-        }
-    };
-    headers::retain_storable(&mut parts.headers, &settings.config.excluded_headers);
-    let Some(mut trailers) = trailers else {
-        return Ok(Collected::Whole(StoredResponse::new(
-            parts.status,
-            parts.headers,
-            body,
-        )));
-    };
-    // The trailers are stored as the headers are: the same exclusions, within the same cap.
-    headers::retain_storable(&mut trailers, &settings.config.excluded_headers);
-    let trailer_bytes: usize = trailers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if body.len().saturating_add(trailer_bytes) > settings.config.response_limit {
-        tracing::warn!(
-            cap = settings.config.response_limit,
-            "created response over the cap with its trailers: given whole, its record without the body"
-        );
-        let compact = compact(parts.status, &parts.headers);
-        let body = ResponseBody::full_with_trailers(body, Some(trailers));
-        return Ok(Collected::Over(Box::new((
-            compact,
-            Response::from_parts(parts, body),
-        ))));
-    }
-    Ok(Collected::Whole(
-        StoredResponse::new(parts.status, parts.headers, body).with_trailers(trailers),
-    ))
-}
-
-/// The record of a created response over the cap: its status and headers, no body, and
-/// [`IDEMPOTENT_BODY_OMITTED`](reply::IDEMPOTENT_BODY_OMITTED); the headers that describe
-/// the body it no longer has are left out.
-fn compact(status: http::StatusCode, headers: &http::HeaderMap) -> StoredResponse {
-    use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE};
-    let mut kept = http::HeaderMap::with_capacity(headers.len() + 1);
-    for (name, value) in headers {
-        if ![CONTENT_LENGTH, CONTENT_ENCODING, CONTENT_RANGE].contains(name)
-            && !matches!(
-                name.as_str(),
-                "content-md5" | "digest" | "content-digest" | "repr-digest"
-            )
-        {
-            kept.append(name.clone(), value.clone());
-        }
-    }
-    kept.insert(
-        reply::IDEMPOTENT_BODY_OMITTED,
-        HeaderValue::from_static("true"),
-    );
-    StoredResponse::new(status, kept, Bytes::new())
 }
 
 /// What follows a create that ends without a stored response.

@@ -25,6 +25,8 @@ use super::{
 };
 use crate::fingerprint::Fingerprint;
 
+mod claim;
+mod operator;
 mod sql;
 mod transactional;
 
@@ -411,58 +413,6 @@ impl MySqlStore {
             .with_waiters(key, |waiters| waiting::wake(waiters, key));
     }
 
-    /// The claim on `connection`: the insert, and for a key with a record its read and maybe
-    /// a take-over, each a statement.
-    async fn claim_on(
-        &self,
-        connection: &mut MySqlConnection,
-        key: &str,
-        fingerprint: &str,
-        reservation: Reservation,
-        lease: Lease,
-    ) -> Result<Claim, StoreError> {
-        let token = reservation.as_u128().to_be_bytes();
-        let lease_ms = millis(lease.duration());
-        let take_over = lease.takes_over();
-        for _ in 0..CLAIM_ATTEMPTS {
-            let inserted = sqlx::query(self.sql.insert.clone())
-                .bind(key)
-                .bind(fingerprint)
-                .bind(&token[..])
-                .bind(lease_ms)
-                .bind(take_over)
-                .execute(&mut *connection)
-                .await
-                .map_err(unavailable)?
-                .rows_affected();
-            if inserted == 1 {
-                return Ok(Claim::New(reservation));
-            }
-            let Some(row) = sqlx::query(self.sql.read.clone())
-                .bind(key)
-                .fetch_optional(&mut *connection)
-                .await
-                .map_err(unavailable)?
-            else {
-                // Released or forgotten in between: insert again.
-                continue;
-            };
-            let decision = decide(Some(found(&row, &token, fingerprint)?), lease);
-            let Some(taking) = taking_over(&self.sql, &decision, key, fingerprint, &token, lease)
-            else {
-                match decision.answer(reservation, decode) {
-                    Some(answer) => return answer,
-                    None => continue,
-                }
-            };
-            let taken = taking.execute(&mut *connection).await;
-            if taken.map_err(unavailable)?.rows_affected() == 1 {
-                return Ok(Claim::New(reservation));
-            }
-        }
-        Err(StoreError::new(StoreErrorKind::Unavailable))
-    }
-
     /// Completes the pending record of `key` with `response`: the one pending under `token`,
     /// or whichever is pending when there is no token (an operator's resolve).
     async fn store_response(
@@ -493,69 +443,6 @@ impl MySqlStore {
 
 /// A statement with its parameters bound.
 type Query<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
-
-/// The take-over statement the claim's decision calls for, bound: the caller's reservation
-/// written over the record; `None` for an answer.
-fn taking_over<'q, R>(
-    sql: &Sql,
-    decision: &Decision<R>,
-    key: &'q str,
-    fingerprint: &'q str,
-    token: &'q [u8; 16],
-    lease: Lease,
-) -> Option<Query<'q>> {
-    let lease_ms = millis(lease.duration());
-    match decision {
-        // A record was read: the completed one past its retention, absent, written over.
-        Decision::Reserve => Some(
-            sqlx::query(sql.take_over.clone())
-                .bind(fingerprint)
-                .bind(&token[..])
-                .bind(lease_ms)
-                .bind(lease.takes_over())
-                .bind(key),
-        ),
-        Decision::TakeOver => Some(
-            sqlx::query(sql.take_over_abandoned.clone())
-                .bind(&token[..])
-                .bind(lease_ms)
-                .bind(lease.takes_over())
-                .bind(key)
-                .bind(fingerprint),
-        ),
-        _ => None,
-    }
-}
-
-/// A stored response read back.
-fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
-    codec::decode(Bytes::copy_from_slice(response))
-}
-
-/// What a claim's read of the record says: its token, fingerprint and response, whether it
-/// expired, and whether it was abandoned.
-fn found<'r>(
-    row: &'r MySqlRow,
-    token: &[u8; 16],
-    fingerprint: &str,
-) -> Result<Found<&'r [u8]>, StoreError> {
-    let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
-    let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
-    let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
-    let same_fingerprint = stored_fingerprint == fingerprint.as_bytes();
-    Ok(match response {
-        Some(response) => Found::Completed {
-            same_fingerprint,
-            expired: row.try_get::<i64, _>(3).map_err(corrupt)? != 0,
-            response,
-        },
-        None => Found::Pending {
-            same_fingerprint,
-            mine: stored_token == Some(&token[..]),
-            abandoned: row.try_get::<i64, _>(4).map_err(corrupt)? != 0,
-        },
-    })
-}
 
 impl std::fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -689,70 +576,6 @@ impl Store for MySqlStore {
         guarded(self.execute(release).await?)?;
         self.wake(key);
         Ok(())
-    }
-}
-
-impl Operator for MySqlStore {
-    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let inspect = sqlx::query(self.sql.inspect.clone()).bind(&*table_key(key));
-        let Some(row) = self.fetch_optional(inspect).await? else {
-            return Ok(None);
-        };
-        let fingerprint: &[u8] = row.try_get(0).map_err(corrupt)?;
-        let pending = row.try_get::<i64, _>(1).map_err(corrupt)? != 0;
-        let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
-        let age: i64 = row.try_get(3).map_err(corrupt)?;
-        let abandoned = row.try_get::<i64, _>(4).map_err(corrupt)? != 0;
-        let status = match response {
-            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
-            None => None,
-        };
-        let fingerprint = std::str::from_utf8(fingerprint)
-            .ok()
-            .and_then(Fingerprint::parse)
-            .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
-        Ok(Some(RecordInfo {
-            state: if pending {
-                RecordState::Pending
-            } else {
-                RecordState::Completed
-            },
-            age: u64::try_from(age).ok().map(Duration::from_millis),
-            fingerprint,
-            status,
-            abandoned,
-        }))
-    }
-
-    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let millis = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
-        // A listing scans the table: ten store timeouts.
-        let listing = self.timeout.saturating_mul(10);
-        let keys: Vec<Vec<u8>> = on_connection(&self.connections, listing, async |connection| {
-            sqlx::query_scalar(self.sql.pending.clone())
-                .bind(millis)
-                .fetch_all(connection)
-                .await
-                .map_err(unavailable)
-        })
-        .await?;
-        keys.into_iter()
-            .map(|key| {
-                String::from_utf8(key)
-                    .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))
-            })
-            .collect()
-    }
-
-    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        self.store_response(key, None, response).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let forget = sqlx::query(self.sql.forget.clone()).bind(&*table_key(key));
-        let forgotten = self.execute(forget).await? > 0;
-        self.wake(key);
-        Ok(forgotten)
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use sqlx::SqlStr;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
 
-use super::{CLAIM_ATTEMPTS, MySqlStore, decode, found, millis, taking_over, unavailable};
+use super::claim::{decode, found, taking_over};
+use super::{CLAIM_ATTEMPTS, MySqlStore, millis, unavailable};
 use crate::fingerprint::Fingerprint;
 use crate::store::pooled::{
     Open, OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back, table_key,

@@ -30,6 +30,13 @@ use super::{
 };
 use crate::fingerprint::Fingerprint;
 
+mod open;
+mod operator;
+mod purge;
+
+use self::open::{busy_millis, present};
+pub use self::purge::PURGE_BATCH;
+
 /// A registry in one SQLite file: it survives restarts, and every process of the host that
 /// opens the same file shares it (SQLite's locking makes each claim atomic across them). No
 /// server to run: the SQLite library is built in (sqlx's bundled SQLite, so an application
@@ -86,20 +93,6 @@ pub struct SqliteStore {
     busy_timeout: Option<Arc<AtomicU64>>,
     retention_ms: i64,
     timeout: Duration,
-}
-
-/// Expired records [`SqliteStore::purge_expired`] deletes in one statement at most: a few
-/// milliseconds of the file's write lock.
-pub const PURGE_BATCH: u64 = 5_000;
-
-/// The longest pause between two batches of a purge.
-const MAX_PURGE_PAUSE: Duration = Duration::from_millis(50);
-
-/// The pause after a batch of a purge that took `batch`: four times as long, so that the
-/// purge holds the file's write lock a fifth of the time, within a millisecond and
-/// [`MAX_PURGE_PAUSE`].
-fn purge_pause(batch: Duration) -> Duration {
-    (batch * 4).clamp(Duration::from_millis(1), MAX_PURGE_PAUSE)
 }
 
 const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_over, expires_at, \
@@ -178,9 +171,6 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(retention_millis(duration)).unwrap_or(i64::MAX)
 }
 
-/// How long opening the file tries again while another process holds its lock.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// SQLite's primary result code of a failed statement, if it is one.
 fn sqlite_code(error: &sqlx::Error) -> Option<i64> {
     match error {
@@ -229,211 +219,7 @@ fn guarded(rows: u64) -> Result<(), StoreError> {
     }
 }
 
-/// Puts the file in WAL mode and creates the table and its index, each only if it is not
-/// done already (a file in use by other processes then takes no write lock to open).
-async fn prepare(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
-    // WAL lets readers go on while one process writes; a file system that cannot hold it
-    // keeps the rollback journal, still correct.
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&mut *connection)
-        .await?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        sqlx::query("PRAGMA journal_mode = WAL")
-            .execute(&mut *connection)
-            .await?;
-    }
-    if present(connection).await? < 2 {
-        connection.execute(SqliteStore::SCHEMA).await?;
-    }
-    Ok(())
-}
-
-/// How many of the table and its expiry index the file holds.
-async fn present(connection: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE (type = 'table' \
-         AND name = 'idempotency_records') OR (type = 'index' \
-         AND name = 'idempotency_records_expires_at')",
-    )
-    .fetch_one(connection)
-    .await
-}
-
-/// Checks the file holds a store's table, changing nothing: not a store's file is an
-/// `InvalidConfig` error.
-async fn existing(connection: &mut SqliteConnection) -> Result<(), StoreError> {
-    let tables: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-         AND name = 'idempotency_records'",
-    )
-    .fetch_one(connection)
-    .await
-    .map_err(unavailable)?;
-    if tables == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::with_source(
-            StoreErrorKind::InvalidConfig,
-            "the file holds no idempotency_records table: not a store's",
-        ))
-    }
-}
-
-/// `busy_timeout`'s milliseconds: SQLite takes an `i32`.
-fn busy_millis(timeout: Duration) -> u64 {
-    u64::try_from(timeout.as_millis()).map_or(i32::MAX as u64, |ms| ms.min(i32::MAX as u64))
-}
-
 impl SqliteStore {
-    /// The DDL of the store's table and its expiry index, for the migration tool you run
-    /// yourself: the file `migrations/sqlite/0001_idempotency_records.sql` shipped with the
-    /// crate, what [`open`](Self::open) and [`migrate`](Self::migrate) make.
-    ///
-    /// ```
-    /// # #[cfg(feature = "sqlite")] {
-    /// use tower_idempotency::store::SqliteStore;
-    ///
-    /// assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
-    /// # }
-    /// ```
-    pub const SCHEMA: &'static str =
-        include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
-
-    /// Opens (or creates) the store in the file at `path`, in WAL mode with
-    /// `synchronous = FULL`, and creates its table if it is missing. The store's own pool
-    /// holds one connection: this process's calls take their turns on it, in order, and the
-    /// processes of the host take turns at the file's write lock.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] if the file cannot be opened; a [`StoreError`] if it
-    /// cannot be read or written.
-    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::new()
-            .filename(path.as_ref())
-            .create_if_missing(true);
-        Self::connect_with(options).await
-    }
-
-    /// [`open`](Self::open) by URL: `sqlite://path/to/file.db` (`sqlite:` and sqlx's query
-    /// parameters as [`SqliteConnectOptions`] reads them); the file is made if missing.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] for a URL sqlx refuses; otherwise as
-    /// [`open`](Self::open).
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-    /// let store = tower_idempotency::store::SqliteStore::connect("sqlite://keys.db").await?;
-    /// # drop(store); Ok(()) }
-    /// ```
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::with_source(StoreErrorKind::InvalidConfig, e))?
-            .create_if_missing(true);
-        Self::connect_with(options).await
-    }
-
-    /// [`open`](Self::open) with sqlx's connect options, as they are but for
-    /// `synchronous = FULL`, the store's `busy_timeout` and WAL mode: the file is put in WAL
-    /// mode, and its table made if missing.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](Self::open).
-    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
-        Self::open_with(options, true).await
-    }
-
-    /// Opens the store in the existing file at `path` as it is: its journal mode unchanged,
-    /// nothing created. For a tool that looks at a file another process made (the operator's
-    /// `idempotency_keys`), which may not be a store's at all.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreErrorKind::InvalidConfig`] if the file is missing or holds no store's table; a
-    /// [`StoreError`] if it cannot be read.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-    /// let store = tower_idempotency::store::SqliteStore::open_existing("/var/lib/app/keys.db").await?;
-    /// # drop(store); Ok(()) }
-    /// ```
-    pub async fn open_existing(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref();
-        if !path.is_file() {
-            return Err(StoreError::with_source(
-                StoreErrorKind::InvalidConfig,
-                format!("{}: no such file", path.display()),
-            ));
-        }
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(false);
-        Self::open_with(options, false).await
-    }
-
-    async fn open_with(
-        options: SqliteConnectOptions,
-        prepare_file: bool,
-    ) -> Result<Self, StoreError> {
-        let options = options
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(DEFAULT_TIMEOUT)
-            .thread_name(|id| format!("tower-idempotency-sqlite-{id}"));
-        // The file is prepared on a connection of its own, closed after: the pool's own are
-        // made on first use, with the timeout set by then.
-        let mut connection = SqliteConnection::connect_with(&options)
-            .await
-            .map_err(not_opened)?;
-        let prepared = if prepare_file {
-            // Another process's writes may hold the file's lock, and SQLite answers "busy" at
-            // once in some of those cases: opening tries again for a while, since a store
-            // that fails to open fails its server.
-            let started = std::time::Instant::now();
-            loop {
-                match prepare(&mut connection).await {
-                    Err(error) if busy(&error) && started.elapsed() < OPEN_TIMEOUT => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    other => break other.map_err(unavailable),
-                }
-            }
-        } else {
-            existing(&mut connection).await
-        };
-        drop(connection.close().await);
-        prepared?;
-        let busy_timeout = Arc::new(AtomicU64::new(busy_millis(DEFAULT_TIMEOUT)));
-        // The writes on one connection: this process's writes in order, without polling each
-        // other for the write lock. The reads on a few more, beside it (WAL). No ping before
-        // each use (a round trip more on every call), and no acquire timeout of the pool's own
-        // beyond sqlx's: each call is bounded by the store's timeout, which may be set after
-        // the open.
-        let pool = |connections: u32| {
-            let for_new_connections = Arc::clone(&busy_timeout);
-            SqlitePoolOptions::new()
-                .max_connections(connections)
-                .test_before_acquire(false)
-                .after_connect(move |connection, _| {
-                    let millis = for_new_connections.load(Ordering::Relaxed);
-                    Box::pin(async move {
-                        connection
-                            .execute(AssertSqlSafe(format!("PRAGMA busy_timeout = {millis}")))
-                            .await
-                            .map(drop)
-                    })
-                })
-                .connect_lazy_with(options.clone())
-        };
-        Ok(Self {
-            reads: Connections::new(pool(READERS)),
-            busy_timeout: Some(Arc::clone(&busy_timeout)),
-            ..Self::new(pool(1))
-        })
-    }
-
     /// A store on the application's own pool, as it is: it shares the pool's connections and
     /// changes none of their settings (see [On the application's pool](Self#on-the-applications-pool)).
     /// Make the table with [`migrate`](Self::migrate), or with your migrations from
@@ -607,54 +393,6 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-/// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
-/// well within the store's timeout, until none is left. So it finishes at any backlog, and
-/// the claims of every process of the host take their turns at the file's write lock
-/// between its batches. One process of the host purging is enough.
-///
-/// ```no_run
-/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-/// use std::time::Duration;
-/// use tower_idempotency::store::{SqliteStore, Purge};
-///
-/// let store = SqliteStore::open("idempotency.db").await?;
-/// store.migrate().await?;
-/// let purger = store.purge_every(Duration::from_secs(3600))?;
-/// // … serve; the purger stops when dropped.
-/// # drop(purger);
-/// # Ok(()) }
-/// ```
-impl Purge for SqliteStore {
-    async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
-        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
-        loop {
-            let started = std::time::Instant::now();
-            let deleted = self
-                .call(async |connection| {
-                    sqlx::query(
-                        "DELETE FROM idempotency_records WHERE key IN (SELECT key \
-                         FROM idempotency_records WHERE expires_at <= ?1 \
-                         ORDER BY expires_at LIMIT ?2)",
-                    )
-                    .bind(now_millis())
-                    .bind(batch)
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-                })
-                .await?;
-            *purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(());
-            }
-            // SQLite's write lock is not fair: a writer of another process polls for it
-            // (busy_timeout) and would miss it if the next batch took it at once. A pause of
-            // four times the batch keeps the purge to a fifth of the lock's time.
-            tokio::time::sleep(purge_pause(started.elapsed())).await;
-        }
-    }
-}
-
 impl Store for SqliteStore {
     async fn claim_with(
         &self,
@@ -768,70 +506,9 @@ impl Store for SqliteStore {
     }
 }
 
-impl Operator for SqliteStore {
-    async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let row = self
-            .look(async |connection| read(connection, key).await)
-            .await?;
-        let Some((fingerprint, _, response, lease_until, _, _, changed_at)) = row else {
-            return Ok(None);
-        };
-        let now = now_millis();
-        let fingerprint = Fingerprint::parse(&fingerprint)
-            .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
-        let age = u64::try_from(now.saturating_sub(changed_at))
-            .ok()
-            .map(Duration::from_millis);
-        Ok(Some(match response {
-            Some(response) => RecordInfo::completed(
-                fingerprint,
-                age,
-                codec::decode(Bytes::from(response))?.status(),
-            ),
-            None => RecordInfo::pending(
-                fingerprint,
-                age,
-                lease_until.is_some_and(|until| until <= now),
-            ),
-        }))
-    }
-
-    async fn pending_older_than(&self, age: Duration) -> Result<Vec<String>, StoreError> {
-        let age = i64::try_from(age.min(super::MAX_RETENTION).as_millis()).unwrap_or(i64::MAX);
-        let before = now_millis().saturating_sub(age);
-        self.look(async |connection| {
-            sqlx::query_scalar(
-                "SELECT key FROM idempotency_records WHERE token IS NOT NULL \
-                 AND changed_at <= ?1 ORDER BY key",
-            )
-            .bind(before)
-            .fetch_all(connection)
-            .await
-        })
-        .await
-    }
-
-    async fn resolve(&self, key: &str, response: &StoredResponse) -> Result<(), StoreError> {
-        self.store_response(key, None, response).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let rows = self
-            .call(async |connection| {
-                sqlx::query("DELETE FROM idempotency_records WHERE key = ?1")
-                    .bind(key)
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-            })
-            .await?;
-        self.wake(key);
-        Ok(rows > 0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::purge::{MAX_PURGE_PAUSE, purge_pause};
     use super::*;
 
     /// A purge pauses four times its batch between batches, within a millisecond and the cap.

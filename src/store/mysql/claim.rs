@@ -1,0 +1,121 @@
+//! The claim: the insert, the read of a record the key has, the decision on it and the
+//! take-over it may call for.
+
+use super::*;
+
+impl MySqlStore {
+    /// The claim on `connection`: the insert, and for a key with a record its read and maybe
+    /// a take-over, each a statement.
+    pub(super) async fn claim_on(
+        &self,
+        connection: &mut MySqlConnection,
+        key: &str,
+        fingerprint: &str,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<Claim, StoreError> {
+        let token = reservation.as_u128().to_be_bytes();
+        let lease_ms = millis(lease.duration());
+        let take_over = lease.takes_over();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let inserted = sqlx::query(self.sql.insert.clone())
+                .bind(key)
+                .bind(fingerprint)
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(take_over)
+                .execute(&mut *connection)
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
+            if inserted == 1 {
+                return Ok(Claim::New(reservation));
+            }
+            let Some(row) = sqlx::query(self.sql.read.clone())
+                .bind(key)
+                .fetch_optional(&mut *connection)
+                .await
+                .map_err(unavailable)?
+            else {
+                // Released or forgotten in between: insert again.
+                continue;
+            };
+            let decision = decide(Some(found(&row, &token, fingerprint)?), lease);
+            let Some(taking) = taking_over(&self.sql, &decision, key, fingerprint, &token, lease)
+            else {
+                match decision.answer(reservation, decode) {
+                    Some(answer) => return answer,
+                    None => continue,
+                }
+            };
+            let taken = taking.execute(&mut *connection).await;
+            if taken.map_err(unavailable)?.rows_affected() == 1 {
+                return Ok(Claim::New(reservation));
+            }
+        }
+        Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+}
+
+/// The take-over statement the claim's decision calls for, bound: the caller's reservation
+/// written over the record; `None` for an answer.
+pub(super) fn taking_over<'q, R>(
+    sql: &Sql,
+    decision: &Decision<R>,
+    key: &'q str,
+    fingerprint: &'q str,
+    token: &'q [u8; 16],
+    lease: Lease,
+) -> Option<Query<'q>> {
+    let lease_ms = millis(lease.duration());
+    match decision {
+        // A record was read: the completed one past its retention, absent, written over.
+        Decision::Reserve => Some(
+            sqlx::query(sql.take_over.clone())
+                .bind(fingerprint)
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(lease.takes_over())
+                .bind(key),
+        ),
+        Decision::TakeOver => Some(
+            sqlx::query(sql.take_over_abandoned.clone())
+                .bind(&token[..])
+                .bind(lease_ms)
+                .bind(lease.takes_over())
+                .bind(key)
+                .bind(fingerprint),
+        ),
+        _ => None,
+    }
+}
+
+/// A stored response read back.
+pub(super) fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
+    codec::decode(Bytes::copy_from_slice(response))
+}
+
+/// What a claim's read of the record says: its token, fingerprint and response, whether it
+/// expired, and whether it was abandoned.
+pub(super) fn found<'r>(
+    row: &'r MySqlRow,
+    token: &[u8; 16],
+    fingerprint: &str,
+) -> Result<Found<&'r [u8]>, StoreError> {
+    let stored_token: Option<&[u8]> = row.try_get(0).map_err(corrupt)?;
+    let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
+    let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
+    let same_fingerprint = stored_fingerprint == fingerprint.as_bytes();
+    Ok(match response {
+        Some(response) => Found::Completed {
+            same_fingerprint,
+            expired: row.try_get::<i64, _>(3).map_err(corrupt)? != 0,
+            response,
+        },
+        None => Found::Pending {
+            same_fingerprint,
+            mine: stored_token == Some(&token[..]),
+            abandoned: row.try_get::<i64, _>(4).map_err(corrupt)? != 0,
+        },
+    })
+}
