@@ -3,7 +3,8 @@
 //! differs: the problem details (the `problem` module) take every row as it is, the label
 //! contract and gRPC change a few (each says which, and why, where it does).
 //!
-//! A new refusal is a variant of [`Rejection`] and a row here; the formats follow.
+//! A new refusal is a variant of [`Rejection`] and a row here; the problem details follow,
+//! and the label contract and gRPC answer the row too unless their `match` says otherwise.
 
 use http::StatusCode;
 

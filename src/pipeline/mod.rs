@@ -15,6 +15,11 @@
 //! Steps 4 (unless the claim was answered at once) to 8 are the decision, [`Validated::run`].
 //!
 //! Nothing refused before step 4 touches the store, admission or the inner service.
+//!
+//! Steps that take the request's pieces by value ([`Validated::run`], [`finish`], [`create`],
+//! [`collect`]) are plain functions that return their future, not `async fn`s: an `async fn`
+//! keeps its arguments in its state beside the values it moves out of them, so each piece
+//! would be held twice, in the one allocation a request that creates makes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -213,11 +218,8 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
     /// Steps 4 (unless the claim was made at once) to 8: claim, admit,
     /// create, complete, and only then reply.
     ///
-    /// A plain function returning the decision, not an `async fn`: the request's pieces are
-    /// the decision's own captures, each held once (an `async fn` would hold its argument and
-    /// a copy of every piece taken out of it), and what the create takes is taken from its
-    /// place when the create starts. The decision is the one allocation of a request that
-    /// goes on to create, so its size is what every such request allocates and moves.
+    /// The request's pieces are the decision's own captures, each held once (see the module),
+    /// and what the create takes is taken from its place when the create starts.
     pub(crate) fn run<ReqBody, ResBody>(
         self,
         first: First,
@@ -335,9 +337,8 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
 
 /// Step 8, or what follows a create that ended without a response to store: complete and
 /// reply, or settle the reservation (release or abandon it) and reply. One await either way,
-/// with the create's answer held in one place while it runs: a plain function returning the
-/// future, not an `async fn`, which would hold its argument twice.
-#[allow(clippy::manual_async_fn)] // see above: an `async fn` would hold `created` twice
+/// with the create's answer held in one place while it runs.
+#[allow(clippy::manual_async_fn)] // an `async fn` would hold `created` twice (see the module)
 fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
     created: Created<P, B>,
     store: &'a St,
@@ -507,9 +508,6 @@ async fn admit<T, A: Admission<T>>(admission: &A, value: &T) -> Result<A::Permit
 /// Step 6: the create. The inner service gets the body bytes and the
 /// operation's value in the extensions (if `with_value`). A panic in its `call` or its future
 /// is caught once and is a failed create (`None`): the create may have run.
-///
-/// A plain function returning the future, not an `async fn`, so that the request's parts are
-/// not kept in the future's state beside the call they went into.
 fn create<S, ReqBody, ResBody, T>(
     input: CreateInput<S, T>,
     with_value: bool,

@@ -39,10 +39,8 @@ pub(super) fn keep<ResBody, E>(
     }
 }
 
-/// Step 7b: the created response read whole (up to the cap) into what the store keeps.
-///
-/// A future of its own, not an `async fn`: the body is read where it is, not moved out of the
-/// function's captures into a second place.
+/// Step 7b: the created response read whole (up to the cap) into what the store keeps, in a
+/// future of its own (see the pipeline's module).
 pub(super) fn collect<ResBody: Body<Data = Bytes>, O>(
     response: Response<ResBody>,
     settings: &Settings<O>,

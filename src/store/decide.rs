@@ -22,7 +22,9 @@ pub enum Found<R> {
         /// Pending under the claim's own reservation: the claim is a retry of one whose
         /// answer was lost.
         mine: bool,
-        /// Its lease lapsed, and its claimer allowed a take-over ([`Lease::takes_over`]).
+        /// Its lease lapsed, and its claimer allowed a take-over ([`Lease::takes_over`]). A
+        /// store may leave it `false` when the claim does not ask to take over, to spare a
+        /// read of its clock: the decision is the same.
         abandoned: bool,
     },
     /// Completed with a response.
@@ -36,16 +38,30 @@ pub enum Found<R> {
     },
 }
 
-/// What a claim does, as [`decide`] says.
+/// What a claim does, as [`decide`] says: write its reservation, or answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision<R> {
-    /// Write a new pending record under the claim's reservation and lease: there was no
-    /// record, or a completed one past its retention (written over). Then [`Claim::New`].
+    /// Write the claim's reservation and lease, then answer [`Claim::New`].
+    Write(Write),
+    /// Answer without writing.
+    Answer(Answer<R>),
+}
+
+/// The write a claim makes before it answers [`Claim::New`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// A new pending record: there was no record, or a completed one past its retention
+    /// (written over).
     Reserve,
-    /// Write the claim's reservation and lease over the abandoned pending record, keeping its
-    /// fingerprint. Then [`Claim::New`].
+    /// The claim's reservation and lease over the abandoned pending record, keeping its
+    /// fingerprint.
     TakeOver,
-    /// The key is pending under the claim's reservation already: [`Claim::New`], no write.
+}
+
+/// A claim's answer when it writes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer<R> {
+    /// The key is pending under the claim's reservation already: [`Claim::New`].
     Mine,
     /// Another fingerprint holds the key: [`Claim::Conflict`].
     Conflict,
@@ -62,16 +78,19 @@ pub enum Decision<R> {
 /// take-over when both the record's claimer and this claim allow it, and otherwise pending.
 ///
 /// ```
-/// use tower_idempotency::store::{decide, Decision, Found, Lease};
+/// use tower_idempotency::store::{Answer, Decision, Found, Lease, Write, decide};
 ///
 /// let pending = Found::<()>::Pending { same_fingerprint: true, mine: false, abandoned: true };
-/// assert_eq!(decide(Some(pending.clone()), Lease::default()), Decision::Pending);
-/// assert_eq!(decide(Some(pending), Lease::default().take_over_abandoned()), Decision::TakeOver);
-/// assert_eq!(decide::<()>(None, Lease::default()), Decision::Reserve);
+/// assert_eq!(decide(Some(pending.clone()), Lease::default()), Decision::Answer(Answer::Pending));
+/// let taking = Lease::default().take_over_abandoned();
+/// assert_eq!(decide(Some(pending), taking), Decision::Write(Write::TakeOver));
+/// assert_eq!(decide::<()>(None, Lease::default()), Decision::Write(Write::Reserve));
 /// ```
 pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
-    match found {
-        None | Some(Found::Completed { expired: true, .. }) => Decision::Reserve,
+    let answer = match found {
+        None | Some(Found::Completed { expired: true, .. }) => {
+            return Decision::Write(Write::Reserve);
+        }
         Some(
             Found::Pending {
                 same_fingerprint: false,
@@ -81,42 +100,37 @@ pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
                 same_fingerprint: false,
                 ..
             },
-        ) => Decision::Conflict,
-        Some(Found::Pending { mine: true, .. }) => Decision::Mine,
-        Some(Found::Completed { response, .. }) => Decision::Replay(response),
+        ) => Answer::Conflict,
+        Some(Found::Pending { mine: true, .. }) => Answer::Mine,
+        Some(Found::Completed { response, .. }) => Answer::Replay(response),
         Some(Found::Pending {
             abandoned: true, ..
-        }) if lease.takes_over() => Decision::TakeOver,
-        Some(Found::Pending { .. }) => Decision::Pending,
-    }
+        }) if lease.takes_over() => return Decision::Write(Write::TakeOver),
+        Some(Found::Pending { .. }) => Answer::Pending,
+    };
+    Decision::Answer(answer)
 }
 
-impl<R> Decision<R> {
-    /// The claim's answer when the decision writes nothing (`None` for [`Reserve`] and
-    /// [`TakeOver`]): `reservation` for [`Mine`], the response read with `decode` for a
-    /// replay.
-    ///
-    /// [`Reserve`]: Decision::Reserve
-    /// [`TakeOver`]: Decision::TakeOver
-    /// [`Mine`]: Decision::Mine
+impl<R> Answer<R> {
+    /// The claim's answer: `reservation` for [`Mine`](Answer::Mine), the response read with
+    /// `decode` for a replay.
     ///
     /// ```
-    /// use tower_idempotency::store::{Claim, Decision, Reservation, StoredResponse};
+    /// use tower_idempotency::store::{Answer, Claim, Reservation, StoredResponse};
     ///
-    /// let mine = Decision::<bytes::Bytes>::Mine.answer(Reservation::generate(), StoredResponse::from_bytes);
-    /// assert!(matches!(mine, Some(Ok(Claim::New(_)))));
+    /// let mine = Answer::<bytes::Bytes>::Mine.claim(Reservation::generate(), StoredResponse::from_bytes);
+    /// assert!(matches!(mine, Ok(Claim::New(_))));
     /// ```
-    pub fn answer(
+    pub fn claim(
         self,
         reservation: Reservation,
         decode: impl FnOnce(R) -> Result<StoredResponse, StoreError>,
-    ) -> Option<Result<Claim, StoreError>> {
+    ) -> Result<Claim, StoreError> {
         match self {
-            Self::Reserve | Self::TakeOver => None,
-            Self::Mine => Some(Ok(Claim::New(reservation))),
-            Self::Conflict => Some(Ok(Claim::Conflict)),
-            Self::Pending => Some(Ok(Claim::Pending)),
-            Self::Replay(response) => Some(decode(response).map(Claim::Replay)),
+            Self::Mine => Ok(Claim::New(reservation)),
+            Self::Conflict => Ok(Claim::Conflict),
+            Self::Pending => Ok(Claim::Pending),
+            Self::Replay(response) => decode(response).map(Claim::Replay),
         }
     }
 }
@@ -141,64 +155,79 @@ mod tests {
         })
     }
 
+    const RESERVE: Decision<u8> = Decision::Write(Write::Reserve);
+
+    fn answer(answer: Answer<u8>) -> Decision<u8> {
+        Decision::Answer(answer)
+    }
+
     #[test]
     fn every_record_decides_as_the_store_guide_says() {
         let plain = Lease::default();
         let taking = Lease::default().take_over_abandoned();
         for lease in [plain, taking] {
-            assert_eq!(decide::<u8>(None, lease), Decision::Reserve);
+            assert_eq!(decide::<u8>(None, lease), RESERVE);
             // Expired counts as absent, even under another fingerprint.
-            assert_eq!(decide(completed(false, true), lease), Decision::Reserve);
-            assert_eq!(decide(completed(true, true), lease), Decision::Reserve);
+            assert_eq!(decide(completed(false, true), lease), RESERVE);
+            assert_eq!(decide(completed(true, true), lease), RESERVE);
             // The fingerprint first, whatever the state.
-            assert_eq!(decide(completed(false, false), lease), Decision::Conflict);
+            assert_eq!(
+                decide(completed(false, false), lease),
+                answer(Answer::Conflict)
+            );
             for mine in [false, true] {
                 for abandoned in [false, true] {
                     assert_eq!(
                         decide(pending(false, mine, abandoned), lease),
-                        Decision::Conflict
+                        answer(Answer::Conflict)
                     );
                 }
-                assert_eq!(decide(pending(true, true, mine), lease), Decision::Mine);
             }
-            assert_eq!(decide(completed(true, false), lease), Decision::Replay(7));
+            for abandoned in [false, true] {
+                assert_eq!(
+                    decide(pending(true, true, abandoned), lease),
+                    answer(Answer::Mine)
+                );
+            }
+            assert_eq!(
+                decide(completed(true, false), lease),
+                answer(Answer::Replay(7))
+            );
             assert_eq!(
                 decide(pending(true, false, false), lease),
-                Decision::Pending
+                answer(Answer::Pending)
             );
         }
         assert_eq!(
             decide(pending(true, false, true), plain),
-            Decision::Pending,
+            answer(Answer::Pending),
             "a take-over only when the claim asks"
         );
         assert_eq!(
             decide(pending(true, false, true), taking),
-            Decision::TakeOver
+            Decision::Write(Write::TakeOver)
         );
     }
 
     #[test]
-    fn only_decisions_without_a_write_answer() {
+    fn each_answer_is_its_claim() {
         let reservation = Reservation::generate();
         let decode = |_: u8| Err(StoreError::new(super::super::StoreErrorKind::Corrupt));
-        assert!(Decision::Reserve.answer(reservation, decode).is_none());
-        assert!(Decision::TakeOver.answer(reservation, decode).is_none());
         assert!(matches!(
-            Decision::Mine.answer(reservation, decode),
-            Some(Ok(Claim::New(r))) if r == reservation
+            Answer::Mine.claim(reservation, decode),
+            Ok(Claim::New(r)) if r == reservation
         ));
         assert!(matches!(
-            Decision::Conflict.answer(reservation, decode),
-            Some(Ok(Claim::Conflict))
+            Answer::Conflict.claim(reservation, decode),
+            Ok(Claim::Conflict)
         ));
         assert!(matches!(
-            Decision::Pending.answer(reservation, decode),
-            Some(Ok(Claim::Pending))
+            Answer::Pending.claim(reservation, decode),
+            Ok(Claim::Pending)
         ));
         assert!(matches!(
-            Decision::Replay(7).answer(reservation, decode),
-            Some(Err(e)) if e.kind() == super::super::StoreErrorKind::Corrupt
+            Answer::Replay(7).claim(reservation, decode),
+            Err(e) if e.kind() == super::super::StoreErrorKind::Corrupt
         ));
     }
 }

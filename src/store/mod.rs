@@ -101,7 +101,7 @@ mod response;
 pub mod sqlite;
 mod waiting;
 
-pub use self::decide::{Decision, Found, decide};
+pub use self::decide::{Answer, Decision, Found, Write, decide};
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::operator::{Operator, RecordInfo, RecordState};
 pub use self::purge::{Purge, Purger};

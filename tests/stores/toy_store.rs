@@ -120,13 +120,13 @@ impl Store for ToyStore {
                 },
             }
         });
-        let decision = decide(found, lease);
-        if let Decision::Reserve | Decision::TakeOver = decision {
-            records.insert(key.to_owned(), fresh);
+        match decide(found, lease) {
+            Decision::Write(_) => {
+                records.insert(key.to_owned(), fresh);
+                Ok(Claim::New(reservation))
+            }
+            Decision::Answer(answer) => answer.claim(reservation, StoredResponse::from_bytes),
         }
-        decision
-            .answer(reservation, StoredResponse::from_bytes)
-            .unwrap_or(Ok(Claim::New(reservation)))
     }
 
     async fn renew(

@@ -171,26 +171,13 @@ impl MemoryStoreBuilder {
     /// expiry queues are sized alike. A store not sized grows its tables as they fill
     /// (amortised, as a `HashMap`'s do).
     ///
-    /// The room is spread over the shards with a margin for keys that do not spread evenly
-    /// (six standard deviations of a shard's share), so a store sized for `records` holds that
-    /// many without growing a table, but for about one store in ten million. Each table is
-    /// given twice that room, because records come and go: a record removed (expired,
-    /// forgotten, or released after a refused admission) leaves its slot marked deleted when
-    /// its neighbours are full, a table whose free slots are all used up so is rehashed, and
-    /// a table more than half full grows to twice its size instead. At most half full, a
-    /// table never grows: it keeps most removed records' slots free, and is rehashed in place
-    /// (every record of its shard moved, under its lock) only when the few marked deleted
-    /// have used up its free slots, after churn of many times what it holds, as a store not
-    /// sized is once it has grown to the same size. (An expiry queue also keeps the entries
-    /// of records forgotten, or expired and claimed again, until the sweep passes them:
-    /// under such churn a queue may still grow.) It is memory held from the start, whether
-    /// the records come or not: a table's slot is 121 bytes, and a table of twice the room
-    /// rounds its slots up to a power of two (240 to 480 bytes a record of room, about what
-    /// a store not sized reaches under churn; a small store's room is mostly its margin, and
-    /// `reserve(1)` takes about 500 KB); a queue's entry is 16 bytes more. The first
-    /// write to each page of it faults the page in, so the first claims into a sized store
-    /// are a little slower, and none waits for a table to grow (`cargo bench --bench
-    /// claim_tail`).
+    /// The room is spread over the shards with a margin for keys that do not spread evenly,
+    /// and each table is given twice it, so that records coming and going leave it at most
+    /// half full: a store sized for `records` holds that many without growing a table. It
+    /// is memory held from the start, whether the records come or not: 240 to 480 bytes a
+    /// record of room, and 16 more with a retention window. BENCHMARKS.md ("A memory store
+    /// sized up front") has how the room is made and what it saves (`cargo bench --bench
+    /// claim_tail`). A later call sets another number in place of this one.
     ///
     /// [`build`](Self::build) panics if the room cannot be had (more than the address space
     /// holds, or memory the allocator refuses), with a message that says so, as a

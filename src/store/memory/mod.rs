@@ -20,7 +20,7 @@ use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    Claim, Decision, Found, Lease, Purge, Reservation, Store, StoreError, StoreErrorKind,
+    Answer, Claim, Decision, Found, Lease, Purge, Reservation, Store, StoreError, StoreErrorKind,
     StoredResponse, decide,
 };
 use crate::fingerprint::Fingerprint;
@@ -222,16 +222,16 @@ impl MemoryStore {
             },
         };
         let stored = match decide(Some(found), lease) {
-            Decision::Reserve | Decision::TakeOver => {
+            Decision::Write(_) => {
                 let before = record.bytes();
                 record.reclaim(fingerprint, reservation, now(), lease);
                 self.resize(before, record.bytes());
                 return Ok(Claim::New(reservation));
             }
-            Decision::Replay(()) => record.response().unwrap_or_default(),
-            Decision::Mine => return Ok(Claim::New(reservation)),
-            Decision::Conflict => return Ok(Claim::Conflict),
-            Decision::Pending => return Ok(Claim::Pending),
+            Decision::Answer(Answer::Replay(())) => record.response().unwrap_or_default(),
+            Decision::Answer(Answer::Mine) => return Ok(Claim::New(reservation)),
+            Decision::Answer(Answer::Conflict) => return Ok(Claim::Conflict),
+            Decision::Answer(Answer::Pending) => return Ok(Claim::Pending),
         };
         drop(shard);
         // Decoded outside the lock: the shard waits for nobody's header map.

@@ -2,6 +2,7 @@
 //! take-over it may call for.
 
 use super::*;
+use crate::store::Write;
 
 impl MySqlStore {
     /// The claim on `connection`: the insert, and for a key with a record its read and maybe
@@ -40,14 +41,11 @@ impl MySqlStore {
                 // Released or forgotten in between: insert again.
                 continue;
             };
-            let decision = decide(Some(found(&row, &token, fingerprint)?), lease);
-            let Some(taking) = taking_over(&self.sql, &decision, key, fingerprint, &token, lease)
-            else {
-                match decision.answer(reservation, decode) {
-                    Some(answer) => return answer,
-                    None => continue,
-                }
+            let write = match decide(Some(found(&row, &token, fingerprint)?), lease) {
+                Decision::Answer(answer) => return answer.claim(reservation, decode),
+                Decision::Write(write) => write,
             };
+            let taking = taking_over(&self.sql, write, key, fingerprint, &token, lease);
             let taken = taking.execute(&mut *connection).await;
             if taken.map_err(unavailable)?.rows_affected() == 1 {
                 return Ok(Claim::New(reservation));
@@ -57,36 +55,31 @@ impl MySqlStore {
     }
 }
 
-/// The take-over statement the claim's decision calls for, bound: the caller's reservation
-/// written over the record; `None` for an answer.
-pub(super) fn taking_over<'q, R>(
+/// The take-over statement the claim's write calls for, bound: the caller's reservation
+/// written over the record it read.
+pub(super) fn taking_over<'q>(
     sql: &Sql,
-    decision: &Decision<R>,
+    write: Write,
     key: &'q str,
     fingerprint: &'q str,
     token: &'q [u8; 16],
     lease: Lease,
-) -> Option<Query<'q>> {
+) -> Query<'q> {
     let lease_ms = millis(lease.duration());
-    match decision {
+    match write {
         // A record was read: the completed one past its retention, absent, written over.
-        Decision::Reserve => Some(
-            sqlx::query(sql.take_over.clone())
-                .bind(fingerprint)
-                .bind(&token[..])
-                .bind(lease_ms)
-                .bind(lease.takes_over())
-                .bind(key),
-        ),
-        Decision::TakeOver => Some(
-            sqlx::query(sql.take_over_abandoned.clone())
-                .bind(&token[..])
-                .bind(lease_ms)
-                .bind(lease.takes_over())
-                .bind(key)
-                .bind(fingerprint),
-        ),
-        _ => None,
+        Write::Reserve => sqlx::query(sql.take_over.clone())
+            .bind(fingerprint)
+            .bind(&token[..])
+            .bind(lease_ms)
+            .bind(lease.takes_over())
+            .bind(key),
+        Write::TakeOver => sqlx::query(sql.take_over_abandoned.clone())
+            .bind(&token[..])
+            .bind(lease_ms)
+            .bind(lease.takes_over())
+            .bind(key)
+            .bind(fingerprint),
     }
 }
 

@@ -15,7 +15,7 @@ use crate::store::pooled::{
     Open, OpenTransactions, SqlTransaction, SqlTransactionConnection, roll_back, table_key,
 };
 use crate::store::{
-    CHANGE_POLL_INTERVAL, Claim, Decision, Lease, Operator, RecordInfo, Reservation, Store,
+    Answer, CHANGE_POLL_INTERVAL, Claim, Decision, Lease, Operator, RecordInfo, Reservation, Store,
     StoreError, StoreErrorKind, StoredResponse, codec, decide, within,
 };
 
@@ -166,8 +166,8 @@ fn committed(row: Option<MySqlRow>, fingerprint: &str) -> Result<Claim, StoreErr
         .transpose()?;
     // No token is the caller's, and no take-over while another transaction holds the key.
     match decide(found, Lease::default()) {
-        Decision::Conflict => Ok(Claim::Conflict),
-        Decision::Replay(response) => decode(response).map(Claim::Replay),
+        Decision::Answer(Answer::Conflict) => Ok(Claim::Conflict),
+        Decision::Answer(Answer::Replay(response)) => decode(response).map(Claim::Replay),
         _ => Ok(Claim::Pending),
     }
 }
@@ -237,7 +237,7 @@ impl TransactionalMySqlStore {
                 }
                 Err(error) => return Err(unavailable(error)),
             };
-            let decision = match &row {
+            let write = match &row {
                 None => {
                     let inserted = sqlx::query(insert.clone())
                         .bind(key)
@@ -258,16 +258,13 @@ impl TransactionalMySqlStore {
                         Err(error) => return Err(unavailable(error)),
                     }
                 }
-                Some(row) => decide(Some(found(row, &token, fingerprint)?), lease),
+                Some(row) => match decide(Some(found(row, &token, fingerprint)?), lease) {
+                    Decision::Answer(answer) => return answer.claim(reservation, decode),
+                    Decision::Write(write) => write,
+                },
             };
             // The record is this transaction's (its row lock): a take-over changes it.
-            let Some(taking) = taking_over(sql, &decision, key, fingerprint, &token, lease) else {
-                match decision.answer(reservation, decode) {
-                    Some(answer) => return answer,
-                    None => continue,
-                }
-            };
-            let taken = taking
+            let taken = taking_over(sql, write, key, fingerprint, &token, lease)
                 .execute(&mut *connection)
                 .await
                 .map_err(unavailable)?;

@@ -1,6 +1,7 @@
 //! The claim: its statement's passes, the record each found, and the decision on it.
 
 use super::*;
+use crate::store::{Answer, Write};
 
 /// What one pass of a claim found, from the row its statement returned.
 pub(super) enum Pass {
@@ -105,14 +106,13 @@ impl PostgresStore {
         };
         Ok(match decide(Some(found), lease) {
             // Past its retention: absent, to be written over.
-            Decision::Reserve => Pass::TakeOver(self.sql.take_over.clone()),
-            Decision::TakeOver => Pass::TakeOver(self.sql.take_over_abandoned.clone()),
-            decision => {
+            Decision::Write(Write::Reserve) => Pass::TakeOver(self.sql.take_over.clone()),
+            Decision::Write(Write::TakeOver) => {
+                Pass::TakeOver(self.sql.take_over_abandoned.clone())
+            }
+            Decision::Answer(answer) => {
                 let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
-                match decision.answer(reservation, decode) {
-                    Some(answer) => Pass::Answer(answer?),
-                    None => Pass::Again,
-                }
+                Pass::Answer(answer.claim(reservation, decode)?)
             }
         })
     }
@@ -161,8 +161,8 @@ fn committed(row: &PgRow, fingerprint: &str) -> Result<Claim, StoreError> {
     // No token is the caller's, and no take-over while another transaction holds the key.
     let found = found(row, 1, &[0; 16], fingerprint)?;
     match decide(found, Lease::default()) {
-        Decision::Conflict => Ok(Claim::Conflict),
-        Decision::Replay(response) => decode(response).map(Claim::Replay),
+        Decision::Answer(Answer::Conflict) => Ok(Claim::Conflict),
+        Decision::Answer(Answer::Replay(response)) => decode(response).map(Claim::Replay),
         _ => Ok(Claim::Pending),
     }
 }

@@ -25,8 +25,9 @@ use super::codec;
 use super::pooled::{Connections, on_connection};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
-    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Found, Lease, Operator, RecordInfo, Reservation,
-    Store, StoreError, StoreErrorKind, StoredResponse, decide, retention_millis, within,
+    CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, Operator, RecordInfo,
+    Reservation, Store, StoreError, StoreErrorKind, StoredResponse, decide, retention_millis,
+    within,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -414,10 +415,9 @@ impl Store for SqliteStore {
                     .await?;
                 let now = now_millis();
                 let decision = decide(found(row, now, fingerprint, &token), lease);
-                if let Some(answer) =
-                    decision.answer(reservation, |response| codec::decode(Bytes::from(response)))
-                {
-                    return answer;
+                if let Decision::Answer(answer) = decision {
+                    let decode = |response: Vec<u8>| codec::decode(Bytes::from(response));
+                    return answer.claim(reservation, decode);
                 }
                 // Absent, expired or to be taken over: written in one statement that checks
                 // the same again under the file's write lock, and the caller's deadline.
