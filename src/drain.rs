@@ -1,19 +1,19 @@
 //! [`Drain`]: a graceful shutdown that strands no key. The creates in flight run to their
 //! complete; nothing new is claimed meanwhile.
 //!
-//! A server that stops while creates run (a deploy's `SIGTERM`) would leave each of their keys
-//! pending until its lease lapses or an operator acts, and every retry meanwhile would get
-//! `409`. With a drain on the layer, on the signal a server closes the drain
-//! ([`Drain::close`]) and starts its own graceful shutdown (it stops accepting connections
-//! and lets those open finish their requests); every request already past its claim runs its
-//! create and its complete, while a request that still arrives (on a connection kept open,
-//! or to a server that still accepts) is refused before its claim with the operation's
-//! *store unavailable* answer (`503` with `Retry-After`), which a client retries elsewhere
-//! or later. The server's graceful shutdown has no deadline of its own: bound it, then wait
-//! with [`Drain::shutdown`] for the work that outlives its connection (a create whose client
-//! left, a lost store answer being settled), within what is left of the deadline.
+//! A server that stops while creates run, as on a deploy's `SIGTERM`, would leave each of their
+//! keys pending until its lease lapses or an operator acts, and every retry meanwhile would get
+//! `409`. With a drain on the layer, on the signal a server closes the drain with
+//! [`Drain::close`] and starts its own graceful shutdown: it stops accepting connections and
+//! lets those open finish their requests. Every request already past its claim runs its create
+//! and its complete. A request that still arrives, on a connection kept open or to a server
+//! that still accepts, is refused before its claim with the operation's *store unavailable*
+//! answer, a `503` with `Retry-After`, which a client retries elsewhere or later. The server's
+//! graceful shutdown has no deadline of its own: bound it, then wait with [`Drain::shutdown`]
+//! for the work that outlives its connection, within what is left of the deadline. Such work is
+//! a create whose client left, or a lost store answer being settled.
 //!
-//! With axum (the example servers do this, with `SIGTERM` and Ctrl-C):
+//! With axum, as the example servers do on `SIGTERM` and Ctrl-C:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -54,8 +54,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-/// The shutdown handle of one or more layers ([`IdempotencyLayer::drain`]): counts the
-/// requests past their claim and, once closed, refuses new claims.
+/// The shutdown handle of one or more layers, given with [`IdempotencyLayer::drain`]: counts
+/// the requests past their claim and, once closed, refuses new claims.
 ///
 /// Cloning it shares it. A layer without a drain pays nothing for it; one with a drain pays
 /// two atomic operations a request that reaches its claim.
@@ -118,7 +118,7 @@ impl Drain {
     }
 
     /// Stops new claims: from now on a request that reaches its claim is refused with the
-    /// operation's *store unavailable* answer (`503`, `Retry-After`). Requests past their
+    /// operation's *store unavailable* answer, a `503` with `Retry-After`. Requests past their
     /// claim go on. Calling it again does nothing.
     ///
     /// ```
@@ -132,7 +132,7 @@ impl Drain {
         }
     }
 
-    /// Whether [`close`](Self::close) (or [`shutdown`](Self::shutdown)) was called.
+    /// Whether [`close`](Self::close) or [`shutdown`](Self::shutdown) was called.
     ///
     /// ```
     /// assert!(!tower_idempotency::drain::Drain::new().is_closed());
@@ -141,8 +141,8 @@ impl Drain {
         self.inner.closed.load(Ordering::SeqCst)
     }
 
-    /// Requests past their claim and not yet done: each holds a key until its complete (or
-    /// release).
+    /// Requests past their claim and not yet done: each holds a key until its complete or
+    /// release.
     ///
     /// ```
     /// assert_eq!(tower_idempotency::drain::Drain::new().in_flight(), 0);
@@ -169,8 +169,8 @@ impl Drain {
         notified.await;
     }
 
-    /// Closes the drain, then waits until every request past its claim completed (or
-    /// released), at most `deadline`.
+    /// Closes the drain, then waits until every request past its claim completed or released,
+    /// at most `deadline`.
     ///
     /// # Errors
     ///
@@ -210,9 +210,9 @@ impl Drain {
         }
     }
 
-    /// Work that finishes what a request began (settling a lost store answer, abandoning an
-    /// unfinished create): counted until the returned guard is dropped, closed or not, so
-    /// that a shutdown waits for it too.
+    /// Work that finishes what a request began, such as settling a lost store answer or
+    /// abandoning an unfinished create. It is counted until the returned guard is dropped,
+    /// closed or not, so that a shutdown waits for it too.
     pub(crate) fn hold(&self) -> InFlight {
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(Arc::clone(&self.inner))

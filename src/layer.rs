@@ -22,22 +22,22 @@ use crate::tally::Bounded;
 
 /// A [`Layer`] that makes a create endpoint idempotent.
 ///
-/// It holds only configuration: the [`Store`], the [`Operation`] (what a create request means:
-/// [`JsonOperation`](crate::JsonOperation) for your own JSON body,
-/// [`RawOperation`](crate::RawOperation) for any bytes, [`GrpcOperation`](crate::GrpcOperation)
-/// for unary gRPC, or a strict contract such as [`LabelContract`](crate::operation::LabelContract)), the
+/// It holds only configuration: the [`Store`], the [`Operation`], the
 /// [`Admission`](crate::admission::Admission) policy, the key space, the guarded path, the
-/// request body limit, the cap on a created response (default 1 MiB) and which responses are
-/// stored.
+/// request body limit, the cap on a created response and which responses are stored. The
+/// operation is what a create request means: [`JsonOperation`](crate::JsonOperation) for your
+/// own JSON body, [`RawOperation`](crate::RawOperation) for any bytes,
+/// [`GrpcOperation`](crate::GrpcOperation) for unary gRPC, or a strict contract such as
+/// [`LabelContract`](crate::operation::LabelContract). The cap is 1 MiB by default.
 ///
 /// # The key space is chosen, never assumed
 ///
 /// Keys are chosen by clients, so two clients may pick the same one. Every layer says whose
-/// keys they are before it can wrap a service: [`scope`](Self::scope) gives each tenant (or
-/// owner, or client) a key space of its own, and [`global_keys`](Self::global_keys) opts into
-/// one space for everyone. The choice is a type (the last parameter, `K`): a layer on which
-/// neither was called does not implement [`Layer`], so forgetting it fails to compile rather
-/// than at start-up.
+/// keys they are before it can wrap a service: [`scope`](Self::scope) gives each tenant, owner
+/// or client a key space of its own, and [`global_keys`](Self::global_keys) opts into one space
+/// for everyone. The choice is a type, the last parameter `K`: a layer on which neither was
+/// called does not implement [`Layer`], so forgetting it fails to compile rather than at
+/// start-up.
 ///
 /// ```compile_fail
 /// use std::convert::Infallible;
@@ -120,13 +120,13 @@ impl<St: Store, O: Operation> IdempotencyLayer<St, O> {
 }
 
 impl<St, O, A> IdempotencyLayer<St, O, A, Unscoped> {
-    /// Takes a key scope (a tenant, an owner) from each request, so that every scope has a key
-    /// space of its own; see the [`scope`](crate::scope) module. A request for which `scope`
-    /// returns `None` is refused with the operation's *scope required* answer (`403`) before
-    /// the store is touched.
+    /// Takes a key scope, such as a tenant or an owner, from each request, so that every scope
+    /// has a key space of its own; see the [`scope`](crate::scope) module. A request for which
+    /// `scope` returns `None` is refused with the operation's *scope required* answer, `403`,
+    /// before the store is touched.
     ///
-    /// The middleware that puts the scope into the request (authentication) must run before
-    /// this layer, that is wrap it: with axum, add it with `.layer(…)` after
+    /// The middleware that puts the scope into the request, such as authentication, must run
+    /// before this layer, that is wrap it: with axum, add it with `.layer(…)` after
     /// `.route_layer(idempotency)`; added before, it runs inside the route layer, after the
     /// scope was read, and every request is refused.
     ///
@@ -150,8 +150,8 @@ impl<St, O, A> IdempotencyLayer<St, O, A, Unscoped> {
     }
 
     /// Opts into one key space for every client: a key sent by one client names the same
-    /// operation for every other. Only safe when keys cannot collide across clients (they are
-    /// random UUIDs, say) and a stored response may be read by anyone who knows its key.
+    /// operation for every other. Only safe when keys cannot collide across clients, as when
+    /// they are random UUIDs, and a stored response may be read by anyone who knows its key.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -198,9 +198,10 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 
     /// Guards only `path`, compared exactly with the request's URI path; other paths get
-    /// [`OtherPaths`]. The generic operations guard every path (the layer sits on the route)
-    /// unless a path is set; a strict contract may have a path of its own
-    /// ([`LabelContract`](crate::operation::LabelContract) guards `/labels` unless told otherwise).
+    /// [`OtherPaths`]. The generic operations guard every path unless a path is set: the layer
+    /// sits on the route. A strict contract may have a path of its own:
+    /// [`LabelContract`](crate::operation::LabelContract) guards `/labels` unless told
+    /// otherwise.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -213,8 +214,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Guards every path: for a layer on a route (axum's `route_layer`), where the router has
-    /// matched already. The key space still holds the method and the concrete path.
+    /// Guards every path: for a layer on a route, as with axum's `route_layer`, where the
+    /// router has matched already. The key space still holds the method and the concrete path.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -227,8 +228,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Sets the request body limit in bytes. Default: the operation's (16 KiB for the generic
-    /// operations, 4096 for the [`LabelContract`](crate::operation::LabelContract)).
+    /// Sets the request body limit in bytes. Default: the operation's, which is 16 KiB for the
+    /// generic operations and 4096 for the [`LabelContract`](crate::operation::LabelContract).
     ///
     /// A declared `Content-Length` over it is refused at once; otherwise at most one byte past
     /// it is read before the `413`.
@@ -244,9 +245,9 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Sets the `Retry-After` of the refusals that ask a client to come back: admission's
-    /// `429` and `503` and the store's `503 store_unavailable`, in whole seconds (rounded up).
-    /// Default [`DEFAULT_RETRY_AFTER`], 2 s, the label contract's.
+    /// Sets the `Retry-After` of the refusals that ask a client to come back: admission's `429`
+    /// and `503` and the store's `503 store_unavailable`, rounded up to whole seconds. Default
+    /// [`DEFAULT_RETRY_AFTER`], 2 s, the label contract's.
     ///
     /// ```
     /// use std::time::Duration;
@@ -260,10 +261,10 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Sets the `Retry-After` of a pending key's `409 request_pending`, in whole seconds
-    /// (rounded up), where the operation sends one: the generic operations do (the IETF
-    /// draft's peers and the payment protocols that cite it send one); the label contract's
-    /// reply has none. Default [`DEFAULT_PENDING_RETRY_AFTER`], 1 s.
+    /// Sets the `Retry-After` of a pending key's `409 request_pending`, rounded up to whole
+    /// seconds, where the operation sends one. The generic operations do, as the IETF draft's
+    /// peers and the payment protocols that cite it send one; the label contract's reply has
+    /// none. Default [`DEFAULT_PENDING_RETRY_AFTER`], 1 s.
     ///
     /// ```
     /// use std::time::Duration;
@@ -278,9 +279,9 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 
     /// Sets the shutdown handle of the layer's services: once the drain closes, a request that
-    /// reaches its claim is refused with the operation's *store unavailable* answer (`503`
-    /// with `Retry-After`), and [`Drain::shutdown`](crate::drain::Drain::shutdown) waits for
-    /// the requests past their claim to complete. See [`drain`](crate::drain).
+    /// reaches its claim is refused with the operation's *store unavailable* answer, a `503`
+    /// with `Retry-After`, and [`Drain::shutdown`](crate::drain::Drain::shutdown) waits for the
+    /// requests past their claim to complete. See [`drain`](crate::drain).
     ///
     /// ```
     /// use tower_idempotency::drain::Drain;
@@ -296,7 +297,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 
     /// Sets the cap, in bytes, on a created response the layer buffers and stores. Default
-    /// 1 MiB ([`DEFAULT_RESPONSE_LIMIT`]).
+    /// 1 MiB, [`DEFAULT_RESPONSE_LIMIT`].
     ///
     /// A created response over the cap was a create that succeeded, and is answered so: the
     /// client gets it whole, its first bytes from the buffer and the rest streamed from the
@@ -375,9 +376,9 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 
     /// Also puts each guarded response's [`Outcome`](crate::Outcome) into its extensions, for
-    /// an outer layer that sees the response after its body was replaced (an axum
-    /// middleware, say). Off by default: the outcome is always on the layer's own body
-    /// ([`ResponseBody::outcome`](crate::body::ResponseBody::outcome)), for free, while the first
+    /// an outer layer that sees the response after its body was replaced, such as an axum
+    /// middleware. Off by default: the outcome is always on the layer's own body, as
+    /// [`ResponseBody::outcome`](crate::body::ResponseBody::outcome), for free, while the first
     /// extension of a response costs three allocations.
     ///
     /// ```
@@ -391,18 +392,18 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Whether the inner service gets the operation's value (a typed body, a
-    /// [`LabelOperation`](crate::operation::LabelOperation)) in the request extensions.
+    /// Whether the inner service gets the operation's value, such as a typed body or a
+    /// [`LabelOperation`](crate::operation::LabelOperation), in the request extensions.
     ///
-    /// By default the operation decides ([`Operation::hands_over_value`]): a body typed with
-    /// [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over (its handler
-    /// writes `Extension<T>`), while [`JsonOperation::new`](crate::JsonOperation::new),
-    /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and
-    /// the [`LabelContract`](crate::operation::LabelContract) hand nothing over: their handlers read the
-    /// body, and a request's first extension costs three allocations. `true` hands the value
-    /// over whatever the operation says (the label contract's handler can then take
-    /// `Extension<LabelOperation>`); `false` never. An inner service that expects a value
-    /// it is not given (axum's `Extension`) fails its create: a `500 create_failed`, the key
+    /// By default the operation decides, with [`Operation::hands_over_value`]. A body typed
+    /// with [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over, and its
+    /// handler writes `Extension<T>`. [`JsonOperation::new`](crate::JsonOperation::new),
+    /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and the
+    /// [`LabelContract`](crate::operation::LabelContract) hand nothing over: their handlers
+    /// read the body, and a request's first extension costs three allocations. `true` hands the
+    /// value over whatever the operation says, so the label contract's handler can then take
+    /// `Extension<LabelOperation>`; `false` never. An inner service that expects a value it is
+    /// not given, such as axum's `Extension`, fails its create: a `500 create_failed`, the key
     /// left pending.
     ///
     /// ```
@@ -432,14 +433,15 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// The lease of each reservation: while the create runs, the layer renews it every
-    /// third of `lease` ([`Store::renew`]), so a pending key whose lease lapsed was abandoned
-    /// (its process died mid-create) and one that did not is in progress; the
-    /// `idempotency_keys` tool (feature `cli`) and [`Operator::inspect`](crate::store::Operator::inspect)
-    /// show which. Default [`Lease::DEFAULT_DURATION`] (thirty seconds); at least [`Lease::MIN_DURATION`]. A
-    /// create that finishes within a third of the lease costs no renewal. Keep it at three
-    /// times the store's timeout or more: a renewal may take that long. The renewals need
-    /// Tokio's timer; without one the lease is not renewed (and a warning is logged).
+    /// The lease of each reservation: while the create runs, the layer renews it with
+    /// [`Store::renew`] every third of `lease`. So a pending key whose lease lapsed was
+    /// abandoned, its process having died mid-create, and one whose lease did not lapse is in
+    /// progress; the `idempotency_keys` tool of the feature `cli` and
+    /// [`Operator::inspect`](crate::store::Operator::inspect) show which. Default
+    /// [`Lease::DEFAULT_DURATION`], thirty seconds; at least [`Lease::MIN_DURATION`]. A create
+    /// that finishes within a third of the lease costs no renewal. Keep it at three times the
+    /// store's timeout or more: a renewal may take that long. The renewals need Tokio's timer;
+    /// without one the lease is not renewed, and a warning is logged.
     ///
     /// ```
     /// use std::time::Duration;
@@ -457,14 +459,15 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Lets a request take over a key whose first attempt was abandoned (no renewal within
-    /// the [lease](Self::lease): its process died, or the create panicked): it creates anew.
-    /// Off by default: an abandoned create may have taken effect, so by default its key stays
-    /// pending (at most once) until an operator resolves it. Turn it on only for operations
-    /// that are safe to run twice (at least once); a conflicting request is still a conflict,
-    /// and the abandoned owner can no longer complete (every write is fenced by its
-    /// reservation). A key is taken over only if the layer that claimed it allowed it too, so
-    /// a layer without this setting sharing the store keeps its keys at most once.
+    /// Lets a request take over a key whose first attempt was abandoned, and create anew.
+    /// Abandoned means no renewal within the [lease](Self::lease): its process died, or the
+    /// create panicked. Off by default: an abandoned create may have taken effect, so by
+    /// default its key stays pending until an operator resolves it, and the create runs at most
+    /// once. Turn it on only for operations that are safe to run twice; with it, a create runs
+    /// at least once. A conflicting request is still a conflict, and the abandoned owner can no
+    /// longer complete: every write is fenced by its reservation. A key is taken over only if
+    /// the layer that claimed it allowed it too, so a layer without this setting sharing the
+    /// store keeps its keys at most once.
     ///
     /// ```
     /// use std::time::Duration;
@@ -480,22 +483,21 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Lets a request whose key is pending (its first attempt still creating, same
-    /// operation) wait up to `wait` for that attempt to complete, and answer with its stored
-    /// response exactly as a replay would. A wait that runs out answers `409
-    /// request_pending` as without the setting; if the first attempt is released meanwhile
-    /// (admission refused it), a waiting request claims the key anew and at most one of them
-    /// creates. A conflicting request never waits. Off by default: the contract's immediate
-    /// `409`.
+    /// Lets a request whose key is pending, with the first attempt of the same operation still
+    /// creating, wait up to `wait` for that attempt to complete, and answer with its stored
+    /// response exactly as a replay would. A wait that runs out answers `409 request_pending`
+    /// as without the setting; if the first attempt is released meanwhile, because admission
+    /// refused it, a waiting request claims the key anew and at most one of them creates. A
+    /// conflicting request never waits. Off by default: the contract's immediate `409`.
     ///
-    /// Waiting is woken by the completion itself where the store notifies
-    /// ([`Store::changed`]: the memory, Redis and PostgreSQL stores do), else the store is
-    /// looked at again every [`CHANGE_POLL_INTERVAL`](crate::store::CHANGE_POLL_INTERVAL).
-    /// At most [`max_waiting`](Self::max_waiting) requests of a layer wait at once; beyond,
-    /// the immediate `409`. A waiting request whose client goes away leaves nothing behind.
+    /// Waiting is woken by the completion itself where the store notifies through
+    /// [`Store::changed`], as the memory, Redis and PostgreSQL stores do; else the store is
+    /// looked at again every [`CHANGE_POLL_INTERVAL`](crate::store::CHANGE_POLL_INTERVAL). At
+    /// most [`max_waiting`](Self::max_waiting) requests of a layer wait at once; beyond, the
+    /// immediate `409`. A waiting request whose client goes away leaves nothing behind.
     ///
     /// The bound is on the waiting: a look at the store that began before it ran out is
-    /// finished (it may claim), so a slow store can add up to its own timeout to `wait`.
+    /// finished, and may claim, so a slow store can add up to its own timeout to `wait`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -509,9 +511,9 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// The most requests of this layer waiting for a pending key at once
-    /// ([`pending_wait`](Self::pending_wait)), across every service it builds (and the
-    /// layer's clones). Default [`DEFAULT_MAX_WAITING`].
+    /// The most requests of this layer that [`pending_wait`](Self::pending_wait) lets wait for
+    /// a pending key at once, across every service it builds and the layer's clones. Default
+    /// [`DEFAULT_MAX_WAITING`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -527,7 +529,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// The `layer` label of this layer's [metrics](crate::metrics) (feature `metrics`):
+    /// The `layer` label of this layer's [metrics](crate::metrics), with the feature `metrics`:
     /// `"default"` unless set. Give each guarded endpoint its own, to tell their series apart.
     ///
     /// ```
@@ -551,8 +553,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     }
 }
 
-/// Only a layer whose key space was chosen ([`scope`](IdempotencyLayer::scope) or
-/// [`global_keys`](IdempotencyLayer::global_keys)) wraps services.
+/// Only a layer whose key space was chosen, with [`scope`](IdempotencyLayer::scope) or
+/// [`global_keys`](IdempotencyLayer::global_keys), wraps services.
 impl<S, St, O, A, K> Layer<S> for IdempotencyLayer<St, O, A, K>
 where
     St: Clone,

@@ -1,34 +1,34 @@
 //! Make "create" endpoints idempotent: a [tower] middleware after which a retried create never
 //! creates twice.
 //!
-//! A client that creates something (a payment, an order, a shipping label) must be able to
-//! retry when a reply is lost, without creating it twice. It sends every attempt with the same
-//! `Idempotency-Key` and the same body. On the server, [`IdempotencyLayer`] wraps the service
-//! that performs the create and owns everything around it:
+//! A client that creates something, such as a payment, an order or a shipping label, must be
+//! able to retry when a reply is lost, without creating it twice. It sends every attempt with
+//! the same `Idempotency-Key` and the same body. On the server, [`IdempotencyLayer`] wraps the
+//! service that performs the create and owns everything around it:
 //!
 //! 1. **The head**: the path, the method, the content type, a declared length over the body
 //!    limit; then the body, read up to the limit before any decoding.
 //! 2. **The [`Operation`]**: it validates the request and yields its key, its fingerprint and
 //!    the value the inner service gets. [`JsonOperation`] serves any JSON body, typed or not,
-//!    as draft-ietf-httpapi-idempotency-key-header describes it (the fingerprint over the body
-//!    in canonical JSON, RFC 8785); [`RawOperation`] any bytes; [`GrpcOperation`] unary gRPC calls;
-//!    an operation of your own implements the trait ([`operation`] shows how, and
-//!    [`operation::LabelContract`] is a strict contract written that way).
-//! 3. **The claim** of the key in a [`Store`], atomic: *new*, *pending*, *conflict* (another
-//!    payload under the key) or *replay* (the stored response, value for value).
-//! 4. **Admission** of a new claim ([`admission`]): a refusal (429 or 503) releases the key and
-//!    replies with `Retry-After: 2`.
+//!    as draft-ietf-httpapi-idempotency-key-header describes it, with the fingerprint over the
+//!    body in canonical JSON, RFC 8785. [`RawOperation`] serves any bytes and [`GrpcOperation`]
+//!    unary gRPC calls. An operation of your own implements the trait: [`operation`] shows how,
+//!    and [`operation::LabelContract`] is a strict contract written that way.
+//! 3. **The claim** of the key in a [`Store`], atomic: *new*, *pending*, *conflict* for another
+//!    payload under the key, or *replay* of the stored response, value for value.
+//! 4. **Admission** of a new claim by the [`admission`] policy: a 429 or 503 refusal releases
+//!    the key and replies with `Retry-After: 2`.
 //! 5. **The create**: the inner service's response is buffered and **completed into the store
 //!    before it is written**, so a retry after a lost reply is a replay, never a second create.
 //!
 //! Every refusal is a response written by the operation, never an error of the service, and
-//! nothing refused before the claim touches the store, admission or the create. The
-//! generic operations answer RFC 9457 problem details ([`problem`]):
+//! nothing refused before the claim touches the store, admission or the create. The generic
+//! operations answer RFC 9457 problem details, which [`problem`] documents:
 //!
 #![doc = include_str!("reply/problem.md")]
 //!
-//! What the layer did is on the body of every response it produces
-//! ([`ResponseBody::outcome`](body::ResponseBody::outcome), an [`Outcome`]), and in its extensions with
+//! What the layer did, an [`Outcome`], is on the body of every response it produces as
+//! [`ResponseBody::outcome`](body::ResponseBody::outcome), and in its extensions with
 //! [`IdempotencyLayer::outcome_extension`].
 //!
 //! # Example: your own JSON body
@@ -89,25 +89,25 @@
 //!
 //! # Methods, paths and keys
 //!
-//! The generic operations guard `POST` (or the methods they are given) on every path: put the
-//! layer on the route (axum's `route_layer`), where the router has matched already; other
-//! methods pass through. [`IdempotencyLayer::path`] restricts it to one path. The key space
-//! always holds the method and the concrete path ([`store_key`](scope::store_key)), so the same key on
-//! `/payments/a/refunds` and `/payments/b/refunds` is two operations, and the [`scope`]
-//! (a tenant) when one is set. Operations whose keys clients choose require a scope or an
-//! explicit [`IdempotencyLayer::global_keys`].
+//! The generic operations guard `POST`, or the methods they are given, on every path: put the
+//! layer on the route, as with axum's `route_layer`, where the router has matched already;
+//! other methods pass through. [`IdempotencyLayer::path`] restricts it to one path. The key
+//! space always holds the method and the concrete path, so the same key on
+//! `/payments/a/refunds` and `/payments/b/refunds` is two operations, and the [`scope`], such
+//! as a tenant, when one is set; see [`store_key`](scope::store_key). Operations whose keys
+//! clients choose require a scope or an explicit [`IdempotencyLayer::global_keys`].
 //!
 //! # Testing a service behind the layer
 //!
 //! Drive it with [`tower::ServiceExt::oneshot`] as above, assert statuses and exact bytes, and
-//! read what the layer did, an [`Outcome`]. The layer's own response body carries it
-//! ([`ResponseBody::outcome`](body::ResponseBody::outcome)), for a test that calls the layered
-//! service directly. An axum `Router` (or any middleware that maps the body) replaces that
+//! read what the layer did, an [`Outcome`]. The layer's own response body carries it as
+//! [`ResponseBody::outcome`](body::ResponseBody::outcome), for a test that calls the layered
+//! service directly. An axum `Router`, or any middleware that maps the body, replaces that
 //! body: behind one, turn on [`IdempotencyLayer::outcome_extension`] and read the outcome from
 //! the response extensions, `response.extensions().get::<Outcome>()`. [`MemoryStore`] lets a
-//! test look into the registry ([`MemoryStore::is_pending`], [`MemoryStore::completed`]). With
-//! the `test-util` feature, the `testing` module records the calls in order (claim, admit,
-//! release, create, complete), fails store calls on demand and scripts admission, so the
+//! test look into the registry with [`MemoryStore::is_pending`] and [`MemoryStore::completed`].
+//! With the `test-util` feature, the `testing` module records the calls in order: claim, admit,
+//! release, create, complete. It also fails store calls on demand and scripts admission, so the
 //! contract's call traces are one assertion each.
 //!
 //! # Composing with other middleware
@@ -116,34 +116,34 @@
 //! `.route_layer()`, or as a router's `fallback_service`. Its order among other layers
 //! matters:
 //!
-//! - **Outside** (before it in a `ServiceBuilder`): tracing, request ids, compression, timeouts.
+//! - **Outside**, before it in a `ServiceBuilder`: tracing, request ids, compression, timeouts.
 //!   Compression outside means the stored response is the uncompressed one, compressed anew for
 //!   each replay's `Accept-Encoding`; inside, one client's encoding would be stored and
 //!   replayed to all. Request ids outside are per attempt and never stored. A timeout outside
 //!   answers the client when it fires, but the claimed create goes on and completes, so the
 //!   retry replays it.
-//! - **Not inside** (between the layer and the create): a timeout there turns a slow create
-//!   into a failed one from the layer's point of view, leaving the key pending for good
-//!   (`500 create_failed`, then `request_pending`), though the create may have run.
+//! - **Not inside**, between the layer and the create: a timeout there turns a slow create into
+//!   a failed one from the layer's point of view, leaving the key pending for good, though the
+//!   create may have run. The answers are `500 create_failed`, then `request_pending`.
 //! - **Readiness**: the service's `poll_ready` is the inner service's, so a concurrency limit
 //!   inside pushes back on the caller.
 //! - **tonic**: in a `tonic::transport::Server` stack, in [`OtherPaths::PassThrough`] mode, the
 //!   layer guards the JSON route and hands gRPC calls on untouched. tonic-web answers `400` to
 //!   an HTTP/1.1 request that is not gRPC-web, so a JSON route served over HTTP/1.1 must not sit
 //!   behind `GrpcWebLayer`.
-//! - **Body limits**: the layer enforces its own. A smaller limit outside refuses first (its
-//!   own 413 for a declared length; a streamed body trips it inside the layer's read, which
-//!   answers the operation's 413); a larger one changes nothing.
+//! - **Body limits**: the layer enforces its own. A smaller limit outside refuses first: its
+//!   own 413 for a declared length, while a streamed body trips it inside the layer's read,
+//!   which answers the operation's 413. A larger one changes nothing.
 //!
 //! # Stores
 //!
 //! | store | feature | shared by replicas | survives a restart |
 //! |---|---|---|---|
-//! | [`MemoryStore`] | (default) | no | no |
+//! | [`MemoryStore`] | none | no | no |
 //! | `RedisStore` | `redis` | yes | with Redis persistence on |
 //! | `PostgresStore` | `postgres` | yes | yes |
 //! | `TransactionalPostgresStore`: the create's writes and the complete in the claim's transaction, exactly once | `postgres` | yes | yes |
-//! | `MySqlStore` (MySQL 8, MariaDB 10.5+) | `mysql` | yes | yes |
+//! | `MySqlStore`, for MySQL 8 and MariaDB 10.5+ | `mysql` | yes | yes |
 //! | `TransactionalMySqlStore`: the same, exactly once, in one InnoDB transaction | `mysql` | yes | yes |
 //! | `SqliteStore` | `sqlite` | the processes of one host | yes |
 //!
@@ -158,29 +158,28 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `redis` | `store::RedisStore`, and the `redis` driver re-exported |
-//! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
-//! | `mysql` | `store::MySqlStore` and `store::TransactionalMySqlStore` on sqlx (TLS by rustls), and `sqlx` re-exported |
-//! | `sqlite` | `store::SqliteStore` on sqlx (the SQLite library built in), and `sqlx` re-exported |
+//! | `postgres` | `store::PostgresStore` and `store::TransactionalPostgresStore` on sqlx with TLS by rustls, and `sqlx` re-exported |
+//! | `mysql` | `store::MySqlStore` and `store::TransactionalMySqlStore` on sqlx with TLS by rustls, and `sqlx` re-exported |
+//! | `sqlite` | `store::SqliteStore` on sqlx with the SQLite library built in, and `sqlx` re-exported |
 //! | `test-util` | `testing`: a call journal, a recording store and a scripted admission for your own tests |
-//! | `client` | `client`: the retry decision of a client that keeps one key per intent (which answers to retry with the same key, and when) |
+//! | `client` | `client`: the retry decision of a client that keeps one key per intent: which answers to retry with the same key, and when |
 //! | `metrics` | `metrics`: the layer's outcomes, store call times, waiting and settling tasks and the client layer's attempts, through the `metrics` 0.24 facade, for any exporter |
 //! | `reqwest` | `client::reqwest`: the client layer's retries as a `reqwest-middleware` 0.5 middleware for `reqwest` 0.13; turns `client` on |
-//! | `cli` | the operator's command line, `idempotency_keys` (`cargo install tower-idempotency --features cli`): show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |
+//! | `cli` | the operator's command line, `idempotency_keys`, installed with `cargo install tower-idempotency --features cli`: show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
-//! 1.94 (sqlx 0.9, behind `postgres`, `mysql` and `sqlite`, needs it).
+//! 1.94, which sqlx 0.9 needs; sqlx is behind `postgres`, `mysql` and `sqlite`.
 //!
 //! # Observability
 //!
 //! Every guarded request runs in a `tracing` span named `idempotency` with its method, its
 //! path, the operation's fingerprint and, once decided, its outcome, and ends with one debug
-//! event. The body is never traced; the store key only with
-//! [`IdempotencyLayer::trace_keys`]. Store and create failures are logged at `warn` and
-//! `error`. The [`Outcome`] is on the response body for an outer layer (and in the response
-//! extensions with [`IdempotencyLayer::outcome_extension`], for one that sees the response after
-//! its body was replaced), and
-//! [`IdempotencyLayer::mark_replays`] adds `Idempotent-Replayed: true` to replays (off by
-//! default, since a replay is otherwise byte for byte the stored response).
+//! event. The body is never traced; the store key only with [`IdempotencyLayer::trace_keys`].
+//! Store and create failures are logged at `warn` and `error`. The [`Outcome`] is on the
+//! response body for an outer layer, and in the response extensions with
+//! [`IdempotencyLayer::outcome_extension`] for one that sees the response after its body was
+//! replaced. [`IdempotencyLayer::mark_replays`] adds `Idempotent-Replayed: true` to replays. It
+//! is off by default, since a replay is otherwise byte for byte the stored response.
 //!
 //! # What is promised
 //!

@@ -1,16 +1,16 @@
-//! The vocabulary every layer of the crate shares: what the layer did with a request (the
-//! [`Outcome`]), what it refuses or fails with (the [`Rejection`], an [`Invalid`] request),
-//! and why admission refused (the [`Refusal`]). A leaf: it imports no other module of the
-//! crate, so the operations, the stores, the replies and the bodies may all use it.
+//! The vocabulary every layer of the crate shares: the [`Outcome`], what the layer did with a
+//! request; the [`Rejection`] it refuses or fails with, among them an [`Invalid`] request; and
+//! the [`Refusal`], why admission refused. A leaf: it imports no other module of the crate, so
+//! the operations, the stores, the replies and the bodies may all use it.
 
 use std::borrow::Cow;
 
 use http::StatusCode;
 
-/// What the layer did with a request, on the body of every response it returns
-/// (`ResponseBody::outcome`), and in its extensions with
+/// What the layer did with a request. It is on the body of every response the layer returns, as
+/// `ResponseBody::outcome`, and in its extensions with
 /// [`IdempotencyLayer::outcome_extension`](crate::IdempotencyLayer::outcome_extension), so an
-/// outer layer (metrics, logs) can count it.
+/// outer layer such as metrics or logs can count it.
 ///
 /// ```
 /// use tower_idempotency::Outcome;
@@ -26,21 +26,21 @@ pub enum Outcome {
     CompleteFailed,
     /// The stored response of a completed operation was replayed.
     Replay,
-    /// The operation is pending: the operation's *request pending* answer (`409`).
+    /// The operation is pending: the operation's *request pending* answer, `409`.
     Pending,
-    /// The key belongs to another operation: the operation's *conflict* answer (`422` for
-    /// the generic operations, `409` for the label contract).
+    /// The key belongs to another operation: the operation's *conflict* answer, `422` for the
+    /// generic operations and `409` for the label contract.
     Conflict,
-    /// Admission refused with this status (429 or 503); the key was released.
+    /// Admission refused with this status, 429 or 503; the key was released.
     NotAdmitted(StatusCode),
-    /// The request failed validation with this status (404, 405, 415, 413, 400, or 403 for a
-    /// missing scope).
+    /// The request failed validation with this status: 404, 405, 415, 413, 400, or 403 for a
+    /// missing scope.
     Rejected(StatusCode),
-    /// The store failed to claim: the operation's *store unavailable* answer (`503`), nothing
+    /// The store failed to claim: the operation's *store unavailable* answer, `503`; nothing
     /// created.
     StoreUnavailable,
-    /// The create failed without an answer (an error, a panic, a response body that failed within the cap); see
-    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
+    /// The create failed without an answer: an error, a panic, or a response body that failed
+    /// within the cap. See [a create that fails](crate::StoredResponses#a-create-that-fails).
     CreateFailed,
     /// The create answered something other than `2xx`, passed on unstored; see
     /// [a create that fails](crate::StoredResponses#a-create-that-fails).
@@ -77,7 +77,7 @@ impl std::fmt::Display for Outcome {
 }
 
 /// A refusal or failure the layer answers itself, in the words of the contract. Each
-/// [`Operation`](crate::Operation) writes it in its own format ([`Operation::reply`]): the
+/// [`Operation`](crate::Operation) writes it in its own format with [`Operation::reply`]: the
 /// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
 ///
 /// [`Operation::reply`]: crate::Operation::reply
@@ -110,7 +110,7 @@ pub enum Rejection {
     InvalidRequest(Invalid),
     /// A scope is configured and the request has none.
     ScopeRequired,
-    /// The key belongs to another operation (another fingerprint).
+    /// The key belongs to another operation, with another fingerprint.
     Conflict,
     /// The operation's first attempt has not completed.
     Pending,
@@ -120,20 +120,20 @@ pub enum Rejection {
     StoreUnavailable,
     /// The create failed.
     CreateFailed,
-    /// The created response body went past the size its own size hint declared (a response
+    /// The created response body went past the size its own size hint declared. A response
     /// merely over the cap is given whole and stored compact: see
-    /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap)).
+    /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap).
     ResponseTooLarge,
 }
 
 /// Why a request is invalid: the detail the client reads, and the member of the body it is
-/// about as a JSON pointer (RFC 6901), when there is one.
+/// about as an RFC 6901 JSON pointer, when there is one.
 ///
 /// [`JsonOperation`](crate::JsonOperation) names the member of every body it refuses for its
-/// type (a wrong type, a missing member, an unknown one), and a
+/// type: a wrong type, a missing member, an unknown one. A
 /// [`validate`](crate::JsonOperation::validate) hook may name one of its own with
 /// [`Invalid::at`]. The problem body carries both, the pointer first in the `detail` and each
-/// in the `errors` member (RFC 9457 §3.2), so a client can match on them:
+/// in the `errors` member of RFC 9457 §3.2, so a client can match on them:
 ///
 /// ```text
 /// {"type":"…#invalid_request","title":"Invalid request","status":400,
@@ -167,8 +167,8 @@ impl Invalid {
         }
     }
 
-    /// A reason about the member at `pointer`, a JSON pointer into the body (`/quantity`,
-    /// `/items/0/sku`; `""` is the whole body).
+    /// A reason about the member at `pointer`, a JSON pointer into the body such as `/quantity`
+    /// or `/items/0/sku`; `""` is the whole body.
     pub fn at(pointer: impl Into<Cow<'static, str>>, detail: impl Into<Cow<'static, str>>) -> Self {
         Self {
             detail: detail.into(),

@@ -12,9 +12,9 @@ use tower::BoxError;
 
 pin_project! {
     /// The body a client's answer arrives in: the server's, as it streams, or the bytes and
-    /// trailers of one the layer read whole to decide on it (a `409`, whose body tells a
-    /// pending first attempt from a conflict; a gRPC answer, whose status is in its
-    /// trailers).
+    /// trailers of one the layer read whole to decide on it. Such an answer is a `409`, whose
+    /// body tells a pending first attempt from a conflict, or a gRPC answer, whose status is in
+    /// its trailers.
     ///
     /// ```
     /// # async fn read(response: http::Response<tower_idempotency::client::ClientBody<http_body_util::Full<bytes::Bytes>>>) {
@@ -77,8 +77,8 @@ pub(super) enum ReadUpTo<B> {
     Over(ClientBody<B>),
 }
 
-/// Reads `body` whole if it is at most `limit` bytes; a longer one is read no further, and
-/// given on whole (what was read, then the rest), so that an answer too long to decide on is
+/// Reads `body` whole if it is at most `limit` bytes. A longer one is read no further and given
+/// on whole, what was read followed by the rest, so that an answer too long to decide on is
 /// still the caller's. An error of the body is an answer cut short.
 pub(super) async fn read_up_to<B>(body: B, limit: usize) -> Result<ReadUpTo<B>, BoxError>
 where

@@ -10,8 +10,8 @@ use http::{HeaderMap, StatusCode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Send the same request again, with the same key: after the backoff, and not before
-    /// `after` when the server said when (`Retry-After`, no longer than the cap: a longer
-    /// one is [`Stop`](Decision::Stop)).
+    /// `after` when the server said when with `Retry-After`. That wait is no longer than the
+    /// cap: a longer one is [`Stop`](Decision::Stop).
     Retry {
         /// The least wait the server asked for, if it asked.
         after: Option<Duration>,
@@ -30,18 +30,22 @@ pub enum Failure {
     Timeout,
 }
 
-/// The decision for an answer with `status`, `headers` and `body` (read only for a `409`) to
-/// a request sent with an `Idempotency-Key` (`keyed`), or without one.
+/// The decision for an answer with `status`, `headers` and `body` to a request sent with an
+/// `Idempotency-Key` when `keyed`, or without one. The body is read only for a `409`.
 ///
-/// Retried, with the same key: `502`, `503` and `504` (the server or a proxy in front of it
-/// could not answer; `503` with `Retry-After` honoured), `429` (a refused admission: the
-/// layer released the key; `Retry-After` honoured), and `409` when it says the first attempt
-/// is still running (the label contract's `{"error":"request_pending"}`, or a problem whose
-/// type ends in `request_pending`; `Retry-After` honoured, as the generic operations send
-/// one). Never retried: any other answer (`400`, `422`, a conflict,
-/// other `4xx`, `500`, a success), any answer to a request that had no key, which a retry
-/// could create twice, and an answer whose `Retry-After` asks for longer than `cap` (the
-/// server asked for a rest the caller did not allow).
+/// Retried, with the same key:
+///
+/// - `502`, `503` and `504`: the server or a proxy in front of it could not answer. A `503`'s
+///   `Retry-After` is honoured.
+/// - `429`, a refused admission: the layer released the key. `Retry-After` is honoured.
+/// - `409` when it says the first attempt is still running: the label contract's
+///   `{"error":"request_pending"}`, or a problem whose type ends in `request_pending`.
+///   `Retry-After` is honoured, as the generic operations send one.
+///
+/// Never retried: any other answer, such as `400`, `422`, a conflict, other `4xx`, `500` or a
+/// success; any answer to a request that had no key, which a retry could create twice; and an
+/// answer whose `Retry-After` asks for longer than `cap`, since the server asked for a rest the
+/// caller did not allow.
 ///
 /// ```
 /// use std::time::Duration;
@@ -116,9 +120,9 @@ pub fn decide_failure(failure: Failure, keyed: bool) -> Decision {
 }
 
 /// The decision for a unary gRPC call that ended with `grpc-status` `code`, sent with an
-/// `idempotency-key` metadata entry (`keyed`) or without: `UNAVAILABLE` (14) and `ABORTED`
-/// (10, the layer's *request pending*) are retried; `OK` and every other code, among them
-/// `INVALID_ARGUMENT` (3) and `FAILED_PRECONDITION` (9, a conflict), are final.
+/// `idempotency-key` metadata entry when `keyed`, or without. 14 `UNAVAILABLE` and 10
+/// `ABORTED`, the layer's *request pending*, are retried; `OK` and every other code are final,
+/// among them 3 `INVALID_ARGUMENT` and 9 `FAILED_PRECONDITION`, a conflict.
 ///
 /// ```
 /// use tower_idempotency::client::decision::{Decision, decide_grpc};
@@ -135,8 +139,9 @@ pub fn decide_grpc(code: u32, keyed: bool) -> Decision {
     }
 }
 
-/// The wait a `Retry-After` header asks for, read at `now`: delay-seconds or an HTTP-date
-/// (RFC 9110 §10.2.3); none for a missing or unreadable header, zero for a date passed.
+/// The wait a `Retry-After` header asks for, read at `now`: delay-seconds or an HTTP-date, as
+/// RFC 9110 §10.2.3 defines them; none for a missing or unreadable header, zero for a date
+/// passed.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = value.parse::<u64>() {
@@ -147,7 +152,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 }
 
 /// Whether a `409`'s body says the first attempt is still running: the label contract's
-/// `{"error":"request_pending"}`, or a problem (RFC 9457) whose type ends in
+/// `{"error":"request_pending"}`, or an RFC 9457 problem whose type ends in
 /// `request_pending`, under any base.
 fn says_pending(body: &[u8]) -> bool {
     // Any JSON in the members: a string with escapes, or an `error` that is not a string,

@@ -33,42 +33,42 @@ pub(super) const PENDING_BODY_LIMIT: usize = 64 * 1024;
 /// largest message, and its frame's header.
 const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 
-/// A [`Layer`] for an HTTP client service (a hyper-util client, or a server stack in tests)
-/// that makes each request an intent with one `Idempotency-Key`, kept for every attempt, and
-/// retries what is safe to retry with it.
+/// A [`Layer`] for an HTTP client service, such as a hyper-util client or a server stack in
+/// tests, that makes each request an intent with one `Idempotency-Key`, kept for every attempt,
+/// and retries what is safe to retry with it.
 ///
-/// - The key: the request's own `Idempotency-Key` if it has one, else its [`IntentKey`](super::IntentKey)
-///   extension, else one the layer makes (128 bits, 32 hexadecimal characters) before the
-///   first attempt.
-/// - The body is read once, up to [`body_limit`](Self::body_limit), and every attempt sends
-///   the same bytes.
-/// - Retried, with the key: what [`decide`] and [`decide_failure`] say (a connection cut, an
-///   attempt's timeout, `502`/`503`/`504`, `429`, a pending first attempt's `409`), after a
-///   backoff with full jitter (a random wait up to [`backoff`](Self::backoff)'s base doubled
-///   each attempt, capped), and never before a `Retry-After`.
-/// - Bounded: [`max_attempts`](Self::max_attempts) a request, a
-///   [`deadline`](Self::deadline) for all of them, and a retry budget shared by the layer's
-///   clones (tower's `TpsBudget`: retries at most a share of first attempts, so that
-///   retries cannot multiply an outage). The last answer is the caller's when any runs out.
-/// - Only requests whose method the layer keys ([`methods`](Self::methods), default `POST`)
-///   get a key and retries, and fund the budget; others are sent once (their body buffered
-///   alike, within the limit).
-/// - A `Retry-After` longer than [`retry_after_cap`](Self::retry_after_cap) is not cut
-///   short: that answer is the caller's.
+/// - The key: the request's own `Idempotency-Key` if it has one, else its
+///   [`IntentKey`](super::IntentKey) extension, else one the layer makes before the first
+///   attempt: 128 bits, 32 hexadecimal characters.
+/// - The body is read once, up to [`body_limit`](Self::body_limit), and every attempt sends the
+///   same bytes.
+/// - Retried, with the key: a connection cut, an attempt's timeout, `502`/`503`/`504`, `429`, a
+///   pending first attempt's `409`, as [`decide`] and [`decide_failure`] say. A retry waits out
+///   a backoff with full jitter: a random wait up to [`backoff`](Self::backoff)'s base, doubled
+///   each attempt and capped. It never comes before a `Retry-After`.
+/// - Bounded: [`max_attempts`](Self::max_attempts) a request, a [`deadline`](Self::deadline)
+///   for all of them, and a retry budget shared by the layer's clones. The budget is tower's
+///   `TpsBudget`: retries at most a share of first attempts, so that retries cannot multiply an
+///   outage. The last answer is the caller's when any runs out.
+/// - Only requests whose method the layer keys get a key and retries, and fund the budget: see
+///   [`methods`](Self::methods), default `POST`. Others are sent once, their body buffered
+///   alike, within the limit.
+/// - A `Retry-After` longer than [`retry_after_cap`](Self::retry_after_cap) is not cut short:
+///   that answer is the caller's.
 ///
-/// - Unary gRPC (a tonic `Channel` under the layer, its requests' bodies mapped to
-///   `Full<Bytes>`): the key goes in the `idempotency-key` metadata entry (the same header),
-///   and an answer is decided by its `grpc-status` ([`decide_grpc`]): in its headers, or in
-///   its trailers, for which its body is read whole (up to 4 MiB). Put the layer on unary
+/// - Unary gRPC, with a tonic `Channel` under the layer and its requests' bodies mapped to
+///   `Full<Bytes>`: the key goes in the `idempotency-key` metadata entry, which is the same
+///   header. An answer is decided by its `grpc-status` with [`decide_grpc`]: in its headers, or
+///   in its trailers, for which its body is read whole, up to 4 MiB. Put the layer on unary
 ///   calls only: a streaming answer would be read to its end before the caller sees it.
 ///   gRPC-web answers carry their status in their body, and are decided by their HTTP status.
 ///
 /// The response carries [`Attempts`] in its extensions, and the [`IntentKey`](super::IntentKey) sent.
 ///
-/// The service under the layer takes `http::Request<Full<Bytes>>` (the buffered body) and
-/// may answer with any body; the layer answers with a [`ClientBody`] over it, and its errors
-/// are `tower::BoxError` (a [`GaveUp`](super::GaveUp) when it gives up without an answer).
-/// With hyper-util's client (its features `client-legacy`, `http1` and `tokio`):
+/// The service under the layer takes `http::Request<Full<Bytes>>`, with the buffered body, and
+/// may answer with any body. The layer answers with a [`ClientBody`] over it, and its errors
+/// are `tower::BoxError`: a [`GaveUp`](super::GaveUp) when it gives up without an answer. With
+/// hyper-util's client and its features `client-legacy`, `http1` and `tokio`:
 ///
 /// ```
 /// use std::time::Duration;
@@ -96,10 +96,10 @@ const GRPC_BODY_LIMIT: usize = 4 * 1024 * 1024 + 5;
 /// # Ok(()) }
 /// ```
 ///
-/// A service under the layer whose error is `tower::BoxError` (a stack with tower's
-/// `Timeout`, say) may make the compiler refuse a `tokio::spawn` of an `async` block that
-/// calls the client, with "implementation of `From` is not general enough" (a limit of the
-/// compiler's reasoning about such blocks, not of the layer): make the call in an `async fn`
+/// A service under the layer whose error is `tower::BoxError`, such as a stack with tower's
+/// `Timeout`, may make the compiler refuse a `tokio::spawn` of an `async` block that calls the
+/// client, with "implementation of `From` is not general enough". This is a limit of the
+/// compiler's reasoning about such blocks, not of the layer. Make the call in an `async fn`
 /// generic over the service, or map the service's errors to a concrete type.
 #[derive(Clone)]
 pub struct ClientLayer {
@@ -130,8 +130,8 @@ impl fmt::Debug for ClientLayer {
 impl ClientLayer {
     /// Keys `POST` requests; 5 attempts at most, no attempt timeout or deadline of its own,
     /// backoff from 100 ms doubling to 10 s, `Retry-After` honoured up to 30 s, bodies up to
-    /// 1 MiB, and a budget of 20% of first attempts in retries (at least 10 a second) over
-    /// the last 10 seconds.
+    /// 1 MiB, and a budget of 20% of first attempts in retries, at least 10 a second, over the
+    /// last 10 seconds.
     pub fn new() -> Self {
         Self {
             settings: Arc::new(Settings {
@@ -164,7 +164,7 @@ impl ClientLayer {
         self
     }
 
-    /// The most attempts a request makes, the first included (at least 1).
+    /// The most attempts a request makes, the first included; at least 1.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.settings().max_attempts = attempts.max(1);
         self
@@ -177,15 +177,15 @@ impl ClientLayer {
     }
 
     /// How long a request may take over all its attempts and waits: an attempt still running
-    /// when it passes is given up (as by [`attempt_timeout`](Self::attempt_timeout)), no new
-    /// attempt starts, and the last answer (or failure) is the caller's.
+    /// when it passes is given up as by [`attempt_timeout`](Self::attempt_timeout), no new
+    /// attempt starts, and the last answer or failure is the caller's.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.settings().deadline = Some(deadline);
         self
     }
 
-    /// The first backoff's ceiling, doubled each retry up to `max`; each wait is a random
-    /// share of it (full jitter).
+    /// The first backoff's ceiling, doubled each retry up to `max`; each wait is a random share
+    /// of it: full jitter.
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.settings().backoff = (base, max.max(base));
         self
@@ -210,7 +210,7 @@ impl ClientLayer {
         self
     }
 
-    /// The `layer` label of this layer's [metrics](crate::metrics) (feature `metrics`):
+    /// The `layer` label of this layer's [metrics](crate::metrics), with the feature `metrics`:
     /// [`CLIENT_ATTEMPTS`](crate::metrics::CLIENT_ATTEMPTS) and
     /// [`CLIENT_BUDGET_REFUSALS`](crate::metrics::CLIENT_BUDGET_REFUSALS); `"default"` unless
     /// set.
@@ -400,15 +400,15 @@ where
 /// The decision on an answer, and the answer to give; or, for an answer that broke off, the
 /// decision on it and why.
 ///
-/// - A unary gRPC answer (`application/grpc`) is decided by its `grpc-status`
-///   ([`decide_grpc`]): in its headers (a trailers-only answer) or in its trailers, for which
-///   its body is read whole (up to a limit); one that ends without a status was cut short, a
+/// - A unary gRPC answer, `application/grpc`, is decided by its `grpc-status` with
+///   [`decide_grpc`]: in its headers for a trailers-only answer, or in its trailers, for which
+///   its body is read whole, up to a limit. One that ends without a status was cut short, a
 ///   lost answer.
-/// - A `409` to a keyed request has its body read (up to a limit) to tell a pending first
+/// - A `409` to a keyed request has its body read, up to a limit, to tell a pending first
 ///   attempt from a conflict; one cut short is a lost answer.
 /// - Any other answer is decided by its status and headers, its body not read.
 ///
-/// An answer longer than the limit is final (it is not the layer's), and given whole: what
+/// An answer longer than the limit is final, as it is not the layer's, and is given whole: what
 /// was read, then the rest.
 async fn judge<ResBody>(
     response: Response<ResBody>,
@@ -453,8 +453,8 @@ where
     Ok((decision, Response::from_parts(parts, body)))
 }
 
-/// Whether `headers` are a gRPC answer's (HTTP/2 gRPC; gRPC-web carries its status in its
-/// body, and is decided by its HTTP status).
+/// Whether `headers` are a gRPC answer's, over HTTP/2. gRPC-web carries its status in its body,
+/// and is decided by its HTTP status.
 fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)

@@ -1,6 +1,6 @@
-//! The client layer's retries for `reqwest` (feature `reqwest`): a `reqwest-middleware`
-//! middleware with the same key per intent, decision table, backoff, cap, deadline and
-//! budget as [`ClientLayer`], whose settings it takes.
+//! The client layer's retries for `reqwest`, behind the feature `reqwest`: a
+//! `reqwest-middleware` middleware with the same key per intent, decision table, backoff, cap,
+//! deadline and budget as [`ClientLayer`], whose settings it takes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,24 +16,24 @@ use super::retries::{Retries, Settings, intent_key};
 
 /// A [`reqwest_middleware::Middleware`] that makes each request an intent with one
 /// `Idempotency-Key` and retries what is safe to retry with it, as [`ClientLayer`] does for a
-/// tower client: built from a `ClientLayer` ([`ClientLayer::reqwest_middleware`]), with its
-/// settings and its budget (shared with the layer's clones).
+/// tower client. It is built from a `ClientLayer` with [`ClientLayer::reqwest_middleware`], and
+/// has its settings and its budget, shared with the layer's clones.
 ///
-/// A request whose body cannot be cloned (a stream) is sent once, with its key, within the
-/// attempt's time and the deadline. The answer carries [`Attempts`] and the
-/// [`IntentKey`](super::IntentKey) sent in its extensions; to choose the key, set the header
-/// or an `IntentKey` with `reqwest_middleware::RequestBuilder::with_extension`.
+/// A request whose body cannot be cloned, such as a stream, is sent once, with its key, within
+/// the attempt's time and the deadline. The answer carries [`Attempts`] and the
+/// [`IntentKey`](super::IntentKey) sent in its extensions; to choose the key, set the header or
+/// an `IntentKey` with `reqwest_middleware::RequestBuilder::with_extension`.
 ///
-/// A request it gives up on without an answer fails with the last attempt's error as it came
-/// (a `reqwest_middleware::Error::Reqwest` for a connection that failed, so that a retrier
-/// outside it still reads it), not with the tower layer's [`GaveUp`](super::GaveUp): to keep
+/// A request it gives up on without an answer fails with the last attempt's error as it came,
+/// not with the tower layer's [`GaveUp`](super::GaveUp). For a connection that failed, that is
+/// a `reqwest_middleware::Error::Reqwest`, so that a retrier outside it still reads it. To keep
 /// the key for a later try, choose it and set it before sending.
 ///
 /// Built against `reqwest` 0.13 and `reqwest-middleware` 0.5. It is the only retrying
-/// middleware a client needs: another (`reqwest-retry`) in the same stack would retry
+/// middleware a client needs: another, such as `reqwest-retry`, in the same stack would retry
 /// again, outside this one's budget. If one is there all the same, outside this one, its
-/// retries are the same intent: the key made here is written back to the request's
-/// extensions, which reqwest-middleware hands every attempt, as an [`IntentKey`](super::IntentKey).
+/// retries are the same intent: the key made here is written back to the request's extensions,
+/// which reqwest-middleware hands every attempt, as an [`IntentKey`](super::IntentKey).
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,8 +60,8 @@ impl std::fmt::Debug for RetryMiddleware {
 }
 
 impl ClientLayer {
-    /// This layer's retries as a `reqwest-middleware` middleware (feature `reqwest`): its
-    /// settings as they are now, and the same budget (shared with the layer's clones).
+    /// This layer's retries as a `reqwest-middleware` middleware, with the feature `reqwest`:
+    /// its settings as they are now, and the same budget, shared with the layer's clones.
     #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
     pub fn reqwest_middleware(&self) -> RetryMiddleware {
         RetryMiddleware {
@@ -91,9 +91,9 @@ impl std::fmt::Display for Lost {
 impl std::error::Error for Lost {}
 
 /// Why a `reqwest` error got no answer, if the request may have reached the server: its
-/// connection failed or broke (reqwest's own timeouts among them: of the connect, the request
-/// or the body). Any other error (a request that could not be built, a redirect loop, another
-/// middleware's) is final.
+/// connection failed or broke, reqwest's own timeouts of the connect, the request or the body
+/// among them. Any other error is final, such as a request that could not be built, a redirect
+/// loop or another middleware's.
 fn failure(error: &reqwest_middleware::Error) -> Option<Failure> {
     match error {
         reqwest_middleware::Error::Reqwest(error)
@@ -180,10 +180,10 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-/// The decision on a `reqwest` answer, and the answer to give: a `409` to a keyed request
-/// has its body read (up to a limit) to tell a pending first attempt from a conflict, and is
-/// given back whole (a longer one is final, given as it came); any other answer is decided by
-/// its status and headers.
+/// The decision on a `reqwest` answer, and the answer to give: a `409` to a keyed request has
+/// its body read, up to a limit, to tell a pending first attempt from a conflict, and is given
+/// back whole; a longer one is final, given as it came. Any other answer is decided by its
+/// status and headers.
 async fn judge(
     response: Response,
     keyed: bool,

@@ -1,6 +1,6 @@
 //! What every client of the crate shares, the tower layer and the `reqwest` middleware alike:
-//! the settings, an intent's key, and the policy between attempts (the backoff with full
-//! jitter, the attempt cap, the deadline and the budget).
+//! the settings, an intent's key, and the policy between attempts. That policy is the backoff
+//! with full jitter, the attempt cap, the deadline and the budget.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -16,17 +16,17 @@ use super::decision::Decision;
 use crate::metrics::Metrics;
 use crate::operation::IDEMPOTENCY_KEY;
 
-/// An intent's `Idempotency-Key`. Set in a request's extensions, it is the key the layer
-/// sends with every attempt (unless the request has an `Idempotency-Key` header already,
-/// which wins); the layer puts the key it sent into the response's extensions, whichever it
-/// was, so that a caller that let the layer make one can log it or store it.
+/// An intent's `Idempotency-Key`. Set in a request's extensions, it is the key the layer sends
+/// with every attempt, unless the request has an `Idempotency-Key` header already, which wins.
+/// The layer puts the key it sent into the response's extensions, whichever it was, so that a
+/// caller that let the layer make one can log it or store it.
 ///
-/// The layer's error when it gave up without an answer ([`GaveUp`]) carries the key too, and
+/// The layer's error when it gave up without an answer, [`GaveUp`], carries the key too, and
 /// the reqwest middleware writes it back to the request's extensions; a retrier outside the
 /// tower layer reuses it through [`SameKey`]. An intent that may be tried again much later,
-/// after the process that made its key is gone, must keep its key: set it here (or as the
-/// header), and store it with the intent before the first attempt, so that a later try is
-/// the same intent, not a second create.
+/// after the process that made its key is gone, must keep its key: set it here or as the
+/// header, and store it with the intent before the first attempt, so that a later try is the
+/// same intent, not a second create.
 ///
 /// ```
 /// use http::{HeaderValue, Request};
@@ -44,8 +44,9 @@ pub struct IntentKey(pub HeaderValue);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Stop {
-    /// The last answer, or failure, is final: it may not be retried (a failure of a request
-    /// without a key, one that cannot have reached the server, or an answer that decides).
+    /// The last answer, or failure, is final: it may not be retried. It is a failure of a
+    /// request without a key, one that cannot have reached the server, or an answer that
+    /// decides.
     Final,
     /// [`max_attempts`](super::ClientLayer::max_attempts) were made.
     AttemptCap,
@@ -72,9 +73,9 @@ impl std::fmt::Display for Stop {
 /// its [`source`](std::error::Error::source). A caller finds it in the layer's
 /// `tower::BoxError` with `downcast_ref`.
 ///
-/// The key is the one to retry the intent with later, by hand or by a retrier outside the
-/// layer ([`SameKey`](super::SameKey)): under another key, a request whose answer was lost
-/// after the server created would create again.
+/// The key is the one to retry the intent with later, by hand or by a retrier outside the layer
+/// with [`SameKey`](super::SameKey): under another key, a request whose answer was lost after
+/// the server created would create again.
 ///
 /// ```
 /// use tower_idempotency::client::{GaveUp, Stop};
@@ -93,7 +94,7 @@ impl std::fmt::Display for Stop {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct GaveUp {
-    /// The attempts made, the first included (0 if none could be sent).
+    /// The attempts made, the first included; 0 if none could be sent.
     pub attempts: u32,
     /// Why no more were made.
     pub stop: Stop,
@@ -124,14 +125,14 @@ impl std::error::Error for GaveUp {
 /// layer's [`GaveUp`] error, set as the retried request's [`IntentKey`], so that every outer
 /// retry is the same intent. A request that has an `Idempotency-Key` header keeps it.
 ///
-/// `tower::retry::Retry` clones a request before the layer inside it makes the key, so a
-/// plain policy would retry under a new key each time: a request whose answer was lost after
-/// the server created, once the layer's own attempts ran out, would then create again. A
-/// layer between the retrier and the client layer that fails with an error of its own (a
-/// `tower::timeout::Timeout` outside `ClientLayer`) hides the key the same way: put such
-/// limits on the client layer itself ([`attempt_timeout`](super::ClientLayer::attempt_timeout),
-/// [`deadline`](super::ClientLayer::deadline)). (`ServiceBuilder::retry` needs tower's
-/// feature `retry`, which the crate's `client` turns on.)
+/// `tower::retry::Retry` clones a request before the layer inside it makes the key, so a plain
+/// policy would retry under a new key each time: a request whose answer was lost after the
+/// server created, once the layer's own attempts ran out, would then create again. A layer
+/// between the retrier and the client layer that fails with an error of its own, such as a
+/// `tower::timeout::Timeout` outside `ClientLayer`, hides the key the same way: put such limits
+/// on the client layer itself, with [`attempt_timeout`](super::ClientLayer::attempt_timeout)
+/// and [`deadline`](super::ClientLayer::deadline). `ServiceBuilder::retry` needs tower's
+/// feature `retry`, which the crate's `client` turns on.
 ///
 /// ```
 /// use tower::retry::Policy;
@@ -254,8 +255,8 @@ impl<'a> Retries<'a> {
         }
     }
 
-    /// After an attempt decided so: the wait before the next one, or why there is none (the
-    /// answer is final, the attempts or the time ran out, or the budget refused).
+    /// After an attempt decided so, the wait before the next one, or why there is none: the
+    /// answer is final, the attempts or the time ran out, or the budget refused.
     pub(super) fn wait_after(&self, decision: Decision) -> Result<Duration, Stop> {
         let Decision::Retry { after } = decision else {
             return Err(Stop::Final);
@@ -299,7 +300,7 @@ impl<'a> Retries<'a> {
     }
 }
 
-/// A random share of the backoff's ceiling for `attempt` (1 for the first retry): full
+/// A random share of the backoff's ceiling for `attempt`, which is 1 for the first retry: full
 /// jitter.
 fn jitter((base, max): (Duration, Duration), attempt: u32) -> Duration {
     let ceiling = base
@@ -316,8 +317,8 @@ fn new_key() -> HeaderValue {
     HeaderValue::try_from(text).expect("hexadecimal digits are a header value")
 }
 
-/// 64 random bits: the process's keyed hash of a counter (a fresh secret key per process,
-/// from the operating system's randomness).
+/// 64 random bits: the process's keyed hash of a counter, with a fresh secret key per process
+/// from the operating system's randomness.
 fn random() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static STATE: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();

@@ -1,23 +1,23 @@
-//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`): what
-//! the layers count and time, for whichever exporter the application installs (Prometheus,
-//! StatsD, OpenTelemetry, …). Without an exporter installed, each report costs a load of the
-//! facade's recorder and nothing more; without the feature, nothing at all.
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade, behind the feature
+//! `metrics`: what the layers count and time, for whichever exporter the application installs,
+//! such as Prometheus, StatsD or OpenTelemetry. Without an exporter installed, each report
+//! costs a load of the facade's recorder and nothing more; without the feature, nothing at all.
 //!
 //! Every series carries a `layer` label: the layer's
-//! [`metrics_label`](crate::IdempotencyLayer::metrics_label) (the client layer's
-//! [`metrics_label`](crate::client::ClientLayer::metrics_label)), `"default"` unless set.
+//! [`metrics_label`](crate::IdempotencyLayer::metrics_label), or for the client layer its
+//! [`metrics_label`](crate::client::ClientLayer::metrics_label); `"default"` unless set.
 //!
 //! | series | kind | more labels | what it counts |
 //! |---|---|---|---|
 //! | [`REQUESTS`] | counter | `outcome`, `status` | guarded requests by [`Outcome`]: `created`, `replay`, `conflict`, `pending`, `not_admitted` and `rejected` (refused, by `status`), `store_unavailable`, `create_failed`, `complete_failed`, `unstored`; `status` is the answer's |
 //! | [`STORE_CALL_SECONDS`] | histogram | `call` | the time of each store call of a request: `claim`, `complete`, `release`, `renew` |
-//! | [`WAITING`] | gauge | | requests waiting now for a pending key's first attempt ([`pending_wait`](crate::IdempotencyLayer::pending_wait)) |
+//! | [`WAITING`] | gauge | | requests waiting now for a pending key's first attempt; see [`pending_wait`](crate::IdempotencyLayer::pending_wait) |
 //! | [`SETTLING`] | gauge | | lost store answers being settled now, each in a task of its own |
-//! | [`CLIENT_ATTEMPTS`] | counter | `attempt` (`first`, `retry`) | attempts the client layer sent |
-//! | [`CLIENT_BUDGET_REFUSALS`] | counter | | retries the client layer's budget refused (the last answer given instead) |
+//! | [`CLIENT_ATTEMPTS`] | counter | `attempt`: `first` or `retry` | attempts the client layer sent |
+//! | [`CLIENT_BUDGET_REFUSALS`] | counter | | retries the client layer's budget refused, giving the last answer instead |
 //!
 //! The crate reports through `metrics` 0.24: install an exporter built on that version. With
-//! `metrics-exporter-prometheus` (0.18), store call times as histograms rather than its
+//! `metrics-exporter-prometheus` 0.18, store call times as histograms rather than its
 //! default summaries, and the scrape on a port of its own:
 //!
 //! ```
@@ -42,17 +42,17 @@
 
 use crate::Outcome;
 
-/// Guarded requests by outcome (counter; labels `layer`, `outcome`, `status`).
+/// Guarded requests by outcome. A counter, labels `layer`, `outcome`, `status`.
 pub const REQUESTS: &str = "idempotency_requests_total";
-/// The time of a store call, in seconds (histogram; labels `layer`, `call`).
+/// The time of a store call, in seconds. A histogram, labels `layer`, `call`.
 pub const STORE_CALL_SECONDS: &str = "idempotency_store_call_seconds";
-/// Requests waiting for a pending key's first attempt now (gauge; label `layer`).
+/// Requests waiting for a pending key's first attempt now. A gauge, label `layer`.
 pub const WAITING: &str = "idempotency_waiting";
-/// Lost store answers being settled now (gauge; label `layer`).
+/// Lost store answers being settled now. A gauge, label `layer`.
 pub const SETTLING: &str = "idempotency_settling";
-/// Attempts sent by the client layer (counter; labels `layer`, `attempt`).
+/// Attempts sent by the client layer. A counter, labels `layer`, `attempt`.
 pub const CLIENT_ATTEMPTS: &str = "idempotency_client_attempts_total";
-/// Retries the client layer's budget refused (counter; label `layer`).
+/// Retries the client layer's budget refused. A counter, label `layer`.
 pub const CLIENT_BUDGET_REFUSALS: &str = "idempotency_client_budget_refusals_total";
 
 /// The label a layer's series carry unless it is given one.
@@ -123,12 +123,12 @@ impl Metrics {
         .record(started.0.elapsed());
     }
 
-    /// `series` (a gauge) moves by `delta`.
+    /// `series`, a gauge, moves by `delta`.
     pub(crate) fn gauge(&self, series: &'static str, delta: f64) {
         ::metrics::gauge!(series, "layer" => self.layer.clone()).increment(delta);
     }
 
-    /// The client layer sent an attempt, its first (`retry` false) or a retry.
+    /// The client layer sent an attempt: a retry if `retry`, else its first.
     #[cfg_attr(not(feature = "client"), allow(dead_code))]
     pub(crate) fn attempt(&self, retry: bool) {
         let attempt = if retry { "retry" } else { "first" };

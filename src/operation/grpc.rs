@@ -17,13 +17,14 @@ use crate::refusal;
 /// The content type of a gRPC call, with or without a `+proto`-style suffix.
 const GRPC: &str = "application/grpc";
 
-/// Unary gRPC calls of the methods it guards (`/package.Service/Method`), each keyed by its
-/// `idempotency-key` metadata entry. A guarded method's path reached other than as a gRPC
-/// `POST` is refused (`UNIMPLEMENTED`), since a gRPC server routes by path alone. The body
-/// limit defaults to one 4 MiB message, as tonic's. The fingerprint is SHA-256 over the method's path and the
-/// request message exactly as framed (one length-prefixed message; its compressed flag
-/// included). Every other path, and every call that is not gRPC, passes through untouched:
-/// streaming methods and services such as `grpc.health.v1.Health` are simply not guarded.
+/// Unary gRPC calls of the methods it guards, named as `/package.Service/Method`, each keyed by
+/// its `idempotency-key` metadata entry. A guarded method's path reached other than as a gRPC
+/// `POST` is refused with `UNIMPLEMENTED`, since a gRPC server routes by path alone. The body
+/// limit defaults to one 4 MiB message, as tonic's. The fingerprint is SHA-256 over the
+/// method's path and the request message exactly as framed: one length-prefixed message, its
+/// compressed flag included. Every other path, and every call that is not gRPC, passes through
+/// untouched: streaming methods and services such as `grpc.health.v1.Health` are simply not
+/// guarded.
 ///
 /// Refusals are gRPC statuses, never HTTP errors: HTTP 200, a trailers-only reply whose
 /// `grpc-status` and `grpc-message` name the case in the contract's words:
@@ -35,29 +36,29 @@ const GRPC: &str = "application/grpc";
 /// | no scope where one is required | 7 `PERMISSION_DENIED` | `scope_required` |
 /// | key reused for another message | 9 `FAILED_PRECONDITION` | `idempotency_conflict` |
 /// | first attempt in flight | 10 `ABORTED` | `request_pending` |
-/// | admission: rate refusal (429) | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
-/// | admission: concurrency refusal (503), store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
+/// | admission: 429 rate refusal | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
+/// | admission: 503 concurrency refusal, store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
 /// | create failed, response past the size its body declared | 13 `INTERNAL` | `create_failed`, `response_too_large` |
 /// | a guarded path not called as gRPC: another method, another content type | 12 `UNIMPLEMENTED` | `method_not_allowed`, `unsupported_media_type` |
-/// | off the layer's configured path (with `OtherPaths::NotFound`) | 12 `UNIMPLEMENTED` | `not_found` |
+/// | off the layer's configured path, with `OtherPaths::NotFound` | 12 `UNIMPLEMENTED` | `not_found` |
 ///
-/// A response over the [cap](crate::IdempotencyLayer::response_limit) (1 MiB by default) is
-/// given whole, but its record keeps no body and no trailers
-/// ([`StoredResponses`](crate::StoredResponses#a-response-over-the-cap)): its replay has no
-/// `grpc-status`, which a gRPC client reads as a call that broke off. Set the cap above the
-/// largest message the service answers (tonic decodes at most 4 MiB by default).
+/// A response over the [cap](crate::IdempotencyLayer::response_limit), 1 MiB by default, is
+/// given whole, but its record keeps no body and no trailers, as
+/// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap) describes: its replay
+/// has no `grpc-status`, which a gRPC client reads as a call that broke off. Set the cap above
+/// the largest message the service answers; tonic decodes at most 4 MiB by default.
 ///
 /// A gRPC error is an HTTP 200 whose status is in its trailers, so
 /// [`StoredResponses::Successful`](crate::StoredResponses::Successful) stores it as a success:
-/// keep the default (every answer stored) or release a failed create yourself.
+/// keep the default, which stores every answer, or release a failed create yourself.
 ///
-/// The created response (the message and its trailers, `grpc-status` included) is stored
+/// The created response is the message and its trailers, `grpc-status` included. It is stored
 /// before it is written and replayed exactly, a non-OK status as any other. Exactly means as
-/// the first call got it: a server that compresses its responses (tonic's `send_compressed`)
-/// replays the first caller's compressed reply to a retry that may not accept that
-/// encoding, so compress replies of guarded methods only where every client accepts it. Put the layer
-/// inside tonic-web's `GrpcWebLayer`, so that gRPC-web calls reach it as gRPC. The inner
-/// service gets the [`IdempotencyKey`] in the request extensions.
+/// the first call got it: a server that compresses its responses, as with tonic's
+/// `send_compressed`, replays the first caller's compressed reply to a retry that may not
+/// accept that encoding, so compress replies of guarded methods only where every client accepts
+/// it. Put the layer inside tonic-web's `GrpcWebLayer`, so that gRPC-web calls reach it as
+/// gRPC. The inner service gets the [`IdempotencyKey`] in the request extensions.
 ///
 /// ```
 /// use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
@@ -102,7 +103,7 @@ impl<'a> GrpcCall<'a> {
         self.compressed
     }
 
-    /// The request's head: its path, its metadata (`grpc-encoding`, say).
+    /// The request's head: its path and its metadata, such as `grpc-encoding`.
     pub fn parts(&self) -> &'a Parts {
         self.parts
     }
@@ -123,7 +124,7 @@ impl GrpcOperation {
         Self::default()
     }
 
-    /// Guards the unary method at `path` (`/package.Service/Method`).
+    /// Guards the unary method at `path`, written `/package.Service/Method`.
     pub fn method(self, path: impl Into<String>) -> Self {
         let mut methods = self.methods.to_vec();
         methods.push(path.into());
@@ -133,8 +134,8 @@ impl GrpcOperation {
         }
     }
 
-    /// Checks every guarded call (its key, its request message, its head) before anything is
-    /// claimed: an `Err` refuses the call with `INVALID_ARGUMENT` (`invalid_request`) and it
+    /// Checks each guarded call's key, request message and head before anything is claimed: an
+    /// `Err` refuses the call with `INVALID_ARGUMENT`, message `invalid_request`, and it
     /// reaches neither the store nor the service; so does a check that panics. Decode the
     /// message with the service's own types to check its fields, or that the key names the
     /// operation; a compressed message comes as it was sent, to decompress or refuse.
@@ -182,8 +183,8 @@ fn is_grpc(parts: &Parts) -> bool {
     })
 }
 
-/// The one message of a unary call's body: a compressed flag (0 or 1), a length (u32, big
-/// endian), and exactly that many bytes.
+/// The one message of a unary call's body: a compressed flag of 0 or 1, a length as a
+/// big-endian u32, and exactly that many bytes.
 fn one_message(body: &[u8]) -> Option<&[u8]> {
     let (&flag, rest) = body.split_first()?;
     let (length, message) = rest.split_first_chunk::<4>()?;
@@ -258,8 +259,8 @@ impl Operation for GrpcOperation {
     }
 }
 
-/// The gRPC status codes a refusal is answered with (of the canonical codes, those the
-/// layer uses), written as the decimal number `grpc-status` carries.
+/// The gRPC status codes a refusal is answered with: those of the canonical codes the layer
+/// uses, written as the decimal number `grpc-status` carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Code {
@@ -290,8 +291,8 @@ impl Code {
 }
 
 /// The gRPC status code and message of a refusal: its row of the
-/// [refusal table](crate::refusal), the code read off the row's HTTP status, and any bad key
-/// or body `invalid_request` (the key travels in metadata, beside the message).
+/// [refusal table](crate::refusal), the code read off the row's HTTP status, and any bad key or
+/// body `invalid_request`, since the key travels in metadata, beside the message.
 fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
     let declared = match rejection {
         Rejection::InvalidKey => &refusal::INVALID_REQUEST,

@@ -19,20 +19,23 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 
 /// Any JSON create endpoint, as draft-ietf-httpapi-idempotency-key-header describes it.
 ///
-/// - **Guarded methods**: `POST` by default ([`methods`](Self::methods) adds `PATCH`, say);
-///   other methods pass through untouched, so a `GET` on the same route is not guarded.
+/// - **Guarded methods**: `POST` by default; [`methods`](Self::methods) adds others, such as
+///   `PATCH`. Other methods pass through untouched, so a `GET` on the same route is not
+///   guarded.
 /// - **The key**: one `Idempotency-Key` header, 1 to 255 visible ASCII characters, bare or as a
-///   Structured Field string ([`IdempotencyKey`](crate::operation::IdempotencyKey)); checked before the body is read.
-/// - **The body**: `Content-Type: application/json` or `application/…+json`, at most the body
-///   limit (16 KiB unless the layer sets another), one JSON value with no member name twice.
-///   With a type ([`JsonOperation::typed`]) it must deserialize into it and pass the
+///   Structured Field string; see [`IdempotencyKey`](crate::operation::IdempotencyKey). It is
+///   checked before the body is read.
+/// - **The body**: `Content-Type: application/json` or `application/…+json`, one JSON value
+///   with no member name twice, at most the body limit: 16 KiB unless the layer sets another.
+///   With a type, given by [`JsonOperation::typed`], it must deserialize into it and pass the
 ///   [`validate`](Self::validate) hook; the inner service gets the value in the request
-///   extensions (and the unchanged body, so axum's `Json<T>` works too).
-/// - **The fingerprint**: SHA-256 over the method, the path with its query, the media type,
-///   and the body in canonical JSON (RFC 8785): member order, whitespace, escapes and number
-///   spelling (`1.0` and `1`) do not change it. Numbers are doubles, as RFC 8785 reads them;
-///   an integer literal a double cannot hold exactly (past 2^53) is refused, since a typed
-///   body would read it otherwise — send such values as strings. [`fingerprint_only`](Self::fingerprint_only) and
+///   extensions, and the unchanged body too, so axum's `Json<T>` works as well.
+/// - **The fingerprint**: SHA-256 over the method, the path with its query, the media type, and
+///   the body in RFC 8785 canonical JSON: member order, whitespace, escapes and number
+///   spelling, such as `1.0` against `1`, do not change it. Numbers are doubles, as RFC
+///   8785 reads them; an integer literal a double cannot hold exactly, past 2^53, is refused,
+///   since a typed body would read it otherwise — send such values as strings.
+///   [`fingerprint_only`](Self::fingerprint_only) and
 ///   [`fingerprint_except`](Self::fingerprint_except) narrow it with JSON pointers.
 /// - **Refusals** are RFC 9457 `application/problem+json`:
 ///
@@ -113,8 +116,8 @@ enum Selection {
 }
 
 impl JsonOperation {
-    /// Any JSON body, untyped: the syntax is checked, nothing is deserialized, and nothing
-    /// is handed to the inner service beside the body (its handler reads the body).
+    /// Any JSON body, untyped: the syntax is checked, nothing is deserialized, and nothing is
+    /// handed to the inner service beside the body; its handler reads the body.
     pub fn new() -> Self {
         let mut operation = Self::typed();
         operation.config().hand_over = false;
@@ -151,7 +154,7 @@ impl<T> fmt::Debug for JsonOperation<T> {
 
 impl<T> JsonOperation<T> {
     /// A body that must deserialize into `T`; the inner service gets the `T` in the request
-    /// extensions (axum: `Extension<T>`), unless the layer's
+    /// extensions, which axum reads as `Extension<T>`, unless the layer's
     /// [`value_extension(false)`](crate::IdempotencyLayer::value_extension) says otherwise.
     pub fn typed() -> Self {
         Self {
@@ -171,9 +174,9 @@ impl<T> JsonOperation<T> {
         Arc::make_mut(&mut self.config)
     }
 
-    /// Checks every deserialized value; an `Err` is a `400` whose problem carries it: a
-    /// plain reason as the detail (`Err("…".into())`), or a reason about one member,
-    /// [`Invalid::at`], also in the problem's `errors` with its JSON pointer.
+    /// Checks every deserialized value; an `Err` is a `400` whose problem carries it: a plain
+    /// reason as the detail, `Err("…".into())`, or a reason about one member, [`Invalid::at`],
+    /// also in the problem's `errors` with its JSON pointer.
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
@@ -200,8 +203,8 @@ impl<T> JsonOperation<T> {
 
     /// Writes the `type` of every problem this operation answers under `base`, the
     /// documentation of your own API, rather than under
-    /// [`DEFAULT_TYPE_BASE`](crate::problem::DEFAULT_TYPE_BASE): the type is `base` followed
-    /// by the case's name ([problem types](crate::problem#problem-types)).
+    /// [`DEFAULT_TYPE_BASE`](crate::problem::DEFAULT_TYPE_BASE): the type is `base` followed by
+    /// the case's name; see [problem types](crate::problem#problem-types).
     ///
     /// ```
     /// use tower_idempotency::{JsonOperation, Operation};
@@ -230,12 +233,13 @@ impl<T> JsonOperation<T> {
         self
     }
 
-    /// Requires the body member at `pointer` (a JSON pointer, `/request_id`) to be a string
-    /// equal to the key, else `400` about that member: for bodies that carry their own key.
+    /// Requires the body member at `pointer`, a JSON pointer such as `/request_id`, to be a
+    /// string equal to the key, else `400` about that member: for bodies that carry their own
+    /// key.
     ///
     /// # Errors
     ///
-    /// If `pointer` is not a JSON pointer (RFC 6901): neither empty nor starting with `/`, or
+    /// If `pointer` is not an RFC 6901 JSON pointer: neither empty nor starting with `/`, or
     /// with a `~` not followed by `0` or `1`.
     ///
     /// ```
@@ -251,12 +255,12 @@ impl<T> JsonOperation<T> {
         Ok(self)
     }
 
-    /// Fingerprints only the members at these JSON pointers (with the method, the path and the
-    /// query); a member that is absent counts as absent.
+    /// Fingerprints only the members at these JSON pointers, along with the method, the path
+    /// and the query; a member that is absent counts as absent.
     ///
     /// # Errors
     ///
-    /// If a pointer is not a JSON pointer (RFC 6901).
+    /// If a pointer is not an RFC 6901 JSON pointer.
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
@@ -279,7 +283,7 @@ impl<T> JsonOperation<T> {
     ///
     /// # Errors
     ///
-    /// If a pointer is not a JSON pointer (RFC 6901).
+    /// If a pointer is not an RFC 6901 JSON pointer.
     ///
     /// ```
     /// use tower_idempotency::JsonOperation;
@@ -304,8 +308,8 @@ fn pointer_of_text(pointer: &str) -> Result<Pointer, InvalidPointer> {
     Pointer::parse(pointer).ok_or_else(|| InvalidPointer(pointer.to_owned()))
 }
 
-/// A text given as a JSON pointer (RFC 6901) that is not one: it must be empty (the whole
-/// body) or start with `/`, and every `~` must be followed by `0` or `1`.
+/// A text given as an RFC 6901 JSON pointer that is not one: it must be empty, for the whole
+/// body, or start with `/`, and every `~` must be followed by `0` or `1`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidPointer(String);
 
@@ -432,7 +436,7 @@ fn why_not<T: DeserializeOwned>(body: &[u8]) -> Invalid {
     }
 }
 
-/// The JSON pointer (RFC 6901) of a path serde walked.
+/// The RFC 6901 JSON pointer of a path serde walked.
 fn pointer_of(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut pointer = String::new();

@@ -1,17 +1,17 @@
 //! What a create request means: the [`Operation`] trait and its implementations.
 //!
 //! The layer is generic over an [`Operation`]: the part that reads a request and answers, from
-//! its head and its (limited) body, whether it is guarded at all, whether it is valid, its
-//! idempotency key, its fingerprint, and the value handed to the inner service in the request
-//! extensions. Everything else (the body limit, the claim, admission, the create, the complete
-//! and the replay) is the layer's, shared by every operation.
+//! its head and its body up to the limit, whether it is guarded at all, whether it is valid,
+//! its idempotency key, its fingerprint, and the value handed to the inner service in the
+//! request extensions. Everything else is the layer's, shared by every operation: the body
+//! limit, the claim, admission, the create, the complete and the replay.
 //!
 //! | operation | for | key | fingerprint | refusals |
 //! |---|---|---|---|---|
-//! | [`JsonOperation`] | any JSON create endpoint, typed or not | the `Idempotency-Key` header (IETF draft) | method, path and query, body in canonical JSON (RFC 8785) | `application/problem+json` |
+//! | [`JsonOperation`] | any JSON create endpoint, typed or not | the `Idempotency-Key` header of the IETF draft | method, path and query, body in canonical JSON, RFC 8785 | `application/problem+json` |
 //! | [`RawOperation`] | form or binary bodies, any content type | the `Idempotency-Key` header | method, path and query, content type, exact body bytes | `application/problem+json` |
 //! | [`GrpcOperation`] | unary gRPC calls of the methods it names | the `idempotency-key` metadata entry | the method's path and the framed request message | gRPC statuses in an HTTP 200 |
-//! | [`LabelContract`] | `POST /labels` (`LABEL_CONTRACT.md`), every byte fixed | `request_id`, equal to the header | `request_id` and `parcel_id` | `{"error":"…"}` |
+//! | [`LabelContract`] | `POST /labels`, every byte fixed by `LABEL_CONTRACT.md` | `request_id`, equal to the header | `request_id` and `parcel_id` | `{"error":"…"}` |
 //!
 //! Write your own by implementing [`Operation`]:
 //!
@@ -100,16 +100,16 @@ pub fn canonical_json(input: &[u8]) -> Result<Vec<u8>, Rejection> {
 pub const IDEMPOTENCY_KEY: header::HeaderName = header::HeaderName::from_static("idempotency-key");
 
 /// The default request body limit of an operation that does not set its own, in bytes: 16 KiB,
-/// the limit of the generic operations ([`JsonOperation`], [`RawOperation`]).
+/// the limit of the generic operations [`JsonOperation`] and [`RawOperation`].
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 
 /// A kind of create request: how the layer tells whether a request is guarded, valid, which key
 /// it claims and which fingerprint it carries.
 ///
 /// The layer calls [`head`](Operation::head) before it reads the body, then
-/// [`parse`](Operation::parse) on the whole body (at most the body limit), and writes every
-/// refusal with [`reply`](Operation::reply). Nothing an operation refuses reaches the store,
-/// admission or the inner service.
+/// [`parse`](Operation::parse) on the whole body, which is at most the body limit, and writes
+/// every refusal with [`reply`](Operation::reply). Nothing an operation refuses reaches the
+/// store, admission or the inner service.
 ///
 /// See the [module docs](self) for the built-in operations and an example of your own.
 pub trait Operation: Clone + Send + Sync + 'static {
@@ -119,8 +119,8 @@ pub trait Operation: Clone + Send + Sync + 'static {
     /// [`value_extension(true)`](crate::IdempotencyLayer::value_extension).
     type Value: Clone + Send + Sync + 'static;
 
-    /// Decides from the request head alone, before the body is read: guard the request, pass
-    /// it to the inner service untouched (a method that is not a create), or refuse it.
+    /// Decides from the request head alone, before the body is read: guard the request, refuse
+    /// it, or pass it to the inner service untouched, as for a method that is not a create.
     fn head(&self, parts: &Parts) -> Head;
 
     /// Validates a guarded request whose whole body is `body`, and yields its key, its
@@ -128,7 +128,7 @@ pub trait Operation: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// The [`Rejection`] the client gets (an invalid body, an invalid key).
+    /// The [`Rejection`] the client gets, for an invalid body or an invalid key.
     fn parse<'a>(
         &self,
         parts: &'a Parts,
@@ -141,8 +141,8 @@ pub trait Operation: Clone + Send + Sync + 'static {
         crate::problem::reply(rejection)
     }
 
-    /// The path the layer guards when none is configured: `None` guards every path (the layer
-    /// then sits on a route, e.g. with axum's `route_layer`).
+    /// The path the layer guards when none is configured: `None` guards every path, and the
+    /// layer then sits on a route, e.g. with axum's `route_layer`.
     fn default_path(&self) -> Option<&'static str> {
         None
     }
@@ -152,12 +152,12 @@ pub trait Operation: Clone + Send + Sync + 'static {
         DEFAULT_BODY_LIMIT
     }
 
-    /// Whether the inner service gets the [`Value`](Operation::Value) in the request
-    /// extensions when the layer does not say
-    /// ([`IdempotencyLayer::value_extension`](crate::IdempotencyLayer::value_extension)).
-    /// `false` by default: a request's first extension costs three allocations, and most
-    /// handlers read the body themselves. An operation whose value is what its handler
-    /// wants ([`JsonOperation::typed`]) says `true`.
+    /// Whether the inner service gets the [`Value`](Operation::Value) in the request extensions
+    /// when the layer does not say with
+    /// [`IdempotencyLayer::value_extension`](crate::IdempotencyLayer::value_extension). `false`
+    /// by default: a request's first extension costs three allocations, and most handlers read
+    /// the body themselves. An operation whose value is what its handler wants, such as
+    /// [`JsonOperation::typed`], says `true`.
     fn hands_over_value(&self) -> bool {
         false
     }
@@ -168,7 +168,7 @@ pub trait Operation: Clone + Send + Sync + 'static {
 pub enum Head {
     /// A create the layer guards: read the body, then [`Operation::parse`].
     Guard,
-    /// Not a guarded request (a `GET` beside the create, say): the inner service gets it
+    /// Not a guarded request, such as a `GET` beside the create: the inner service gets it
     /// untouched.
     PassThrough,
     /// Refused before the body is read.
@@ -178,13 +178,13 @@ pub enum Head {
 /// A valid operation, as [`Operation::parse`] yields it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed<'a, T> {
-    /// The idempotency key as the client meant it, borrowed from the request head where it
-    /// can be. The layer claims it within the scope, the method and the path
-    /// ([`store_key`](crate::scope::store_key)).
+    /// The idempotency key as the client meant it, borrowed from the request head where it can
+    /// be. The layer claims it within the scope, the method and the path; see
+    /// [`store_key`](crate::scope::store_key).
     pub key: Cow<'a, str>,
     /// What two attempts must share to be the same operation.
     pub fingerprint: Fingerprint,
     /// Handed to admission, and to the inner service in the request extensions when it is
-    /// handed over ([`Operation::hands_over_value`]).
+    /// handed over; see [`Operation::hands_over_value`].
     pub value: T,
 }

@@ -8,8 +8,8 @@ use super::{StoreError, codec};
 /// A completed response as the store holds it: status, every header value in order, and the
 /// exact body bytes.
 ///
-/// Replaying it writes what the store holds, value for value: a header with two values (two
-/// `ETag`s, say) is replayed with both, in order.
+/// Replaying it writes what the store holds, value for value: a header with two values, such as
+/// two `ETag`s, is replayed with both, in order.
 ///
 /// ```
 /// use tower_idempotency::store::StoredResponse;
@@ -58,7 +58,7 @@ impl StoredResponse {
         &self.body
     }
 
-    /// This response with trailers after its body (a gRPC response's `grpc-status`, say),
+    /// This response with trailers after its body, such as a gRPC response's `grpc-status`,
     /// stored and replayed with it, every value in order.
     ///
     /// ```
@@ -98,12 +98,12 @@ impl StoredResponse {
         )
     }
 
-    /// The response as one buffer, in the format the built-in remote stores keep, for a
-    /// store of your own that keeps bytes. [`from_bytes`](Self::from_bytes) reads it back
-    /// exactly: the status, every header value in order (bytes that are not UTF-8 included)
-    /// and the body.
+    /// The response as one buffer, in the format the built-in remote stores keep, for a store
+    /// of your own that keeps bytes. [`from_bytes`](Self::from_bytes) reads it back exactly:
+    /// the status, every header value in order and the body. Header bytes that are not
+    /// UTF-8 are kept too.
     ///
-    /// The format, version 1 for a response without trailers (all integers big-endian):
+    /// The format, version 1 for a response without trailers; all integers are big-endian:
     ///
     /// ```text
     /// version  u8   1
@@ -113,12 +113,12 @@ impl StoredResponse {
     /// body     every remaining byte
     /// ```
     ///
-    /// Version 2, for a response with trailers: the version byte 2, the status and the
-    /// headers as above, then the body's length (u32) and the body, then the trailers as the
-    /// headers are (a count u16, then each value).
+    /// Version 2, for a response with trailers: the version byte 2, the status and the headers
+    /// as above, then the body's length as a u32 and the body, then the trailers as the headers
+    /// are: a count u16, then each value.
     ///
-    /// A later version of this crate may write a later version of the format (with more
-    /// parts of a response) and still reads every earlier one.
+    /// A later version of this crate may write a later version of the format, with more parts
+    /// of a response, and still reads every earlier one.
     ///
     /// ```
     /// use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -136,8 +136,8 @@ impl StoredResponse {
         codec::encode(self)
     }
 
-    /// Reads a response written by [`to_bytes`](Self::to_bytes) (of this version of the
-    /// crate or an earlier one). The body shares `bytes`, without a copy.
+    /// Reads a response written by [`to_bytes`](Self::to_bytes) of this version of the crate or
+    /// an earlier one. The body shares `bytes`, without a copy.
     ///
     /// # Errors
     ///

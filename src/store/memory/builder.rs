@@ -207,9 +207,7 @@ impl MemoryStoreBuilder {
     /// If the room [reserved](Self::reserve) cannot be had.
     pub fn build(self) -> MemoryStore {
         let store = MemoryStore::build(self.retention, self.max_records, self.max_bytes);
-        if self.room > 0 {
-            store.reserve_room(self.room);
-        }
+        store.reserve_room(self.room);
         store
     }
 }
