@@ -1,6 +1,6 @@
 //! The vocabulary every layer of the crate shares: the [`Outcome`], what the layer did with a
-//! request; the [`Rejection`] it refuses or fails with, among them an [`Invalid`] request; and
-//! the [`Refusal`], why admission refused. A leaf: it imports no other module of the crate, so
+//! request; an [`Invalid`] request, one of the refusals (declared in the `refusal` module);
+//! and the [`Refusal`], why admission refused. A leaf: it imports no other module of the crate, so
 //! the operations, the stores, the replies and the bodies may all use it.
 
 use std::borrow::Cow;
@@ -74,56 +74,6 @@ impl std::fmt::Display for Outcome {
             _ => f.write_str(self.as_str()),
         }
     }
-}
-
-/// A refusal or failure the layer answers itself, in the words of the contract. Each
-/// [`Operation`](crate::Operation) writes it in its own format with [`Operation::reply`]: the
-/// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
-///
-/// [`Operation::reply`]: crate::Operation::reply
-///
-/// ```
-/// use tower_idempotency::{JsonOperation, Operation};
-/// use tower_idempotency::operation::LabelContract;
-/// use tower_idempotency::reply::Rejection;
-///
-/// let label = LabelContract.reply(&Rejection::Conflict);
-/// assert_eq!((label.status().as_u16(), &label.body()[..]), (409, &br#"{"error":"idempotency_conflict"}"#[..]));
-/// let problem = JsonOperation::new().reply(&Rejection::Conflict);
-/// assert_eq!(problem.status(), 422);
-/// assert_eq!(problem.headers()["content-type"], "application/problem+json");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Rejection {
-    /// The request is not on the guarded path.
-    NotFound,
-    /// The method is not the create's.
-    MethodNotAllowed,
-    /// The body's `Content-Type` is not one the operation reads.
-    UnsupportedMediaType,
-    /// The body is over the limit.
-    PayloadTooLarge,
-    /// The `Idempotency-Key` header is missing, repeated or invalid.
-    InvalidKey,
-    /// The body is not a valid operation: why, and the member it is about.
-    InvalidRequest(Invalid),
-    /// A scope is configured and the request has none.
-    ScopeRequired,
-    /// The key belongs to another operation, with another fingerprint.
-    Conflict,
-    /// The operation's first attempt has not completed.
-    Pending,
-    /// Admission refused; the key was released.
-    NotAdmitted(Refusal),
-    /// The store failed to claim; nothing was created.
-    StoreUnavailable,
-    /// The create failed.
-    CreateFailed,
-    /// The created response body went past the size its own size hint declared. A response
-    /// merely over the cap is given whole and stored compact: see
-    /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap).
-    ResponseTooLarge,
 }
 
 /// Why a request is invalid: the detail the client reads, and the member of the body it is
@@ -211,54 +161,6 @@ impl From<String> for Invalid {
 impl From<Cow<'static, str>> for Invalid {
     fn from(detail: Cow<'static, str>) -> Self {
         Self::new(detail)
-    }
-}
-
-impl Rejection {
-    /// An invalid request with a detail for the client.
-    ///
-    /// ```
-    /// use tower_idempotency::reply::{Invalid, Rejection};
-    /// assert_eq!(
-    ///     Rejection::invalid("amount must be positive"),
-    ///     Rejection::InvalidRequest(Invalid::new("amount must be positive")),
-    /// );
-    /// ```
-    pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
-        Self::InvalidRequest(Invalid::new(detail))
-    }
-
-    /// What the layer reports for this rejection.
-    pub fn outcome(&self, status: StatusCode) -> Outcome {
-        match self {
-            Self::Conflict => Outcome::Conflict,
-            Self::Pending => Outcome::Pending,
-            Self::NotAdmitted(refusal) => Outcome::NotAdmitted(refusal.status()),
-            Self::StoreUnavailable => Outcome::StoreUnavailable,
-            Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
-            _ => Outcome::Rejected(status),
-        }
-    }
-
-    /// One of each rejection, in the order the checks run, for tables and tests.
-    #[cfg(test)]
-    pub(crate) fn every() -> [Self; 14] {
-        [
-            Self::NotFound,
-            Self::MethodNotAllowed,
-            Self::UnsupportedMediaType,
-            Self::PayloadTooLarge,
-            Self::InvalidKey,
-            Self::invalid("what is wrong"),
-            Self::ScopeRequired,
-            Self::Conflict,
-            Self::Pending,
-            Self::NotAdmitted(Refusal::TooManyRequests),
-            Self::NotAdmitted(Refusal::ServiceUnavailable),
-            Self::StoreUnavailable,
-            Self::CreateFailed,
-            Self::ResponseTooLarge,
-        ]
     }
 }
 

@@ -57,7 +57,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response};
 
-use crate::outcome::{Invalid, Rejection};
+use crate::outcome::Invalid;
+use crate::refusal::Rejection;
 use crate::refusal::default_base;
 
 /// The media type of every problem reply.

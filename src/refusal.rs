@@ -1,14 +1,115 @@
-//! Every refusal the layer answers itself, declared once: its code, title, status, detail,
-//! and whether it carries `Retry-After`. The formats read this table and override only what
+//! Every refusal the layer answers itself, declared once: the [`Rejection`] and, for each, its
+//! code, title, status, detail, and whether it carries `Retry-After`. The formats read this table and override only what
 //! differs: the problem details (the `problem` module) take every row as it is, the label
 //! contract and gRPC change a few (each says which, and why, where it does).
 //!
-//! A new refusal is a variant of [`Rejection`] and a row here; the problem details follow,
+//! A new refusal is a variant of [`Rejection`] and a row here, in this file alone; the problem
+//! details follow,
 //! and the label contract and gRPC answer the row too unless their `match` says otherwise.
+
+use std::borrow::Cow;
 
 use http::StatusCode;
 
-use crate::outcome::{Refusal, Rejection};
+use crate::outcome::{Invalid, Outcome, Refusal};
+
+/// A refusal or failure the layer answers itself, in the words of the contract. Each
+/// [`Operation`](crate::Operation) writes it in its own format with [`Operation::reply`]: the
+/// label contract as `{"error":"…"}`, the generic operations as RFC 9457 problem details.
+///
+/// [`Operation::reply`]: crate::Operation::reply
+///
+/// ```
+/// use tower_idempotency::{JsonOperation, Operation};
+/// use tower_idempotency::operation::LabelContract;
+/// use tower_idempotency::reply::Rejection;
+///
+/// let label = LabelContract.reply(&Rejection::Conflict);
+/// assert_eq!((label.status().as_u16(), &label.body()[..]), (409, &br#"{"error":"idempotency_conflict"}"#[..]));
+/// let problem = JsonOperation::new().reply(&Rejection::Conflict);
+/// assert_eq!(problem.status(), 422);
+/// assert_eq!(problem.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The request is not on the guarded path.
+    NotFound,
+    /// The method is not the create's.
+    MethodNotAllowed,
+    /// The body's `Content-Type` is not one the operation reads.
+    UnsupportedMediaType,
+    /// The body is over the limit.
+    PayloadTooLarge,
+    /// The `Idempotency-Key` header is missing, repeated or invalid.
+    InvalidKey,
+    /// The body is not a valid operation: why, and the member it is about.
+    InvalidRequest(Invalid),
+    /// A scope is configured and the request has none.
+    ScopeRequired,
+    /// The key belongs to another operation, with another fingerprint.
+    Conflict,
+    /// The operation's first attempt has not completed.
+    Pending,
+    /// Admission refused; the key was released.
+    NotAdmitted(Refusal),
+    /// The store failed to claim; nothing was created.
+    StoreUnavailable,
+    /// The create failed.
+    CreateFailed,
+    /// The created response body went past the size its own size hint declared. A response
+    /// merely over the cap is given whole and stored compact: see
+    /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap).
+    ResponseTooLarge,
+}
+
+impl Rejection {
+    /// An invalid request with a detail for the client.
+    ///
+    /// ```
+    /// use tower_idempotency::reply::{Invalid, Rejection};
+    /// assert_eq!(
+    ///     Rejection::invalid("amount must be positive"),
+    ///     Rejection::InvalidRequest(Invalid::new("amount must be positive")),
+    /// );
+    /// ```
+    pub fn invalid(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::InvalidRequest(Invalid::new(detail))
+    }
+
+    /// What the layer reports for this rejection.
+    pub fn outcome(&self, status: StatusCode) -> Outcome {
+        match self {
+            Self::Conflict => Outcome::Conflict,
+            Self::Pending => Outcome::Pending,
+            Self::NotAdmitted(refusal) => Outcome::NotAdmitted(refusal.status()),
+            Self::StoreUnavailable => Outcome::StoreUnavailable,
+            Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
+            _ => Outcome::Rejected(status),
+        }
+    }
+
+    /// One of each rejection, in the order the checks run, for tables and tests.
+    #[cfg(test)]
+    pub(crate) fn every() -> [Self; 14] {
+        [
+            Self::NotFound,
+            Self::MethodNotAllowed,
+            Self::UnsupportedMediaType,
+            Self::PayloadTooLarge,
+            Self::InvalidKey,
+            Self::invalid("what is wrong"),
+            Self::ScopeRequired,
+            Self::Conflict,
+            Self::Pending,
+            Self::NotAdmitted(Refusal::TooManyRequests),
+            Self::NotAdmitted(Refusal::ServiceUnavailable),
+            Self::StoreUnavailable,
+            Self::CreateFailed,
+            Self::ResponseTooLarge,
+        ]
+    }
+}
 
 /// The base of every problem type unless an operation has its own: the problem page, so
 /// that a type is the address of its case's heading.

@@ -11,8 +11,8 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::outcome::Rejection;
 use crate::refusal;
+use crate::refusal::Rejection;
 
 /// The content type of a gRPC call, with or without a `+proto`-style suffix.
 const GRPC: &str = "application/grpc";

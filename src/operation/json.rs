@@ -13,7 +13,8 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use super::jcs::{self, Node, Pointer};
 use super::key::key_in;
 use super::{Fingerprint, Head, Operation, Parsed, media};
-use crate::outcome::{Invalid, Rejection};
+use crate::outcome::Invalid;
+use crate::refusal::Rejection;
 
 type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 

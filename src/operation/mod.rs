@@ -59,7 +59,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, header};
 
-use crate::outcome::Rejection;
+use crate::refusal::Rejection;
 
 mod grpc;
 pub(crate) mod jcs;

@@ -10,7 +10,7 @@ use http::{HeaderValue, Method};
 use super::json::target;
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::outcome::Rejection;
+use crate::refusal::Rejection;
 
 /// A create endpoint whose body is any bytes: a form, an upload. The key is the
 /// `Idempotency-Key` header as for [`JsonOperation`](crate::JsonOperation); the fingerprint is

@@ -6,7 +6,8 @@ use http::header::RETRY_AFTER;
 
 use crate::body::ResponseBody;
 use crate::operation::Operation;
-pub use crate::outcome::{Invalid, Outcome, Rejection};
+pub use crate::outcome::{Invalid, Outcome};
+pub use crate::refusal::Rejection;
 use crate::refusal::Retry;
 
 /// The replay marker header, sent on replays only when

@@ -39,8 +39,8 @@ use self::reader::Fields;
 pub use self::shared_str::SharedStr;
 use super::media;
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
-use crate::outcome::Rejection;
 use crate::refusal;
+use crate::refusal::Rejection;
 
 /// One create operation: the intent (`request_id`) and the object it acts on (`parcel_id`).
 ///
