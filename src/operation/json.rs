@@ -11,8 +11,8 @@ use http::request::Parts;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
 use super::jcs::{self, Node, Pointer};
-use super::key::key_in;
-use super::{Fingerprint, Head, Operation, Parsed, media};
+use super::key::{is_key, key_in};
+use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed, media};
 use crate::outcome::Invalid;
 use crate::refusal::Rejection;
 
@@ -87,7 +87,7 @@ struct Config<T> {
     /// Whether the `T` goes into the request extensions by default.
     hand_over: bool,
     methods: Vec<Method>,
-    key_member: Option<Pointer>,
+    key: KeySource,
     fingerprint: Selection,
     validate: Option<Validate<T>>,
     problem_base: Option<Arc<str>>,
@@ -99,13 +99,24 @@ impl<T> Clone for Config<T> {
         Self {
             hand_over: self.hand_over,
             methods: self.methods.clone(),
-            key_member: self.key_member.clone(),
+            key: self.key.clone(),
             fingerprint: self.fingerprint.clone(),
             validate: self.validate.clone(),
             problem_base: self.problem_base.clone(),
             value: PhantomData,
         }
     }
+}
+
+/// Where the key is read.
+#[derive(Debug, Clone)]
+enum KeySource {
+    /// The `Idempotency-Key` header.
+    Header,
+    /// The header, and a body member that must equal it ([`JsonOperation::key_member`]).
+    HeaderAndMember(Pointer),
+    /// A body member; the header, if sent too, must equal it ([`JsonOperation::key_from`]).
+    Member(Pointer),
 }
 
 /// Which parts of the body the fingerprint covers.
@@ -146,7 +157,7 @@ impl<T> fmt::Debug for JsonOperation<T> {
             .field("type", &std::any::type_name::<T>())
             .field("hands_over_value", &self.config.hand_over)
             .field("methods", &self.config.methods)
-            .field("key_member", &self.config.key_member)
+            .field("key", &self.config.key)
             .field("fingerprint", &self.config.fingerprint)
             .field("validate", &self.config.validate.is_some())
             .finish()
@@ -162,7 +173,7 @@ impl<T> JsonOperation<T> {
             config: Arc::new(Config {
                 hand_over: true,
                 methods: vec![Method::POST],
-                key_member: None,
+                key: KeySource::Header,
                 fingerprint: Selection::Whole,
                 validate: None,
                 problem_base: None,
@@ -235,8 +246,9 @@ impl<T> JsonOperation<T> {
     }
 
     /// Requires the body member at `pointer`, a JSON pointer such as `/request_id`, to be a
-    /// string equal to the key, else `400` about that member: for bodies that carry their own
-    /// key.
+    /// string equal to the `Idempotency-Key` header, else `400` about that member: for bodies
+    /// that carry a copy of their key. [`key_from`](Self::key_from) takes the key from the body
+    /// instead; the last of the two called decides.
     ///
     /// # Errors
     ///
@@ -252,7 +264,48 @@ impl<T> JsonOperation<T> {
     /// # Ok::<(), tower_idempotency::operation::InvalidPointer>(())
     /// ```
     pub fn key_member(mut self, pointer: &str) -> Result<Self, InvalidPointer> {
-        self.config().key_member = Some(pointer_of_text(pointer)?);
+        self.config().key = KeySource::HeaderAndMember(pointer_of_text(pointer)?);
+        Ok(self)
+    }
+
+    /// Takes the key from the body member at `pointer`, a JSON pointer such as
+    /// `/idempotency_key`, rather than from the `Idempotency-Key` header: for protocols that
+    /// carry the key in the request itself, such as AdCP's `idempotency_key`, an MCP tool
+    /// call's arguments or Google AIP-155's `request_id`. The member must be a string of 1 to
+    /// 255 visible ASCII characters, as a header's key, else `400 invalid_request` about that
+    /// member. A request may send the header too: then it must be a valid key equal to the
+    /// member, else `400`. The key space, the fingerprint and every other answer are the
+    /// same as with the header.
+    ///
+    /// # Errors
+    ///
+    /// If `pointer` is not an RFC 6901 JSON pointer.
+    ///
+    /// ```
+    /// use http::{Request, Response};
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_idempotency::body::RequestBody;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let operation = JsonOperation::new().key_from("/idempotency_key")?;
+    /// let create = service_fn(|_: Request<RequestBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::from("{}")))
+    /// });
+    /// let service = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys().layer(create);
+    /// let request = || {
+    ///     Request::post("/media_buys")
+    ///         .header("content-type", "application/json")
+    ///         .body(String::from(r#"{"idempotency_key":"buy-7","budget":500}"#))
+    /// };
+    /// let first = service.clone().oneshot(request()?).await?;
+    /// let retry = service.oneshot(request()?).await?;
+    /// assert_eq!(first.body().outcome(), Some(Outcome::Created));
+    /// assert_eq!(retry.body().outcome(), Some(Outcome::Replay));
+    /// # Ok(()) }
+    /// ```
+    pub fn key_from(mut self, pointer: &str) -> Result<Self, InvalidPointer> {
+        self.config().key = KeySource::Member(pointer_of_text(pointer)?);
         Ok(self)
     }
 
@@ -362,28 +415,49 @@ where
             Head::PassThrough
         } else if !media::is_json_family(&parts.headers) {
             Head::Reject(Rejection::UnsupportedMediaType)
-        } else if key_in(&parts.headers).is_none() {
-            Head::Reject(Rejection::InvalidKey)
-        } else {
+        } else if key_in(&parts.headers).is_some() {
             Head::Guard
+        } else if matches!(self.config.key, KeySource::Member(_))
+            && !parts.headers.contains_key(&IDEMPOTENCY_KEY)
+        {
+            // The key is in the body: read once the body is.
+            Head::Guard
+        } else {
+            Head::Reject(Rejection::InvalidKey)
         }
     }
 
     fn parse<'a>(&self, parts: &'a Parts, body: &Bytes) -> Result<Parsed<'a, T>, Rejection> {
-        let key = key_in(&parts.headers).ok_or(Rejection::InvalidKey)?;
+        let header = key_in(&parts.headers);
+        if header.is_none() && !matches!(self.config.key, KeySource::Member(_)) {
+            return Err(Rejection::InvalidKey);
+        }
         let mut document = jcs::parse(body).map_err(|why| Rejection::invalid(why.to_string()))?;
         let value: T = deserialize(body).map_err(Rejection::InvalidRequest)?;
         if let Some(validate) = &self.config.validate {
             validate(&value).map_err(Rejection::InvalidRequest)?;
         }
-        if let Some(pointer) = &self.config.key_member
-            && !matches!(document.get(pointer), Some(Node::String(member)) if *member == *key)
-        {
-            return Err(Rejection::InvalidRequest(Invalid::at(
-                pointer.as_str().to_owned(),
-                "must be a string equal to the Idempotency-Key",
-            )));
-        }
+        let key = match (&self.config.key, header) {
+            (KeySource::Header, Some(key)) => key,
+            (KeySource::HeaderAndMember(pointer), Some(key)) => match document.get(pointer) {
+                Some(Node::String(member)) if *member == *key => key,
+                _ => return Err(at(pointer, "must be a string equal to the Idempotency-Key")),
+            },
+            (KeySource::Member(pointer), header) => {
+                let member = match document.get(pointer) {
+                    Some(Node::String(member)) if is_key(member.as_bytes()) => member,
+                    _ => return Err(at(pointer, KEY_MEMBER)),
+                };
+                if header.as_ref().is_some_and(|header| *header != **member) {
+                    return Err(at(
+                        pointer,
+                        "must equal the Idempotency-Key header, when sent",
+                    ));
+                }
+                Cow::Owned(member.clone().into_owned())
+            }
+            (_, None) => return Err(Rejection::InvalidKey),
+        };
         let fingerprint = self.fingerprint(parts, &mut document, body.len());
         Ok(Parsed {
             key,
@@ -391,6 +465,15 @@ where
             value,
         })
     }
+}
+
+/// What a key read from a body member must be.
+const KEY_MEMBER: &str =
+    "must be a string of 1 to 255 visible ASCII characters: the idempotency key";
+
+/// A refusal about the body member at `pointer`.
+fn at(pointer: &Pointer, detail: &'static str) -> Rejection {
+    Rejection::InvalidRequest(Invalid::at(pointer.as_str().to_owned(), detail))
 }
 
 /// `body` as a `T`, or why not: the member by JSON pointer and what was expected, without

@@ -93,6 +93,12 @@ pub(crate) fn keyed<'a>(
     })
 }
 
+/// Whether `key` is a valid key: 1 to [`MAX_KEY_LEN`] visible ASCII characters, as a key
+/// read from a body member must be too.
+pub(crate) fn is_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(u8::is_ascii_graphic)
+}
+
 /// The key of one header value, borrowed unless it was quoted.
 fn key_of(value: &HeaderValue) -> Option<Cow<'_, str>> {
     let bytes = value.as_bytes();
@@ -100,9 +106,7 @@ fn key_of(value: &HeaderValue) -> Option<Cow<'_, str>> {
         Some(quoted) => Cow::Owned(unquote(quoted)?),
         None => Cow::Borrowed(bytes),
     };
-    let valid =
-        !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|b| b.is_ascii_graphic());
-    if !valid {
+    if !is_key(&key) {
         return None;
     }
     // Visible ASCII is valid UTF-8.

@@ -533,6 +533,93 @@ async fn key_member_and_fingerprint_selections() {
     .problem(422, "idempotency_conflict", None);
 }
 
+/// A key carried in the body, as AdCP, MCP tool calls and AIP-155 carry it: the member is the
+/// key, validated as a header's is; a header sent too must be valid and agree; the key space
+/// and the fingerprint are as with the header.
+#[tokio::test]
+async fn a_key_taken_from_a_body_member() {
+    let operation = JsonOperation::new().key_from("/idempotency_key").unwrap();
+    let (service, creates) = guarded(operation);
+    let buy =
+        |key: &str, budget: u32| format!(r#"{{"idempotency_key":"{key}","budget":{budget}}}"#);
+    let post =
+        |path: &str, header: Option<&str>, body: &str| json_request("POST", path, header, body);
+    let member = Some(
+        "/idempotency_key: must be a string of 1 to 255 visible ASCII characters: the idempotency key",
+    );
+    assert_eq!(
+        send(&service, post("/buys", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, post("/buys", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Replay)
+    );
+    // The header may come too, and then agrees.
+    assert_eq!(
+        send(&service, post("/buys", Some("buy-7"), &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, post("/buys", Some("buy-8"), &buy("buy-7", 500)))
+        .await
+        .problem(
+            400,
+            "invalid_request",
+            Some("/idempotency_key: must equal the Idempotency-Key header, when sent"),
+        );
+    send(&service, post("/buys", Some("a b"), &buy("buy-7", 500)))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+    // Another body under the key conflicts; another path is another operation.
+    send(&service, post("/buys", None, &buy("buy-7", 600)))
+        .await
+        .problem(422, "idempotency_conflict", None);
+    assert_eq!(
+        send(&service, post("/other", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created)
+    );
+    // The member is required, and is a key.
+    let long = "k".repeat(256);
+    for body in [
+        r#"{"budget":500}"#.to_owned(),
+        r#"{"idempotency_key":7,"budget":500}"#.to_owned(),
+        buy("", 500),
+        buy("a b", 500),
+        buy(&long, 500),
+    ] {
+        send(&service, post("/buys", Some("buy-7"), &body))
+            .await
+            .problem(400, "invalid_request", member);
+    }
+    assert_eq!(
+        send(&service, post("/buys", None, &buy(&long[..255], 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created),
+        "255 characters is a key"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 3);
+    // The last of key_member and key_from decides.
+    let (service, _) = guarded(
+        JsonOperation::new()
+            .key_from("/idempotency_key")
+            .unwrap()
+            .key_member("/idempotency_key")
+            .unwrap(),
+    );
+    send(&service, post("/buys", None, &buy("buy-7", 500)))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+}
+
 #[tokio::test]
 async fn storing_only_successful_responses_releases_the_key_after_any_other_answer() {
     let statuses = Arc::new(std::sync::Mutex::new(vec![
