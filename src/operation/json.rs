@@ -273,8 +273,9 @@ impl<T> JsonOperation<T> {
     /// carry the key in the request itself, such as AdCP's `idempotency_key`, an MCP tool
     /// call's arguments or Google AIP-155's `request_id`. The member must be a string of 1 to
     /// 255 visible ASCII characters, as a header's key, else `400 invalid_request` about that
-    /// member. A request may send the header too: then it must be a valid key equal to the
-    /// member, else `400`. The key space, the fingerprint and every other answer are the
+    /// member. A request may send the header too: then it must be a valid key, else
+    /// `400 invalid_idempotency_key`, and equal to the member, else `400 invalid_request`
+    /// about the member. The key space, the fingerprint and every other answer are the
     /// same as with the header.
     ///
     /// # Errors

@@ -6,6 +6,67 @@
 //! this module), since the script must decide where the record is. A store of another backend
 //! can call it too: it then answers as the built-in stores do by construction, and the
 //! conformance suite checks the atomic step around it.
+//!
+//! A store keeps, with a pending record, its reservation, its lease's deadline and whether
+//! its claimer allowed a take-over ([`Lease::takes_over`] at the claim); with a completed one,
+//! the response and when it was completed. Its claim, in one atomic step, here a lock:
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::time::Instant;
+//! use tower_idempotency::operation::Fingerprint;
+//! use tower_idempotency::store::{
+//!     Claim, Decision, Found, Lease, Reservation, StoreError, StoredResponse, decide,
+//! };
+//!
+//! enum State {
+//!     Pending { reservation: Reservation, until: Instant, take_over: bool },
+//!     Completed(StoredResponse),
+//! }
+//! struct Record { fingerprint: Fingerprint, state: State }
+//!
+//! fn claim(
+//!     records: &mut HashMap<String, Record>, // under the store's lock
+//!     key: &str,
+//!     fingerprint: &Fingerprint,
+//!     reservation: Reservation,
+//!     lease: Lease,
+//! ) -> Result<Claim, StoreError> {
+//!     let now = Instant::now();
+//!     let found = records.get(key).map(|record| {
+//!         let same_fingerprint = record.fingerprint == *fingerprint;
+//!         match &record.state {
+//!             State::Pending { reservation: held, until, take_over } => Found::Pending {
+//!                 same_fingerprint,
+//!                 mine: *held == reservation,
+//!                 abandoned: *take_over && *until <= now,
+//!             },
+//!             // This one keeps records for good; a store with a retention says so here.
+//!             State::Completed(response) => {
+//!                 Found::Completed { same_fingerprint, expired: false, response: response.clone() }
+//!             }
+//!         }
+//!     });
+//!     match decide(found, lease) {
+//!         // A new record, or the claim's own over an expired or abandoned one.
+//!         Decision::Write(_) => {
+//!             let until = now + lease.duration();
+//!             let state = State::Pending { reservation, until, take_over: lease.takes_over() };
+//!             records.insert(key.to_owned(), Record { fingerprint: *fingerprint, state });
+//!             Ok(Claim::New(reservation))
+//!         }
+//!         // It keeps `StoredResponse`s: nothing to decode.
+//!         Decision::Answer(answer) => answer.claim(reservation, Ok),
+//!     }
+//! }
+//!
+//! let mut records = HashMap::new();
+//! let fingerprint = Fingerprint::digest(["POST", "/orders", "{}"]);
+//! let first = claim(&mut records, "k", &fingerprint, Reservation::generate(), Lease::default());
+//! assert!(matches!(first, Ok(Claim::New(_))));
+//! let again = claim(&mut records, "k", &fingerprint, Reservation::generate(), Lease::default());
+//! assert!(matches!(again, Ok(Claim::Pending)));
+//! ```
 
 use super::{Claim, Lease, Reservation, StoreError, StoredResponse};
 
@@ -113,7 +174,8 @@ pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
 
 impl<R> Answer<R> {
     /// The claim's answer: `reservation` for [`Mine`](Answer::Mine), the response read with
-    /// `decode` for a replay.
+    /// `decode` for a replay: [`StoredResponse::from_bytes`] for a store that keeps bytes,
+    /// `Ok` for one that keeps [`StoredResponse`]s.
     ///
     /// ```
     /// use tower_idempotency::store::{Answer, Claim, Reservation, StoredResponse};
