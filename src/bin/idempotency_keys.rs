@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo install tower-idempotency --features cli
-//! idempotency_keys --store URL --path PATH [--method POST] [--scope SCOPE] \
+//! idempotency_keys --store URL [--path PATH] [--method POST] [--scope SCOPE] \
 //!     [--table NAME] [--retention-s N] COMMAND
 //! ```
 //!
@@ -19,7 +19,7 @@ use tower_idempotency::scope::store_key;
 use tower_idempotency::store::{Operator, Purge, RecordState};
 use tower_idempotency::store::{StoreError, StoreErrorKind, StoredResponse};
 
-const USAGE: &str = "usage: idempotency_keys --store URL --path PATH [--method POST] \
+const USAGE: &str = "usage: idempotency_keys --store URL [--path PATH, for all but purge] [--method POST] \
 [--scope SCOPE] [--table NAME] [--prefix PREFIX] [--wait-for-replicas N] [--retention-s N] [--timeout-s N] (show KEY | pending --older-than DURATION \
 [--abandoned] | forget KEY | resolve KEY --status CODE --body-file FILE [--header 'Name: value']... \
 | purge)";

@@ -25,7 +25,8 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 ///   guarded.
 /// - **The key**: one `Idempotency-Key` header, 1 to 255 visible ASCII characters, bare or as a
 ///   Structured Field string; see [`IdempotencyKey`](crate::operation::IdempotencyKey). It is
-///   checked before the body is read.
+///   checked before the body is read. With [`key_from`](Self::key_from) the key is a body
+///   member instead.
 /// - **The body**: `Content-Type: application/json` or `application/…+json`, one JSON value
 ///   with no member name twice, at most the body limit: 16 KiB unless the layer sets another.
 ///   With a type, given by [`JsonOperation::typed`], it must deserialize into it and pass the
@@ -275,7 +276,8 @@ impl<T> JsonOperation<T> {
     /// 255 visible ASCII characters, as a header's key, else `400 invalid_request` about that
     /// member. A request may send the header too: then it must be a valid key, else
     /// `400 invalid_idempotency_key`, and equal to the member, else `400 invalid_request`
-    /// about the member. The key space, the fingerprint and every other answer are the
+    /// about the member. A client that adds the header itself, as this crate's
+    /// `client::ClientLayer` does, must give it the body's key as its `IntentKey`. The key space, the fingerprint and every other answer are the
     /// same as with the header.
     ///
     /// # Errors
