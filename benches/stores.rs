@@ -9,6 +9,9 @@
 //! `redis-server` and `redis-cli` on PATH).
 
 mod common;
+#[path = "../tests/common/proxy.rs"]
+#[allow(dead_code)]
+mod proxy;
 #[path = "../tests/common/servers.rs"]
 #[allow(dead_code)]
 mod servers;

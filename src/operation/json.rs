@@ -269,16 +269,15 @@ impl<T> JsonOperation<T> {
         Ok(self)
     }
 
-    /// Takes the key from the body member at `pointer`, a JSON pointer such as
-    /// `/idempotency_key`, rather than from the `Idempotency-Key` header: for protocols that
-    /// carry the key in the request itself, such as AdCP's `idempotency_key`, an MCP tool
-    /// call's arguments or Google AIP-155's `request_id`. The member must be a string of 1 to
-    /// 255 visible ASCII characters, as a header's key, else `400 invalid_request` about that
-    /// member. A request may send the header too: then it must be a valid key, else
-    /// `400 invalid_idempotency_key`, and equal to the member, else `400 invalid_request`
-    /// about the member. A client that adds the header itself, as this crate's
-    /// `client::ClientLayer` does, must give it the body's key as its `IntentKey`. The key space, the fingerprint and every other answer are the
-    /// same as with the header.
+    /// Takes the key from the body member at `pointer`, a JSON pointer such as `/idempotency_key`,
+    /// rather than from the `Idempotency-Key` header: for protocols that carry the key in the
+    /// request itself, such as AdCP's `idempotency_key`, an MCP tool call's arguments or Google
+    /// AIP-155's `request_id`. The member must be a string of 1 to 255 visible ASCII characters, as
+    /// a header's key, else `400 invalid_request` about that member. A request may send the header
+    /// too: then it must be a valid key, else `400 invalid_idempotency_key`, and equal to the
+    /// member, else `400 invalid_request` about the member. A client that adds the header itself,
+    /// as this crate's `client::ClientLayer` does, must give it the body's key as its `IntentKey`.
+    /// The key space, the fingerprint and every other answer are the same as with the header.
     ///
     /// # Errors
     ///

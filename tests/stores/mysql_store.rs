@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::conformance::{awkward_response, unique_key};
+use common::conformance::unique_key;
 use common::servers::Proxy;
 use common::*;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
@@ -19,19 +19,19 @@ use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::MySqlStore;
 use tower_idempotency::store::mysql::sqlx;
-use tower_idempotency::store::{Claim, Purge, StoreErrorKind};
+use tower_idempotency::store::{Claim, StoreErrorKind};
 
-const TABLE: &str = "tower_idempotency_test";
+pub(crate) const TABLE: &str = "tower_idempotency_test";
 
-fn mysql_url() -> String {
+pub(crate) fn mysql_url() -> String {
     std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
-fn mysql_options() -> MySqlConnectOptions {
+pub(crate) fn mysql_options() -> MySqlConnectOptions {
     MySqlConnectOptions::from_str(&mysql_url()).expect("MYSQL_URL")
 }
 
-async fn make_store(retention: Option<Duration>) -> MySqlStore {
+pub(crate) async fn make_store(retention: Option<Duration>) -> MySqlStore {
     let store = MySqlStore::connect(&mysql_url())
         .await
         .expect("MySQL at MYSQL_URL")
@@ -74,14 +74,14 @@ mod on_the_applications_pool {
 }
 
 /// A connection of the test's own.
-async fn session() -> MySqlConnection {
+pub(crate) async fn session() -> MySqlConnection {
     MySqlConnection::connect_with(&mysql_options())
         .await
         .expect("MySQL at MYSQL_URL")
 }
 
 /// Runs `sql` on `connection`.
-async fn run(connection: &mut MySqlConnection, sql: impl Into<String>) {
+pub(crate) async fn run(connection: &mut MySqlConnection, sql: impl Into<String>) {
     connection
         .execute(AssertSqlSafe(sql.into()))
         .await
@@ -89,7 +89,7 @@ async fn run(connection: &mut MySqlConnection, sql: impl Into<String>) {
 }
 
 /// A store on a table of its own, `tower_idempotency_<name>`, made anew.
-async fn own_table(name: &str) -> (String, MySqlStore) {
+pub(crate) async fn own_table(name: &str) -> (String, MySqlStore) {
     let table = format!("tower_idempotency_{name}");
     run(
         &mut session().await,
@@ -106,14 +106,14 @@ async fn own_table(name: &str) -> (String, MySqlStore) {
 }
 
 /// How many rows `sql` counts.
-async fn count(sql: String) -> i64 {
+pub(crate) async fn count(sql: String) -> i64 {
     sqlx::query_scalar(AssertSqlSafe(sql))
         .fetch_one(&mut session().await)
         .await
         .unwrap()
 }
 
-async fn mysql_addr() -> SocketAddr {
+pub(crate) async fn mysql_addr() -> SocketAddr {
     let options = mysql_options();
     tokio::net::lookup_host((options.get_host(), options.get_port()))
         .await
@@ -123,7 +123,7 @@ async fn mysql_addr() -> SocketAddr {
 }
 
 /// A store that reaches the database through `proxy`, on a pool of one connection.
-async fn store_through(proxy: &Proxy) -> MySqlStore {
+pub(crate) async fn store_through(proxy: &Proxy) -> MySqlStore {
     let options = mysql_options().host("127.0.0.1").port(proxy.addr.port());
     let pool = MySqlPoolOptions::new()
         .max_connections(1)
@@ -135,17 +135,17 @@ async fn store_through(proxy: &Proxy) -> MySqlStore {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
+pub(crate) async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
     payments::generic_mode_creates_once(make_store(None).await, 1000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
+pub(crate) async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
     payments::generic_mode_survives_a_disconnect(make_store(None).await).await;
 }
 
 #[tokio::test]
-async fn migrate_is_idempotent_and_table_names_are_checked() {
+pub(crate) async fn migrate_is_idempotent_and_table_names_are_checked() {
     let store = make_store(None).await;
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
@@ -156,7 +156,7 @@ async fn migrate_is_idempotent_and_table_names_are_checked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_with_their_own_pools_create_once() {
+pub(crate) async fn two_replicas_with_their_own_pools_create_once() {
     replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
 }
 
@@ -164,7 +164,7 @@ async fn two_replicas_with_their_own_pools_create_once() {
 /// own pool, get the first attempt's bytes (this replica's woken at once, the other's by its
 /// poll).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
+pub(crate) async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
     waiting_retries_get_the_first_attempts_bytes(
         make_store(None).await,
         make_store(None).await,
@@ -174,7 +174,7 @@ async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
+pub(crate) async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
     fifty_waiters_on_two_replicas(
         make_store(None).await,
         make_store(None).await,
@@ -183,124 +183,14 @@ async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
     .await;
 }
 
-#[tokio::test]
-async fn purge_deletes_expired_completed_records_only() {
-    let store = make_store(Some(Duration::from_millis(50))).await;
-    let done = unique_key("purge-done");
-    let open = unique_key("purge-open");
-    let fp = LabelContract::fingerprint("x", "y");
-    let Ok(Claim::New(reservation)) = store.claim(&done, &fp).await else {
-        panic!()
-    };
-    store.claim(&open, &fp).await.unwrap();
-    store
-        .complete(&done, &reservation, &awkward_response())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(store.purge_expired().await.unwrap() >= 1);
-    assert_eq!(store.claim(&open, &fp).await.unwrap(), Claim::Pending);
-    assert!(matches!(
-        store.claim(&done, &fp).await.unwrap(),
-        Claim::New(_)
-    ));
-}
-
 /// The digits 0 to 9 as `n(i)`, for rows made by cross joins (a recursive count stops at
 /// MariaDB's 1,000 iterations).
-const DIGITS: &str = "n(i) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL \
+pub(crate) const DIGITS: &str = "n(i) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL \
     SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
     UNION ALL SELECT 8 UNION ALL SELECT 9)";
 
-/// A backlog of expired records larger than many batches: the purge finishes (in batches,
-/// each within the timeout), claims made meanwhile keep answering, and nothing pending or
-/// unexpired is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
-    let (table, store) = own_table("purge_backlog").await;
-    let mut connection = session().await;
-    // 60,000 expired rows, 100 unexpired and 100 pending, made by the server in a few
-    // statements.
-    run(
-        &mut connection,
-        format!(
-            "INSERT INTO {table} (`key`, fingerprint, token, response, changed_at, expires_at) \
-             WITH {DIGITS} SELECT CONCAT('expired-', a.i + 10 * b.i + 100 * c.i + 1000 * d.i \
-             + 10000 * e.i), 'x', NULL, x'00', 0, 1 FROM n a, n b, n c, n d, n e WHERE e.i < 6"
-        ),
-    )
-    .await;
-    run(
-        &mut connection,
-        format!(
-            "INSERT INTO {table} (`key`, fingerprint, token, response, changed_at, expires_at) \
-             WITH {DIGITS} SELECT CONCAT('kept-', a.i + 10 * b.i), 'x', NULL, x'00', 0, \
-             9000000000000 FROM n a, n b UNION ALL SELECT CONCAT('pending-', a.i + 10 * b.i), \
-             'x', x'00000000000000000000000000000001', NULL, 0, NULL FROM n a, n b"
-        ),
-    )
-    .await;
-    let claims = claims_meanwhile(store.clone(), 40);
-    let purged = store.purge_expired().await.expect("the purge finishes");
-    assert_eq!(purged, 60_000);
-    assert_eq!(claims.await.unwrap(), 40, "every claim answered");
-    let left = |prefix: &str| {
-        count(format!(
-            "SELECT count(*) FROM {table} WHERE `key` LIKE '{prefix}%'"
-        ))
-    };
-    assert_eq!(left("expired-").await, 0);
-    assert_eq!(left("kept-").await, 100, "nothing unexpired is deleted");
-    assert_eq!(left("pending-").await, 100, "nothing pending is deleted");
-    run(&mut connection, format!("DROP TABLE {table}")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_purger_keeps_a_table_at_a_steady_size() {
-    let (table, _) = own_table("purger").await;
-    // A timeout for a loaded server, set before its pool's first connection (which takes it
-    // as its lock wait): this test is about the table's size, not time; a claim beside a
-    // purge batch once waited past the default second in a run beside the other tests.
-    let store = MySqlStore::connect(&mysql_url())
-        .await
-        .unwrap()
-        .table(&table)
-        .unwrap()
-        .timeout(Duration::from_secs(5))
-        .retention(Duration::from_millis(100));
-    let counted = table.clone();
-    let rows = move || count(format!("SELECT count(*) FROM {counted}"));
-    let purger = store.purge_every(Duration::from_millis(50)).unwrap();
-    purger_holds_steady(&store, rows).await;
-    drop(purger);
-    run(&mut session().await, format!("DROP TABLE {table}")).await;
-}
-
-/// A start with the table in place while another transaction holds one of its rows (a
-/// transactional create in flight) reads the catalog only: it ends at once, and claims go on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_with_the_table_in_place_stalls_no_claim() {
-    let (table, store) = own_table("start").await;
-    let mut holder = session().await;
-    run(&mut holder, "BEGIN").await;
-    run(
-        &mut holder,
-        format!("INSERT INTO {table} (`key`, fingerprint, changed_at) VALUES ('held', 'x', 0)"),
-    )
-    .await;
-    let started = tokio::time::timeout(Duration::from_secs(5), store.migrate()).await;
-    assert!(matches!(started, Ok(Ok(()))), "{started:?}");
-    let fp = LabelContract::fingerprint("x", "y");
-    assert!(matches!(
-        store.claim(&unique_key("beside"), &fp).await,
-        Ok(Claim::New(_))
-    ));
-    run(&mut holder, "ROLLBACK").await;
-    run(&mut holder, format!("DROP TABLE {table}")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
+pub(crate) async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
     let proxy = Proxy::start(mysql_addr().await, false).await;
     let timeout = Duration::from_millis(300);
     let store = store_through(&proxy).await.timeout(timeout);
@@ -308,7 +198,7 @@ async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
+pub(crate) async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
     let proxy = Arc::new(Proxy::start(mysql_addr().await, false).await);
     let store = store_through(&proxy)
         .await
@@ -320,7 +210,7 @@ async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() 
 /// A claim that reached the database and committed, whose answer was lost (dropped by the
 /// proxy, then the connection cut): settled, so the retry creates once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_answer_lost_after_the_send_strands_no_key() {
+pub(crate) async fn a_claim_answer_lost_after_the_send_strands_no_key() {
     let proxy = Proxy::start(mysql_addr().await, false).await;
     let store = store_through(&proxy)
         .await
@@ -337,7 +227,7 @@ async fn a_claim_answer_lost_after_the_send_strands_no_key() {
 /// Claims that wait on a locked table past their timeout must not commit later with a token
 /// nobody holds: the key would be pending for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
+pub(crate) async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
     let (table, store) = own_table("lock").await;
     let store = store.timeout(Duration::from_millis(300));
     let locked = Arc::new(tokio::sync::Notify::new());
@@ -362,7 +252,7 @@ async fn claims_that_time_out_on_a_locked_table_strand_no_key() {
 /// The key and the fingerprint are bytes: keys that a case-insensitive collation would call
 /// equal are two keys.
 #[tokio::test]
-async fn keys_that_differ_in_case_alone_are_two_keys() {
+pub(crate) async fn keys_that_differ_in_case_alone_are_two_keys() {
     let store = make_store(None).await;
     let key = unique_key("Case");
     let fp = LabelContract::fingerprint("x", "y");
@@ -373,70 +263,10 @@ async fn keys_that_differ_in_case_alone_are_two_keys() {
     ));
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) on a MySQL table: `purge` deletes
-/// the expired record only, `pending` lists a pending key (a long one as the digest it is
-/// kept as), `show`, `resolve` into a replay and `forget` act on it.
-#[cfg(feature = "cli")]
-#[tokio::test]
-async fn the_operators_tool_purges_lists_resolves_and_forgets() {
-    let (table, store) = own_table("tool").await;
-    let store = store.retention(Duration::from_secs(3600));
-    for key in ["old", "kept"] {
-        complete_new(&store, key).await;
-    }
-    let long = "k".repeat(600);
-    let key =
-        |key: &str| tower_idempotency::scope::store_key(None, &http::Method::POST, "/labels", key);
-    let fp = LabelContract::fingerprint("pending", "p");
-    store.claim(&key(&long), &fp).await.unwrap();
-    run(
-        &mut session().await,
-        format!("UPDATE {table} SET expires_at = 1 WHERE `key` = 'old'"),
-    )
-    .await;
-    let url = mysql_url();
-    let tool = |args: &[&str]| {
-        let mut all = vec!["--store", url.as_str(), "--table", table.as_str()];
-        all.extend_from_slice(args);
-        let (code, out, _) = common::operator_tool(&all);
-        (code, out)
-    };
-    assert_eq!(tool(&["purge"]), (Some(0), "purged 1\n".to_owned()));
-    let left = count(format!("SELECT count(*) FROM {table}")).await;
-    assert_eq!(left, 2, "the kept record and the pending one");
-    let (code, listed) = tool(&["pending", "--older-than", "0s"]);
-    assert_eq!(code, Some(0));
-    let digest = listed.trim_end().to_owned();
-    assert!(digest.starts_with("sha256:"), "{listed}");
-    let (code, shown) = tool(&["show", &digest]);
-    assert_eq!(code, Some(0));
-    assert_eq!(shown.lines().next(), Some("state pending"), "{shown}");
-    let body = std::env::temp_dir().join(format!("tower-idempotency-mysql-{}", std::process::id()));
-    std::fs::write(&body, r#"{"label_id":"by-hand"}"#).unwrap();
-    let body_path = body.display().to_string();
-    let (code, _) = tool(&[
-        "resolve",
-        &digest,
-        "--status",
-        "201",
-        "--body-file",
-        &body_path,
-    ]);
-    assert_eq!(code, Some(0));
-    let Ok(Claim::Replay(replay)) = store.claim(&key(&long), &fp).await else {
-        panic!("a replay of the resolved key");
-    };
-    assert_eq!(replay.body().as_ref(), br#"{"label_id":"by-hand"}"#);
-    assert_eq!(tool(&["forget", &digest]).0, Some(0));
-    assert_eq!(tool(&["show", &digest]).0, Some(1), "forgotten");
-    let _ = std::fs::remove_file(&body);
-    run(&mut session().await, format!("DROP TABLE {table}")).await;
-}
-
 /// A MariaDB server of the test's own on a free port, in a temporary directory, serving TLS
 /// with the certificate `tls` signed; no grant tables (any user, no password): the test is
 /// about the connection's encryption.
-struct TlsMariaDb {
+pub(crate) struct TlsMariaDb {
     port: u16,
     server: std::process::Child,
     _dir: common::servers::TempDir,
@@ -547,7 +377,7 @@ impl Drop for TlsMariaDb {
 /// replays; with a CA that did not sign it, the connect fails with the TLS error, never a
 /// plaintext session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_by_url_encrypts_the_stores_sessions_and_a_foreign_ca_fails_the_connect() {
+pub(crate) async fn tls_by_url_encrypts_the_stores_sessions_and_a_foreign_ca_fails_the_connect() {
     let tls = common::servers::TlsFiles::make();
     let server = TlsMariaDb::start(&tls);
     let verified = server.url(&format!(
@@ -591,7 +421,7 @@ async fn tls_by_url_encrypts_the_stores_sessions_and_a_foreign_ca_fails_the_conn
 /// up on waits on the server past its settling (an `ALTER` queued behind a long transaction
 /// holds every statement on the table).
 #[tokio::test]
-async fn the_own_pools_connections_wait_for_locks_no_longer_than_the_timeout() {
+pub(crate) async fn the_own_pools_connections_wait_for_locks_no_longer_than_the_timeout() {
     let store = MySqlStore::connect(&mysql_url())
         .await
         .unwrap()
@@ -610,7 +440,7 @@ async fn the_own_pools_connections_wait_for_locks_no_longer_than_the_timeout() {
 /// good, and with a pool of one every later call failed after the server came back. A call
 /// that times out closes its connection instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_that_times_out_on_a_silent_server_holds_no_pool_slot() {
+pub(crate) async fn a_call_that_times_out_on_a_silent_server_holds_no_pool_slot() {
     let proxy = Proxy::start(mysql_addr().await, false).await;
     let store = store_through(&proxy)
         .await
@@ -648,7 +478,7 @@ async fn a_call_that_times_out_on_a_silent_server_holds_no_pool_slot() {
 /// line: the store's calls timed out though connections came back all the time. A store call
 /// waits in the pool's line too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_calls_get_their_turn_on_a_busy_application_pool() {
+pub(crate) async fn store_calls_get_their_turn_on_a_busy_application_pool() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let pool = MySqlPoolOptions::new()
         .max_connections(2)
@@ -694,7 +524,7 @@ async fn store_calls_get_their_turn_on_a_busy_application_pool() {
 /// transaction of the store settling a lost claim, an application's handler) waited for the
 /// calls to stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
+pub(crate) async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
     drop(make_store(None).await);
     let pool = MySqlPoolOptions::new()
         .max_connections(1)

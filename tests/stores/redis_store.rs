@@ -15,11 +15,11 @@ use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
 
-fn redis_url() -> String {
+pub(crate) fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-async fn make_store(retention: Option<Duration>) -> RedisStore {
+pub(crate) async fn make_store(retention: Option<Duration>) -> RedisStore {
     let store = RedisStore::connect(&redis_url())
         .await
         .expect("Redis at REDIS_URL")
@@ -89,46 +89,22 @@ mod tls {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
+pub(crate) async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
     payments::generic_mode_creates_once(make_store(None).await, 1000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
+pub(crate) async fn the_generic_json_operation_completes_a_create_whose_client_went_away() {
     payments::generic_mode_survives_a_disconnect(make_store(None).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_with_their_own_connections_create_once() {
+pub(crate) async fn two_replicas_with_their_own_connections_create_once() {
     replicas_create_once(make_store(None).await, make_store(None).await, 500).await;
 }
 
-/// `pending_wait` on this store: the waiting retries, on this replica and on another with its
-/// own connections, are woken by the completion published on the store's channel (each makes
-/// one claim on arrival, one before it waits and one after the wake, no polling) and answer with
-/// the first attempt's bytes within tens of milliseconds of its completion.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn waiting_retries_get_the_first_attempts_bytes_on_every_replica() {
-    use tower_idempotency::testing::{Journal, RecordingStore};
-    let journal = Journal::default();
-    let a = RecordingStore::new(make_store(None).await, journal.clone());
-    let b = RecordingStore::new(make_store(None).await, journal.clone());
-    // Subscribed before the first attempt, as a long-running replica is.
-    for store in [&a, &b] {
-        drop(store.changed("warm-up"));
-        subscribed(store.inner()).await;
-    }
-    waiting_retries_get_the_first_attempts_bytes(a, b, Duration::from_millis(250)).await;
-    let claims = journal.take().iter().filter(|c| **c == "claim").count();
-    assert_eq!(
-        claims,
-        1 + 3 + 3,
-        "woken by the notification, not by polling"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
+pub(crate) async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
     let mut server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let creates = Arc::new(AtomicUsize::new(0));
@@ -159,7 +135,7 @@ async fn completed_and_pending_records_survive_a_server_crash_and_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
+pub(crate) async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
     let server = std::cell::RefCell::new(RedisServer::start());
     let timeout = Duration::from_millis(300);
     let url = server.borrow().url();
@@ -180,15 +156,15 @@ async fn an_outage_fails_closed_within_the_timeout_and_traffic_recovers() {
 /// `HMGET`, `HSET`, `HGET`, `HDEL`, `PEXPIRE`, `DEL`, `TIME` and `PUBLISH`, and the store sends
 /// those itself only to forget a key (not counted here), so they are left out: what remains
 /// is one per round trip.
-struct CommandCounter(redis::aio::MultiplexedConnection);
+pub(crate) struct CommandCounter(pub(crate) redis::aio::MultiplexedConnection);
 
 impl CommandCounter {
-    async fn new(url: &str) -> Self {
+    pub(crate) async fn new(url: &str) -> Self {
         let client = redis::Client::open(url).unwrap();
         Self(client.get_multiplexed_async_connection().await.unwrap())
     }
 
-    async fn total(&mut self) -> u64 {
+    pub(crate) async fn total(&mut self) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut self.0)
@@ -238,7 +214,7 @@ impl CommandCounter {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trips_new_two_replay_pending_conflict_one() {
+pub(crate) async fn round_trips_new_two_replay_pending_conflict_one() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let service = counting_service(store.clone(), Arc::default(), Duration::ZERO);
@@ -281,7 +257,7 @@ async fn round_trips_new_two_replay_pending_conflict_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
+pub(crate) async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() {
     let server = RedisServer::start();
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
     let proxy = Arc::new(common::servers::Proxy::start(upstream, false).await);
@@ -298,7 +274,7 @@ async fn a_connection_lost_between_create_and_complete_leaves_the_key_pending() 
 /// and a call that runs out of it reports `Timeout`. The test's own server is paused, so other
 /// tests are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
+pub(crate) async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
     let server = RedisServer::start();
     let pause = |millis: u64| pause_redis(server.port, millis, "WRITE");
     let patient = RedisStore::connect(&server.url())
@@ -330,7 +306,7 @@ async fn the_configured_timeout_is_honoured_and_reported_as_a_timeout() {
 /// A claim queued behind `CLIENT PAUSE … WRITE` runs after its caller timed out, with a token
 /// nobody holds; the layer settles it, so no key is stranded pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
+pub(crate) async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url())
         .await
@@ -346,7 +322,7 @@ async fn claims_whose_answers_are_lost_in_a_pause_strand_no_key() {
 /// A server that may evict records (completed ones carry a TTL) is refused at connect, unless
 /// explicitly allowed: an evicted record lets a retry create again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
+pub(crate) async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
     for policy in ["volatile-lru", "allkeys-lru"] {
         let server =
             RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
@@ -377,7 +353,7 @@ async fn a_server_that_may_evict_records_is_refused_unless_allowed() {
 /// A server that does not answer `CONFIG GET` (renamed, as some managed services do) does not
 /// say its policy: it is accepted, with a warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_without_config_is_accepted() {
+pub(crate) async fn a_server_without_config_is_accepted() {
     let server = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
     let store = RedisStore::connect(&server.url()).await.unwrap();
     assert_eq!(store.eviction_policy().await.unwrap(), None);
@@ -395,7 +371,7 @@ async fn a_server_without_config_is_accepted() {
 /// A script that fails (here on a record key that holds another type) is sent once: only a
 /// server that does not have the script yet gets it again, whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_script_is_sent_once() {
+pub(crate) async fn a_failing_script_is_sent_once() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let fp = LabelContract::fingerprint("warm", "p");
@@ -423,181 +399,10 @@ async fn a_failing_script_is_sent_once() {
     );
 }
 
-/// `redis-cli -p port args…`'s output.
-fn cli(port: &str, args: &[&str]) -> String {
-    let output = std::process::Command::new("redis-cli")
-        .args(["-p", port])
-        .args(args)
-        .output()
-        .expect("redis-cli on PATH");
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// A server of the test's own and a replica of it, once the replica is in sync.
-async fn primary_and_replica() -> (RedisServer, RedisServer) {
-    let primary = RedisServer::start();
-    let port = primary.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let replica_port = replica.port.to_string();
-    while !cli(&replica_port, &["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replica never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (primary, replica)
-}
-
-/// By default the store finds the replica a server has and waits for it after each write: a
-/// replica that stops acknowledging fails new claims, completes and replays (unknown
-/// outcomes, never reported done) until it is back. A server without replicas is not waited
-/// on, and a store over a connection of the caller's looks at its first write.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_waits_for_the_replica_a_server_has() {
-    use tower_idempotency::store::redis::ReplicaWait;
-    use tower_idempotency::store::{Operator as _, StoreErrorKind};
-    let (primary, replica) = primary_and_replica().await;
-    let store = RedisStore::connect(&primary.url())
-        .await
-        .unwrap()
-        .timeout(Duration::from_millis(300));
-    assert_eq!(
-        store.replica_wait(),
-        ReplicaWait::Detected {
-            primaries: 1,
-            replicated: 1
-        }
-    );
-    assert_eq!(
-        store.replica_wait().to_string(),
-        "waits for 1 replica after each write on 1 of 1 primary (detected)"
-    );
-    let fp = LabelContract::fingerprint("default-wait", "p");
-    let Claim::New(reservation) = store.claim("default-wait", &fp).await.unwrap() else {
-        panic!("a new claim")
-    };
-    store
-        .complete(
-            "default-wait",
-            &reservation,
-            &common::conformance::awkward_response(),
-        )
-        .await
-        .unwrap();
-    let replica_port = replica.port.to_string();
-    assert_eq!(
-        cli(
-            &replica_port,
-            &["HEXISTS", "idempotency:default-wait", "resp"]
-        )
-        .trim(),
-        "1",
-        "acknowledged: the replica has the complete"
-    );
-
-    replica.pause();
-    let unconfirmed = [
-        (
-            store.claim("default-wait", &fp).await.map(|_| ()),
-            StoreErrorKind::Unreplicated,
-        ),
-        (
-            store.claim("default-wait-2", &fp).await.map(|_| ()),
-            StoreErrorKind::Unreplicated,
-        ),
-        (
-            store.forget("default-wait-3").await.map(|_| ()),
-            StoreErrorKind::Unavailable,
-        ),
-    ];
-    for (answer, kind) in unconfirmed {
-        assert_eq!(answer.map_err(|e| e.kind()), Err(kind));
-    }
-    // The new claim no replica confirmed was released at once: nothing left pending.
-    assert!(store.inspect("default-wait-2").await.unwrap().is_none());
-    replica.resume();
-    // Back: the replay is served, and the lost claim is still the store's to settle.
-    let mut replayed = store.claim("default-wait", &fp).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while replayed.is_err() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        replayed = store.claim("default-wait", &fp).await;
-    }
-    assert!(matches!(replayed, Ok(Claim::Replay(_))), "{replayed:?}");
-
-    let alone = RedisServer::start();
-    let store = RedisStore::connect(&alone.url()).await.unwrap();
-    assert_eq!(
-        store.replica_wait(),
-        ReplicaWait::Detected {
-            primaries: 1,
-            replicated: 0
-        }
-    );
-    let client = redis::Client::open(primary.url()).unwrap();
-    let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
-    let yours = RedisStore::from_manager(manager);
-    assert_eq!(yours.replica_wait(), ReplicaWait::Undetected);
-    let Claim::New(_) = yours.claim("yours", &fp).await.unwrap() else {
-        panic!("a new claim")
-    };
-    assert_eq!(
-        yours.replica_wait(),
-        ReplicaWait::Detected {
-            primaries: 1,
-            replicated: 1
-        }
-    );
-}
-
-/// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
-/// replicas than asked for, the call fails (an unknown outcome the layer settles).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_wait_for_the_replicas_asked_for() {
-    let (primary, replica) = primary_and_replica().await;
-    let one = RedisStore::connect(&primary.url())
-        .await
-        .unwrap()
-        .wait_for_replicas(1, Duration::from_secs(2));
-    let fp = LabelContract::fingerprint("replicated", "p");
-    let Claim::New(reservation) = one.claim("replicated", &fp).await.unwrap() else {
-        panic!("a new claim")
-    };
-    // Acknowledged means the replica has it already.
-    let on_replica = cli(
-        &replica.port.to_string(),
-        &["HEXISTS", "idempotency:replicated", "token"],
-    );
-    assert_eq!(on_replica.trim(), "1");
-    one.complete(
-        "replicated",
-        &reservation,
-        &common::conformance::awkward_response(),
-    )
-    .await
-    .unwrap();
-
-    let two = RedisStore::connect(&primary.url())
-        .await
-        .unwrap()
-        .wait_for_replicas(2, Duration::from_millis(200));
-    let error = two.claim("short", &fp).await.unwrap_err();
-    assert_eq!(
-        error.kind(),
-        tower_idempotency::store::StoreErrorKind::Unreplicated
-    );
-    assert!(
-        format!("{error:#}").contains("1 of 2 replicas"),
-        "{error:#}"
-    );
-}
-
 /// A claim that reached Redis and took effect, whose answer was lost (dropped by a proxy,
 /// then the connection cut): settled, so the retry creates once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_answer_lost_after_the_send_strands_no_key() {
+pub(crate) async fn a_claim_answer_lost_after_the_send_strands_no_key() {
     let server = RedisServer::start();
     let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
     let proxy = common::servers::Proxy::start(upstream, false).await;
@@ -618,7 +423,7 @@ async fn a_claim_answer_lost_after_the_send_strands_no_key() {
 /// something else) is pending to a taking-over claim, never a script error that would be
 /// retried for ever; inspect shows it in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_lease_deadline_is_pending_not_an_error() {
+pub(crate) async fn a_malformed_lease_deadline_is_pending_not_an_error() {
     use tower_idempotency::store::Operator;
     use tower_idempotency::store::{Lease, Reservation};
     let store = make_store(None).await;
@@ -644,134 +449,11 @@ async fn a_malformed_lease_deadline_is_pending_not_an_error() {
     store.release(&key, &owner).await.unwrap();
 }
 
-/// When the subscriber's connection is lost, a change may go unheard: every waiter is woken
-/// at once to look again, well before its one-second fallback poll.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_look_again_when_the_subscriber_loses_its_connection() {
-    let mut server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    drop(store.changed("warm-up"));
-    subscribed(&store).await;
-    let changed = store.changed("k");
-    let started = std::time::Instant::now();
-    server.kill();
-    tokio::time::timeout(Duration::from_millis(700), changed)
-        .await
-        .expect("woken by the lost subscription");
-    assert!(started.elapsed() < Duration::from_millis(700));
-}
-
-/// Waits until `store` listens for published changes.
-async fn subscribed(store: &RedisStore) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !store.notifications_subscribed() {
-        assert!(std::time::Instant::now() < deadline, "never subscribed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The subscriber of a store ends with the store, and a store made on a connection manager
-/// of its own does not listen (its waiters poll).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_subscriber_ends_with_its_store() {
-    // A server of its own: no other test's subscribers in its client list.
-    let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    drop(store.changed("warm-up"));
-    subscribed(&store).await;
-    let counter = CommandCounter::new(&server.url()).await;
-    let clients = || async {
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut counter.0.clone())
-            .await
-            .unwrap();
-        list.lines()
-            .filter(|line| line.contains("cmd=subscribe") || line.contains("sub=1"))
-            .count()
-    };
-    assert_eq!(clients().await, 1, "one subscriber connection");
-    drop(store);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while clients().await > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the subscriber outlived its store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let manager = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .connection()
-        .expect("one server")
-        .clone();
-    let own = RedisStore::from_manager(manager);
-    drop(own.changed("k"));
-    assert!(!own.notifications_subscribed());
-}
-
-/// Found in review: a user without the right to publish (Redis 7 users get no channel by
-/// default) still completes, releases and forgets; only the wake-ups are lost (waiters poll).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_user_without_channel_rights_still_completes_releases_and_forgets() {
-    use tower_idempotency::store::Operator;
-    let server = RedisServer::start();
-    let admin = redis::Client::open(server.url()).unwrap();
-    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(
-            &[
-                "SETUSER",
-                "app",
-                "on",
-                ">secret",
-                "~*",
-                "+@all",
-                "resetchannels",
-            ][..],
-        )
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let url = server.url().replacen("redis://", "redis://app:secret@", 1);
-    let store = RedisStore::connect(&url).await.unwrap();
-    let fp = LabelContract::fingerprint("acl", "p");
-    let Claim::New(done) = store.claim("done", &fp).await.unwrap() else {
-        panic!("new")
-    };
-    let response = common::conformance::awkward_response();
-    store.complete("done", &done, &response).await.unwrap();
-    assert_eq!(
-        store.claim("done", &fp).await.unwrap(),
-        Claim::Replay(response)
-    );
-    let Claim::New(released) = store.claim("released", &fp).await.unwrap() else {
-        panic!("new")
-    };
-    store.release("released", &released).await.unwrap();
-    assert!(store.forget("done").await.unwrap());
-    assert!(matches!(
-        store.claim("done", &fp).await.unwrap(),
-        Claim::New(_)
-    ));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_waiters_on_two_replicas_get_the_same_201_and_leave_nothing() {
-    fifty_waiters_on_two_replicas(
-        make_store(None).await,
-        make_store(None).await,
-        RedisStore::waited_keys,
-    )
-    .await;
-}
-
 /// A store not told otherwise lets a completed record expire after [`DEFAULT_RETENTION`]:
 /// Redis holds it with that time to live (and drops it then), and a claim within it replays.
 /// `keep_forever` gives it none.
 #[tokio::test]
-async fn a_completed_record_lives_for_the_default_window() {
+pub(crate) async fn a_completed_record_lives_for_the_default_window() {
     use tower_idempotency::store::DEFAULT_RETENTION;
     let store = make_store(None).await;
     let client = redis::Client::open(redis_url()).unwrap();
@@ -809,7 +491,8 @@ async fn a_completed_record_lives_for_the_default_window() {
 /// the operator's view lists each, abandoned once its lease lapsed, and forgetting them leaves
 /// nothing without a time to live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operator_lists_them() {
+pub(crate) async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operator_lists_them()
+ {
     use tower_idempotency::scope::store_key;
     use tower_idempotency::store::{Lease, Operator};
     let prefix = format!("{}:", common::conformance::unique_key("accumulate"));
@@ -925,7 +608,7 @@ async fn only_failed_creates_leave_records_without_a_time_to_live_and_the_operat
 /// do (Redis expires records by their time to live) and says so; `show` finds a record.
 #[cfg(feature = "cli")]
 #[tokio::test]
-async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
+pub(crate) async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
     use tower_idempotency::store::Operator;
     let tool = common::operator_tool;
     let url = redis_url();

@@ -1,0 +1,277 @@
+//! The generic operations' keys: quoted and bare, the key space, a body member beside the header or in its place, and the fingerprint's selections.
+
+use crate::common;
+use crate::generic::{BODY, post, rig};
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::payments::*;
+use common::*;
+use http::Method;
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+
+#[tokio::test]
+async fn quoted_and_bare_keys_name_one_operation_within_the_length_bounds() {
+    let (service, _, _, _, creates) = rig(|l| l);
+    assert_eq!(
+        send(&service, post(Some("abc"), BODY)).await.outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, post(Some("\"abc\""), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    let longest = "k".repeat(255);
+    assert_eq!(send(&service, post(Some(&longest), BODY)).await.status, 201);
+    let quoted = format!("\"{longest}\"");
+    assert_eq!(
+        send(&service, post(Some(&quoted), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, post(Some(&format!("{longest}k")), BODY))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+    assert_eq!(
+        send(&service, post(Some(r#""a\"b""#), BODY)).await.status,
+        201
+    );
+    assert_eq!(
+        send(&service, post(Some(r#"a"b"#), BODY)).await.outcome,
+        Some(Outcome::Replay)
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn the_key_space_holds_the_method_and_the_concrete_path_and_the_fingerprint_the_query() {
+    let operation = JsonOperation::new().methods([Method::POST, Method::PATCH]);
+    let (service, creates) = guarded(operation);
+    let refund = r#"{"amount":5}"#;
+    let a = send(
+        &service,
+        json_request("POST", "/payments/a/refunds", Some("r1"), refund),
+    )
+    .await;
+    let b = send(
+        &service,
+        json_request("POST", "/payments/b/refunds", Some("r1"), refund),
+    )
+    .await;
+    assert_eq!(
+        (a.outcome, b.outcome),
+        (Some(Outcome::Created), Some(Outcome::Created))
+    );
+    assert_ne!(a.body, b.body);
+    let patch = send(
+        &service,
+        json_request("PATCH", "/payments/a/refunds", Some("r1"), refund),
+    )
+    .await;
+    assert_eq!(
+        patch.outcome,
+        Some(Outcome::Created),
+        "another method, another operation"
+    );
+    send(
+        &service,
+        json_request("POST", "/payments/a/refunds?dry_run=1", Some("r1"), refund),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+    // A method not guarded passes through untouched, key or not.
+    let get = send(
+        &service,
+        request("GET", "/payments/a/refunds", None, None, ""),
+    )
+    .await;
+    assert_eq!((get.status.as_u16(), get.outcome), (201, None));
+    assert_eq!(creates.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn key_member_and_fingerprint_selections() {
+    let operation = JsonOperation::new()
+        .key_member("/request_id")
+        .unwrap()
+        .fingerprint_except(["/sent_at", "/meta/trace"])
+        .unwrap();
+    let (service, creates) = guarded(operation);
+    let send_at = |at: &'static str, key: &'static str| {
+        json_request(
+            "POST",
+            "/orders",
+            Some(key),
+            Box::leak(
+                format!(
+                    r#"{{"request_id":"o-1","sku":"A","sent_at":"{at}","meta":{{"trace":"{at}"}}}}"#
+                )
+                .into_boxed_str(),
+            ),
+        )
+    };
+    assert_eq!(
+        send(&service, send_at("10:00", "o-1")).await.outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, send_at("10:05", "o-1")).await.outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, send_at("10:00", "o-2")).await.problem(
+        400,
+        "invalid_request",
+        Some("/request_id: must be a string equal to the Idempotency-Key"),
+    );
+
+    let operation = JsonOperation::new()
+        .fingerprint_only(["/amount", "/currency"])
+        .unwrap();
+    let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    let body = |note: &str, amount: u32| {
+        format!(r#"{{"amount":{amount},"currency":"EUR","note":"{note}"}}"#)
+    };
+    assert_eq!(
+        outcome(
+            &service,
+            json_request("POST", "/p", Some("k"), &body("a", 1))
+        )
+        .await,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        outcome(
+            &service,
+            json_request("POST", "/p", Some("k"), &body("b", 1))
+        )
+        .await,
+        Some(Outcome::Replay)
+    );
+    send(
+        &service,
+        json_request("POST", "/p", Some("k"), &body("a", 2)),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+    send(
+        &service,
+        json_request("POST", "/p", Some("k"), r#"{"currency":"EUR"}"#),
+    )
+    .await
+    .problem(422, "idempotency_conflict", None);
+}
+
+/// A key carried in the body, as AdCP, MCP tool calls and AIP-155 carry it: the member is the
+/// key, validated as a header's is; a header sent too must be valid and agree; the key space
+/// and the fingerprint are as with the header.
+#[tokio::test]
+async fn a_key_taken_from_a_body_member() {
+    let operation = JsonOperation::new().key_from("/idempotency_key").unwrap();
+    let (service, creates) = guarded(operation);
+    let buy =
+        |key: &str, budget: u32| format!(r#"{{"idempotency_key":"{key}","budget":{budget}}}"#);
+    let post =
+        |path: &str, header: Option<&str>, body: &str| json_request("POST", path, header, body);
+    let member = Some(
+        "/idempotency_key: must be a string of 1 to 255 visible ASCII characters: the idempotency key",
+    );
+    assert_eq!(
+        send(&service, post("/buys", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created)
+    );
+    assert_eq!(
+        send(&service, post("/buys", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Replay)
+    );
+    // The header may come too, and then agrees.
+    assert_eq!(
+        send(&service, post("/buys", Some("buy-7"), &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Replay)
+    );
+    send(&service, post("/buys", Some("buy-8"), &buy("buy-7", 500)))
+        .await
+        .problem(
+            400,
+            "invalid_request",
+            Some("/idempotency_key: must equal the Idempotency-Key header, when sent"),
+        );
+    send(&service, post("/buys", Some("a b"), &buy("buy-7", 500)))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+    // Another body under the key conflicts; another path is another operation.
+    send(&service, post("/buys", None, &buy("buy-7", 600)))
+        .await
+        .problem(422, "idempotency_conflict", None);
+    assert_eq!(
+        send(&service, post("/other", None, &buy("buy-7", 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created)
+    );
+    // The member is required, and is a key.
+    let long = "k".repeat(256);
+    for body in [
+        r#"{"budget":500}"#.to_owned(),
+        r#"{"idempotency_key":7,"budget":500}"#.to_owned(),
+        buy("", 500),
+        buy("a b", 500),
+        buy(&long, 500),
+    ] {
+        send(&service, post("/buys", Some("buy-7"), &body))
+            .await
+            .problem(400, "invalid_request", member);
+    }
+    assert_eq!(
+        send(&service, post("/buys", None, &buy(&long[..255], 500)))
+            .await
+            .outcome,
+        Some(Outcome::Created),
+        "255 characters is a key"
+    );
+    assert_eq!(creates.load(Ordering::SeqCst), 3);
+    // The last of key_member and key_from decides.
+    let (service, _) = guarded(
+        JsonOperation::new()
+            .key_from("/idempotency_key")
+            .unwrap()
+            .key_member("/idempotency_key")
+            .unwrap(),
+    );
+    send(&service, post("/buys", None, &buy("buy-7", 500)))
+        .await
+        .problem(400, "invalid_idempotency_key", None);
+}
+
+/// A text that is not a JSON pointer is an error where it is given, naming the text: for the
+/// key member and for either fingerprint selection.
+#[test]
+fn a_bad_json_pointer_is_an_error_that_names_it() {
+    let refusals = [
+        JsonOperation::new().key_member("request_id").err(),
+        JsonOperation::new()
+            .fingerprint_only(["/amount", "amount"])
+            .err(),
+        JsonOperation::new().fingerprint_except(["/a~2"]).err(),
+    ];
+    let texts: Vec<_> = refusals
+        .iter()
+        .map(|refusal| refusal.as_ref().expect("refused").text().to_owned())
+        .collect();
+    assert_eq!(texts, ["request_id", "amount", "/a~2"]);
+    assert_eq!(
+        refusals[0].as_ref().unwrap().to_string(),
+        r#""request_id" is not a JSON pointer (RFC 6901): write "/member""#
+    );
+    assert!(
+        JsonOperation::new().key_member("").is_ok(),
+        "the whole body"
+    );
+}

@@ -1,0 +1,186 @@
+//! The Redis store beside replicas: writes wait for the replicas asked for, or the one a server has.
+#![cfg(feature = "redis")]
+
+#[allow(unused_imports)]
+use crate::redis_store::*;
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::servers::RedisServer;
+use tower_idempotency::Store;
+use tower_idempotency::operation::LabelContract;
+use tower_idempotency::store::Claim;
+use tower_idempotency::store::RedisStore;
+
+/// `redis-cli -p port args…`'s output.
+fn cli(port: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", port])
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A server of the test's own and a replica of it, once the replica is in sync.
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start();
+    let port = primary.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let replica_port = replica.port.to_string();
+    while !cli(&replica_port, &["INFO", "replication"]).contains("master_link_status:up") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (primary, replica)
+}
+
+/// By default the store finds the replica a server has and waits for it after each write: a
+/// replica that stops acknowledging fails new claims, completes and replays (unknown
+/// outcomes, never reported done) until it is back. A server without replicas is not waited
+/// on, and a store over a connection of the caller's looks at its first write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_waits_for_the_replica_a_server_has() {
+    use tower_idempotency::store::redis::ReplicaWait;
+    use tower_idempotency::store::{Operator as _, StoreErrorKind};
+    let (primary, replica) = primary_and_replica().await;
+    let store = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    assert_eq!(
+        store.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 1
+        }
+    );
+    assert_eq!(
+        store.replica_wait().to_string(),
+        "waits for 1 replica after each write on 1 of 1 primary (detected)"
+    );
+    let fp = LabelContract::fingerprint("default-wait", "p");
+    let Claim::New(reservation) = store.claim("default-wait", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    store
+        .complete(
+            "default-wait",
+            &reservation,
+            &common::conformance::awkward_response(),
+        )
+        .await
+        .unwrap();
+    let replica_port = replica.port.to_string();
+    assert_eq!(
+        cli(
+            &replica_port,
+            &["HEXISTS", "idempotency:default-wait", "resp"]
+        )
+        .trim(),
+        "1",
+        "acknowledged: the replica has the complete"
+    );
+
+    replica.pause();
+    let unconfirmed = [
+        (
+            store.claim("default-wait", &fp).await.map(|_| ()),
+            StoreErrorKind::Unreplicated,
+        ),
+        (
+            store.claim("default-wait-2", &fp).await.map(|_| ()),
+            StoreErrorKind::Unreplicated,
+        ),
+        (
+            store.forget("default-wait-3").await.map(|_| ()),
+            StoreErrorKind::Unavailable,
+        ),
+    ];
+    for (answer, kind) in unconfirmed {
+        assert_eq!(answer.map_err(|e| e.kind()), Err(kind));
+    }
+    // The new claim no replica confirmed was released at once: nothing left pending.
+    assert!(store.inspect("default-wait-2").await.unwrap().is_none());
+    replica.resume();
+    // Back: the replay is served, and the lost claim is still the store's to settle.
+    let mut replayed = store.claim("default-wait", &fp).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while replayed.is_err() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        replayed = store.claim("default-wait", &fp).await;
+    }
+    assert!(matches!(replayed, Ok(Claim::Replay(_))), "{replayed:?}");
+
+    let alone = RedisServer::start();
+    let store = RedisStore::connect(&alone.url()).await.unwrap();
+    assert_eq!(
+        store.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 0
+        }
+    );
+    let client = redis::Client::open(primary.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let yours = RedisStore::from_manager(manager);
+    assert_eq!(yours.replica_wait(), ReplicaWait::Undetected);
+    let Claim::New(_) = yours.claim("yours", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    assert_eq!(
+        yours.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 1
+        }
+    );
+}
+
+/// With `wait_for_replicas`, a write is acknowledged only once replicas have it; with fewer
+/// replicas than asked for, the call fails (an unknown outcome the layer settles).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_the_replicas_asked_for() {
+    let (primary, replica) = primary_and_replica().await;
+    let one = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_secs(2));
+    let fp = LabelContract::fingerprint("replicated", "p");
+    let Claim::New(reservation) = one.claim("replicated", &fp).await.unwrap() else {
+        panic!("a new claim")
+    };
+    // Acknowledged means the replica has it already.
+    let on_replica = cli(
+        &replica.port.to_string(),
+        &["HEXISTS", "idempotency:replicated", "token"],
+    );
+    assert_eq!(on_replica.trim(), "1");
+    one.complete(
+        "replicated",
+        &reservation,
+        &common::conformance::awkward_response(),
+    )
+    .await
+    .unwrap();
+
+    let two = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(2, Duration::from_millis(200));
+    let error = two.claim("short", &fp).await.unwrap_err();
+    assert_eq!(
+        error.kind(),
+        tower_idempotency::store::StoreErrorKind::Unreplicated
+    );
+    assert!(
+        format!("{error:#}").contains("1 of 2 replicas"),
+        "{error:#}"
+    );
+}
