@@ -130,6 +130,7 @@ async fn create_label_in_transaction(
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     if !labels.create_delay.is_zero() {
+        tracing::info!(request_id = %op.request_id, "label inserted, uncommitted");
         tokio::time::sleep(labels.create_delay).await;
     }
     created(&op, &label_id)
@@ -159,6 +160,7 @@ async fn create_label_in_mysql_transaction(
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     if !labels.create_delay.is_zero() {
+        tracing::info!(request_id = %op.request_id, "label inserted, uncommitted");
         tokio::time::sleep(labels.create_delay).await;
     }
     created(&op, &label_id)

@@ -100,7 +100,10 @@ async fn create_payment(
     State(payments): State<Arc<Payments>>,
     Extension(payment): Extension<NewPayment>,
 ) -> Response {
-    tokio::time::sleep(payments.create_delay).await;
+    if !payments.create_delay.is_zero() {
+        tracing::info!(currency = %payment.currency, "create started");
+        tokio::time::sleep(payments.create_delay).await;
+    }
     let payment_id = payments.payment_ids.next();
     let body = Payment {
         payment_id: &payment_id,

@@ -134,6 +134,7 @@ impl Labels {
     ) -> Result<Response<Label>, Status> {
         inner.begun.fetch_add(1, Ordering::SeqCst);
         if !inner.delay.is_zero() {
+            tracing::info!(request_id = %request.get_ref().request_id, "create started");
             tokio::time::sleep(inner.delay).await;
         }
         let n = inner.creates.fetch_add(1, Ordering::SeqCst) + 1;
