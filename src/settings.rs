@@ -10,6 +10,7 @@ use crate::body::ResponseBody;
 use crate::drain::Drain;
 use crate::metrics::Metrics;
 use crate::operation::Operation;
+use crate::pipeline::Rules;
 use crate::reply::{Rejection, RetryAfter};
 use crate::scope::Scope;
 use crate::store::Lease;
@@ -182,10 +183,9 @@ pub(crate) struct Settings<O> {
     pub(crate) body_limit: usize,
     /// Whether the value goes into the request extensions, or the operation's default.
     pub(crate) value_extension: bool,
-    /// The requests of this layer waiting now, bounded.
-    pub(crate) waiting: Tally,
-    /// The lost store answers of this layer being settled now, bounded.
-    pub(crate) settling: Tally,
+    /// What the decision reads: the lease, the wait, the series, the drain, and this layer's
+    /// requests waiting and lost store answers being settled now, bounded.
+    pub(crate) rules: Rules,
     /// The `Retry-After` values of the layer's replies, as header values.
     pub(crate) retry_after: RetryAfter,
 }
@@ -213,9 +213,15 @@ impl<O: Operation> Settings<O> {
             value_extension: config
                 .value_extension
                 .unwrap_or_else(|| operation.hands_over_value()),
-            waiting: Tally::new(&config.waiting, &config.metrics),
-            settling: Tally::new(&config.settling, &config.metrics)
-                .with_drain(config.drain.clone()),
+            rules: Rules {
+                lease: config.lease,
+                pending_wait: config.pending_wait,
+                metrics: config.metrics.clone(),
+                drain: config.drain.clone(),
+                waiting: Tally::new(&config.waiting, &config.metrics),
+                settling: Tally::new(&config.settling, &config.metrics)
+                    .with_drain(config.drain.clone()),
+            },
             retry_after: RetryAfter {
                 pending: seconds(config.pending_retry_after),
                 refused: seconds(config.retry_after),

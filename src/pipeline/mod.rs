@@ -22,6 +22,7 @@
 //! would be held twice, in the one allocation a request that creates makes.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,6 +34,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
+mod decision;
 mod futures;
 mod response;
 mod settle;
@@ -47,22 +49,21 @@ pub(crate) fn spawn_or_log(task: impl Future<Output = ()> + Send + 'static, undo
     }
 }
 
-use self::futures::{CatchUnwind, renewing};
+pub(crate) use self::decision::{
+    Answered, Completed, Decided, First, Host, Rules, Then, Work, decide,
+};
+use self::futures::CatchUnwind;
 use self::response::{Collected, Keep, collect, keep};
-use self::settle::{Settle, Unsettled, is_unknown, release, settle};
 pub(crate) use self::wait::CLIENT_LEFT;
-use self::wait::wait_for_first;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::drain::InFlight;
 use crate::headers;
-use crate::metrics::{Call, Started};
 use crate::operation::{Fingerprint, Head, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::scope::KeyBuf;
 use crate::settings::{OtherPaths, Settings, StoredResponses};
-use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
-use crate::tally::Tally;
+use crate::store::{Reservation, Store, StoredResponse};
 
 /// Step 1: the path, the operation's checks of the head, and a declared length over the limit.
 pub(crate) fn head<O: Operation>(settings: &Settings<O>, parts: &Parts) -> Head {
@@ -190,7 +191,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             store, settings, ..
         } = &self.pipeline;
         // A closing server claims nothing new; what is past its claim is counted until done.
-        let in_flight = match &settings.config.drain {
+        let in_flight = match &settings.rules.drain {
             None => None,
             Some(drain) => match drain.enter() {
                 Some(in_flight) => Some(in_flight),
@@ -201,29 +202,27 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             },
         };
         let (key, fingerprint) = (self.key.as_str(), &self.fingerprint);
-        let reservation = Reservation::generate();
-        let started = Started::now();
-        let Some(answer) = store.claim_now(key, fingerprint, reservation, settings.config.lease)
-        else {
-            return Ok((First::Claim, reservation, in_flight));
-        };
-        settings.config.metrics.store_call(Call::Claim, started);
-        if let (Ok(Claim::Pending), Some(_)) = (&answer, settings.config.pending_wait) {
-            return Ok((First::Wait, reservation, in_flight));
+        match decision::claim_now(
+            store,
+            key,
+            fingerprint,
+            Reservation::generate(),
+            &settings.rules,
+        ) {
+            Ok((first, reservation)) => Ok((first, reservation, in_flight)),
+            Err(answer) => Err(answered(answer, settings)),
         }
-        answered(answer, store, key, fingerprint, reservation, settings)
-            .map(|reservation| (First::New, reservation, in_flight))
     }
 
-    /// Steps 4 (unless the claim was made at once) to 8: claim, admit,
-    /// create, complete, and only then reply.
+    /// Steps 4 (unless the claim was made at once) to 8, [`decide`]: claim, admit, create,
+    /// complete, and only then reply.
     ///
-    /// The request's pieces are the decision's own captures, each held once (see the module),
-    /// and what the create takes is taken from its place when the create starts.
+    /// The request's pieces are the decision's own, each held once (see the module), and what
+    /// the create takes is taken from its place when the create starts.
     pub(crate) fn run<ReqBody, ResBody>(
         self,
         first: First,
-        mut reservation: Reservation,
+        reservation: Reservation,
         in_flight: Option<InFlight>,
     ) -> impl Future<Output = Response<ResponseBody<ResBody>>>
     where
@@ -246,147 +245,199 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
             parts,
             body,
         } = self;
-        let mut input = Some(CreateInput {
-            inner,
-            parts,
-            body,
-            value,
-        });
-        async move {
-            // The key is read where it is (`key.as_str()` at each use): a `&str` held across
-            // the awaits would take a fat pointer's room in every state of the decision.
-            // The reservation is the decision's own, where it stays: every step after the
-            // claim refers to it.
-            if !matches!(first, First::New) {
-                match claim(
-                    &store,
-                    key.as_str(),
-                    &fingerprint,
-                    reservation,
-                    &settings,
-                    first,
-                )
-                .await
-                {
-                    Ok(held) => reservation = held,
-                    Err(response) => return response,
-                }
-            }
-            // Until the reservation is completed, released or abandoned below, a decision that
-            // unwinds (a panicking response body) or is dropped abandons it.
-            let mut unsettled = Unsettled {
-                store: &store,
-                key: &key,
-                reservation: &reservation,
-                armed: true,
-            };
-            if let Some(input) = &mut input {
-                store.attach(key.as_str(), &reservation, &mut input.parts.extensions);
-            }
-            // Admission, the create and its response read whole, under one lease renewed as
-            // they go; a release, when one is due, after the renewals stopped.
-            let work = async {
-                let admitted = match &input {
-                    Some(input) => admit(&admission, &input.value).await,
-                    None => Err(Rejection::CreateFailed),
-                };
-                let permit = match admitted {
-                    Ok(permit) => permit,
-                    // Only a confirmed refusal releases the key.
-                    Err(rejection) => {
-                        // Let go of the inner service and the request before the store's
-                        // round trip: the service may hold a slot of its own.
-                        drop(input.take());
-                        let then = match rejection {
-                            Rejection::NotAdmitted(_) => Then::Release,
-                            _ => Then::Abandon,
-                        };
-                        return Err((settings.refuse(rejection), then));
-                    }
-                };
-                let Some(input) = input.take() else {
-                    return Err((settings.refuse(Rejection::CreateFailed), Then::Abandon));
-                };
-                let response = match keep(
-                    create(input, settings.value_extension).await,
-                    settings.config.stored,
-                ) {
-                    Keep::Store(response) => response,
-                    Keep::Release(response) => return Err((response, Then::Release)),
-                    Keep::Pending(rejection) => {
-                        return Err((settings.refuse(rejection), Then::Abandon));
-                    }
-                };
-                match collect(response, &settings).await {
-                    Ok(collected) => Ok((collected, permit)),
-                    Err(rejection) => Err((settings.refuse(rejection), Then::Abandon)),
-                }
-            };
-            let lease = settings.config.lease.duration();
-            let (key, metrics) = (key.as_str(), &settings.config.metrics);
-            let created = renewing(work, &store, key, &reservation, lease, metrics).await;
-            unsettled.armed = false;
-            let response = finish(created, &store, key, &reservation, &settings).await;
-            // Counted by the layer's drain, if any, until the decision ends (an early return,
-            // or the decision dropped, lets go of it too).
-            drop(in_flight);
-            response
-        }
-    }
-}
-
-/// Step 8, or what follows a create that ended without a response to store: complete and
-/// reply, or settle the reservation (release or abandon it) and reply. One await either way,
-/// with the create's answer held in one place while it runs.
-#[allow(clippy::manual_async_fn)] // an `async fn` would hold `created` twice (see the module)
-fn finish<'a, St: Store, O: Operation, P: 'a, B: 'a>(
-    created: Created<P, B>,
-    store: &'a St,
-    key: &'a str,
-    reservation: &'a Reservation,
-    settings: &'a Settings<O>,
-) -> impl Future<Output = Response<ResponseBody<B>>> + 'a {
-    async move {
-        let outcome = match &created {
-            Ok((collected, _)) => {
-                let stored = match collected {
-                    Collected::Whole(stored) => stored,
-                    Collected::Over(over) => &over.0,
-                };
-                complete(&settings.settling, store, key, reservation, stored).await
-            }
-            Err((_, then)) => {
-                match then {
-                    Then::Release => release(&settings.settling, store, key, reservation).await,
-                    Then::Abandon => store.abandon(key, reservation).await,
-                }
-                // Not read: the unstored answer carries its own outcome.
-                Outcome::Unstored
-            }
+        let host = Held {
+            store,
+            key,
+            fingerprint,
+            settings,
         };
-        match created {
-            Ok((collected, permit)) => {
-                drop(permit);
-                match (outcome, collected) {
-                    // The create's writes may not have committed: its response is not the
-                    // answer.
-                    (Outcome::StoreUnavailable, _) => settings.refuse(Rejection::StoreUnavailable),
-                    (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
-                    // Over the cap: the response itself, whole, its record the compact one.
-                    (outcome, Collected::Over(over)) => {
-                        over.1.map(|body| body.with_outcome(outcome))
-                    }
+        let work = CreateWork {
+            input: Some(CreateInput {
+                inner,
+                parts,
+                body,
+                value,
+            }),
+            admission,
+            in_flight,
+            _types: PhantomData,
+        };
+        decide(host, work, first, reservation)
+    }
+}
+
+/// What a request's decision holds for its whole life.
+struct Held<St, O> {
+    store: St,
+    /// Read where it is (`key.as_str()` at each use): a `&str` held across the awaits would
+    /// take a fat pointer's room in every state of the decision.
+    key: KeyBuf,
+    fingerprint: Fingerprint,
+    settings: Arc<Settings<O>>,
+}
+
+impl<St: Store, O> Host for Held<St, O> {
+    type Store = St;
+
+    fn store(&self) -> &St {
+        &self.store
+    }
+
+    fn key(&self) -> &KeyBuf {
+        &self.key
+    }
+
+    fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    fn rules(&self) -> &Rules {
+        &self.settings.rules
+    }
+}
+
+/// A request's work: admission, the create, its response read whole.
+struct CreateWork<S, T, A, ReqBody, ResBody> {
+    /// Taken from its place when the create starts.
+    input: Option<CreateInput<S, T>>,
+    admission: A,
+    /// Counted by the layer's drain, if any, until the decision ends (dropped with it, too).
+    in_flight: Option<InFlight>,
+    _types: PhantomData<fn(ReqBody) -> ResBody>,
+}
+
+impl<S, St, O, A, ReqBody, ResBody> Work<Held<St, O>>
+    for CreateWork<S, O::Value, A, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    St: Store,
+    O: Operation,
+    A: Admission<O::Value>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Done = Done<ResBody, A::Permit>;
+    type Unstored = Response<ResponseBody<ResBody>>;
+    type Output = Response<ResponseBody<ResBody>>;
+
+    fn run<'a>(
+        &'a mut self,
+        host: &'a Held<St, O>,
+        reservation: Reservation,
+    ) -> impl Future<Output = Result<Self::Done, (Self::Unstored, Then)>> + 'a {
+        let Held {
+            store,
+            key,
+            settings,
+            ..
+        } = host;
+        if let Some(input) = &mut self.input {
+            store.attach(key.as_str(), &reservation, &mut input.parts.extensions);
+        }
+        async move {
+            let admitted = match &self.input {
+                Some(input) => admit(&self.admission, &input.value).await,
+                None => Err(Rejection::CreateFailed),
+            };
+            let permit = match admitted {
+                Ok(permit) => permit,
+                // Only a confirmed refusal releases the key.
+                Err(rejection) => {
+                    // Let go of the inner service and the request before the store's round
+                    // trip: the service may hold a slot of its own.
+                    drop(self.input.take());
+                    let then = match rejection {
+                        Rejection::NotAdmitted(_) => Then::Release,
+                        _ => Then::Abandon,
+                    };
+                    return Err((settings.refuse(rejection), then));
                 }
+            };
+            let Some(input) = self.input.take() else {
+                return Err((settings.refuse(Rejection::CreateFailed), Then::Abandon));
+            };
+            let response = match keep(
+                create(input, settings.value_extension).await,
+                settings.config.stored,
+            ) {
+                Keep::Store(response) => response,
+                Keep::Release(response) => return Err((response, Then::Release)),
+                Keep::Pending(rejection) => {
+                    return Err((settings.refuse(rejection), Then::Abandon));
+                }
+            };
+            match collect(response, settings).await {
+                Ok(collected) => Ok(Done(collected, permit)),
+                Err(rejection) => Err((settings.refuse(rejection), Then::Abandon)),
             }
-            Err((response, _)) => response,
+        }
+    }
+
+    fn answer(
+        self,
+        host: &Held<St, O>,
+        decided: Decided<Self::Done, Self::Unstored>,
+    ) -> Self::Output {
+        // The decision ends: the drain stops counting it before the reply is written.
+        drop(self.in_flight);
+        respond(decided, &host.settings)
+    }
+}
+
+/// A create's response read (to store, and for one over the cap, to give whole) and the
+/// admission's permit, held until the reply.
+struct Done<B, P>(Collected<B>, P);
+
+impl<B, P> Completed for Done<B, P> {
+    fn stored(&self) -> &StoredResponse {
+        match &self.0 {
+            Collected::Whole(stored) => stored,
+            Collected::Over(over) => &over.0,
         }
     }
 }
 
-/// What the create ended with: the response read (to store, and for one over the cap, to
-/// give whole) and the admission's permit; or the response to give unstored and what to do
-/// with the reservation.
-type Created<P, B> = Result<(Collected<B>, P), (Response<ResponseBody<B>>, Then)>;
+/// The reply to a decision: the stored response (the create's, or a replay), or the refusal.
+fn respond<O: Operation, P, B>(
+    decided: Decided<Done<B, P>, Response<ResponseBody<B>>>,
+    settings: &Settings<O>,
+) -> Response<ResponseBody<B>> {
+    match decided {
+        Decided::Answered(answer) => answered(answer, settings),
+        Decided::Done(Done(collected, permit), outcome) => {
+            drop(permit);
+            match (outcome, collected) {
+                // The create's writes may not have committed: its response is not the answer.
+                (Outcome::StoreUnavailable, _) => settings.refuse(Rejection::StoreUnavailable),
+                (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
+                // Over the cap: the response itself, whole, its record the compact one.
+                (outcome, Collected::Over(over)) => over.1.map(|body| body.with_outcome(outcome)),
+            }
+        }
+        Decided::Unstored(response) => response,
+    }
+}
+
+/// The reply to a claim that was not new: the replay, or the refusal.
+fn answered<O: Operation, B>(
+    answer: Answered,
+    settings: &Settings<O>,
+) -> Response<ResponseBody<B>> {
+    let rejection = match answer {
+        Answered::Replay(stored) => {
+            let mut response = reply::stored(stored, Outcome::Replay);
+            if settings.config.mark_replays {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            return response;
+        }
+        Answered::Pending => Rejection::Pending,
+        Answered::Conflict => Rejection::Conflict,
+        Answered::StoreUnavailable => Rejection::StoreUnavailable,
+    };
+    settings.refuse(rejection)
+}
 
 /// What the create takes: the inner service and the request, taken from the decision when
 /// the create starts.
@@ -395,101 +446,6 @@ struct CreateInput<S, T> {
     parts: Parts,
     body: Bytes,
     value: T,
-}
-
-/// Where the decision's claim starts, with the reservation it was made with.
-#[derive(Clone, Copy)]
-pub(crate) enum First {
-    /// From the start: the store answers only by waiting.
-    Claim,
-    /// Claimed already, new.
-    New,
-    /// Claimed already and pending: wait for the first attempt.
-    Wait,
-}
-
-/// Step 4: the claim decides; only a new claim goes on, with its reservation.
-/// The reservation is chosen before the claim: if the claim's answer is lost, the claim may
-/// still take effect, and releasing the reservation settles it.
-async fn claim<St: Store, O: Operation, B>(
-    store: &St,
-    key: &str,
-    fingerprint: &Fingerprint,
-    reservation: Reservation,
-    settings: &Settings<O>,
-    first: First,
-) -> Result<Reservation, Response<ResponseBody<B>>> {
-    let mut answer = match first {
-        First::New => return Ok(reservation),
-        First::Wait => Ok(Claim::Pending),
-        First::Claim => {
-            let started = Started::now();
-            let answer = store
-                .claim_with(key, fingerprint, reservation, settings.config.lease)
-                .await;
-            settings.config.metrics.store_call(Call::Claim, started);
-            answer
-        }
-    };
-    if let (Ok(Claim::Pending), Some(wait)) = (&answer, settings.config.pending_wait) {
-        // Boxed: the wait is rare and its future large, and every decision's state would
-        // otherwise hold room for it.
-        answer = Box::pin(wait_for_first(
-            store,
-            key,
-            fingerprint,
-            reservation,
-            settings,
-            wait,
-        ))
-        .await;
-    }
-    answered(answer, store, key, fingerprint, reservation, settings)
-}
-
-/// The claim's answer: a new claim's reservation, or the reply. A failure whose outcome is
-/// unknown is settled in a task of its own.
-// As `Validated::claim_now`: the reply moves once.
-#[allow(clippy::result_large_err)]
-fn answered<St: Store, O: Operation, B>(
-    answer: Result<Claim, StoreError>,
-    store: &St,
-    key: &str,
-    fingerprint: &Fingerprint,
-    reservation: Reservation,
-    settings: &Settings<O>,
-) -> Result<Reservation, Response<ResponseBody<B>>> {
-    let rejection = match answer {
-        Ok(Claim::New(reservation)) => return Ok(reservation),
-        Ok(Claim::Replay(stored)) => {
-            let mut response = reply::stored(stored, Outcome::Replay);
-            if settings.config.mark_replays {
-                response
-                    .headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            }
-            return Err(response);
-        }
-        Ok(Claim::Pending) => Rejection::Pending,
-        Ok(Claim::Conflict) => Rejection::Conflict,
-        Err(error) => {
-            tracing::warn!(
-                error = &error as &dyn std::error::Error,
-                "claim failed; nothing created"
-            );
-            if is_unknown(&error) {
-                settle(
-                    &settings.settling,
-                    store.clone(),
-                    key.to_owned(),
-                    reservation,
-                    Settle::Claim(*fingerprint),
-                );
-            }
-            Rejection::StoreUnavailable
-        }
-    };
-    Err(settings.refuse(rejection))
 }
 
 /// Step 5: admission. The caller releases the key on a refusal. A panic is
@@ -527,55 +483,4 @@ where
         request.extensions_mut().insert(value);
     }
     CatchUnwind::new(move || inner.call(request))
-}
-
-/// What follows a create that ends without a stored response.
-enum Then {
-    /// Release the key: nothing was created (a confirmed admission refusal, or a create that
-    /// answered so).
-    Release,
-    /// Leave the key to the store ([`Store::abandon`]): the create may have taken effect.
-    Abandon,
-}
-
-/// Step 8: the complete, before the reply is written. If its answer is lost,
-/// it is repeated later with the same reservation, so the key ends completed, not pending.
-/// A transaction that did not commit ([`StoreErrorKind::Uncommitted`]) is
-/// [`Outcome::StoreUnavailable`]: the create's writes went with it, or may have.
-async fn complete<St: Store>(
-    settling: &Tally,
-    store: &St,
-    key: &str,
-    reservation: &Reservation,
-    stored: &StoredResponse,
-) -> Outcome {
-    let started = Started::now();
-    let completed = store.complete(key, reservation, stored).await;
-    settling.metrics().store_call(Call::Complete, started);
-    match completed {
-        Ok(()) => Outcome::Created,
-        Err(error) if error.kind() == StoreErrorKind::Uncommitted => {
-            tracing::error!(
-                error = &error as &dyn std::error::Error,
-                "the create's transaction did not commit"
-            );
-            Outcome::StoreUnavailable
-        }
-        Err(error) => {
-            tracing::error!(
-                error = &error as &dyn std::error::Error,
-                "complete failed after the create"
-            );
-            if is_unknown(&error) {
-                settle(
-                    settling,
-                    store.clone(),
-                    key.to_owned(),
-                    *reservation,
-                    Settle::Complete(stored.clone()),
-                );
-            }
-            Outcome::CompleteFailed
-        }
-    }
 }

@@ -6,11 +6,11 @@ use std::panic;
 use std::task::Poll;
 use std::time::Duration;
 
+use super::decision::Rules;
 use super::settle::release;
 use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
-use crate::settings::Settings;
 use crate::store::{Claim, Reservation, Store, StoreError};
 
 tokio::task_local! {
@@ -30,15 +30,15 @@ pub(super) fn client_left() -> bool {
 /// wait runs out, too many requests of the layer wait already, the client went away, or the
 /// layer's drain closed (a key claimed anew for a client that left, or after the drain
 /// closed, is released at once: nobody creates for it).
-pub(super) async fn wait_for_first<St: Store, O>(
+pub(super) async fn wait_for_first<St: Store>(
     store: &St,
     key: &str,
     fingerprint: &Fingerprint,
     reservation: Reservation,
-    settings: &Settings<O>,
+    rules: &Rules,
     wait: Duration,
 ) -> Result<Claim, StoreError> {
-    let Some(_slot) = settings.waiting.enter() else {
+    let Some(_slot) = rules.waiting.enter() else {
         return Ok(Claim::Pending);
     };
     let now = tokio::time::Instant::now();
@@ -48,7 +48,7 @@ pub(super) async fn wait_for_first<St: Store, O>(
         return Ok(Claim::Pending);
     };
     let mut timer = std::pin::pin!(timer);
-    let drain = settings.config.drain.as_ref();
+    let drain = rules.drain.as_ref();
     let mut closing = std::pin::pin!(async {
         match drain {
             Some(drain) => drain.closed().await,
@@ -61,13 +61,13 @@ pub(super) async fn wait_for_first<St: Store, O>(
         let changed = store.changed(key);
         let started = Started::now();
         let answer = store
-            .claim_with(key, fingerprint, reservation, settings.config.lease)
+            .claim_with(key, fingerprint, reservation, rules.lease)
             .await;
-        settings.config.metrics.store_call(Call::Claim, started);
+        rules.metrics.store_call(Call::Claim, started);
         match answer {
             Ok(Claim::Pending) => {}
             Ok(Claim::New(reservation)) if stop() => {
-                release(&settings.settling, store, key, &reservation).await;
+                release(&rules.settling, store, key, &reservation).await;
                 return Ok(Claim::Pending);
             }
             answer => return answer,
