@@ -200,6 +200,7 @@ pub mod drain;
 mod fingerprint;
 pub mod future;
 mod headers;
+pub mod idempotent;
 pub mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -222,6 +223,7 @@ mod tally;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 
+pub use crate::idempotent::Idempotent;
 pub use crate::layer::{IdempotencyLayer, OtherPaths, StoredResponses};
 pub use crate::operation::{GrpcOperation, JsonOperation, Operation, RawOperation};
 pub use crate::reply::Outcome;

@@ -71,6 +71,7 @@ mod raw;
 
 pub use self::grpc::{GrpcCall, GrpcOperation};
 pub use self::json::{InvalidPointer, JsonOperation};
+pub(crate) use self::key::is_key;
 pub use self::key::{IdempotencyKey, MAX_KEY_LEN};
 pub use self::label::{InvalidOperation, LabelContract, LabelOperation, SharedStr};
 pub use self::raw::RawOperation;

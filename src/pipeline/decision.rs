@@ -20,7 +20,7 @@ use crate::tally::Tally;
 
 /// What the decision's steps read, whoever runs them: the lease, the wait for a pending first
 /// attempt, the series, the drain, and the bounded counts of waits and settlements.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Rules {
     pub(crate) lease: Lease,
     pub(crate) pending_wait: Option<Duration>,

@@ -117,14 +117,14 @@ impl<'a, F: Future, S: FnOnce() -> Renewals<'a>> Future for WhileRenewing<'a, F,
 pin_project! {
     /// A future that catches a panic of the function that makes it and of every poll, once:
     /// it ends with `None` and never polls the panicked future again.
-    pub(super) struct CatchUnwind<F> {
+    pub(crate) struct CatchUnwind<F> {
         #[pin]
         future: Option<F>,
     }
 }
 
 impl<F: Future> CatchUnwind<F> {
-    pub(super) fn new(make: impl FnOnce() -> F) -> Self {
+    pub(crate) fn new(make: impl FnOnce() -> F) -> Self {
         Self {
             future: panic::catch_unwind(AssertUnwindSafe(make)).ok(),
         }

@@ -50,9 +50,9 @@ pub(crate) fn spawn_or_log(task: impl Future<Output = ()> + Send + 'static, undo
 }
 
 pub(crate) use self::decision::{
-    Answered, Completed, Decided, First, Host, Rules, Then, Work, decide,
+    Answered, Completed, Decided, First, Host, Rules, Then, Work, claim_now, decide,
 };
-use self::futures::CatchUnwind;
+pub(crate) use self::futures::CatchUnwind;
 use self::response::{Collected, Keep, collect, keep};
 pub(crate) use self::wait::CLIENT_LEFT;
 use crate::admission::{Admission, Admit};

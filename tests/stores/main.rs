@@ -19,3 +19,4 @@ mod redis_waiting;
 mod sqlite_store;
 mod sqlite_upkeep;
 mod toy_store;
+mod transactional_runs;

@@ -28,13 +28,13 @@ fn mysql_url() -> String {
 }
 
 /// A store on tables of the test's own: the records and the labels the creates insert.
-struct Db {
-    store: TransactionalMySqlStore,
-    labels: String,
+pub(crate) struct Db {
+    pub(crate) store: TransactionalMySqlStore,
+    pub(crate) labels: String,
 }
 
 impl Db {
-    async fn new(name: &str) -> Self {
+    pub(crate) async fn new(name: &str) -> Self {
         Self::retaining(name, Duration::from_secs(24 * 3600)).await
     }
 
@@ -79,7 +79,7 @@ impl Db {
     }
 
     /// The label rows of `request_id`, committed.
-    async fn rows(&self, request_id: &str) -> i64 {
+    pub(crate) async fn rows(&self, request_id: &str) -> i64 {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT count(*) FROM {} WHERE request_id = ?",
             self.labels

@@ -34,13 +34,13 @@ fn database_url() -> String {
 }
 
 /// A store on tables of the test's own: the records and the labels the creates insert.
-struct Db {
-    store: TransactionalPostgresStore,
-    labels: String,
+pub(crate) struct Db {
+    pub(crate) store: TransactionalPostgresStore,
+    pub(crate) labels: String,
 }
 
 impl Db {
-    async fn new(name: &str) -> Self {
+    pub(crate) async fn new(name: &str) -> Self {
         Self::retaining(name, Duration::from_secs(24 * 3600)).await
     }
 
@@ -69,7 +69,7 @@ impl Db {
     }
 
     /// The label rows of `request_id`.
-    async fn rows(&self, request_id: &str) -> i64 {
+    pub(crate) async fn rows(&self, request_id: &str) -> i64 {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT count(*) FROM {} WHERE request_id = $1",
             self.labels

@@ -31,11 +31,13 @@ use crate::store::{Claim, Lease, Reservation, StoredResponse};
 mod claims;
 mod operator;
 mod records;
+mod run;
 mod waiting;
 
 pub use self::claims::*;
 pub use self::operator::*;
 pub use self::records::*;
+pub use self::run::*;
 pub use self::waiting::*;
 
 /// A key no other test (or earlier run) uses.
@@ -242,6 +244,36 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_owner_writes_after_its_lease_lapsed() {
                 suite::the_owner_writes_after_its_lease_lapsed($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_run_is_done_once_then_replayed() {
+                suite::a_run_is_done_once_then_replayed($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_run_with_another_fingerprint_conflicts() {
+                suite::a_run_with_another_fingerprint_conflicts($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_run_while_another_runs_is_pending_or_waits() {
+                suite::a_run_while_another_runs_is_pending_or_waits($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lapsed_run_is_taken_over_only_when_asked() {
+                suite::a_lapsed_run_is_taken_over_only_when_asked($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn lost_run_answers_are_settled() {
+                suite::lost_run_answers_are_settled($make(::core::option::Option::None).await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn failed_and_panicking_runs_keep_or_release_their_key() {
+                suite::failed_and_panicking_runs_keep_or_release_their_key($make(::core::option::Option::None).await).await;
             }
     };
     (@operator $make:path) => {
