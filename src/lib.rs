@@ -214,6 +214,7 @@ mod pipeline;
 pub mod problem;
 mod refusal;
 pub mod reply;
+mod rules;
 pub mod scope;
 pub mod service;
 mod settings;

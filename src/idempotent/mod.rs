@@ -82,9 +82,10 @@ use crate::operation::Fingerprint;
 use crate::operation::is_key;
 use crate::operation::jcs;
 use crate::pipeline::{
-    Answered, CatchUnwind, Completed, Decided, Host, Rules, Then, Work, claim_now, decide,
+    Answered, CatchUnwind, Completed, Decided, Host, Then, Work, claim_now, decide,
 };
 use crate::reply::Outcome;
+use crate::rules::Rules;
 use crate::scope::KeyBuf;
 use crate::settings::{DEFAULT_MAX_WAITING, MAX_SETTLING};
 use crate::store::{Lease, Reservation, Store, StoredResponse};

@@ -5,32 +5,17 @@
 //! reads the decision's answer its own way (a response, a typed result).
 
 use std::future::Future;
-use std::time::Duration;
 
 use super::futures::renewing;
 use super::settle::{Settle, Unsettled, is_unknown, release, settle};
 use super::wait::wait_for_first;
-use crate::drain::Drain;
-use crate::metrics::{Call, Metrics, Started};
+use crate::metrics::{Call, Started};
 use crate::operation::Fingerprint;
 use crate::reply::Outcome;
+use crate::rules::Rules;
 use crate::scope::KeyBuf;
-use crate::store::{Claim, Lease, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
 use crate::tally::Tally;
-
-/// What the decision's steps read, whoever runs them: the lease, the wait for a pending first
-/// attempt, the series, the drain, and the bounded counts of waits and settlements.
-#[derive(Debug, Clone)]
-pub(crate) struct Rules {
-    pub(crate) lease: Lease,
-    pub(crate) pending_wait: Option<Duration>,
-    pub(crate) metrics: Metrics,
-    pub(crate) drain: Option<Drain>,
-    /// The decisions waiting now for a pending key, bounded.
-    pub(crate) waiting: Tally,
-    /// The lost store answers being settled now, bounded.
-    pub(crate) settling: Tally,
-}
 
 /// A claim's answer when it is not a new claim: no work runs.
 #[derive(Debug)]

@@ -50,7 +50,7 @@ pub(crate) fn spawn_or_log(task: impl Future<Output = ()> + Send + 'static, undo
 }
 
 pub(crate) use self::decision::{
-    Answered, Completed, Decided, First, Host, Rules, Then, Work, claim_now, decide,
+    Answered, Completed, Decided, First, Host, Then, Work, claim_now, decide,
 };
 pub(crate) use self::futures::CatchUnwind;
 use self::response::{Collected, Keep, collect, keep};
@@ -61,6 +61,7 @@ use crate::drain::InFlight;
 use crate::headers;
 use crate::operation::{Fingerprint, Head, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
+use crate::rules::Rules;
 use crate::scope::KeyBuf;
 use crate::settings::{OtherPaths, Settings, StoredResponses};
 use crate::store::{Reservation, Store, StoredResponse};

@@ -6,11 +6,11 @@ use std::panic;
 use std::task::Poll;
 use std::time::Duration;
 
-use super::decision::Rules;
 use super::settle::release;
 use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
+use crate::rules::Rules;
 use crate::store::{Claim, Reservation, Store, StoreError};
 
 tokio::task_local! {

@@ -1,0 +1,23 @@
+//! What a decision reads, whoever runs it (the layer's services, or
+//! [`Idempotent`](crate::Idempotent)): a leaf the settings and the pipeline both import.
+
+use std::time::Duration;
+
+use crate::drain::Drain;
+use crate::metrics::Metrics;
+use crate::store::Lease;
+use crate::tally::Tally;
+
+/// What the decision's steps read, whoever runs them: the lease, the wait for a pending first
+/// attempt, the series, the drain, and the bounded counts of waits and settlements.
+#[derive(Debug, Clone)]
+pub(crate) struct Rules {
+    pub(crate) lease: Lease,
+    pub(crate) pending_wait: Option<Duration>,
+    pub(crate) metrics: Metrics,
+    pub(crate) drain: Option<Drain>,
+    /// The decisions waiting now for a pending key, bounded.
+    pub(crate) waiting: Tally,
+    /// The lost store answers being settled now, bounded.
+    pub(crate) settling: Tally,
+}
