@@ -284,6 +284,74 @@ fn memory_contention(c: &mut Criterion) {
     group.finish();
 }
 
+/// The function API beside calling its work bare: the work builds a small label (a format and
+/// an allocation, as a real one would at least), its fingerprint computed per message as a
+/// consumer computes it; `new` runs under a fresh key, `replay` under a completed one.
+fn idempotent_run(c: &mut Criterion) {
+    use tower_idempotency::idempotent::{self, Idempotent};
+
+    #[derive(serde::Serialize)]
+    struct Message<'a> {
+        id: &'a str,
+        parcel_id: &'a str,
+    }
+    async fn work(parcel_id: &str) -> Result<String, ()> {
+        Ok(format!("label for {parcel_id}"))
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("idempotent");
+    group.bench_function("bare", |b| {
+        b.to_async(&runtime)
+            .iter(|| async { black_box(work(black_box("parcel-42")).await) });
+    });
+    let store = MemoryStore::with_retention(Duration::from_secs(1));
+    let labels = Idempotent::new(store).scope("labels");
+    let next = AtomicU64::new(0);
+    group.bench_function("new", |b| {
+        b.to_async(&runtime).iter_batched(
+            || format!("msg-{}", next.fetch_add(1, Ordering::Relaxed)),
+            |id| {
+                let labels = &labels;
+                async move {
+                    let message = Message {
+                        id: &id,
+                        parcel_id: "parcel-42",
+                    };
+                    let fingerprint = idempotent::fingerprint(&message).unwrap();
+                    black_box(
+                        labels
+                            .run(&id, fingerprint, |_| work(message.parcel_id))
+                            .await,
+                    )
+                }
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    let message = Message {
+        id: "msg-replayed",
+        parcel_id: "parcel-42",
+    };
+    let fingerprint = idempotent::fingerprint(&message).unwrap();
+    runtime
+        .block_on(labels.run(message.id, fingerprint, |_| work(message.parcel_id)))
+        .unwrap();
+    group.bench_function("replay", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let fingerprint = idempotent::fingerprint(&message).unwrap();
+            black_box(
+                labels
+                    .run(message.id, fingerprint, |_| work(message.parcel_id))
+                    .await,
+            )
+        });
+    });
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -294,6 +362,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = layer_paths, canonical_json, memory_contention, grpc
+    targets = layer_paths, canonical_json, memory_contention, grpc, idempotent_run
 }
 criterion_main!(benches);
