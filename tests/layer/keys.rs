@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::payments::*;
 use common::*;
 use http::Method;
+use tower_idempotency::admission::Refusal;
 use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
 
 #[tokio::test]
@@ -274,4 +275,131 @@ fn a_bad_json_pointer_is_an_error_that_names_it() {
         JsonOperation::new().key_member("").is_ok(),
         "the whole body"
     );
+}
+
+/// Where a request carries its key, for the IETF-mode cases run with each.
+#[derive(Clone, Copy, Debug)]
+enum Carrier {
+    /// The `Idempotency-Key` header, as the draft says.
+    Header,
+    /// A body member (`key_from("/reference")`), no header.
+    Body,
+}
+
+impl Carrier {
+    fn operation(self) -> JsonOperation<NewPayment> {
+        match self {
+            Self::Header => payment_operation(),
+            Self::Body => payment_operation().key_from("/reference").unwrap(),
+        }
+    }
+
+    /// A payment of `amount` under `key`; the body names the key as its reference either way,
+    /// so that both carriers send the same bytes.
+    fn post(self, key: &str, amount: u32) -> http::Request<Chunks> {
+        let body = format!(r#"{{"amount":{amount},"currency":"EUR","reference":"{key}"}}"#);
+        let header = match self {
+            Self::Header => Some(key),
+            Self::Body => None,
+        };
+        json_request("POST", "/payments", header, &body)
+    }
+}
+
+/// The IETF-mode cases rerun with the key in the body: created then replayed byte for byte,
+/// pending while the first runs, a conflict for another payload, admission refusals that
+/// release, a store failure, a failed create that keeps its key; each answers as it does with
+/// the header.
+#[tokio::test]
+async fn the_ietf_cases_hold_with_the_key_in_the_body() {
+    for carrier in [Carrier::Header, Carrier::Body] {
+        let journal = Journal::new();
+        let store = RecordingStore::new(MemoryStore::new(), journal.clone());
+        let admission = ScriptedAdmission::new(journal.clone());
+        let layer = IdempotencyLayer::new(store.clone(), carrier.operation())
+            .admission(admission.clone())
+            .global_keys();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let creates = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let inner = {
+            let (gate, creates) = (Arc::clone(&gate), Arc::clone(&creates));
+            Inner::new(tower::service_fn(
+                move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
+                    let (gate, creates) = (Arc::clone(&gate), Arc::clone(&creates));
+                    async move {
+                        let held = request.headers().contains_key("x-hold");
+                        if held {
+                            gate.notified().await;
+                        }
+                        let n = creates.fetch_add(1, Ordering::SeqCst) + 1;
+                        if request.headers().contains_key("x-fail") {
+                            return Err(CreateError("down"));
+                        }
+                        let mut response = http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(format!(r#"{{"payment_id":"pay_{n}"}}"#)),
+                        ));
+                        *response.status_mut() = http::StatusCode::CREATED;
+                        Ok(response)
+                    }
+                },
+            ))
+        };
+        let service = tower::Layer::layer(&layer, inner);
+        let case = format!("{carrier:?}");
+
+        let created = send(&service, carrier.post("p-1", 1250)).await;
+        assert_eq!(created.status, 201, "{case}");
+        assert_eq!(created.outcome, Some(Outcome::Created), "{case}");
+        let replay = send(&service, carrier.post("p-1", 1250)).await;
+        assert_eq!(replay.outcome, Some(Outcome::Replay), "{case}");
+        assert_eq!(replay.body, created.body, "{case}");
+        send(&service, carrier.post("p-1", 1251))
+            .await
+            .problem(422, "idempotency_conflict", None);
+
+        let first = tokio::spawn({
+            let (service, mut request) = (service.clone(), carrier.post("p-2", 1250));
+            request
+                .headers_mut()
+                .insert("x-hold", http::HeaderValue::from_static("1"));
+            async move { send(&service, request).await }
+        });
+        wait_for(|| store.inner().is_pending("POST /payments p-2")).await;
+        send(&service, carrier.post("p-2", 1250))
+            .await
+            .problem(409, "request_pending", None);
+        gate.notify_one();
+        assert_eq!(first.await.unwrap().status, 201, "{case}");
+
+        for (refusal, status) in [
+            (Refusal::TooManyRequests, 429),
+            (Refusal::ServiceUnavailable, 503),
+        ] {
+            admission.refuse(Some(refusal));
+            journal.take();
+            send(&service, carrier.post("p-3", 1250))
+                .await
+                .problem(status, "not_admitted", None)
+                .header("retry-after", &["2"]);
+            assert_eq!(journal.take(), ["claim", "admit", "release"], "{case}");
+        }
+        admission.refuse(None);
+        store.fail("claim");
+        send(&service, carrier.post("p-3", 1250))
+            .await
+            .problem(503, "store_unavailable", None);
+        store.recover();
+
+        let mut failing = carrier.post("p-4", 1250);
+        failing
+            .headers_mut()
+            .insert("x-fail", http::HeaderValue::from_static("1"));
+        send(&service, failing)
+            .await
+            .problem(500, "create_failed", None);
+        send(&service, carrier.post("p-4", 1250))
+            .await
+            .problem(409, "request_pending", None);
+        assert_eq!(creates.load(Ordering::SeqCst), 3, "{case}");
+    }
 }
