@@ -15,6 +15,7 @@
 //! (`attempt.get::<PgTransaction>()`), its writes commit with the stored value or not at all.
 //!
 //! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use tower_idempotency::idempotent::{self, Idempotent, Ran};
 //! use tower_idempotency::MemoryStore;
 //!
@@ -30,20 +31,18 @@
 //! let message = Message { id: "msg-1", parcel_id: "parcel-42" };
 //! let fingerprint = idempotent::fingerprint(&message)?;
 //!
-//! let first = labels
-//!     .run(message.id, fingerprint, |_attempt| async {
-//!         Ok::<_, std::io::Error>(format!("label for {}", message.parcel_id))
-//!     })
-//!     .await?;
+//! let printed = AtomicUsize::new(0);
+//! let print = || async {
+//!     printed.fetch_add(1, Ordering::SeqCst);
+//!     Ok::<_, std::io::Error>(format!("label for {}", message.parcel_id))
+//! };
+//! let first = labels.run(message.id, fingerprint, |_attempt| print()).await?;
 //! assert_eq!(first, Ran::Done("label for parcel-42".to_owned()));
 //!
 //! // Delivered again: the stored value, the work not run.
-//! let again = labels
-//!     .run(message.id, fingerprint, |_attempt| async {
-//!         Ok::<String, std::io::Error>(unreachable!("a replay runs nothing"))
-//!     })
-//!     .await?;
+//! let again = labels.run(message.id, fingerprint, |_attempt| print()).await?;
 //! assert_eq!(again, Ran::Replayed("label for parcel-42".to_owned()));
+//! assert_eq!(printed.load(Ordering::SeqCst), 1);
 //! # Ok(()) }
 //! ```
 //!
@@ -123,7 +122,9 @@ impl<St: Store> Idempotent<St> {
     }
 
     /// The scope of the keys: the same key in two scopes is two operations. Name it after the
-    /// work (`"labels"`, `"send-invoice"`).
+    /// work (`"labels"`, `"send-invoice"`). Nothing requires one (the layer does, since its
+    /// keys come from clients; a run's come from your producers), but two kinds of work on one
+    /// store, or two tenants' messages, each need their own.
     ///
     /// ```
     /// use tower_idempotency::idempotent::Idempotent;
@@ -150,9 +151,9 @@ impl<St: Store> Idempotent<St> {
     }
 
     /// Lets a run take over a key whose holder stopped renewing its lease (a crashed worker):
-    /// the work runs again. The holder must have taken over too (its lease said so when it
-    /// claimed the key), so give every worker of a scope the same setting. Without it, such a
-    /// key answers [`RunError::Pending`] until an operator resolves it.
+    /// the work runs again. A key is taken over only if the run that claimed it took over too,
+    /// so give every worker of a scope this setting. Without it, such a key answers
+    /// [`RunError::Pending`] until an operator resolves it.
     pub fn take_over_abandoned(mut self) -> Self {
         let rules = Arc::make_mut(&mut self.rules);
         rules.lease = rules.lease.take_over_abandoned();
@@ -161,8 +162,10 @@ impl<St: Store> Idempotent<St> {
 
     /// Waits up to `wait` for another attempt that holds the key, and answers its stored value
     /// (or runs the work, if that attempt released the key), instead of
-    /// [`RunError::Pending`] at once. At most 1,000 runs of this value and its clones wait at
-    /// once; more answer pending at once.
+    /// [`RunError::Pending`] at once. The wait wakes when the store says the key changed (a
+    /// notification where the store has one, else a poll every 50 milliseconds).
+    /// `Duration::ZERO` answers pending at once, as without the setting. At most 1,000 runs of
+    /// this value and its clones wait at once; more answer pending at once.
     pub fn pending_wait(mut self, wait: Duration) -> Self {
         Arc::make_mut(&mut self.rules).pending_wait = Some(wait);
         self
@@ -190,8 +193,10 @@ impl<St: Store> Idempotent<St> {
     /// ([`Ran::Replayed`]); or why there is none ([`RunError`]).
     ///
     /// `fingerprint` is what two runs with one key must share to be the same operation
-    /// ([`fingerprint`] of the message, say). The value is stored as JSON. The work gets the
-    /// claim's [`Attempt`]: on a transactional store, its transaction.
+    /// ([`fingerprint`] of the message, say; a [`Fingerprint`] is `Copy`). The value is stored
+    /// as JSON (`serde_json`). The work gets the claim's [`Attempt`]: on a transactional store,
+    /// its transaction. The work may borrow (it need not be `'static`), and the run's future is
+    /// `Send` when the work's is, so it can be spawned.
     ///
     /// # Errors
     ///
@@ -286,8 +291,8 @@ impl Attempt {
 ///
 /// # Errors
 ///
-/// A value serde cannot write as JSON (a map with keys that are not strings), or whose JSON
-/// has no canonical form (nested deeper than 128).
+/// A `serde_json::Error` for a value serde cannot write as JSON (a map with keys that are not
+/// strings), or whose JSON has no canonical form (nested deeper than 128).
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
     let json = serde_json::to_vec(value)?;
     let canonical =

@@ -57,9 +57,11 @@ pub enum RunError<E> {
     Failed(E),
     /// The work panicked; the key was released or kept, as [`Failures`] says.
     Panicked,
-    /// The work's value could not be written as JSON: the work ran, the key stays taken.
+    /// The work's value could not be written as JSON (`serde_json`'s error): the work ran, the
+    /// key stays taken.
     Unstorable(serde_json::Error),
-    /// The stored value of the key could not be read as the value asked for.
+    /// The stored value of the key could not be read as the value asked for (`serde_json`'s
+    /// error).
     Undecodable(serde_json::Error),
 }
 
