@@ -218,6 +218,7 @@ impl<O: Operation> Settings<O> {
                 pending_wait: config.pending_wait,
                 metrics: config.metrics.clone(),
                 drain: config.drain.clone(),
+                watch_client: true,
                 waiting: Tally::new(&config.waiting, &config.metrics),
                 settling: Tally::new(&config.settling, &config.metrics)
                     .with_drain(config.drain.clone()),

@@ -393,6 +393,12 @@ impl Worker {
                 tracing::info!(id = %message.id, %label_id, "replayed");
                 Verdict::Ack
             }
+            // Done, its value not stored: delivering it again would run it again once its
+            // lease lapsed.
+            Ok(Ran::Unrecorded(label_id)) => {
+                tracing::warn!(id = %message.id, %label_id, "done, unrecorded");
+                Verdict::Ack
+            }
             // The key held by another attempt, or the store away: later. A failed effect
             // keeps its key until its lease lapses, then a delivery takes it over.
             Err(error) if error.is_transient() || matches!(error, RunError::Failed(_)) => {

@@ -112,6 +112,7 @@ impl<St: Store> Idempotent<St> {
             settling: Tally::new(&Arc::new(Bounded::settling(MAX_SETTLING)), &metrics),
             metrics,
             drain: None,
+            watch_client: false,
         };
         Self {
             store,
@@ -189,8 +190,14 @@ impl<St: Store> Idempotent<St> {
     }
 
     /// Runs `work` unless a run with `key` completed or holds it: its value
-    /// ([`Ran::Done`]), stored with the key; or the stored value of the run that completed it
-    /// ([`Ran::Replayed`]); or why there is none ([`RunError`]).
+    /// ([`Ran::Done`]), stored with the key (or [`Ran::Unrecorded`], if the store failed to
+    /// keep it); or the stored value of the run that completed it ([`Ran::Replayed`]); or why
+    /// there is none ([`RunError`]).
+    ///
+    /// Dropping the run's future (a timeout around it) is a crash in miniature: the work
+    /// stops where it was; a store call in flight is settled in the background (a claim
+    /// released, a complete repeated), and a key whose work was under way stays pending until
+    /// its lease lapses, then is taken over if the runs [take over](Self::take_over_abandoned).
     ///
     /// `fingerprint` is what two runs with one key must share to be the same operation
     /// ([`fingerprint`] of the message, say; a [`Fingerprint`] is `Copy`). The value is stored
@@ -412,8 +419,10 @@ where
             Decided::Answered(Answered::StoreUnavailable) => Err(RunError::StoreUnavailable),
             // A transaction that did not commit: the work's writes went with it.
             Decided::Done(_, Outcome::StoreUnavailable) => Err(RunError::StoreUnavailable),
-            // Stored, or being stored (a lost answer is settled): the work ran.
-            Decided::Done(Value(_, value), _) => Ok(Ran::Done(value)),
+            Decided::Done(Value(_, value), Outcome::Created) => Ok(Ran::Done(value)),
+            // The work ran; its complete failed (settled in the background if its outcome is
+            // unknown).
+            Decided::Done(Value(_, value), _) => Ok(Ran::Unrecorded(value)),
             Decided::Unstored(error) => Err(error),
         }
     }

@@ -5,12 +5,16 @@ use std::fmt;
 
 /// The value of a run: computed now, or the stored value of the run that completed the key.
 ///
+/// A consumer acknowledges its message on any of the three: the work was done, by this run or
+/// an earlier one.
+///
 /// ```
 /// use tower_idempotency::idempotent::Ran;
 ///
 /// let ran = Ran::Replayed(7);
-/// assert!(ran.is_replayed());
+/// assert!(ran.is_replayed() && ran.is_stored());
 /// assert_eq!(ran.into_inner(), 7);
+/// assert!(!Ran::Unrecorded(7).is_stored());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ran<T> {
@@ -18,14 +22,27 @@ pub enum Ran<T> {
     Done(T),
     /// The key was completed before: its stored value, the work not run.
     Replayed(T),
+    /// The work ran now, but its value is not stored: the store's complete failed. Where the
+    /// complete's outcome is unknown (a timeout, a connection lost), it is repeated in the
+    /// background until the store answers; where it is known to have failed (the key was
+    /// taken over while the work ran, its lease having lapsed), it is not, and another run's
+    /// value may be the stored one. Not on a transactional store, whose work is undone with a
+    /// complete that fails ([`RunError::StoreUnavailable`]).
+    Unrecorded(T),
 }
 
 impl<T> Ran<T> {
     /// The value, computed now or replayed.
     pub fn into_inner(self) -> T {
         match self {
-            Self::Done(value) | Self::Replayed(value) => value,
+            Self::Done(value) | Self::Replayed(value) | Self::Unrecorded(value) => value,
         }
+    }
+
+    /// Whether the value is the one the store holds for the key: done and stored, or
+    /// replayed.
+    pub fn is_stored(&self) -> bool {
+        !matches!(self, Self::Unrecorded(_))
     }
 
     /// Whether the value is a replay: the work did not run.

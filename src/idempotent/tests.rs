@@ -3,6 +3,7 @@
 //! renewed while the work runs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -124,4 +125,219 @@ fn the_fingerprint_is_of_the_canonical_json_and_run_keys_are_their_own() {
             .store_key("bc"),
         labels.store_key("c")
     );
+}
+
+/// A store whose next call named hangs, before or after it reaches `inner`, until its caller
+/// gives up.
+#[derive(Clone)]
+struct Hanging {
+    inner: MemoryStore,
+    hang: Arc<std::sync::Mutex<Option<(&'static str, bool)>>>,
+}
+
+impl Hanging {
+    fn new() -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            hang: Arc::default(),
+        }
+    }
+
+    /// Hangs the next `call`, after it took effect if `applied`.
+    fn hang(&self, call: &'static str, applied: bool) {
+        *self.hang.lock().unwrap() = Some((call, applied));
+    }
+
+    async fn maybe_hang<T>(&self, call: &'static str, apply: impl Future<Output = T>) -> T {
+        let hang = {
+            let mut hang = self.hang.lock().unwrap();
+            match *hang {
+                Some((name, applied)) if name == call => hang.take().map(|_| applied),
+                _ => None,
+            }
+        };
+        match hang {
+            None => apply.await,
+            Some(true) => {
+                apply.await;
+                std::future::pending().await
+            }
+            Some(false) => std::future::pending().await,
+        }
+    }
+}
+
+impl Store for Hanging {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        reservation: Reservation,
+        lease: Lease,
+    ) -> Result<crate::store::Claim, crate::store::StoreError> {
+        let claim = self.inner.claim_with(key, fingerprint, reservation, lease);
+        self.maybe_hang("claim", claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> Result<(), crate::store::StoreError> {
+        self.inner.renew(key, reservation, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+        response: &StoredResponse,
+    ) -> Result<(), crate::store::StoreError> {
+        let complete = self.inner.complete(key, reservation, response);
+        self.maybe_hang("complete", complete).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        reservation: &Reservation,
+    ) -> Result<(), crate::store::StoreError> {
+        self.inner.release(key, reservation).await
+    }
+}
+
+/// Runs until it answers other than pending, for at most ten seconds.
+async fn settled(labels: &Idempotent<Hanging>, key: &str, value: u32) -> Ran<u32> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match labels
+            .run(key, fp(), |_| async move { Ok::<_, ()>(value) })
+            .await
+        {
+            Err(RunError::Pending) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answer => return answer.unwrap(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_dropped_while_its_claim_is_in_flight_leaves_its_key_free() {
+    let store = Hanging::new();
+    // No take-over: only the settling of the dropped claim can free the key.
+    let labels = Idempotent::new(store.clone());
+    for applied in [false, true] {
+        let key = format!("claim-{applied}");
+        store.hang("claim", applied);
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            labels.run(&key, fp(), |_| async { Ok::<_, ()>(1) }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the claim hung");
+        assert_eq!(
+            settled(&labels, &key, 2).await,
+            Ran::Done(2),
+            "applied: {applied}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_dropped_while_its_complete_is_in_flight_gets_its_key_completed() {
+    let store = Hanging::new();
+    let labels = Idempotent::new(store.clone());
+    for applied in [false, true] {
+        let key = format!("complete-{applied}");
+        store.hang("complete", applied);
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            labels.run(&key, fp(), |_| async { Ok::<_, ()>(1) }),
+        )
+        .await;
+        assert!(dropped.is_err(), "the complete hung");
+        assert_eq!(
+            settled(&labels, &key, 2).await,
+            Ran::Replayed(1),
+            "applied: {applied}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_whose_key_was_taken_over_meanwhile_is_unrecorded() {
+    let journal = Journal::new();
+    let store = RecordingStore::new(MemoryStore::new(), journal);
+    let lease = Duration::from_millis(60);
+    let labels = Idempotent::new(store.clone())
+        .lease(lease)
+        .take_over_abandoned();
+    // The first run's renewals fail: its lease lapses while its work runs, and a second run
+    // takes the key over and completes it.
+    store.fail("renew");
+    let (started, finish) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let first = tokio::spawn({
+        let (labels, started, finish) = (labels.clone(), Arc::clone(&started), Arc::clone(&finish));
+        async move {
+            labels
+                .run("k", fp(), |_| async move {
+                    started.notify_one();
+                    finish.notified().await;
+                    Ok::<_, ()>(1)
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        match labels.run("k", fp(), |_| async { Ok::<_, ()>(2) }).await {
+            Err(RunError::Pending) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answer => break answer,
+        }
+    };
+    assert_eq!(second.unwrap(), Ran::Done(2));
+    store.recover();
+    finish.notify_one();
+    assert_eq!(first.await.unwrap().unwrap(), Ran::Unrecorded(1));
+    let again = labels.run("k", fp(), |_| async { Ok::<_, ()>(3) }).await;
+    assert_eq!(again.unwrap(), Ran::Replayed(2));
+}
+
+#[tokio::test]
+async fn a_run_called_where_the_layers_client_left_still_waits() {
+    let labels = Idempotent::new(MemoryStore::new()).pending_wait(Duration::from_secs(10));
+    let (started, finish) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let first = tokio::spawn({
+        let (labels, started, finish) = (labels.clone(), Arc::clone(&started), Arc::clone(&finish));
+        async move {
+            labels
+                .run("k", fp(), |_| async move {
+                    started.notify_one();
+                    finish.notified().await;
+                    Ok::<_, ()>(1)
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    // A guarded handler whose client went away calls a run: the run is not the layer's.
+    let waiting = tokio::spawn(crate::pipeline::CLIENT_LEFT.scope((), {
+        let labels = labels.clone();
+        async move { labels.run("k", fp(), |_| async { Ok::<_, ()>(2) }).await }
+    }));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    finish.notify_one();
+    assert_eq!(first.await.unwrap().unwrap(), Ran::Done(1));
+    assert_eq!(waiting.await.unwrap().unwrap(), Ran::Replayed(1));
 }

@@ -7,7 +7,7 @@
 use std::future::Future;
 
 use super::futures::renewing;
-use super::settle::{Settle, Unsettled, is_unknown, release, settle};
+use super::settle::{Pending, Settle, Unanswered, Unsettled, is_unknown, release, settle};
 use super::wait::wait_for_first;
 use crate::metrics::{Call, Started};
 use crate::operation::Fingerprint;
@@ -198,7 +198,13 @@ fn conclude<'a, St: Store, R: Completed + 'a, E: 'a>(
             Err((_, then)) => {
                 match then {
                     Then::Release => release(settling, store, key, reservation).await,
-                    Then::Abandon => store.abandon(key, reservation).await,
+                    Then::Abandon => {
+                        let pending = Pending::Abandon;
+                        let mut unanswered =
+                            Unanswered::new(settling, store, key, *reservation, pending);
+                        store.abandon(key, reservation).await;
+                        unanswered.answered();
+                    }
                 }
                 // Not read: the unstored result carries its own.
                 Outcome::Unstored
@@ -227,9 +233,12 @@ async fn claim<St: Store>(
         First::Wait => Ok(Claim::Pending),
         First::Claim => {
             let started = Started::now();
+            let pending = Pending::Claim(fingerprint);
+            let mut unanswered = Unanswered::new(&rules.settling, store, key, reservation, pending);
             let answer = store
                 .claim_with(key, fingerprint, reservation, rules.lease)
                 .await;
+            unanswered.answered();
             rules.metrics.store_call(Call::Claim, started);
             answer
         }
@@ -298,7 +307,10 @@ async fn complete<St: Store>(
     stored: &StoredResponse,
 ) -> Outcome {
     let started = Started::now();
+    let pending = Pending::Complete(stored);
+    let mut unanswered = Unanswered::new(settling, store, key, *reservation, pending);
     let completed = store.complete(key, reservation, stored).await;
+    unanswered.answered();
     settling.metrics().store_call(Call::Complete, started);
     match completed {
         Ok(()) => Outcome::Created,

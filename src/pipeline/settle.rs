@@ -97,7 +97,9 @@ pub(super) async fn release<St: Store>(
     reservation: &Reservation,
 ) {
     let started = Started::now();
+    let mut unanswered = Unanswered::new(settling, store, key, *reservation, Pending::Release);
     let released = store.release(key, reservation).await;
+    unanswered.answered();
     settling.metrics().store_call(Call::Release, started);
     if let Err(error) = released {
         tracing::warn!(
@@ -140,5 +142,73 @@ impl<St: Store> Drop for Unsettled<'_, St> {
             async move { store.abandon(&key, &reservation).await },
             "an unfinished create is not abandoned",
         );
+    }
+}
+
+/// A store call in flight: should its decision be dropped before the store answers (a caller
+/// that cancels a run, a timeout around it), what the call may have done is settled in a task
+/// of its own, as a lost answer is, rather than left for a lease to lapse.
+pub(super) struct Unanswered<'a, St: Store> {
+    settling: &'a Tally,
+    store: &'a St,
+    key: &'a str,
+    reservation: Reservation,
+    call: Option<Pending<'a>>,
+}
+
+/// The call an [`Unanswered`] stands for.
+pub(super) enum Pending<'a> {
+    /// A claim: released if it took effect.
+    Claim(&'a Fingerprint),
+    /// A complete: repeated.
+    Complete(&'a StoredResponse),
+    /// A release: repeated.
+    Release,
+    /// An abandon: repeated.
+    Abandon,
+}
+
+impl<'a, St: Store> Unanswered<'a, St> {
+    pub(super) fn new(
+        settling: &'a Tally,
+        store: &'a St,
+        key: &'a str,
+        reservation: Reservation,
+        call: Pending<'a>,
+    ) -> Self {
+        Self {
+            settling,
+            store,
+            key,
+            reservation,
+            call: Some(call),
+        }
+    }
+
+    /// The store answered: nothing to settle here.
+    pub(super) fn answered(&mut self) {
+        self.call = None;
+    }
+}
+
+impl<St: Store> Drop for Unanswered<'_, St> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let (store, key, reservation) = (self.store.clone(), self.key.to_owned(), self.reservation);
+        let what = match call {
+            Pending::Claim(fingerprint) => Settle::Claim(*fingerprint),
+            Pending::Complete(stored) => Settle::Complete(stored.clone()),
+            Pending::Release => Settle::Release,
+            Pending::Abandon => {
+                super::spawn_or_log(
+                    async move { store.abandon(&key, &reservation).await },
+                    "an unfinished create is not abandoned",
+                );
+                return;
+            }
+        };
+        settle(self.settling, store, key, reservation, what);
     }
 }

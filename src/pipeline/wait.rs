@@ -6,7 +6,7 @@ use std::panic;
 use std::task::Poll;
 use std::time::Duration;
 
-use super::settle::release;
+use super::settle::{Pending, Unanswered, release};
 use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
@@ -55,14 +55,18 @@ pub(super) async fn wait_for_first<St: Store>(
             None => std::future::pending().await,
         }
     });
-    let stop = || client_left() || drain.is_some_and(Drain::is_closed);
+    let left = || rules.watch_client && client_left();
+    let stop = || left() || drain.is_some_and(Drain::is_closed);
     loop {
         // Registered before the look, so a change right after it is not missed.
         let changed = store.changed(key);
         let started = Started::now();
+        let pending = Pending::Claim(fingerprint);
+        let mut unanswered = Unanswered::new(&rules.settling, store, key, reservation, pending);
         let answer = store
             .claim_with(key, fingerprint, reservation, rules.lease)
             .await;
+        unanswered.answered();
         rules.metrics.store_call(Call::Claim, started);
         match answer {
             Ok(Claim::Pending) => {}
@@ -76,9 +80,7 @@ pub(super) async fn wait_for_first<St: Store>(
         // Whether the key may have changed; not if the client left, the drain closed or the
         // deadline passed.
         let changed = std::future::poll_fn(|cx| {
-            if client_left()
-                || closing.as_mut().poll(cx).is_ready()
-                || timer.as_mut().poll(cx).is_ready()
+            if left() || closing.as_mut().poll(cx).is_ready() || timer.as_mut().poll(cx).is_ready()
             {
                 Poll::Ready(false)
             } else {

@@ -168,7 +168,8 @@ pub async fn a_lapsed_run_is_taken_over_only_when_asked(store: impl Store) {
 }
 
 /// A claim whose answer is lost ran nothing and is settled (the key free again); a complete
-/// whose answer is lost answers the value and is settled (the key completed, then replayed).
+/// whose answer is lost answers the value as unrecorded and is settled (the key completed,
+/// then replayed).
 pub async fn lost_run_answers_are_settled(store: impl Store) {
     let losing = Losing::new(store);
     let labels = Idempotent::new(losing.clone()).scope("labels");
@@ -186,7 +187,7 @@ pub async fn lost_run_answers_are_settled(store: impl Store) {
     let key = unique_key("run-lost-complete");
     losing.lose("complete");
     let done = counted(&labels, &key, "parcel-42", &runs, "label-2").await;
-    assert_eq!(done.unwrap(), Ran::Done("label-2".to_owned()));
+    assert_eq!(done.unwrap(), Ran::Unrecorded("label-2".to_owned()));
     let replayed =
         until_not_pending(|| counted(&labels, &key, "parcel-42", &runs, "label-3")).await;
     assert_eq!(replayed.unwrap(), Ran::Replayed("label-2".to_owned()));
