@@ -16,7 +16,7 @@
 //! `--key-from-header` (the key is the producer's `Message-Id` header, not the body's `id`),
 //! `--ack-wait-ms N`, `--lease-ms N`, `--prefetch N`, `--worker NAME`; `--publish N
 //! --duplicate-every K --id-prefix P` feeds the stream instead; `--report` prints what the
-//! consumer has not had acknowledged.
+//! consumer has not had acknowledged; `--delete` deletes the stream.
 //!
 //! Messages are `{"id": "...", "parcel_id": "..."}`; the effect of each is a row of
 //! `labels_by_message` in the store's database, or on memory and Redis a printed line
@@ -34,7 +34,8 @@ use worker::{Options, Verdict, Worker};
 
 const USAGE: &str = "usage: nats_worker [--broker URL] [--queue NAME] [--store URL] \
     [--transactional] [--work-delay-ms N] [--key-from-header] [--ack-wait-ms N] [--lease-ms N] \
-    [--prefetch N] [--worker NAME] | --publish N [--duplicate-every K] [--id-prefix P] | --report";
+    [--prefetch N] [--worker NAME] | --publish N [--duplicate-every K] [--id-prefix P] | --report \
+    | --delete";
 
 /// The header that carries the producer's message id.
 const MESSAGE_ID: &str = "Message-Id";
@@ -57,6 +58,13 @@ async fn run(options: &Options) -> Result<(), String> {
         .await
         .map_err(|e| format!("{}: {e}", options.broker))?;
     let jetstream = jetstream::new(client);
+    if options.delete {
+        jetstream
+            .delete_stream(&options.queue)
+            .await
+            .map_err(|e| format!("deleting {}: {e}", options.queue))?;
+        return Ok(());
+    }
     let stream = jetstream
         .get_or_create_stream(jetstream::stream::Config {
             name: options.queue.clone(),
@@ -123,7 +131,11 @@ async fn run(options: &Options) -> Result<(), String> {
                 .as_ref()
                 .and_then(|headers| headers.get(MESSAGE_ID))
                 .map(|value| value.as_str().to_owned());
-            let ack = match worker.handle(&message.payload, key.as_deref()).await {
+            let redelivered = message.info().is_ok_and(|info| info.delivered > 1);
+            let ack = match worker
+                .handle(&message.payload, key.as_deref(), redelivered)
+                .await
+            {
                 Verdict::Ack => AckKind::Ack,
                 Verdict::Retry => AckKind::Nak(Some(Duration::from_millis(300))),
                 Verdict::Reject(_) => AckKind::Term,

@@ -17,7 +17,8 @@
 //! `--prefetch N`, `--lease-ms N`, `--worker NAME`, `--close-channel-every N` (closes the
 //! channel after N deliveries, their acks pending: the broker delivers them again); `--publish
 //! N --duplicate-every K --id-prefix P` feeds the queue instead; `--report` prints how many
-//! messages the queue still holds.
+//! messages the queue holds ready (not those delivered and unacknowledged); `--delete` deletes
+//! the queue.
 //!
 //! Messages are `{"id": "...", "parcel_id": "..."}`; the effect of each is a row of
 //! `labels_by_message` in the store's database, or on memory and Redis a printed line
@@ -42,7 +43,7 @@ use worker::{Options, Verdict, Worker};
 const USAGE: &str = "usage: rabbitmq_worker [--broker URL] [--queue NAME] [--store URL] \
     [--transactional] [--work-delay-ms N] [--key-from-header] [--prefetch N] [--lease-ms N] \
     [--worker NAME] [--close-channel-every N] | --publish N [--duplicate-every K] [--id-prefix P] \
-    | --report";
+    | --report | --delete";
 
 #[tokio::main]
 async fn main() {
@@ -106,6 +107,14 @@ async fn run(options: &Options) -> Result<(), String> {
         println!("published {}", options.messages().len());
         return Ok(());
     }
+    if options.delete {
+        let (channel, _) = channel(&connection, options).await?;
+        channel
+            .queue_delete(options.queue.as_str().into(), Default::default())
+            .await
+            .map_err(|e| format!("deleting {}: {e}", options.queue))?;
+        return Ok(());
+    }
     if options.report {
         let (_, ready) = channel(&connection, options).await?;
         println!("pending {ready}");
@@ -163,7 +172,10 @@ async fn run(options: &Options) -> Result<(), String> {
                     .message_id()
                     .as_ref()
                     .map(|id| id.as_str());
-                let acked = match worker.handle(&delivery.data, key).await {
+                let acked = match worker
+                    .handle(&delivery.data, key, delivery.redelivered)
+                    .await
+                {
                     Verdict::Ack => delivery.acker.ack(BasicAckOptions::default()).await,
                     Verdict::Retry => {
                         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -4,7 +4,6 @@
 //! attempt holds its key.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower_idempotency::idempotent::{self, Attempt, Idempotent, Ran, RunError};
@@ -41,6 +40,8 @@ pub struct Options {
     pub close_channel_every: Option<u64>,
     /// Print what the queue still holds and exit.
     pub report: bool,
+    /// Delete the queue (the stream) and exit.
+    pub delete: bool,
 }
 
 impl Options {
@@ -69,12 +70,14 @@ impl Options {
             ack_wait: Duration::from_secs(30),
             close_channel_every: None,
             report: false,
+            delete: false,
         };
         while let Some(flag) = args.next() {
             match flag.as_str() {
                 "--transactional" => options.transactional = true,
                 "--key-from-header" => options.key_from_header = true,
                 "--report" => options.report = true,
+                "--delete" => options.delete = true,
                 _ => {
                     let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
                     let number = || {
@@ -315,7 +318,8 @@ pub struct Worker {
     name: String,
     work_delay: Duration,
     key_from_header: bool,
-    next: AtomicU64,
+    /// Label ids unique across workers, runs and restarts.
+    labels_ids: common::Ids,
 }
 
 impl Worker {
@@ -345,16 +349,23 @@ impl Worker {
             name: options.worker.clone(),
             work_delay: options.work_delay,
             key_from_header: options.key_from_header,
-            next: AtomicU64::new(1),
+            labels_ids: common::Ids::new("label"),
         })
     }
 
-    /// Handles one delivery: `body`, and the message id header if the broker carried one.
-    pub async fn handle(&self, body: &[u8], header_key: Option<&str>) -> Verdict {
+    /// Handles one delivery: `body`, the message id header if the broker carried one, and
+    /// whether the broker delivered it before.
+    pub async fn handle(
+        &self,
+        body: &[u8],
+        header_key: Option<&str>,
+        redelivered: bool,
+    ) -> Verdict {
         let message: Message = match serde_json::from_slice(body) {
             Ok(message) => message,
             Err(error) => return Verdict::Reject(format!("not a message: {error}")),
         };
+        tracing::info!(id = %message.id, redelivered, "received");
         let key = if self.key_from_header {
             match header_key {
                 Some(key) => key,
@@ -373,11 +384,7 @@ impl Worker {
             .labels
             .run(key, fingerprint, |attempt| async move {
                 tokio::time::sleep(delay).await;
-                let label_id = format!(
-                    "label-{}-{}",
-                    self.name,
-                    self.next.fetch_add(1, Ordering::Relaxed)
-                );
+                let label_id = self.labels_ids.next();
                 self.effects
                     .apply(&attempt, &label_id, id, &self.name)
                     .await?;
