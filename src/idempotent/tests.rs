@@ -205,6 +205,39 @@ impl Store for Hanging {
     ) -> Result<(), crate::store::StoreError> {
         self.inner.release(key, reservation).await
     }
+
+    /// What a transactional store attaches, its transaction, here the claim's key.
+    fn attach(&self, key: &str, _: &Reservation, extensions: &mut http::Extensions) {
+        extensions.insert(Attached(key.to_owned()));
+    }
+}
+
+/// What [`Hanging`] attaches to a claim.
+#[derive(Debug, Clone, PartialEq)]
+struct Attached(String);
+
+#[tokio::test]
+async fn the_work_gets_what_the_store_attached_to_its_claim() {
+    let labels = Idempotent::new(Hanging::new()).scope("labels");
+    let seen = labels
+        .run("k", fp(), |attempt| async move {
+            let attached = attempt.get::<Attached>().cloned();
+            let all = attempt.extensions().len();
+            Ok::<_, ()>((attached.map(|a| a.0), all))
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen, Ran::Done((Some("run:6:labelsk".to_owned()), 1)));
+    let plain = Idempotent::new(MemoryStore::new())
+        .run("k", fp(), |attempt| async move {
+            Ok::<_, ()>((
+                attempt.get::<Attached>().is_none(),
+                attempt.extensions().len(),
+            ))
+        })
+        .await
+        .unwrap();
+    assert_eq!(plain, Ran::Done((true, 0)));
 }
 
 /// Runs until it answers other than pending, for at most ten seconds.
