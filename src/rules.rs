@@ -17,7 +17,7 @@ pub(crate) struct Rules {
     pub(crate) metrics: Metrics,
     pub(crate) drain: Option<Drain>,
     /// Whether a wait for a pending key stops when the layer's client went away
-    /// ([`CLIENT_LEFT`](crate::pipeline::CLIENT_LEFT)): the layer's decisions, not a run of
+    /// (the task-local `CLIENT_LEFT` the layer sets): the layer's decisions, not a run of
     /// the function API, which may be called from a guarded handler whose client left.
     pub(crate) watch_client: bool,
     /// The decisions waiting now for a pending key, bounded.
