@@ -22,11 +22,11 @@ pub enum Ran<T> {
     Done(T),
     /// The key was completed before: its stored value, the work not run.
     Replayed(T),
-    /// The work ran now, but its value is not stored: the store's complete failed. Where the
-    /// complete's outcome is unknown (a timeout, a connection lost), it is repeated in the
-    /// background until the store answers; where it is known to have failed (the key was
-    /// taken over while the work ran, its lease having lapsed), it is not, and another run's
-    /// value may be the stored one. Not on a transactional store, whose work is undone with a
+    /// The work ran now, but its value may not be stored: the store's complete failed. Where
+    /// the complete's outcome is unknown (a timeout, a connection lost), it may have been
+    /// stored, and the complete is repeated in the background until the store answers; where
+    /// it is known to have failed (the key was taken over while the work ran, its lease having
+    /// lapsed), it is not, and another run's value may be the stored one. Not on a transactional store, whose work is undone with a
     /// complete that fails ([`RunError::StoreUnavailable`]).
     Unrecorded(T),
 }
@@ -39,8 +39,8 @@ impl<T> Ran<T> {
         }
     }
 
-    /// Whether the value is the one the store holds for the key: done and stored, or
-    /// replayed.
+    /// Whether the value is known to be the one the store holds for the key: done and stored,
+    /// or replayed (not [`Unrecorded`](Self::Unrecorded), whose value may or may not be).
     pub fn is_stored(&self) -> bool {
         !matches!(self, Self::Unrecorded(_))
     }

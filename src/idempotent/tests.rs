@@ -133,6 +133,10 @@ fn the_fingerprint_is_of_the_canonical_json_and_run_keys_are_their_own() {
 struct Hanging {
     inner: MemoryStore,
     hang: Arc<std::sync::Mutex<Option<(&'static str, bool)>>>,
+    /// Completes called, and whether they answer as a transactional store's whose transaction
+    /// ended.
+    completes: Arc<std::sync::atomic::AtomicUsize>,
+    uncommitted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Hanging {
@@ -140,6 +144,8 @@ impl Hanging {
         Self {
             inner: MemoryStore::new(),
             hang: Arc::default(),
+            completes: Arc::default(),
+            uncommitted: Arc::default(),
         }
     }
 
@@ -194,7 +200,18 @@ impl Store for Hanging {
         reservation: &Reservation,
         response: &StoredResponse,
     ) -> Result<(), crate::store::StoreError> {
-        let complete = self.inner.complete(key, reservation, response);
+        use std::sync::atomic::Ordering::SeqCst;
+        self.completes.fetch_add(1, SeqCst);
+        let uncommitted = self.uncommitted.load(SeqCst);
+        let complete = async {
+            if uncommitted {
+                Err(crate::store::StoreError::new(
+                    crate::store::StoreErrorKind::Uncommitted,
+                ))
+            } else {
+                self.inner.complete(key, reservation, response).await
+            }
+        };
         self.maybe_hang("complete", complete).await
     }
 
@@ -373,4 +390,31 @@ async fn a_run_called_where_the_layers_client_left_still_waits() {
     finish.notify_one();
     assert_eq!(first.await.unwrap().unwrap(), Ran::Done(1));
     assert_eq!(waiting.await.unwrap().unwrap(), Ran::Replayed(1));
+}
+
+#[tokio::test]
+async fn a_dropped_complete_whose_transaction_ended_is_not_repeated() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = Hanging::new();
+    store.uncommitted.store(true, SeqCst);
+    store.hang("complete", false);
+    let labels = Idempotent::new(store.clone());
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        labels.run("k", fp(), |_| async { Ok::<_, ()>(1) }),
+    )
+    .await;
+    assert!(dropped.is_err(), "the complete hung");
+    // The settling's first repetition answers that the transaction ended: it stops there.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.completes.load(SeqCst) < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the complete was not repeated"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its next repetitions would come 100, 200 and 400 ms later.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(store.completes.load(SeqCst), 2);
 }

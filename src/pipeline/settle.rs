@@ -75,7 +75,17 @@ pub(super) fn settle<St: Store>(
             };
             match result {
                 Ok(()) => return,
-                Err(error) if error.kind() == StoreErrorKind::ReservationLost => return,
+                // Final: another holds the reservation now, or the transaction of a
+                // transactional store ended (committed or rolled back with its writes), which
+                // no repetition changes.
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        StoreErrorKind::ReservationLost | StoreErrorKind::Uncommitted
+                    ) =>
+                {
+                    return;
+                }
                 Err(error) => tracing::debug!(
                     error = &error as &dyn std::error::Error,
                     "settling a lost store answer; trying again"
