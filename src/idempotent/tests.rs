@@ -104,8 +104,19 @@ fn errors_say_what_happened_and_keep_their_source() {
     assert!(RunError::<std::io::Error>::StoreUnavailable.is_transient());
     assert!(RunError::<std::io::Error>::Pending.source().is_none());
     let ran = Ran::Done(3);
-    assert!(!ran.is_replayed());
+    assert!(!ran.is_replayed() && ran.is_stored());
     assert_eq!(ran.into_inner(), 3);
+    assert!(Ran::Replayed(3).is_replayed());
+    assert!(!Ran::Unrecorded(3).is_stored() && !Ran::Unrecorded(3).is_replayed());
+    assert_eq!(Ran::Unrecorded(4).into_inner(), 4);
+    let undecodable = serde_json::from_str::<u8>("x").unwrap_err();
+    let undecodable = RunError::<std::io::Error>::Undecodable(undecodable);
+    assert!(undecodable.source().is_some());
+    assert!(
+        undecodable
+            .to_string()
+            .starts_with("the stored value cannot be read: ")
+    );
 }
 
 #[test]
