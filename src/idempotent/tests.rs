@@ -429,3 +429,21 @@ async fn a_dropped_complete_whose_transaction_ended_is_not_repeated() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(store.completes.load(SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_complete_that_did_not_commit_answers_store_unavailable() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = Hanging::new();
+    store.uncommitted.store(true, SeqCst);
+    let labels = Idempotent::new(store.clone());
+    let answer = labels.run("k", fp(), |_| async { Ok::<_, ()>(1) }).await;
+    assert!(
+        matches!(answer, Err(RunError::StoreUnavailable)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        store.completes.load(SeqCst),
+        1,
+        "not settled: nothing to repeat"
+    );
+}
