@@ -5,6 +5,7 @@ mod common;
 
 mod admission;
 mod axum;
+mod check;
 mod composition;
 mod concurrency;
 mod contract;

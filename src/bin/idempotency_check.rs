@@ -1,0 +1,117 @@
+//! `idempotency-check`: runs the IETF Idempotency-Key draft's scenarios against a running create
+//! endpoint, in any language, and says what is wrong.
+//!
+//! ```text
+//! idempotency-check POST https://host/payments --body '{"amount":{{n}},"currency":"EUR"}' \
+//!   --header 'Authorization: Bearer …'
+//! ```
+//!
+//! `{{key}}` and `{{n}}` expand per request (the key, a number unique to the payload). Flags:
+//! `--body TEMPLATE`, `--header 'Name: template'` (repeatable), `--key-header NAME`,
+//! `--expect-created STATUS`, `--concurrency N`, `--timeout-s N`, `--json`, `--only
+//! a,b`, `--skip a,b`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
+//! command line.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+use tower_idempotency::check::{SCENARIOS, Target, run};
+
+const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
+    [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] [--json] \
+    [--only a,b] [--skip a,b]";
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), String> {
+    let method = args.next().ok_or("METHOD URL are needed")?;
+    let method =
+        Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method}: not a method"))?;
+    let url = args.next().ok_or("URL is needed")?;
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!("{url}: not an http:// or https:// URL"));
+    }
+    let mut target = Target::new(method, url);
+    let mut json = false;
+    let names = |value: &str| -> Result<Vec<String>, String> {
+        let names: Vec<String> = value.split(',').map(str::to_owned).collect();
+        match names
+            .iter()
+            .find(|name| !SCENARIOS.contains(&name.as_str()))
+        {
+            Some(unknown) => Err(format!(
+                "{unknown}: no such scenario ({})",
+                SCENARIOS.join(", ")
+            )),
+            None => Ok(names),
+        }
+    };
+    while let Some(flag) = args.next() {
+        if flag == "--json" {
+            json = true;
+            continue;
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        target = match flag.as_str() {
+            "--body" => target.body(value),
+            "--header" => {
+                let (name, template) = value
+                    .split_once(':')
+                    .ok_or_else(|| format!("--header {value}: Name: value"))?;
+                let name = HeaderName::try_from(name.trim())
+                    .map_err(|_| format!("{name}: not a header name"))?;
+                target.header(name, template.trim())
+            }
+            "--key-header" => target.key_header(
+                HeaderName::try_from(value.as_str())
+                    .map_err(|_| format!("{value}: not a header name"))?,
+            ),
+            "--expect-created" => target.created(
+                value
+                    .parse::<u16>()
+                    .ok()
+                    .and_then(|s| StatusCode::from_u16(s).ok())
+                    .ok_or_else(|| format!("{value}: not a status"))?,
+            ),
+            "--concurrency" => target.concurrency(
+                value
+                    .parse()
+                    .map_err(|_| format!("{value}: not a number"))?,
+            ),
+            "--timeout-s" => target.timeout(Duration::from_secs(
+                value
+                    .parse()
+                    .map_err(|_| format!("{value}: not a number"))?,
+            )),
+            "--only" => target.only(names(&value)?),
+            "--skip" => target.skip(names(&value)?),
+            _ => return Err(format!("unknown flag {flag}")),
+        };
+    }
+    Ok((target, json))
+}
+
+#[tokio::main]
+async fn main() {
+    let (target, json) = match parse(std::env::args().skip(1)) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            eprintln!("{message}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    // TLS through rustls, its ring provider unless the process chose one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match reqwest::Client::builder().build() {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("idempotency-check: {error}");
+            std::process::exit(2);
+        }
+    };
+    let report = run(&target, &client).await;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{report}");
+    }
+    std::process::exit(if report.passed() { 0 } else { 1 });
+}

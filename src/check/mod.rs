@@ -1,0 +1,166 @@
+//! A black-box checker of any create endpoint that takes an idempotency key, over HTTP (the
+//! library of the `idempotency-check` command, feature `check`): it sends the requests of the
+//! IETF draft's scenarios to a running server and says, for each, whether the endpoint passed,
+//! what a client would suffer where it failed, and the exchanges that show it.
+//!
+//! ```no_run
+//! # async fn check() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_idempotency::check::{Target, run};
+//!
+//! let target = Target::new(http::Method::POST, "http://127.0.0.1:3001/payments")
+//!     .body(r#"{"amount":{{n}},"currency":"EUR"}"#);
+//! let report = run(&target, &reqwest::Client::new()).await;
+//! print!("{report}");
+//! assert!(report.passed());
+//! # Ok(()) }
+//! ```
+//!
+//! In a template (the body, a header's value), `{{key}}` is the scenario's key and `{{n}}` a
+//! number unique to the request's payload; a run's keys and numbers are its own, so a server
+//! that keeps keys from earlier runs answers as for new ones.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+
+mod report;
+mod scenarios;
+
+pub use self::report::{Exchange, Report, Scenario, Verdict};
+
+/// The endpoint to check and how to make a request for it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub(crate) method: Method,
+    pub(crate) url: String,
+    pub(crate) body: String,
+    pub(crate) headers: Vec<(HeaderName, String)>,
+    pub(crate) key_header: HeaderName,
+    pub(crate) created: StatusCode,
+    pub(crate) concurrency: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) only: Vec<String>,
+    pub(crate) skip: Vec<String>,
+}
+
+impl Target {
+    /// `method` on `url`, with the defaults: the body `{"n":{{n}}}` as JSON, the key in
+    /// `Idempotency-Key`, a create answered `201`, 32 requests at once, 10 seconds a request,
+    /// every scenario.
+    pub fn new(method: Method, url: impl Into<String>) -> Self {
+        Self {
+            method,
+            url: url.into(),
+            body: r#"{"n":{{n}}}"#.to_owned(),
+            headers: vec![(http::header::CONTENT_TYPE, "application/json".to_owned())],
+            key_header: HeaderName::from_static("idempotency-key"),
+            created: StatusCode::CREATED,
+            concurrency: 32,
+            timeout: Duration::from_secs(10),
+            only: Vec::new(),
+            skip: Vec::new(),
+        }
+    }
+
+    /// The body template (JSON, for the scenarios that reorder it).
+    pub fn body(mut self, template: impl Into<String>) -> Self {
+        self.body = template.into();
+        self
+    }
+
+    /// A header every request sends, its value a template; one of the same name replaces it.
+    pub fn header(mut self, name: HeaderName, template: impl Into<String>) -> Self {
+        self.headers.retain(|(existing, _)| *existing != name);
+        self.headers.push((name, template.into()));
+        self
+    }
+
+    /// The header that carries the key; `Idempotency-Key` by default.
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key_header = name;
+        self
+    }
+
+    /// The status of a create; `201` by default.
+    pub fn created(mut self, status: StatusCode) -> Self {
+        self.created = status;
+        self
+    }
+
+    /// How many requests the concurrent scenarios send at once (at least 2); 32 by default.
+    pub fn concurrency(mut self, requests: usize) -> Self {
+        self.concurrency = requests.max(2);
+        self
+    }
+
+    /// How long a request may take; 10 seconds by default.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs only these scenarios (by [name](Scenario::name)).
+    pub fn only(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.only = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Skips these scenarios (by [name](Scenario::name)).
+    pub fn skip(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.skip = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    fn runs(&self, name: &str) -> bool {
+        (self.only.is_empty() || self.only.iter().any(|only| only == name))
+            && !self.skip.iter().any(|skip| skip == name)
+    }
+}
+
+/// The names of the scenarios, in the order they run.
+pub const SCENARIOS: [&str; 6] = [
+    "create_then_replay",
+    "conflict",
+    "bad_keys",
+    "concurrent_identical",
+    "concurrent_conflicting",
+    "reordered_json",
+];
+
+/// Runs the scenarios `target` selects against it with `client`, one after the other.
+pub async fn run(target: &Target, client: &reqwest::Client) -> Report {
+    let mut run = scenarios::Run::new(target, client);
+    let mut report = Report::default();
+    for name in SCENARIOS {
+        if target.runs(name) {
+            report.scenarios.push(run.scenario(name).await);
+        }
+    }
+    report
+}
+
+/// A value `{{key}}` and `{{n}}` expand to.
+#[derive(Debug, Clone)]
+pub(crate) struct Values<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) n: u64,
+}
+
+/// `template` with `{{key}}` and `{{n}}` expanded.
+pub(crate) fn expand(template: &str, values: &Values<'_>) -> String {
+    template
+        .replace("{{key}}", values.key)
+        .replace("{{n}}", &values.n.to_string())
+}
+
+impl fmt::Display for Values<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key {} n {}", self.key, self.n)
+    }
+}
+
+/// A header value of `text`, or none if it cannot be one.
+pub(crate) fn value(text: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(text).ok()
+}

@@ -1,0 +1,147 @@
+//! What a check found: a verdict for each scenario, what a client would suffer where one
+//! failed, and the exchanges that show it; as text, or as JSON ([`Report::to_json`]).
+
+use std::fmt;
+
+/// A scenario's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The endpoint did what the draft asks.
+    Pass,
+    /// It did not: see the scenario's `suffering` and evidence.
+    Fail,
+    /// The scenario does not apply (the endpoint does not require keys, say).
+    NotApplicable,
+}
+
+impl Verdict {
+    /// `pass`, `fail` or `not_applicable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::Fail => "fail",
+            Self::NotApplicable => "not_applicable",
+        }
+    }
+}
+
+/// One request and its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    /// What was sent, in a line: `POST /payments key=… body=…`.
+    pub request: String,
+    /// The answer's status, or `None` if there was none (see `error`).
+    pub status: Option<u16>,
+    /// The answer's headers a client relies on (`Location`, `ETag`, `Content-Type`,
+    /// `Retry-After`, `Idempotent-Replayed`), as `name: value`.
+    pub headers: Vec<String>,
+    /// The answer's body, as text (lossy), cut at 512 bytes.
+    pub body: String,
+    /// Why there was no answer.
+    pub error: Option<String>,
+}
+
+/// One scenario's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scenario {
+    /// Its name, as `--only` and `--skip` take it.
+    pub name: &'static str,
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// What was found, in a sentence.
+    pub summary: String,
+    /// Where it failed, what a client would suffer; empty otherwise.
+    pub suffering: String,
+    /// The exchanges that show it.
+    pub evidence: Vec<Exchange>,
+}
+
+/// Every scenario's outcome, in the order they ran.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The scenarios run.
+    pub scenarios: Vec<Scenario>,
+}
+
+impl Report {
+    /// Whether no scenario failed.
+    pub fn passed(&self) -> bool {
+        self.scenarios.iter().all(|s| s.verdict != Verdict::Fail)
+    }
+
+    /// The scenario named `name`, if it ran.
+    pub fn scenario(&self, name: &str) -> Option<&Scenario> {
+        self.scenarios.iter().find(|s| s.name == name)
+    }
+
+    /// The report as JSON:
+    ///
+    /// ```json
+    /// {"passed": false,
+    ///  "scenarios": [{"name": "conflict", "verdict": "fail",
+    ///                 "summary": "…", "suffering": "…",
+    ///                 "evidence": [{"request": "POST /payments key=… body=…", "status": 201,
+    ///                               "headers": ["location: /payments/1"], "body": "…",
+    ///                               "error": null}]}]}
+    /// ```
+    ///
+    /// `verdict` is `pass`, `fail` or `not_applicable`; `status` and `error` are `null` when
+    /// absent; `suffering` is empty unless the scenario failed.
+    pub fn to_json(&self) -> serde_json::Value {
+        let scenarios: Vec<_> = self
+            .scenarios
+            .iter()
+            .map(|s| {
+                let evidence: Vec<_> = s
+                    .evidence
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "request": e.request,
+                            "status": e.status,
+                            "headers": e.headers,
+                            "body": e.body,
+                            "error": e.error,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "name": s.name,
+                    "verdict": s.verdict.as_str(),
+                    "summary": s.summary,
+                    "suffering": s.suffering,
+                    "evidence": evidence,
+                })
+            })
+            .collect();
+        serde_json::json!({ "passed": self.passed(), "scenarios": scenarios })
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.scenarios {
+            writeln!(f, "{:<15} {}: {}", s.verdict.as_str(), s.name, s.summary)?;
+            if s.verdict == Verdict::Fail {
+                writeln!(f, "    a client suffers: {}", s.suffering)?;
+                for e in &s.evidence {
+                    match (e.status, &e.error) {
+                        (Some(status), _) => {
+                            writeln!(f, "    {} -> {status} {}", e.request, e.body)?
+                        }
+                        (None, Some(error)) => {
+                            writeln!(f, "    {} -> no answer: {error}", e.request)?
+                        }
+                        (None, None) => writeln!(f, "    {} -> no answer", e.request)?,
+                    }
+                }
+            }
+        }
+        let failed = self
+            .scenarios
+            .iter()
+            .filter(|s| s.verdict == Verdict::Fail)
+            .count();
+        writeln!(f, "{} scenarios, {failed} failed", self.scenarios.len())
+    }
+}

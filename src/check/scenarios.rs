@@ -1,0 +1,604 @@
+//! The scenarios: each sends its requests and judges the answers.
+
+use std::collections::BTreeSet;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, header};
+
+use super::report::{Exchange, Scenario, Verdict};
+use super::{Target, Values, expand, value};
+
+/// The headers a client relies on, compared between a create and its replay.
+const KEPT: [HeaderName; 3] = [header::LOCATION, header::ETAG, header::CONTENT_TYPE];
+
+/// The headers an exchange shows.
+const SHOWN: [&str; 6] = [
+    "location",
+    "etag",
+    "content-type",
+    "retry-after",
+    "idempotent-replayed",
+    "idempotency-key",
+];
+
+/// How a request carries its key.
+#[derive(Clone, Copy)]
+enum Key<'a> {
+    One(&'a str),
+    Missing,
+    Twice(&'a str, &'a str),
+}
+
+/// An answer, whole.
+#[derive(Debug, Clone)]
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    fn location(&self) -> Option<&[u8]> {
+        self.headers.get(header::LOCATION).map(|l| l.as_bytes())
+    }
+
+    /// Whether `self` and `other` name one resource: one `Location` where both have one,
+    /// else one body (a replay that lost its `Location` still names its resource).
+    fn same_resource(&self, other: &Self) -> bool {
+        match (self.location(), other.location()) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.body == other.body,
+        }
+    }
+}
+
+/// How many resources `answers` name: their `Location`s where every one has one, else their
+/// bodies.
+fn resources<'a>(answers: impl Iterator<Item = &'a Answer> + Clone) -> usize {
+    if answers.clone().all(|a| a.location().is_some()) {
+        answers
+            .filter_map(Answer::location)
+            .collect::<BTreeSet<_>>()
+            .len()
+    } else {
+        answers.map(|a| &a.body[..]).collect::<BTreeSet<_>>().len()
+    }
+}
+
+/// One run of the scenarios: its keys and numbers, unique to it.
+pub(crate) struct Run<'a> {
+    target: &'a Target,
+    client: &'a reqwest::Client,
+    prefix: String,
+    next: u64,
+}
+
+impl<'a> Run<'a> {
+    pub(crate) fn new(target: &'a Target, client: &'a reqwest::Client) -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            target,
+            client,
+            prefix: format!("check-{now:x}-{:x}", std::process::id()),
+            // Numbers no earlier run used, of a size any JSON reader takes.
+            next: u64::try_from(now % 1_000_000_000_000).unwrap_or(0) * 1_000,
+        }
+    }
+
+    fn key(&self, scenario: &str) -> String {
+        format!("{}-{scenario}", self.prefix)
+    }
+
+    fn n(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// The request for `values`, its key carried as `key`, its body `body` (the template's
+    /// expansion if `None`), and the line that shows it.
+    fn request(
+        &self,
+        values: &Values<'_>,
+        key: Key<'_>,
+        body: Option<&str>,
+    ) -> (reqwest::RequestBuilder, String) {
+        let body = body.map_or_else(|| expand(&self.target.body, values), str::to_owned);
+        let mut request = self
+            .client
+            .request(self.target.method.clone(), &self.target.url)
+            .timeout(self.target.timeout);
+        for (name, template) in &self.target.headers {
+            if let Some(value) = value(&expand(template, values)) {
+                request = request.header(name.clone(), value);
+            }
+        }
+        let key_line = match key {
+            Key::One(key) => {
+                if let Some(value) = value(key) {
+                    request = request.header(self.target.key_header.clone(), value);
+                }
+                format!("key={key:?}")
+            }
+            Key::Missing => "no key".to_owned(),
+            Key::Twice(a, b) => {
+                for key in [a, b] {
+                    if let Some(value) = value(key) {
+                        request = request.header(self.target.key_header.clone(), value);
+                    }
+                }
+                format!("keys={a:?},{b:?}")
+            }
+        };
+        let line = format!(
+            "{} {} {key_line} body={body}",
+            self.target.method, self.target.url
+        );
+        (request.body(body), line)
+    }
+
+    async fn send(
+        &self,
+        values: &Values<'_>,
+        key: Key<'_>,
+        body: Option<&str>,
+    ) -> (Exchange, Option<Answer>) {
+        let (request, line) = self.request(values, key, body);
+        exchange(line, request.send().await).await
+    }
+
+    /// Sends `requests` at once; their exchanges and answers, in order.
+    async fn send_at_once(
+        &self,
+        requests: Vec<(reqwest::RequestBuilder, String)>,
+    ) -> Vec<(Exchange, Option<Answer>)> {
+        let mut tasks = tokio::task::JoinSet::new();
+        // Every request built first, then all sent: the server sees them together.
+        let gate = std::sync::Arc::new(tokio::sync::Barrier::new(requests.len()));
+        for (i, (request, line)) in requests.into_iter().enumerate() {
+            let gate = std::sync::Arc::clone(&gate);
+            tasks.spawn(async move {
+                gate.wait().await;
+                (i, exchange(line, request.send().await).await)
+            });
+        }
+        let mut answers: Vec<_> = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(answer) = joined {
+                answers.push(answer);
+            }
+        }
+        answers.sort_by_key(|(i, _)| *i);
+        answers.into_iter().map(|(_, answer)| answer).collect()
+    }
+
+    pub(crate) async fn scenario(&mut self, name: &'static str) -> Scenario {
+        match name {
+            "create_then_replay" => self.create_then_replay().await,
+            "conflict" => self.conflict().await,
+            "bad_keys" => self.bad_keys().await,
+            "concurrent_identical" => self.concurrent(name, false).await,
+            "concurrent_conflicting" => self.concurrent(name, true).await,
+            _ => self.reordered_json().await,
+        }
+    }
+
+    /// A first request creates; its retry replays it: the same status, body and headers.
+    async fn create_then_replay(&mut self) -> Scenario {
+        let name = "create_then_replay";
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        let (second, replay) = self.send(&values, Key::One(&key), None).await;
+        let evidence = vec![first, second];
+        let Some(replay) = replay else {
+            return fail(
+                name,
+                "the retry got no answer",
+                "a client that retries gets no answer",
+                evidence,
+            );
+        };
+        let mut differences = Vec::new();
+        if replay.status != created.status {
+            differences.push(format!(
+                "status {} instead of {}",
+                replay.status, created.status
+            ));
+        }
+        if replay.body != created.body {
+            differences.push("another body".to_owned());
+        }
+        for name in &KEPT {
+            if replay
+                .headers
+                .get_all(name)
+                .iter()
+                .ne(created.headers.get_all(name).iter())
+            {
+                differences.push(format!("another {name}"));
+            }
+        }
+        if differences.is_empty() {
+            let marker = if replay.headers.contains_key("idempotent-replayed") {
+                ", marked Idempotent-Replayed"
+            } else {
+                ""
+            };
+            return pass(
+                name,
+                format!(
+                    "created {}, the retry replayed it byte for byte{marker}",
+                    created.status
+                ),
+                evidence,
+            );
+        }
+        let lost_location = created.headers.contains_key(header::LOCATION)
+            && !replay.headers.contains_key(header::LOCATION);
+        let suffering = if lost_location {
+            "a client whose first answer was lost retries and does not learn where its resource is"
+        } else {
+            "a client whose first answer was lost retries and reads another answer than the create's"
+        };
+        fail(
+            name,
+            &format!("the retry's answer differs: {}", differences.join(", ")),
+            suffering,
+            evidence,
+        )
+    }
+
+    /// The key with another body is refused (`422` per the draft), and the key still replays
+    /// its first request.
+    async fn conflict(&mut self) -> Scenario {
+        let name = "conflict";
+        let key = self.key(name);
+        let first_values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let other_values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&first_values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        let (second, other) = self.send(&other_values, Key::One(&key), None).await;
+        let (third, again) = self.send(&first_values, Key::One(&key), None).await;
+        let evidence = vec![first, second, third];
+        let Some(other) = other else {
+            return fail(
+                name,
+                "the other body got no answer",
+                "a client cannot tell a reused key",
+                evidence,
+            );
+        };
+        if other.is_success() {
+            let (summary, suffering) = if other.same_resource(&created) {
+                (
+                    format!(
+                        "another body under the key was answered {} with the first request's result",
+                        other.status
+                    ),
+                    "a client that reuses a key by mistake is told its request succeeded, and it never ran",
+                )
+            } else {
+                (
+                    format!(
+                        "another body under the key was answered {}, created anew",
+                        other.status
+                    ),
+                    "a key reused with another body creates a second resource",
+                )
+            };
+            return fail(name, &summary, suffering, evidence);
+        }
+        let unchanged = again
+            .as_ref()
+            .is_some_and(|again| again.status == created.status && again.same_resource(&created));
+        if !unchanged {
+            return fail(
+                name,
+                "after the refused body, the first request no longer replays",
+                "a client's retry after another client's mistake loses its answer",
+                evidence,
+            );
+        }
+        let summary = if other.status == 422 {
+            "another body under the key was refused with 422, and the key still replays".to_owned()
+        } else {
+            format!(
+                "another body under the key was refused with {}, not the draft's 422; the key still replays",
+                other.status
+            )
+        };
+        pass(name, summary, evidence)
+    }
+
+    /// A missing, empty, over-long or repeated key is refused when the endpoint requires keys.
+    async fn bad_keys(&mut self) -> Scenario {
+        let name = "bad_keys";
+        let key = self.key(name);
+        let long = "k".repeat(1024);
+        let n = self.n();
+        let (missing, answer) = self.send(&Values { key: "", n }, Key::Missing, None).await;
+        if answer.as_ref().is_some_and(Answer::is_success) {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: "the endpoint does not require a key: a request without one was created"
+                    .to_owned(),
+                suffering: String::new(),
+                evidence: vec![missing],
+            };
+        }
+        let mut evidence = vec![missing];
+        let mut accepted = Vec::new();
+        let twice = format!("{key}-b");
+        for (what, carried) in [
+            ("an empty key", Key::One("")),
+            ("a 1,024-character key", Key::One(&long)),
+            ("two keys", Key::Twice(&key, &twice)),
+        ] {
+            let n = self.n();
+            let (exchange, answer) = self.send(&Values { key: &key, n }, carried, None).await;
+            if answer.as_ref().is_some_and(Answer::is_success) {
+                accepted.push(what);
+            }
+            evidence.push(exchange);
+        }
+        if accepted.is_empty() {
+            return pass(
+                name,
+                "a missing, empty, over-long or repeated key is refused".to_owned(),
+                evidence,
+            );
+        }
+        fail(
+            name,
+            &format!("accepted {}", accepted.join(", ")),
+            "a request with a malformed key is created without protection: its retry creates again",
+            evidence,
+        )
+    }
+
+    /// Requests with one key sent at once create once: identical ones (the rest replays or
+    /// `409`), or with different bodies (the rest refused).
+    async fn concurrent(&mut self, name: &'static str, conflicting: bool) -> Scenario {
+        let key = self.key(name);
+        let shared = self.n();
+        let requests: Vec<_> = (0..self.target.concurrency)
+            .map(|_| {
+                let n = if conflicting { self.n() } else { shared };
+                self.request(&Values { key: &key, n }, Key::One(&key), None)
+            })
+            .collect();
+        let answers = self.send_at_once(requests).await;
+        let creates = self.target.created.as_u16();
+        let created = resources(
+            answers
+                .iter()
+                .filter_map(|(_, answer)| answer.as_ref())
+                .filter(|answer| answer.status == creates),
+        );
+        let statuses: BTreeSet<u16> = answers
+            .iter()
+            .filter_map(|(_, answer)| answer.as_ref().map(|a| a.status))
+            .collect();
+        let sent = answers.len();
+        let evidence: Vec<Exchange> = answers.into_iter().map(|(exchange, _)| exchange).collect();
+        if created > 1 {
+            return fail(
+                name,
+                &format!("{sent} requests with one key at once created {created} resources"),
+                "two resources created for one intent: a client's retries, or two clients' racing requests, charge twice",
+                evidence,
+            );
+        }
+        let statuses: Vec<String> = statuses.iter().map(u16::to_string).collect();
+        pass(
+            name,
+            format!(
+                "{sent} requests with one key at once created {created} resource (answers: {})",
+                statuses.join(", ")
+            ),
+            Vec::new(),
+        )
+    }
+
+    /// The same JSON body re-serialised (members reordered, spaces added) is a replay, or is
+    /// noted as compared by bytes.
+    async fn reordered_json(&mut self) -> Scenario {
+        let name = "reordered_json";
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let body = expand(&self.target.body, &values);
+        let Some(reordered) = reordered(&body) else {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: "the body is not a JSON object with two members or more".to_owned(),
+                suffering: String::new(),
+                evidence: Vec::new(),
+            };
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        let (second, replay) = self.send(&values, Key::One(&key), Some(&reordered)).await;
+        let evidence = vec![first, second];
+        match replay {
+            Some(replay) if replay.status == created.status && replay.same_resource(&created) => {
+                pass(
+                    name,
+                    "the same JSON, reordered and re-spaced, replayed the create".to_owned(),
+                    evidence,
+                )
+            }
+            Some(replay) if !replay.is_success() => Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: format!(
+                    "the same JSON reordered was refused with {}: the server compares bytes, so a client must resend its exact bytes",
+                    replay.status
+                ),
+                suffering: String::new(),
+                evidence,
+            },
+            Some(replay) if !replay.same_resource(&created) => fail(
+                name,
+                "the same JSON reordered created anew",
+                "a client whose library re-serialises its retry creates a second resource",
+                evidence,
+            ),
+            _ => fail(
+                name,
+                "the same JSON reordered got another answer than the create's",
+                "a client whose library re-serialises its retry reads another answer",
+                evidence,
+            ),
+        }
+    }
+
+    /// `answer` if it is the target's create status.
+    fn created(&self, answer: &Option<Answer>) -> Option<Answer> {
+        answer
+            .as_ref()
+            .filter(|answer| answer.status == self.target.created.as_u16())
+            .cloned()
+    }
+}
+
+/// The exchange and answer of a request sent.
+async fn exchange(
+    request: String,
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> (Exchange, Option<Answer>) {
+    let response = match sent {
+        Ok(response) => response,
+        Err(error) => {
+            let exchange = Exchange {
+                request,
+                status: None,
+                headers: Vec::new(),
+                body: String::new(),
+                error: Some(error.to_string()),
+            };
+            return (exchange, None);
+        }
+    };
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(error) => {
+            let exchange = Exchange {
+                request,
+                status: Some(status),
+                headers: shown(&headers),
+                body: String::new(),
+                error: Some(error.to_string()),
+            };
+            return (exchange, None);
+        }
+    };
+    let shown_body = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+    let exchange = Exchange {
+        request,
+        status: Some(status),
+        headers: shown(&headers),
+        body: shown_body,
+        error: None,
+    };
+    (
+        exchange,
+        Some(Answer {
+            status,
+            headers,
+            body,
+        }),
+    )
+}
+
+fn shown(headers: &HeaderMap) -> Vec<String> {
+    SHOWN
+        .iter()
+        .flat_map(|name| {
+            headers
+                .get_all(*name)
+                .iter()
+                .map(move |value| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes())))
+        })
+        .collect()
+}
+
+/// `body`, a JSON object of two members or more, with its members in reverse order and spaces
+/// between its tokens.
+fn reordered(body: &str) -> Option<String> {
+    let serde_json::Value::Object(members) = serde_json::from_str(body).ok()? else {
+        return None;
+    };
+    if members.len() < 2 {
+        return None;
+    }
+    let members: Vec<String> = members
+        .iter()
+        .rev()
+        .map(|(name, value)| format!("{} : {value}", serde_json::Value::from(name.as_str())))
+        .collect();
+    Some(format!("{{ {} }}", members.join(" , ")))
+}
+
+fn pass(name: &'static str, summary: String, evidence: Vec<Exchange>) -> Scenario {
+    Scenario {
+        name,
+        verdict: Verdict::Pass,
+        summary,
+        suffering: String::new(),
+        evidence,
+    }
+}
+
+fn fail(name: &'static str, summary: &str, suffering: &str, evidence: Vec<Exchange>) -> Scenario {
+    Scenario {
+        name,
+        verdict: Verdict::Fail,
+        summary: summary.to_owned(),
+        suffering: suffering.to_owned(),
+        evidence,
+    }
+}
+
+/// A scenario whose first request did not create: the endpoint, or the check's template,
+/// is not what the check expects.
+fn not_created(name: &'static str, first: Exchange) -> Scenario {
+    let answered = first
+        .status
+        .map_or_else(|| "no answer".to_owned(), |status| status.to_string());
+    fail(
+        name,
+        &format!("the first request was answered {answered}, not the create status"),
+        "nothing can be checked: is the body template a valid request, and --expect-created the create's status?",
+        vec![first],
+    )
+}

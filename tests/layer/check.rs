@@ -1,0 +1,239 @@
+//! The black-box checker (`check`, feature `check`) against endpoints over real HTTP: the
+//! layer's own (every scenario passes) and small servers written here, each with one flaw that
+//! the scenario meant for it reports, and no other scenario misreports.
+//!
+//! The race: the check-then-act server below looks the key up, then creates (2 ms, a database
+//! insert), then stores. Its flaw was found by `concurrent_identical` in 50 runs of 50 on this
+//! 2-core machine, each with 16 requests at once; the test runs it 5 times.
+#![cfg(feature = "check")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, header};
+use tower_idempotency::check::{Report, Target, Verdict, run};
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+
+/// Serves `router` on a free port of loopback: its URL.
+async fn serve(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}/payments")
+}
+
+async fn check(url: String) -> Report {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let target = Target::new(Method::POST, url)
+        .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
+        .concurrency(16);
+    run(&target, &reqwest::Client::new()).await
+}
+
+fn failing(report: &Report) -> Vec<&'static str> {
+    report
+        .scenarios
+        .iter()
+        .filter(|s| s.verdict == Verdict::Fail)
+        .map(|s| s.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_passes_every_scenario() {
+    async fn create(body: Bytes) -> Response {
+        let id = u64::from_le_bytes(sha_prefix(&body));
+        (
+            StatusCode::CREATED,
+            [(header::LOCATION, format!("/payments/{id:x}"))],
+            body,
+        )
+            .into_response()
+    }
+    let router = axum::Router::new()
+        .route("/payments", axum::routing::post(create))
+        .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
+    let report = check(serve(router).await).await;
+    assert!(report.passed(), "{report}");
+    assert!(
+        report.scenarios.iter().all(|s| s.verdict == Verdict::Pass),
+        "{report}"
+    );
+    let json = report.to_json();
+    assert_eq!(json["passed"], true);
+    assert_eq!(json["scenarios"].as_array().unwrap().len(), 6);
+    let first = &json["scenarios"][0];
+    assert_eq!(first["name"], "create_then_replay");
+    assert_eq!(first["verdict"], "pass");
+    assert_eq!(first["suffering"], "");
+    let evidence = &first["evidence"][0];
+    assert_eq!(evidence["status"], 201);
+    assert!(
+        evidence["request"]
+            .as_str()
+            .unwrap()
+            .starts_with("POST http://127.0.0.1:")
+    );
+    assert!(
+        evidence["headers"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("location: /payments/")
+    );
+    assert!(evidence["error"].is_null());
+}
+
+fn sha_prefix(body: &[u8]) -> [u8; 8] {
+    let fingerprint = tower_idempotency::operation::Fingerprint::digest([body]);
+    let mut prefix = [0; 8];
+    prefix.copy_from_slice(&fingerprint.as_bytes()[..8]);
+    prefix
+}
+
+/// One flaw of a hand-written idempotent create.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flaw {
+    None,
+    /// The key is looked up, the create runs, then the key is stored: not atomic.
+    CheckThenAct,
+    /// A replay writes the body anew (a served-at counter in it).
+    ReplayChangesBody,
+    /// A replay answers without `Location`.
+    ReplayLosesLocation,
+    /// The body is not compared: another body under the key replays the first.
+    NoFingerprint,
+}
+
+struct Server {
+    flaw: Flaw,
+    records: Mutex<HashMap<String, (serde_json::Value, u64)>>,
+    next: AtomicU64,
+}
+
+async fn flawed(State(server): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    let keys: Vec<_> = headers.get_all("idempotency-key").iter().collect();
+    let key = match keys.as_slice() {
+        [key] if !key.is_empty() && key.len() <= 255 => key.to_str().unwrap_or("").to_owned(),
+        _ => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let found = server.records.lock().unwrap().get(&key).cloned();
+    let id = match found {
+        Some((stored, id)) => {
+            if stored != payload && server.flaw != Flaw::NoFingerprint {
+                return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+            }
+            let served = server.next.fetch_add(1, Ordering::SeqCst);
+            let body = match server.flaw {
+                Flaw::ReplayChangesBody => format!(r#"{{"id":{id},"served":{served}}}"#),
+                _ => format!(r#"{{"id":{id}}}"#),
+            };
+            if server.flaw == Flaw::ReplayLosesLocation {
+                return (StatusCode::CREATED, body).into_response();
+            }
+            return (
+                StatusCode::CREATED,
+                [(header::LOCATION, format!("/payments/{id}"))],
+                body,
+            )
+                .into_response();
+        }
+        None if server.flaw == Flaw::CheckThenAct => {
+            // The create (a database insert), then the key stored, as if nobody else came.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let id = server.next.fetch_add(1, Ordering::SeqCst);
+            server.records.lock().unwrap().insert(key, (payload, id));
+            id
+        }
+        None => {
+            let mut records = server.records.lock().unwrap();
+            match records.get(&key) {
+                // Another request created it meanwhile: as a replay, next time.
+                Some(_) => return StatusCode::CONFLICT.into_response(),
+                None => {
+                    let id = server.next.fetch_add(1, Ordering::SeqCst);
+                    records.insert(key, (payload, id));
+                    id
+                }
+            }
+        }
+    };
+    let body = format!(r#"{{"id":{id}}}"#);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/payments/{id}"))],
+        body,
+    )
+        .into_response()
+}
+
+async fn flawed_report(flaw: Flaw) -> Report {
+    let server = Arc::new(Server {
+        flaw,
+        records: Mutex::default(),
+        next: AtomicU64::new(1),
+    });
+    let router = axum::Router::new()
+        .route("/payments", axum::routing::post(flawed))
+        .with_state(server);
+    check(serve(router).await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_flaw_is_reported_by_its_scenario_alone() {
+    let correct = flawed_report(Flaw::None).await;
+    assert!(failing(&correct).is_empty(), "{correct}");
+    for (flaw, expected) in [
+        (Flaw::ReplayChangesBody, vec!["create_then_replay"]),
+        (Flaw::ReplayLosesLocation, vec!["create_then_replay"]),
+        (Flaw::NoFingerprint, vec!["conflict"]),
+    ] {
+        let report = flawed_report(flaw).await;
+        assert_eq!(failing(&report), expected, "{flaw:?}: {report}");
+    }
+    let lost = flawed_report(Flaw::ReplayLosesLocation).await;
+    let replay = lost.scenario("create_then_replay").unwrap();
+    assert!(
+        replay.summary.contains("another location"),
+        "{}",
+        replay.summary
+    );
+    assert!(
+        replay.suffering.contains("where its resource is"),
+        "{}",
+        replay.suffering
+    );
+    let reused = flawed_report(Flaw::NoFingerprint).await;
+    let conflict = reused.scenario("conflict").unwrap();
+    assert!(
+        conflict.suffering.contains("it never ran"),
+        "{}",
+        conflict.suffering
+    );
+    assert_eq!(conflict.evidence.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_then_act_claim_is_found_by_the_concurrent_scenarios() {
+    for _ in 0..5 {
+        let report = flawed_report(Flaw::CheckThenAct).await;
+        let failed = failing(&report);
+        assert!(failed.contains(&"concurrent_identical"), "{report}");
+        assert!(
+            failed.iter().all(|name| name.starts_with("concurrent_")),
+            "{report}"
+        );
+        let race = report.scenario("concurrent_identical").unwrap();
+        assert!(
+            race.suffering
+                .contains("two resources created for one intent")
+        );
+    }
+}
