@@ -8,8 +8,8 @@
 //!
 //! `{{key}}` and `{{n}}` expand per request (the key, a number unique to the payload). Flags:
 //! `--body TEMPLATE`, `--header 'Name: template'` (repeatable), `--key-header NAME`,
-//! `--expect-created STATUS`, `--concurrency N`, `--timeout-s N`, `--json`, `--only
-//! a,b`, `--skip a,b`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
+//! `--expect-created STATUS`, `--concurrency N`, `--timeout-s N`, `--other-url URL` (another
+//! create endpoint of the server, for `other_endpoint`), `--json`, `--only a,b`, `--skip a,b`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
 use std::time::Duration;
@@ -18,8 +18,8 @@ use http::{HeaderName, Method, StatusCode};
 use tower_idempotency::check::{SCENARIOS, Target, run};
 
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
-    [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] [--json] \
-    [--only a,b] [--skip a,b]";
+    [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
+    [--other-url URL] [--json] [--only a,b] [--skip a,b]";
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), String> {
     let method = args.next().ok_or("METHOD URL are needed")?;
@@ -81,6 +81,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
                     .parse()
                     .map_err(|_| format!("{value}: not a number"))?,
             )),
+            "--other-url" => target.other_url(value),
             "--only" => target.only(names(&value)?),
             "--skip" => target.skip(names(&value)?),
             _ => return Err(format!("unknown flag {flag}")),

@@ -42,6 +42,7 @@ pub struct Target {
     pub(crate) timeout: Duration,
     pub(crate) only: Vec<String>,
     pub(crate) skip: Vec<String>,
+    pub(crate) other_url: Option<String>,
 }
 
 impl Target {
@@ -60,7 +61,15 @@ impl Target {
             timeout: Duration::from_secs(10),
             only: Vec::new(),
             skip: Vec::new(),
+            other_url: None,
         }
+    }
+
+    /// Another create endpoint of the same server, taking the same body: the
+    /// `other_endpoint` scenario checks that a key there is another operation.
+    pub fn other_url(mut self, url: impl Into<String>) -> Self {
+        self.other_url = Some(url.into());
+        self
     }
 
     /// The body template (JSON, for the scenarios that reorder it).
@@ -119,13 +128,14 @@ impl Target {
 }
 
 /// The names of the scenarios, in the order they run.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "create_then_replay",
     "conflict",
     "bad_keys",
     "concurrent_identical",
     "concurrent_conflicting",
     "reordered_json",
+    "other_endpoint",
 ];
 
 /// Runs the scenarios `target` selects against it with `client`, one after the other.

@@ -109,10 +109,21 @@ impl<'a> Run<'a> {
         key: Key<'_>,
         body: Option<&str>,
     ) -> (reqwest::RequestBuilder, String) {
+        self.request_to(&self.target.url, values, key, body)
+    }
+
+    /// [`request`](Self::request) to `url`.
+    fn request_to(
+        &self,
+        url: &str,
+        values: &Values<'_>,
+        key: Key<'_>,
+        body: Option<&str>,
+    ) -> (reqwest::RequestBuilder, String) {
         let body = body.map_or_else(|| expand(&self.target.body, values), str::to_owned);
         let mut request = self
             .client
-            .request(self.target.method.clone(), &self.target.url)
+            .request(self.target.method.clone(), url)
             .timeout(self.target.timeout);
         for (name, template) in &self.target.headers {
             if let Some(value) = value(&expand(template, values)) {
@@ -136,10 +147,7 @@ impl<'a> Run<'a> {
                 format!("keys={a:?},{b:?}")
             }
         };
-        let line = format!(
-            "{} {} {key_line} body={body}",
-            self.target.method, self.target.url
-        );
+        let line = format!("{} {url} {key_line} body={body}", self.target.method);
         (request.body(body), line)
     }
 
@@ -185,7 +193,8 @@ impl<'a> Run<'a> {
             "bad_keys" => self.bad_keys().await,
             "concurrent_identical" => self.concurrent(name, false).await,
             "concurrent_conflicting" => self.concurrent(name, true).await,
-            _ => self.reordered_json().await,
+            "reordered_json" => self.reordered_json().await,
+            _ => self.other_endpoint().await,
         }
     }
 
@@ -475,6 +484,55 @@ impl<'a> Run<'a> {
                 name,
                 "the same JSON reordered got another answer than the create's",
                 "a client whose library re-serialises its retry reads another answer",
+                evidence,
+            ),
+        }
+    }
+
+    /// The key of a create on the target sent to another endpoint, with the same body, is
+    /// another operation there: never the first endpoint's answer.
+    async fn other_endpoint(&mut self) -> Scenario {
+        let name = "other_endpoint";
+        let Some(other_url) = self.target.other_url.clone() else {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: "no other endpoint given (--other-url)".to_owned(),
+                suffering: String::new(),
+                evidence: Vec::new(),
+            };
+        };
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        let (request, line) = self.request_to(&other_url, &values, Key::One(&key), None);
+        let (second, other) = exchange(line, request.send().await).await;
+        let evidence = vec![first, second];
+        match other {
+            Some(other) if other.status == created.status && other.same_resource(&created) => fail(
+                name,
+                "the key on another endpoint was answered with the first endpoint's result",
+                "a client that uses one key on two endpoints (a payment, then its refund) gets the first result for the second, which never runs",
+                evidence,
+            ),
+            Some(other) => pass(
+                name,
+                format!(
+                    "the key on another endpoint is another operation there (answered {})",
+                    other.status
+                ),
+                evidence,
+            ),
+            None => fail(
+                name,
+                "the other endpoint gave no answer",
+                "a client cannot use the other endpoint",
                 evidence,
             ),
         }

@@ -1,6 +1,8 @@
 //! The black-box checker (`check`, feature `check`) against endpoints over real HTTP: the
 //! layer's own (every scenario passes) and small servers written here, each with one flaw that
-//! the scenario meant for it reports, and no other scenario misreports.
+//! the scenario meant for it reports, and no other scenario misreports: a check-then-act claim,
+//! a replay that changes its body or loses `Location`, no fingerprint check, a key space
+//! without the path.
 //!
 //! The race: the check-then-act server below looks the key up, then creates (2 ms, a database
 //! insert), then stores. Its flaw was found by `concurrent_identical` in 50 runs of 50 on this
@@ -29,9 +31,11 @@ async fn serve(router: axum::Router) -> String {
 
 async fn check(url: String) -> Report {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let refunds = url.replace("/payments", "/refunds");
     let target = Target::new(Method::POST, url)
         .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
-        .concurrency(16);
+        .concurrency(16)
+        .other_url(refunds);
     run(&target, &reqwest::Client::new()).await
 }
 
@@ -46,17 +50,15 @@ fn failing(report: &Report) -> Vec<&'static str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_passes_every_scenario() {
-    async fn create(body: Bytes) -> Response {
-        let id = u64::from_le_bytes(sha_prefix(&body));
-        (
-            StatusCode::CREATED,
-            [(header::LOCATION, format!("/payments/{id:x}"))],
-            body,
-        )
-            .into_response()
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    async fn create(uri: http::Uri, body: Bytes) -> Response {
+        let id = NEXT.fetch_add(1, Ordering::SeqCst);
+        let location = format!("{}/{id}", uri.path());
+        (StatusCode::CREATED, [(header::LOCATION, location)], body).into_response()
     }
     let router = axum::Router::new()
         .route("/payments", axum::routing::post(create))
+        .route("/refunds", axum::routing::post(create))
         .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
     let report = check(serve(router).await).await;
     assert!(report.passed(), "{report}");
@@ -66,7 +68,7 @@ async fn the_layer_passes_every_scenario() {
     );
     let json = report.to_json();
     assert_eq!(json["passed"], true);
-    assert_eq!(json["scenarios"].as_array().unwrap().len(), 6);
+    assert_eq!(json["scenarios"].as_array().unwrap().len(), 7);
     let first = &json["scenarios"][0];
     assert_eq!(first["name"], "create_then_replay");
     assert_eq!(first["verdict"], "pass");
@@ -88,13 +90,6 @@ async fn the_layer_passes_every_scenario() {
     assert!(evidence["error"].is_null());
 }
 
-fn sha_prefix(body: &[u8]) -> [u8; 8] {
-    let fingerprint = tower_idempotency::operation::Fingerprint::digest([body]);
-    let mut prefix = [0; 8];
-    prefix.copy_from_slice(&fingerprint.as_bytes()[..8]);
-    prefix
-}
-
 /// One flaw of a hand-written idempotent create.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Flaw {
@@ -107,6 +102,8 @@ enum Flaw {
     ReplayLosesLocation,
     /// The body is not compared: another body under the key replays the first.
     NoFingerprint,
+    /// The key space has no path: a key on `/refunds` replays `/payments`.
+    SharedKeySpace,
 }
 
 struct Server {
@@ -115,11 +112,20 @@ struct Server {
     next: AtomicU64,
 }
 
-async fn flawed(State(server): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn flawed(
+    State(server): State<Arc<Server>>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let keys: Vec<_> = headers.get_all("idempotency-key").iter().collect();
     let key = match keys.as_slice() {
         [key] if !key.is_empty() && key.len() <= 255 => key.to_str().unwrap_or("").to_owned(),
         _ => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    let key = match server.flaw {
+        Flaw::SharedKeySpace => key,
+        _ => format!("{} {key}", uri.path()),
     };
     let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
@@ -182,6 +188,7 @@ async fn flawed_report(flaw: Flaw) -> Report {
     });
     let router = axum::Router::new()
         .route("/payments", axum::routing::post(flawed))
+        .route("/refunds", axum::routing::post(flawed))
         .with_state(server);
     check(serve(router).await).await
 }
@@ -194,6 +201,7 @@ async fn each_flaw_is_reported_by_its_scenario_alone() {
         (Flaw::ReplayChangesBody, vec!["create_then_replay"]),
         (Flaw::ReplayLosesLocation, vec!["create_then_replay"]),
         (Flaw::NoFingerprint, vec!["conflict"]),
+        (Flaw::SharedKeySpace, vec!["other_endpoint"]),
     ] {
         let report = flawed_report(flaw).await;
         assert_eq!(failing(&report), expected, "{flaw:?}: {report}");
