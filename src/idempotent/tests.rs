@@ -447,3 +447,33 @@ async fn a_complete_that_did_not_commit_answers_store_unavailable() {
         "not settled: nothing to repeat"
     );
 }
+
+#[tokio::test]
+async fn a_run_dropped_while_its_work_runs_abandons_its_key() {
+    let journal = Journal::new();
+    let labels = Idempotent::new(RecordingStore::new(MemoryStore::new(), journal.clone()));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let running = tokio::spawn({
+        let (labels, started) = (labels.clone(), Arc::clone(&started));
+        async move {
+            labels
+                .run("k", fp(), |_| async move {
+                    started.notify_one();
+                    std::future::pending::<Result<u32, ()>>().await
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    running.abort();
+    let _ = running.await;
+    // A transactional store rolls the work back on abandon; a plain one keeps the key.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !journal.take().contains(&"abandon") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key was not abandoned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
