@@ -9,7 +9,8 @@
 //! `{{key}}` and `{{n}}` expand per request (the key, a number unique to the payload). Flags:
 //! `--body TEMPLATE`, `--header 'Name: template'` (repeatable), `--key-header NAME`,
 //! `--expect-created STATUS`, `--concurrency N`, `--timeout-s N`, `--other-url URL` (another
-//! create endpoint of the server, for `other_endpoint`), `--json`, `--only a,b`, `--skip a,b`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
+//! create endpoint of the server, for `other_endpoint`), `--quote-key` (the key as a
+//! Structured Field string), `--json`, `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
 use std::time::Duration;
@@ -19,7 +20,7 @@ use tower_idempotency::check::{SCENARIOS, Target, run};
 
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
     [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
-    [--other-url URL] [--json] [--only a,b] [--skip a,b]";
+    [--other-url URL] [--quote-key] [--json] [--only a,b] [--skip a,b]";
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), String> {
     let method = args.next().ok_or("METHOD URL are needed")?;
@@ -45,11 +46,21 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
         }
     };
     while let Some(flag) = args.next() {
-        if flag == "--json" {
-            json = true;
-            continue;
+        match flag.as_str() {
+            "--json" => {
+                json = true;
+                continue;
+            }
+            "--quote-key" => {
+                target = target.quote_key();
+                continue;
+            }
+            _ => {}
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if value.starts_with("--") && flag != "--body" {
+            return Err(format!("{flag} needs a value, not {value}"));
+        }
         target = match flag.as_str() {
             "--body" => target.body(value),
             "--header" => {
@@ -99,9 +110,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    // TLS through rustls, its ring provider unless the process chose one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match reqwest::Client::builder().build() {
+    let client = match tower_idempotency::check::client() {
         Ok(client) => client,
         Err(error) => {
             eprintln!("idempotency-check: {error}");

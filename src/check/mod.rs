@@ -5,19 +5,23 @@
 //!
 //! ```no_run
 //! # async fn check() -> Result<(), Box<dyn std::error::Error>> {
-//! use tower_idempotency::check::{Target, run};
+//! use tower_idempotency::check::{Target, client, run};
 //!
 //! let target = Target::new(http::Method::POST, "http://127.0.0.1:3001/payments")
 //!     .body(r#"{"amount":{{n}},"currency":"EUR"}"#);
-//! let report = run(&target, &reqwest::Client::new()).await;
+//! let report = run(&target, &client()?).await;
 //! print!("{report}");
 //! assert!(report.passed());
 //! # Ok(()) }
 //! ```
 //!
 //! In a template (the body, a header's value), `{{key}}` is the scenario's key and `{{n}}` a
-//! number unique to the request's payload; a run's keys and numbers are its own, so a server
-//! that keeps keys from earlier runs answers as for new ones.
+//! number unique to the request's payload within the run (1001, 1002, …); a run's keys are its
+//! own, so a server that keeps keys from earlier runs answers as for new ones.
+//!
+//! Resources are told apart by their `Location`, or by their body where an answer has none:
+//! an endpoint that answers without `Location` and with the same body for every create (or
+//! one that echoes the request) cannot be checked for a second create.
 
 use std::fmt;
 use std::time::Duration;
@@ -43,6 +47,7 @@ pub struct Target {
     pub(crate) only: Vec<String>,
     pub(crate) skip: Vec<String>,
     pub(crate) other_url: Option<String>,
+    pub(crate) quote_key: bool,
 }
 
 impl Target {
@@ -62,7 +67,15 @@ impl Target {
             only: Vec::new(),
             skip: Vec::new(),
             other_url: None,
+            quote_key: false,
         }
+    }
+
+    /// Sends the key as the draft writes it, a Structured Field string (`"…"`), rather than a
+    /// bare token, for a server that takes only that form.
+    pub fn quote_key(mut self) -> Self {
+        self.quote_key = true;
+        self
     }
 
     /// Another create endpoint of the same server, taking the same body: the
@@ -103,9 +116,10 @@ impl Target {
         self
     }
 
-    /// How long a request may take; 10 seconds by default.
+    /// How long a request may take (its answer read whole, at most 1 MiB); 10 seconds by
+    /// default, at least a millisecond.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -138,7 +152,22 @@ pub const SCENARIOS: [&str; 7] = [
     "other_endpoint",
 ];
 
-/// Runs the scenarios `target` selects against it with `client`, one after the other.
+/// The client the checker uses: TLS through rustls (its `ring` provider installed for the
+/// process unless one is), HTTP/2 where the server offers it, redirects not followed (an
+/// answer is judged as the server gave it).
+///
+/// # Errors
+///
+/// reqwest's, where the client cannot be built (no TLS roots, say).
+pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+}
+
+/// Runs the scenarios `target` selects against it with `client` ([`client`], or one of your
+/// own that follows no redirects), one after the other.
 pub async fn run(target: &Target, client: &reqwest::Client) -> Report {
     let mut run = scenarios::Run::new(target, client);
     let mut report = Report::default();

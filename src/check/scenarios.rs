@@ -87,8 +87,9 @@ impl<'a> Run<'a> {
             target,
             client,
             prefix: format!("check-{now:x}-{:x}", std::process::id()),
-            // Numbers no earlier run used, of a size any JSON reader takes.
-            next: u64::try_from(now % 1_000_000_000_000).unwrap_or(0) * 1_000,
+            // Unique within the run (its keys are unique across runs), small enough for any
+            // field: 1001, 1002, …
+            next: 1_000,
         }
     }
 
@@ -130,9 +131,17 @@ impl<'a> Run<'a> {
                 request = request.header(name.clone(), value);
             }
         }
+        let quoted = |key: &str| {
+            if self.target.quote_key {
+                format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""))
+            } else {
+                key.to_owned()
+            }
+        };
         let key_line = match key {
             Key::One(key) => {
-                if let Some(value) = value(key) {
+                let key = quoted(key);
+                if let Some(value) = value(&key) {
                     request = request.header(self.target.key_header.clone(), value);
                 }
                 format!("key={key:?}")
@@ -140,11 +149,11 @@ impl<'a> Run<'a> {
             Key::Missing => "no key".to_owned(),
             Key::Twice(a, b) => {
                 for key in [a, b] {
-                    if let Some(value) = value(key) {
+                    if let Some(value) = value(&quoted(key)) {
                         request = request.header(self.target.key_header.clone(), value);
                     }
                 }
-                format!("keys={a:?},{b:?}")
+                format!("keys={:?},{:?}", quoted(a), quoted(b))
             }
         };
         let line = format!("{} {url} {key_line} body={body}", self.target.method);
@@ -320,7 +329,7 @@ impl<'a> Run<'a> {
         }
         let unchanged = again
             .as_ref()
-            .is_some_and(|again| again.status == created.status && again.same_resource(&created));
+            .is_some_and(|again| again.is_success() && again.same_resource(&created));
         if !unchanged {
             return fail(
                 name,
@@ -345,6 +354,23 @@ impl<'a> Run<'a> {
         let name = "bad_keys";
         let key = self.key(name);
         let long = "k".repeat(1024);
+        // The control: the same request with a good key creates, so a refusal below is the
+        // key's.
+        let control_key = format!("{key}-good");
+        let n = self.n();
+        let (control, created) = self
+            .send(
+                &Values {
+                    key: &control_key,
+                    n,
+                },
+                Key::One(&control_key),
+                None,
+            )
+            .await;
+        if self.created(&created).is_none() {
+            return not_created(name, control);
+        }
         let n = self.n();
         let (missing, answer) = self.send(&Values { key: "", n }, Key::Missing, None).await;
         if answer.as_ref().is_some_and(Answer::is_success) {
@@ -354,34 +380,54 @@ impl<'a> Run<'a> {
                 summary: "the endpoint does not require a key: a request without one was created"
                     .to_owned(),
                 suffering: String::new(),
-                evidence: vec![missing],
+                evidence: vec![control, missing],
             };
         }
-        let mut evidence = vec![missing];
         let mut accepted = Vec::new();
+        if !answer
+            .as_ref()
+            .is_some_and(|a| (400..500).contains(&a.status))
+        {
+            accepted.push("no key (not refused with a 4xx)");
+        }
+        let mut evidence = vec![control, missing];
         let twice = format!("{key}-b");
         for (what, carried) in [
             ("an empty key", Key::One("")),
-            ("a 1,024-character key", Key::One(&long)),
             ("two keys", Key::Twice(&key, &twice)),
         ] {
+            // Answered other than a 4xx refusal: created, or a server error.
             let n = self.n();
             let (exchange, answer) = self.send(&Values { key: &key, n }, carried, None).await;
-            if answer.as_ref().is_some_and(Answer::is_success) {
+            if !answer
+                .as_ref()
+                .is_some_and(|a| (400..500).contains(&a.status))
+            {
                 accepted.push(what);
             }
             evidence.push(exchange);
         }
+        // The draft sets no length: a long key accepted is noted, not a failure.
+        let n = self.n();
+        let (exchange, answer) = self
+            .send(&Values { key: &key, n }, Key::One(&long), None)
+            .await;
+        let long_note = if answer.as_ref().is_some_and(Answer::is_success) {
+            "; a 1,024-character key is accepted (the draft sets no length)"
+        } else {
+            "; a 1,024-character key is refused"
+        };
+        evidence.push(exchange);
         if accepted.is_empty() {
             return pass(
                 name,
-                "a missing, empty, over-long or repeated key is refused".to_owned(),
+                format!("a missing, empty or repeated key is refused{long_note}"),
                 evidence,
             );
         }
         fail(
             name,
-            &format!("accepted {}", accepted.join(", ")),
+            &format!("not refused: {}", accepted.join(", ")),
             "a request with a malformed key is created without protection: its retry creates again",
             evidence,
         )
@@ -390,6 +436,7 @@ impl<'a> Run<'a> {
     /// Requests with one key sent at once create once: identical ones (the rest replays or
     /// `409`), or with different bodies (the rest refused).
     async fn concurrent(&mut self, name: &'static str, conflicting: bool) -> Scenario {
+        self.warm().await;
         let key = self.key(name);
         let shared = self.n();
         let requests: Vec<_> = (0..self.target.concurrency)
@@ -411,7 +458,29 @@ impl<'a> Run<'a> {
             .filter_map(|(_, answer)| answer.as_ref().map(|a| a.status))
             .collect();
         let sent = answers.len();
+        let succeeded = answers
+            .iter()
+            .filter(|(_, answer)| answer.as_ref().is_some_and(Answer::is_success))
+            .count();
         let evidence: Vec<Exchange> = answers.into_iter().map(|(exchange, _)| exchange).collect();
+        if created == 0 {
+            return fail(
+                name,
+                &format!("{sent} requests with one key at once created nothing"),
+                "nothing can be checked: is the endpoint up, the body template a valid request, and --expect-created the create's status?",
+                evidence,
+            );
+        }
+        if conflicting && succeeded > 1 {
+            return fail(
+                name,
+                &format!(
+                    "{sent} requests with one key and different bodies at once: {succeeded} succeeded, where one may"
+                ),
+                "a client that reuses a key by mistake, at the same time as another, is told its request succeeded, and it never ran",
+                evidence,
+            );
+        }
         if created > 1 {
             return fail(
                 name,
@@ -457,13 +526,11 @@ impl<'a> Run<'a> {
         let (second, replay) = self.send(&values, Key::One(&key), Some(&reordered)).await;
         let evidence = vec![first, second];
         match replay {
-            Some(replay) if replay.status == created.status && replay.same_resource(&created) => {
-                pass(
-                    name,
-                    "the same JSON, reordered and re-spaced, replayed the create".to_owned(),
-                    evidence,
-                )
-            }
+            Some(replay) if replay.is_success() && replay.same_resource(&created) => pass(
+                name,
+                "the same JSON, reordered and re-spaced, replayed the create".to_owned(),
+                evidence,
+            ),
             Some(replay) if !replay.is_success() => Scenario {
                 name,
                 verdict: Verdict::NotApplicable,
@@ -515,7 +582,7 @@ impl<'a> Run<'a> {
         let (second, other) = exchange(line, request.send().await).await;
         let evidence = vec![first, second];
         match other {
-            Some(other) if other.status == created.status && other.same_resource(&created) => fail(
+            Some(other) if other.is_success() && other.same_resource(&created) => fail(
                 name,
                 "the key on another endpoint was answered with the first endpoint's result",
                 "a client that uses one key on two endpoints (a payment, then its refund) gets the first result for the second, which never runs",
@@ -536,6 +603,22 @@ impl<'a> Run<'a> {
                 evidence,
             ),
         }
+    }
+
+    /// Opens as many connections as the concurrent scenarios use, with requests that create
+    /// nothing (`GET`, answers ignored), so that their requests leave at once rather than each
+    /// behind a handshake.
+    async fn warm(&self) {
+        let requests: Vec<_> = (0..self.target.concurrency)
+            .map(|_| {
+                let request = self
+                    .client
+                    .get(&self.target.url)
+                    .timeout(self.target.timeout);
+                (request, String::new())
+            })
+            .collect();
+        self.send_at_once(requests).await;
     }
 
     /// `answer` if it is the target's create status.
@@ -567,7 +650,7 @@ async fn exchange(
     };
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = match response.bytes().await {
+    let body = match capped(response).await {
         Ok(body) => body,
         Err(error) => {
             let exchange = Exchange {
@@ -575,7 +658,7 @@ async fn exchange(
                 status: Some(status),
                 headers: shown(&headers),
                 body: String::new(),
-                error: Some(error.to_string()),
+                error: Some(error),
             };
             return (exchange, None);
         }
@@ -596,6 +679,21 @@ async fn exchange(
             body,
         }),
     )
+}
+
+/// The most of an answer's body the checker reads: past it, the answer is an error.
+const MAX_BODY: usize = 1024 * 1024;
+
+/// `response`'s body, read up to [`MAX_BODY`].
+async fn capped(mut response: reqwest::Response) -> Result<Bytes, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(format!("the body is over {MAX_BODY} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(body))
 }
 
 fn shown(headers: &HeaderMap) -> Vec<String> {
@@ -619,9 +717,13 @@ fn reordered(body: &str) -> Option<String> {
     if members.len() < 2 {
         return None;
     }
+    // The members in the reverse of their order in `body` (where each name first appears as a
+    // string), so that the order changes whatever it was.
+    let mut members: Vec<_> = members.iter().collect();
+    let at = |name: &str| body.find(&serde_json::Value::from(name).to_string());
+    members.sort_by_key(|(name, _)| std::cmp::Reverse(at(name)));
     let members: Vec<String> = members
         .iter()
-        .rev()
         .map(|(name, value)| format!("{} : {value}", serde_json::Value::from(name.as_str())))
         .collect();
     Some(format!("{{ {} }}", members.join(" , ")))
@@ -650,13 +752,39 @@ fn fail(name: &'static str, summary: &str, suffering: &str, evidence: Vec<Exchan
 /// A scenario whose first request did not create: the endpoint, or the check's template,
 /// is not what the check expects.
 fn not_created(name: &'static str, first: Exchange) -> Scenario {
-    let answered = first
-        .status
-        .map_or_else(|| "no answer".to_owned(), |status| status.to_string());
+    let summary = match (first.status, &first.error) {
+        (Some(status), None) => {
+            format!("the first request was answered {status}, not the create status")
+        }
+        (Some(status), Some(error)) => {
+            format!("the first request's answer ({status}) could not be read: {error}")
+        }
+        (None, _) => "the first request got no answer".to_owned(),
+    };
     fail(
         name,
-        &format!("the first request was answered {answered}, not the create status"),
+        &summary,
         "nothing can be checked: is the body template a valid request, and --expect-created the create's status?",
         vec![first],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reordered;
+
+    #[test]
+    fn a_reordered_body_reverses_the_members_as_written() {
+        assert_eq!(
+            reordered(r#"{"currency":"EUR","amount":1}"#).unwrap(),
+            r#"{ "amount" : 1 , "currency" : "EUR" }"#
+        );
+        assert_eq!(
+            reordered(r#"{"amount":1,"currency":"EUR"}"#).unwrap(),
+            r#"{ "currency" : "EUR" , "amount" : 1 }"#
+        );
+        assert_eq!(reordered(r#"{"amount":1}"#), None);
+        assert_eq!(reordered("[1,2]"), None);
+        assert_eq!(reordered("amount=1"), None);
+    }
 }

@@ -30,13 +30,12 @@ async fn serve(router: axum::Router) -> String {
 }
 
 async fn check(url: String) -> Report {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let refunds = url.replace("/payments", "/refunds");
     let target = Target::new(Method::POST, url)
         .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
         .concurrency(16)
         .other_url(refunds);
-    run(&target, &reqwest::Client::new()).await
+    run(&target, &tower_idempotency::check::client().unwrap()).await
 }
 
 fn failing(report: &Report) -> Vec<&'static str> {
@@ -200,7 +199,12 @@ async fn each_flaw_is_reported_by_its_scenario_alone() {
     for (flaw, expected) in [
         (Flaw::ReplayChangesBody, vec!["create_then_replay"]),
         (Flaw::ReplayLosesLocation, vec!["create_then_replay"]),
-        (Flaw::NoFingerprint, vec!["conflict"]),
+        // The same flaw, one request after another and at once: both say a reused key's
+        // request was told it succeeded.
+        (
+            Flaw::NoFingerprint,
+            vec!["conflict", "concurrent_conflicting"],
+        ),
         (Flaw::SharedKeySpace, vec!["other_endpoint"]),
     ] {
         let report = flawed_report(flaw).await;
@@ -244,4 +248,43 @@ async fn a_check_then_act_claim_is_found_by_the_concurrent_scenarios() {
                 .contains("two resources created for one intent")
         );
     }
+}
+
+/// An endpoint that creates nothing (down, or a template it refuses) fails every scenario as
+/// a misconfiguration, never passes one; a key sent quoted is the draft's form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_creates_nothing_passes_nothing() {
+    async fn refuse() -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+    let router = axum::Router::new().route("/payments", axum::routing::post(refuse));
+    let report = check(serve(router).await).await;
+    assert!(!report.passed());
+    for scenario in &report.scenarios {
+        assert_ne!(scenario.verdict, Verdict::Pass, "{report}");
+    }
+    let race = report.scenario("concurrent_identical").unwrap();
+    assert!(race.summary.contains("created nothing"), "{}", race.summary);
+
+    let router = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(|body: Bytes| async move {
+                (
+                    StatusCode::CREATED,
+                    [(header::LOCATION, "/payments/1")],
+                    body,
+                )
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
+    let url = serve(router).await;
+    let target = Target::new(Method::POST, url)
+        .body(r#"{"amount":{{n}}}"#)
+        .quote_key()
+        .only(["create_then_replay"]);
+    let report = run(&target, &tower_idempotency::check::client().unwrap()).await;
+    assert!(report.passed(), "{report}");
+    let request = &report.scenarios[0].evidence[0].request;
+    assert!(request.contains(r#"key="\"check-"#), "{request}");
 }
