@@ -288,3 +288,24 @@ async fn an_endpoint_that_creates_nothing_passes_nothing() {
     let request = &report.scenarios[0].evidence[0].request;
     assert!(request.contains(r#"key="\"check-"#), "{request}");
 }
+
+/// An endpoint with no idempotency at all whose creates all answer `201 {}`: a replay cannot
+/// be told from a second create, so the scenarios that would need to say so do not pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_that_answer_alike_are_not_judged_as_replays() {
+    let router = axum::Router::new().route(
+        "/payments",
+        axum::routing::post(|| async { (StatusCode::CREATED, "{}") }),
+    );
+    let report = check(serve(router).await).await;
+    for name in ["create_then_replay", "concurrent_identical"] {
+        let scenario = report.scenario(name).unwrap();
+        assert_eq!(scenario.verdict, Verdict::NotApplicable, "{report}");
+        assert!(
+            scenario
+                .summary
+                .contains("cannot be told from a second create")
+        );
+    }
+    assert!(!report.passed(), "{report}");
+}
