@@ -165,7 +165,7 @@
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent: which answers to retry with the same key, and when |
 //! | `metrics` | `metrics`: the layer's outcomes, store call times, waiting and settling tasks and the client layer's attempts, through the `metrics` 0.24 facade, for any exporter |
 //! | `reqwest` | `client::reqwest`: the client layer's retries as a `reqwest-middleware` 0.5 middleware for `reqwest` 0.13; turns `client` on |
-//! | `check` | `check` and the `idempotency-check` command: a black-box checker of any create endpoint over HTTP |
+//! | `check` | `check` and the `idempotency-check` command: a black-box checker of any create endpoint over HTTP; turns on reqwest's rustls without a crypto provider (a process building reqwest clients of its own installs one, as `check::client` does) |
 //! | `nats` | nothing in the library: the NATS JetStream worker example's client (`examples/nats_worker.rs`) |
 //! | `rabbitmq` | nothing in the library: the RabbitMQ worker example's client (`examples/rabbitmq_worker.rs`) |
 //! | `cli` | the operator's command line, `idempotency_keys`, installed with `cargo install tower-idempotency --features cli`: show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |

@@ -10,17 +10,21 @@
 //! `--body TEMPLATE`, `--header 'Name: template'` (repeatable), `--key-header NAME`,
 //! `--expect-created STATUS`, `--concurrency N`, `--timeout-s N`, `--other-url URL` (another
 //! create endpoint of the server, for `other_endpoint`), `--quote-key` (the key as a
-//! Structured Field string), `--json`, `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
+//! Structured Field string), `--slow-ms N` (the endpoint's creates take longer than N ms: the
+//! retry of `retry_while_running` is sent after N ms), `--slow-header 'Name: value'` (a delay
+//! hook the first attempt sends, the retry sent after `--slow-ms`, 200 by default), `--json`,
+//! `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
-use tower_idempotency::check::{SCENARIOS, Target, run};
+use tower_idempotency::check::{SCENARIOS, Slow, Target, run};
 
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
     [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
-    [--other-url URL] [--quote-key] [--json] [--only a,b] [--skip a,b]";
+    [--other-url URL] [--slow-ms N] [--slow-header 'Name: value'] [--quote-key] [--json] \
+    [--only a,b] [--skip a,b]";
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), String> {
     let method = args.next().ok_or("METHOD URL are needed")?;
@@ -32,6 +36,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
     }
     let mut target = Target::new(method, url);
     let mut json = false;
+    let (mut slow_after, mut slow_header) = (None, None);
     let names = |value: &str| -> Result<Vec<String>, String> {
         let names: Vec<String> = value.split(',').map(str::to_owned).collect();
         match names
@@ -93,11 +98,40 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
                     .map_err(|_| format!("{value}: not a number"))?,
             )),
             "--other-url" => target.other_url(value),
+            "--slow-ms" => {
+                let after = Duration::from_millis(
+                    value
+                        .parse()
+                        .map_err(|_| format!("{value}: not a number"))?,
+                );
+                slow_after = Some(after);
+                target
+            }
+            "--slow-header" => {
+                let (name, header) = value
+                    .split_once(':')
+                    .ok_or_else(|| format!("--slow-header {value}: Name: value"))?;
+                let name = HeaderName::try_from(name.trim())
+                    .map_err(|_| format!("{name}: not a header name"))?;
+                let header = http::HeaderValue::from_str(header.trim())
+                    .map_err(|_| format!("{value}: not a header value"))?;
+                slow_header = Some((name, header));
+                target
+            }
             "--only" => target.only(names(&value)?),
             "--skip" => target.skip(names(&value)?),
             _ => return Err(format!("unknown flag {flag}")),
         };
     }
+    let target = match (slow_header, slow_after) {
+        (Some((name, value)), after) => target.slow(Slow::Header(
+            name,
+            value,
+            after.unwrap_or(Duration::from_millis(200)),
+        )),
+        (None, Some(after)) => target.slow(Slow::Already(after)),
+        (None, None) => target,
+    };
     Ok((target, json))
 }
 

@@ -48,6 +48,19 @@ pub struct Target {
     pub(crate) skip: Vec<String>,
     pub(crate) other_url: Option<String>,
     pub(crate) quote_key: bool,
+    pub(crate) slow: Option<Slow>,
+}
+
+/// How the `retry_while_running` scenario makes a first attempt that is still running when its
+/// retry arrives.
+#[derive(Debug, Clone)]
+pub enum Slow {
+    /// The endpoint's creates are slow on their own (a test server's delay): the retry is sent
+    /// after this long.
+    Already(Duration),
+    /// The first attempt carries this header, a delay hook the endpoint honours (`X-Delay-Ms:
+    /// 1000`, say); the retry, without it, is sent after the duration.
+    Header(HeaderName, HeaderValue, Duration),
 }
 
 impl Target {
@@ -68,7 +81,15 @@ impl Target {
             skip: Vec::new(),
             other_url: None,
             quote_key: false,
+            slow: None,
         }
+    }
+
+    /// How to make a first attempt still running when its retry arrives, for
+    /// `retry_while_running`; without it, that scenario does not apply.
+    pub fn slow(mut self, slow: Slow) -> Self {
+        self.slow = Some(slow);
+        self
     }
 
     /// Sends the key as the draft writes it, a Structured Field string (`"…"`), rather than a
@@ -142,7 +163,7 @@ impl Target {
 }
 
 /// The names of the scenarios, in the order they run.
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 8] = [
     "create_then_replay",
     "conflict",
     "bad_keys",
@@ -150,6 +171,7 @@ pub const SCENARIOS: [&str; 7] = [
     "concurrent_conflicting",
     "reordered_json",
     "other_endpoint",
+    "retry_while_running",
 ];
 
 /// The client the checker uses: TLS through rustls (its `ring` provider installed for the

@@ -230,7 +230,8 @@ impl<'a> Run<'a> {
             "concurrent_identical" => self.concurrent(name, false).await,
             "concurrent_conflicting" => self.concurrent(name, true).await,
             "reordered_json" => self.reordered_json().await,
-            _ => self.other_endpoint().await,
+            "other_endpoint" => self.other_endpoint().await,
+            _ => self.retry_while_running().await,
         }
     }
 
@@ -633,6 +634,99 @@ impl<'a> Run<'a> {
                 name,
                 "the other endpoint gave no answer",
                 "a client cannot use the other endpoint",
+                evidence,
+            ),
+        }
+    }
+
+    /// A retry sent while the first attempt still runs is refused as pending (`409`) or waits
+    /// for its result: never a second create.
+    async fn retry_while_running(&mut self) -> Scenario {
+        let name = "retry_while_running";
+        let Some(slow) = self.target.slow.clone() else {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary:
+                    "no slow first attempt to make (--slow-ms, or --slow-header with --slow-ms)"
+                        .to_owned(),
+                suffering: String::new(),
+                evidence: Vec::new(),
+            };
+        };
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, line) = self.request(&values, Key::One(&key), None);
+        let (first, after) = match &slow {
+            super::Slow::Already(after) => (first, *after),
+            super::Slow::Header(name, value, after) => {
+                (first.header(name.clone(), value.clone()), *after)
+            }
+        };
+        let first = tokio::spawn(async move { exchange(line, first.send().await).await });
+        tokio::time::sleep(after).await;
+        let retry_sent = first.is_finished();
+        let (second, retry) = self.send(&values, Key::One(&key), None).await;
+        let Ok((first, created)) = first.await else {
+            return fail(
+                name,
+                "the first attempt was lost",
+                "nothing can be checked",
+                vec![second],
+            );
+        };
+        let evidence = vec![first.clone(), second];
+        if retry_sent {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: format!(
+                    "the first attempt had answered before its retry was sent, {} ms in: make it slower",
+                    after.as_millis()
+                ),
+                suffering: String::new(),
+                evidence,
+            };
+        }
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        match retry {
+            Some(retry) if retry.status == 409 => pass(
+                name,
+                "a retry while the first attempt ran was refused as pending (409)".to_owned(),
+                evidence,
+            ),
+            Some(retry) if retry.is_success() && retry.same_resource(&created) => pass(
+                name,
+                format!(
+                    "a retry while the first attempt ran waited, and was answered its result ({})",
+                    retry.status
+                ),
+                evidence,
+            ),
+            Some(retry) if retry.is_success() => fail(
+                name,
+                "a retry while the first attempt ran created a second resource",
+                "a client that times out and retries while its create is slow creates twice",
+                evidence,
+            ),
+            Some(retry) => fail(
+                name,
+                &format!(
+                    "a retry while the first attempt ran was answered {}, not 409",
+                    retry.status
+                ),
+                "a client cannot tell that its first attempt is still running, and when to retry",
+                evidence,
+            ),
+            None => fail(
+                name,
+                "a retry while the first attempt ran got no answer",
+                "a client cannot tell that its first attempt is still running",
                 evidence,
             ),
         }

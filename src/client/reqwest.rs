@@ -43,6 +43,9 @@ use super::retries::{Retries, Settings, intent_key};
 ///     .max_attempts(5)
 ///     .attempt_timeout(Duration::from_secs(2))
 ///     .reqwest_middleware();
+/// # // With the feature `check` too, reqwest's rustls needs a process-wide provider.
+/// # #[cfg(feature = "check")]
+/// # let _ = rustls::crypto::ring::default_provider().install_default();
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 ///     .with(retries)
 ///     .build();

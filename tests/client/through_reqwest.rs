@@ -17,6 +17,15 @@ use tower::retry::budget::TpsBudget;
 use tower_idempotency::MemoryStore;
 use tower_idempotency::client::{Attempts, ClientLayer};
 
+/// A plain reqwest client. With the feature `check` on too, reqwest's TLS is rustls without a
+/// crypto provider of its own, so one is installed for the process first, as an application
+/// with both would.
+fn http_client() -> reqwest::Client {
+    #[cfg(feature = "check")]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 /// The same lost replies through `reqwest` with the client layer's middleware: every intent
 /// gets its 201, the server creates once an intent, and a conflict is the caller's at once.
 #[cfg(feature = "reqwest")]
@@ -31,7 +40,7 @@ async fn lost_replies_through_reqwest_create_once() {
         .attempt_timeout(Duration::from_secs(10))
         .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0))
         .reqwest_middleware();
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(retries)
         .build();
     let sent: Vec<_> = (1..=intents)
@@ -121,7 +130,7 @@ async fn reqwest_answers_are_read_within_the_attempts_time() {
         .attempt_timeout(Duration::from_millis(200))
         .deadline(Duration::from_secs(1))
         .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(layer.reqwest_middleware())
         .build();
     let started = std::time::Instant::now();
@@ -199,7 +208,7 @@ async fn reqwest_errors_that_lost_no_answer_are_final() {
     let layer = ClientLayer::new()
         .backoff(Duration::from_millis(1), Duration::from_millis(1))
         .budget(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(layer.reqwest_middleware())
         .build();
     let looped = client
@@ -230,7 +239,7 @@ async fn reqwest_errors_that_lost_no_answer_are_final() {
         }
     }
     let refusals = Arc::new(AtomicUsize::new(0));
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(layer.reqwest_middleware())
         .with(Refuses(Arc::clone(&refusals)))
         .build();
@@ -273,7 +282,7 @@ async fn reqwest_retries_a_timed_out_attempt_on_the_intents_own_budget() {
         .attempt_timeout(Duration::from_millis(300))
         // No retry but those the intents fund.
         .budget(TpsBudget::new(Duration::from_secs(10), 0, 1.0));
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(layer.reqwest_middleware())
         .build();
     let response = client
@@ -319,7 +328,7 @@ async fn reqwest_retry_outside_the_middleware_creates_once_an_intent() {
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(1), Duration::from_millis(20))
         .build_with_max_retries(lose as u32);
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
         .with(RetryTransientMiddleware::new_with_policy(policy))
         .with(ours)
         .build();
