@@ -12,21 +12,23 @@
 //! create endpoint of the server, for `other_endpoint`), `--quote-key` (the key as a
 //! Structured Field string), `--slow-ms N` (the endpoint's creates take longer than N ms: the
 //! retry of `retry_while_running` is sent after N ms), `--slow-header 'Name: value'` (a delay
-//! hook the first attempt sends, the retry sent after `--slow-ms`, 200 by default), `--json`,
+//! hook the first attempt sends, the retry sent after `--slow-ms`, 200 by default), `--http1`
+//! or `--http2` (HTTP/2 with prior knowledge; by default HTTP/1.1, or HTTP/2 where TLS
+//! negotiates it), `--json`,
 //! `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
-use tower_idempotency::check::{SCENARIOS, Slow, Target, run};
+use tower_idempotency::check::{Http, SCENARIOS, Slow, Target, run};
 
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
     [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
-    [--other-url URL] [--slow-ms N] [--slow-header 'Name: value'] [--quote-key] [--json] \
-    [--only a,b] [--skip a,b]";
+    [--other-url URL] [--slow-ms N] [--slow-header 'Name: value'] [--quote-key] \
+    [--http1 | --http2] [--json] [--only a,b] [--skip a,b]";
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), String> {
+fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Http), String> {
     let method = args.next().ok_or("METHOD URL are needed")?;
     let method =
         Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method}: not a method"))?;
@@ -36,6 +38,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
     }
     let mut target = Target::new(method, url);
     let mut json = false;
+    let mut http = Http::Negotiated;
     let (mut slow_after, mut slow_header) = (None, None);
     let names = |value: &str| -> Result<Vec<String>, String> {
         let names: Vec<String> = value.split(',').map(str::to_owned).collect();
@@ -54,6 +57,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
         match flag.as_str() {
             "--json" => {
                 json = true;
+                continue;
+            }
+            "--http1" => {
+                http = Http::Http1;
+                continue;
+            }
+            "--http2" => {
+                http = Http::Http2;
                 continue;
             }
             "--quote-key" => {
@@ -132,19 +143,19 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool), Strin
         (None, Some(after)) => target.slow(Slow::Already(after)),
         (None, None) => target,
     };
-    Ok((target, json))
+    Ok((target, json, http))
 }
 
 #[tokio::main]
 async fn main() {
-    let (target, json) = match parse(std::env::args().skip(1)) {
+    let (target, json, http) = match parse(std::env::args().skip(1)) {
         Ok(parsed) => parsed,
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
             std::process::exit(2);
         }
     };
-    let client = match tower_idempotency::check::client() {
+    let client = match tower_idempotency::check::client_with(http) {
         Ok(client) => client,
         Err(error) => {
             eprintln!("idempotency-check: {error}");

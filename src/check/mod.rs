@@ -163,7 +163,7 @@ impl Target {
 }
 
 /// The names of the scenarios, in the order they run.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "create_then_replay",
     "conflict",
     "bad_keys",
@@ -171,6 +171,7 @@ pub const SCENARIOS: [&str; 8] = [
     "concurrent_conflicting",
     "reordered_json",
     "other_endpoint",
+    "other_method",
     "retry_while_running",
 ];
 
@@ -182,10 +183,35 @@ pub const SCENARIOS: [&str; 8] = [
 ///
 /// reqwest's, where the client cannot be built (no TLS roots, say).
 pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    client_with(Http::Negotiated)
+}
+
+/// Which HTTP the checker speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Http {
+    /// HTTP/1.1, or HTTP/2 where a TLS server offers it (ALPN).
+    #[default]
+    Negotiated,
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only, with prior knowledge over plain TCP (h2c) and over TLS.
+    Http2,
+}
+
+/// [`client`] speaking `http`.
+///
+/// # Errors
+///
+/// reqwest's, where the client cannot be built (no TLS roots, say).
+pub fn client_with(http: Http) -> Result<reqwest::Client, reqwest::Error> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
+    let builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    let builder = match http {
+        Http::Negotiated => builder,
+        Http::Http1 => builder.http1_only(),
+        Http::Http2 => builder.http2_prior_knowledge(),
+    };
+    builder.build()
 }
 
 /// Runs the scenarios `target` selects against it with `client` ([`client`], or one of your

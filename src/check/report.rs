@@ -32,6 +32,8 @@ pub struct Exchange {
     pub request: String,
     /// The answer's status, or `None` if there was none (see `error`).
     pub status: Option<u16>,
+    /// The answer's HTTP version (`HTTP/1.1`, `HTTP/2.0`), or empty if there was none.
+    pub version: String,
     /// The answer's headers a client relies on (`Location`, `ETag`, `Content-Type`,
     /// `Retry-After`, `Idempotent-Replayed`), as `name: value`.
     pub headers: Vec<String>,
@@ -81,12 +83,13 @@ impl Report {
     ///  "scenarios": [{"name": "conflict", "verdict": "fail",
     ///                 "summary": "…", "suffering": "…",
     ///                 "evidence": [{"request": "POST /payments key=… body=…", "status": 201,
+    ///                               "version": "HTTP/1.1",
     ///                               "headers": ["location: /payments/1"], "body": "…",
     ///                               "error": null}]}]}
     /// ```
     ///
     /// `verdict` is `pass`, `fail` or `not_applicable`; `status` and `error` are `null` when
-    /// absent; `suffering` is empty unless the scenario failed.
+    /// absent, `version` empty; `suffering` is empty unless the scenario failed.
     pub fn to_json(&self) -> serde_json::Value {
         let scenarios: Vec<_> = self
             .scenarios
@@ -99,6 +102,7 @@ impl Report {
                         serde_json::json!({
                             "request": e.request,
                             "status": e.status,
+                            "version": e.version,
                             "headers": e.headers,
                             "body": e.body,
                             "error": e.error,

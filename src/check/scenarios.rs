@@ -231,6 +231,7 @@ impl<'a> Run<'a> {
             "concurrent_conflicting" => self.concurrent(name, true).await,
             "reordered_json" => self.reordered_json().await,
             "other_endpoint" => self.other_endpoint().await,
+            "other_method" => self.other_method().await,
             _ => self.retry_while_running().await,
         }
     }
@@ -639,6 +640,62 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// The key of a create sent with another method to the same URL (`PUT` for a `POST`,
+    /// `POST` otherwise) is another operation: never the create's answer.
+    async fn other_method(&mut self) -> Scenario {
+        let name = "other_method";
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        let method = if self.target.method == http::Method::POST {
+            http::Method::PUT
+        } else {
+            http::Method::POST
+        };
+        let (request, line) = self.request(&values, Key::One(&key), None);
+        let line = line.replacen(self.target.method.as_str(), method.as_str(), 1);
+        let request = request.build().map(|mut request| {
+            *request.method_mut() = method.clone();
+            request
+        });
+        let sent = match request {
+            Ok(request) => self.client.execute(request).await,
+            Err(error) => Err(error),
+        };
+        let (second, other) = exchange(line, sent).await;
+        let evidence = vec![first, second];
+        match other {
+            Some(other) if other.is_success() && other.same_resource(&created) => fail(
+                name,
+                &format!(
+                    "the key with {method} was answered with the {} create's result",
+                    self.target.method
+                ),
+                "a client that uses one key for two methods (a create, then an update) gets the create's result for the second, which never runs",
+                evidence,
+            ),
+            Some(other) => pass(
+                name,
+                format!(
+                    "the key with {method} is another operation (answered {})",
+                    other.status
+                ),
+                evidence,
+            ),
+            None => pass(
+                name,
+                format!("the key with {method} got no answer: not the create's"),
+                evidence,
+            ),
+        }
+    }
+
     /// A retry sent while the first attempt still runs is refused as pending (`409`) or waits
     /// for its result: never a second create.
     async fn retry_while_running(&mut self) -> Scenario {
@@ -768,6 +825,7 @@ async fn exchange(
             let exchange = Exchange {
                 request,
                 status: None,
+                version: String::new(),
                 headers: Vec::new(),
                 body: String::new(),
                 error: Some(error.to_string()),
@@ -776,6 +834,7 @@ async fn exchange(
         }
     };
     let status = response.status().as_u16();
+    let version = format!("{:?}", response.version());
     let headers = response.headers().clone();
     let body = match capped(response).await {
         Ok(body) => body,
@@ -783,6 +842,7 @@ async fn exchange(
             let exchange = Exchange {
                 request,
                 status: Some(status),
+                version,
                 headers: shown(&headers),
                 body: String::new(),
                 error: Some(error),
@@ -794,6 +854,7 @@ async fn exchange(
     let exchange = Exchange {
         request,
         status: Some(status),
+        version,
         headers: shown(&headers),
         body: shown_body,
         error: None,

@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, header};
-use tower_idempotency::check::{Report, Slow, Target, Verdict, run};
+use tower_idempotency::check::{Http, Report, Slow, Target, Verdict, run};
 use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 /// Serves `router` on a free port of loopback: its URL.
@@ -79,7 +79,7 @@ async fn the_layer_passes_every_scenario() {
     );
     let json = report.to_json();
     assert_eq!(json["passed"], true);
-    assert_eq!(json["scenarios"].as_array().unwrap().len(), 8);
+    assert_eq!(json["scenarios"].as_array().unwrap().len(), 9);
     let first = &json["scenarios"][0];
     assert_eq!(first["name"], "create_then_replay");
     assert_eq!(first["verdict"], "pass");
@@ -99,6 +99,34 @@ async fn the_layer_passes_every_scenario() {
             .starts_with("location: /payments/")
     );
     assert!(evidence["error"].is_null());
+    assert_eq!(evidence["version"], "HTTP/1.1");
+}
+
+/// The same over HTTP/2 with prior knowledge (h2c), the version in the evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_passes_over_http2() {
+    let router = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(|body: Bytes| async move {
+                static NEXT: AtomicU64 = AtomicU64::new(1);
+                let id = NEXT.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::CREATED,
+                    [(header::LOCATION, format!("/payments/{id}"))],
+                    body,
+                )
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
+    let target = Target::new(Method::POST, serve(router).await)
+        .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
+        .concurrency(16);
+    let client = tower_idempotency::check::client_with(Http::Http2).unwrap();
+    let report = run(&target, &client).await;
+    assert!(report.passed(), "{report}");
+    let evidence = &report.scenario("create_then_replay").unwrap().evidence[0];
+    assert_eq!(evidence.version, "HTTP/2.0", "{evidence:?}");
 }
 
 /// One flaw of a hand-written idempotent create.
@@ -113,7 +141,8 @@ enum Flaw {
     ReplayLosesLocation,
     /// The body is not compared: another body under the key replays the first.
     NoFingerprint,
-    /// The key space has no path: a key on `/refunds` replays `/payments`.
+    /// The key space has neither the path nor the method: a key on `/refunds`, or with `PUT`,
+    /// replays the `POST` on `/payments`.
     SharedKeySpace,
 }
 
@@ -126,6 +155,7 @@ struct Server {
 
 async fn flawed(
     State(server): State<Arc<Server>>,
+    method: Method,
     uri: http::Uri,
     headers: HeaderMap,
     body: Bytes,
@@ -137,7 +167,7 @@ async fn flawed(
     };
     let key = match server.flaw {
         Flaw::SharedKeySpace => key,
-        _ => format!("{} {key}", uri.path()),
+        _ => format!("{method} {} {key}", uri.path()),
     };
     let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
@@ -215,7 +245,7 @@ async fn flawed_report(flaw: Flaw) -> Report {
         next: AtomicU64::new(1),
     });
     let router = axum::Router::new()
-        .route("/payments", axum::routing::post(flawed))
+        .route("/payments", axum::routing::post(flawed).put(flawed))
         .route("/refunds", axum::routing::post(flawed))
         .with_state(server);
     check(serve(router).await).await
@@ -229,7 +259,8 @@ async fn each_flaw_is_reported_by_its_scenario_alone() {
         (Flaw::ReplayChangesBody, vec!["create_then_replay"]),
         (Flaw::ReplayLosesLocation, vec!["create_then_replay"]),
         (Flaw::NoFingerprint, vec!["conflict"]),
-        (Flaw::SharedKeySpace, vec!["other_endpoint"]),
+        // A key space of the key alone: neither the path nor the method in it.
+        (Flaw::SharedKeySpace, vec!["other_endpoint", "other_method"]),
     ] {
         let report = flawed_report(flaw).await;
         let mut failed = failing(&report);
