@@ -14,7 +14,7 @@
 //! retry of `retry_while_running` is sent after N ms), `--slow-header 'Name: value'` (a delay
 //! hook the first attempt sends, the retry sent after `--slow-ms`, 200 by default), `--http1`
 //! or `--http2` (HTTP/2 with prior knowledge; by default HTTP/1.1, or HTTP/2 where TLS
-//! negotiates it), `--json`,
+//! negotiates it), `--ca-file PEM` (CA certificates to trust beside the platform's), `--json`,
 //! `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
@@ -26,9 +26,15 @@ use tower_idempotency::check::{Http, SCENARIOS, Slow, Target, run};
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
     [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
     [--other-url URL] [--slow-ms N] [--slow-header 'Name: value'] [--quote-key] \
-    [--http1 | --http2] [--json] [--only a,b] [--skip a,b]";
+    [--http1 | --http2] [--ca-file PEM] [--json] [--only a,b] [--skip a,b]";
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Http), String> {
+/// What the command line asks of the client.
+struct Client {
+    http: Http,
+    roots: Vec<reqwest::Certificate>,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client), String> {
     let method = args.next().ok_or("METHOD URL are needed")?;
     let method =
         Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method}: not a method"))?;
@@ -39,6 +45,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Http),
     let mut target = Target::new(method, url);
     let mut json = false;
     let mut http = Http::Negotiated;
+    let mut roots = Vec::new();
     let (mut slow_after, mut slow_header) = (None, None);
     let names = |value: &str| -> Result<Vec<String>, String> {
         let names: Vec<String> = value.split(',').map(str::to_owned).collect();
@@ -109,6 +116,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Http),
                     .map_err(|_| format!("{value}: not a number"))?,
             )),
             "--other-url" => target.other_url(value),
+            "--ca-file" => {
+                let pem = std::fs::read(&value).map_err(|e| format!("--ca-file {value}: {e}"))?;
+                let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| format!("--ca-file {value}: {e}"))?;
+                roots.extend(certificates);
+                target
+            }
             "--slow-ms" => {
                 let after = Duration::from_millis(
                     value
@@ -143,19 +157,19 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Http),
         (None, Some(after)) => target.slow(Slow::Already(after)),
         (None, None) => target,
     };
-    Ok((target, json, http))
+    Ok((target, json, Client { http, roots }))
 }
 
 #[tokio::main]
 async fn main() {
-    let (target, json, http) = match parse(std::env::args().skip(1)) {
+    let (target, json, options) = match parse(std::env::args().skip(1)) {
         Ok(parsed) => parsed,
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
             std::process::exit(2);
         }
     };
-    let client = match tower_idempotency::check::client_with(http) {
+    let client = match tower_idempotency::check::client_with(options.http, &options.roots) {
         Ok(client) => client,
         Err(error) => {
             eprintln!("idempotency-check: {error}");

@@ -122,7 +122,7 @@ async fn the_layer_passes_over_http2() {
     let target = Target::new(Method::POST, serve(router).await)
         .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
         .concurrency(16);
-    let client = tower_idempotency::check::client_with(Http::Http2).unwrap();
+    let client = tower_idempotency::check::client_with(Http::Http2, &[]).unwrap();
     let report = run(&target, &client).await;
     assert!(report.passed(), "{report}");
     let evidence = &report.scenario("create_then_replay").unwrap().evidence[0];
@@ -385,4 +385,141 @@ async fn creates_that_answer_alike_are_not_judged_as_replays() {
         );
     }
     assert!(!report.passed(), "{report}");
+}
+
+/// Over TLS with a CA of the test's own (made with the `openssl` command): trusted through
+/// `client_with`'s roots, the checker passes every scenario and negotiates HTTP/2 (ALPN);
+/// without the CA, nothing is answered and nothing passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_with_a_ca_of_its_own() {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let dir = std::env::temp_dir().join(format!("check-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("the openssl command");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=check test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The process's provider, as the checker installs it.
+    let without_ca = tower_idempotency::check::client().unwrap();
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let router = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(|body: Bytes| async move {
+                let id = NEXT.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::CREATED,
+                    [(header::LOCATION, format!("/payments/{id}"))],
+                    body,
+                )
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, router) = (acceptor.clone(), router.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    let target = Target::new(Method::POST, format!("https://{addr}/payments"))
+        .body(r#"{"amount":{{n}},"currency":"EUR"}"#)
+        .concurrency(16);
+
+    let roots = reqwest::Certificate::from_pem_bundle(&ca).unwrap();
+    let trusting = tower_idempotency::check::client_with(Http::Negotiated, &roots).unwrap();
+    let report = run(&target, &trusting).await;
+    assert!(report.passed(), "{report}");
+    let evidence = &report.scenario("create_then_replay").unwrap().evidence[0];
+    assert_eq!(evidence.version, "HTTP/2.0", "{evidence:?}");
+
+    let report = run(&target.only(["create_then_replay"]), &without_ca).await;
+    assert!(!report.passed(), "{report}");
+    let evidence = &report.scenarios[0].evidence[0];
+    assert!(
+        evidence.status.is_none() && evidence.error.is_some(),
+        "{evidence:?}"
+    );
 }
