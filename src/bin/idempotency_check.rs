@@ -14,7 +14,8 @@
 //! retry of `retry_while_running` is sent after N ms), `--slow-header 'Name: value'` (a delay
 //! hook the first attempt sends, the retry sent after `--slow-ms`, 200 by default), `--http1`
 //! or `--http2` (HTTP/2 with prior knowledge; by default HTTP/1.1, or HTTP/2 where TLS
-//! negotiates it), `--ca-file PEM` (CA certificates to trust beside the platform's), `--json`,
+//! negotiates it), `--ca-file PEM` (CA certificates to trust beside the platform's),
+//! `--after-s N` (the key's advertised lifetime, for `after_lifetime`), `--json`,
 //! `--only a,b`, `--skip a,b`, `--help`. The exit code is 0 if no scenario failed, 1 if one did, 2 for a bad
 //! command line.
 
@@ -26,7 +27,7 @@ use tower_idempotency::check::{Http, SCENARIOS, Slow, Target, run};
 const USAGE: &str = "usage: idempotency-check METHOD URL [--body TEMPLATE] [--header 'Name: template']... \
     [--key-header NAME] [--expect-created STATUS] [--concurrency N] [--timeout-s N] \
     [--other-url URL] [--slow-ms N] [--slow-header 'Name: value'] [--quote-key] \
-    [--http1 | --http2] [--ca-file PEM] [--json] [--only a,b] [--skip a,b]";
+    [--http1 | --http2] [--ca-file PEM] [--after-s N] [--json] [--only a,b] [--skip a,b]";
 
 /// What the command line asks of the client.
 struct Client {
@@ -116,6 +117,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client
                     .map_err(|_| format!("{value}: not a number"))?,
             )),
             "--other-url" => target.other_url(value),
+            "--after-s" => target.after(Duration::from_secs_f64(
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+                    .ok_or_else(|| format!("--after-s {value}: a number of seconds"))?,
+            )),
             "--ca-file" => {
                 let pem = std::fs::read(&value).map_err(|e| format!("--ca-file {value}: {e}"))?;
                 let certificates = reqwest::Certificate::from_pem_bundle(&pem)

@@ -49,6 +49,7 @@ pub struct Target {
     pub(crate) other_url: Option<String>,
     pub(crate) quote_key: bool,
     pub(crate) slow: Option<Slow>,
+    pub(crate) after: Option<Duration>,
 }
 
 /// How the `retry_while_running` scenario makes a first attempt that is still running when its
@@ -82,7 +83,15 @@ impl Target {
             other_url: None,
             quote_key: false,
             slow: None,
+            after: None,
         }
+    }
+
+    /// The server's advertised lifetime of a key: the `after_lifetime` scenario retries a
+    /// create this long after it; without it, that scenario does not apply.
+    pub fn after(mut self, lifetime: Duration) -> Self {
+        self.after = Some(lifetime);
+        self
     }
 
     /// How to make a first attempt still running when its retry arrives, for
@@ -163,7 +172,7 @@ impl Target {
 }
 
 /// The names of the scenarios, in the order they run.
-pub const SCENARIOS: [&str; 9] = [
+pub const SCENARIOS: [&str; 10] = [
     "create_then_replay",
     "conflict",
     "bad_keys",
@@ -173,6 +182,7 @@ pub const SCENARIOS: [&str; 9] = [
     "other_endpoint",
     "other_method",
     "retry_while_running",
+    "after_lifetime",
 ];
 
 /// The client the checker uses: TLS through rustls (its `ring` provider installed for the

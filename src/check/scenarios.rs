@@ -232,7 +232,8 @@ impl<'a> Run<'a> {
             "reordered_json" => self.reordered_json().await,
             "other_endpoint" => self.other_endpoint().await,
             "other_method" => self.other_method().await,
-            _ => self.retry_while_running().await,
+            "retry_while_running" => self.retry_while_running().await,
+            _ => self.after_lifetime().await,
         }
     }
 
@@ -494,6 +495,21 @@ impl<'a> Run<'a> {
             .iter()
             .filter(|(_, answer)| answer.as_ref().is_some_and(Answer::is_success))
             .count();
+        let pending: Vec<&Answer> = answers
+            .iter()
+            .filter_map(|(_, answer)| answer.as_ref())
+            .filter(|answer| answer.status == 409)
+            .collect();
+        let retry_after = if pending.is_empty() {
+            ""
+        } else if pending
+            .iter()
+            .all(|answer| answer.headers.contains_key(header::RETRY_AFTER))
+        {
+            "; each 409 with Retry-After"
+        } else {
+            "; a 409 without Retry-After (a client guesses when to retry)"
+        };
         let evidence: Vec<Exchange> = answers.into_iter().map(|(exchange, _)| exchange).collect();
         if created == 0 {
             return fail(
@@ -528,7 +544,7 @@ impl<'a> Run<'a> {
         pass(
             name,
             format!(
-                "{sent} requests with one key at once created {created} resource (answers: {})",
+                "{sent} requests with one key at once created {created} resource (answers: {}){retry_after}",
                 statuses.join(", ")
             ),
             Vec::new(),
@@ -691,6 +707,60 @@ impl<'a> Run<'a> {
             None => pass(
                 name,
                 format!("the key with {method} got no answer: not the create's"),
+                evidence,
+            ),
+        }
+    }
+
+    /// The key after the server's advertised lifetime (`--after-s`): created anew, or still
+    /// replayed, never refused.
+    async fn after_lifetime(&mut self) -> Scenario {
+        let name = "after_lifetime";
+        let Some(after) = self.target.after else {
+            return Scenario {
+                name,
+                verdict: Verdict::NotApplicable,
+                summary: "no lifetime given (--after-s)".to_owned(),
+                suffering: String::new(),
+                evidence: Vec::new(),
+            };
+        };
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        tokio::time::sleep(after).await;
+        let (second, later) = self.send(&values, Key::One(&key), None).await;
+        let evidence = vec![first, second];
+        let seconds = after.as_secs_f64();
+        match later {
+            Some(later) if later.is_success() && later.same_resource(&created) => pass(
+                name,
+                format!(
+                    "{seconds} s later, the key still replays its create (kept longer than that)"
+                ),
+                evidence,
+            ),
+            Some(later) if later.is_success() => pass(
+                name,
+                format!("{seconds} s later, the key is forgotten: the request created anew"),
+                evidence,
+            ),
+            Some(later) => fail(
+                name,
+                &format!("{seconds} s later, the key was answered {}", later.status),
+                "a client that retries within the advertised lifetime, or reuses the key after it, is refused",
+                evidence,
+            ),
+            None => fail(
+                name,
+                &format!("{seconds} s later, no answer"),
+                "a late retry gets no answer",
                 evidence,
             ),
         }

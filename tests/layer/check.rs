@@ -73,13 +73,17 @@ async fn the_layer_passes_every_scenario() {
         .layer(IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys());
     let report = check(serve(router).await).await;
     assert!(report.passed(), "{report}");
+    // Every scenario but the lifetime's, which has its own test (it waits).
     assert!(
-        report.scenarios.iter().all(|s| s.verdict == Verdict::Pass),
+        report
+            .scenarios
+            .iter()
+            .all(|s| s.verdict == Verdict::Pass || s.name == "after_lifetime"),
         "{report}"
     );
     let json = report.to_json();
     assert_eq!(json["passed"], true);
-    assert_eq!(json["scenarios"].as_array().unwrap().len(), 9);
+    assert_eq!(json["scenarios"].as_array().unwrap().len(), 10);
     let first = &json["scenarios"][0];
     assert_eq!(first["name"], "create_then_replay");
     assert_eq!(first["verdict"], "pass");
@@ -522,4 +526,38 @@ async fn over_tls_with_a_ca_of_its_own() {
         evidence.status.is_none() && evidence.error.is_some(),
         "{evidence:?}"
     );
+}
+
+/// `after_lifetime`: a key kept for a second is forgotten 1.5 s later (created anew); one kept
+/// longer still replays; both are what a client may rely on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_after_its_lifetime_is_created_anew_or_replayed() {
+    for (retention, expected) in [
+        (Duration::from_secs(1), "forgotten"),
+        (Duration::from_secs(3600), "still replays"),
+    ] {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let store = MemoryStore::builder().retention(retention).build();
+        let router = axum::Router::new()
+            .route(
+                "/payments",
+                axum::routing::post(|body: Bytes| async move {
+                    let id = NEXT.fetch_add(1, Ordering::SeqCst);
+                    (
+                        StatusCode::CREATED,
+                        [(header::LOCATION, format!("/payments/{id}"))],
+                        body,
+                    )
+                }),
+            )
+            .layer(IdempotencyLayer::new(store, JsonOperation::new()).global_keys());
+        let target = Target::new(Method::POST, serve(router).await)
+            .body(r#"{"amount":{{n}}}"#)
+            .after(Duration::from_millis(1500))
+            .only(["after_lifetime"]);
+        let report = run(&target, &tower_idempotency::check::client().unwrap()).await;
+        let scenario = &report.scenarios[0];
+        assert_eq!(scenario.verdict, Verdict::Pass, "{report}");
+        assert!(scenario.summary.contains(expected), "{report}");
+    }
 }
