@@ -1,0 +1,242 @@
+//! Time and concurrency: requests at once, a retry while the first runs, a key after its
+//! lifetime.
+
+use super::*;
+
+impl Run<'_> {
+    /// Requests with one key sent at once create once: identical ones (the rest replays or
+    /// `409`), or with different bodies (the rest refused).
+    pub(super) async fn concurrent(&mut self, name: &'static str, conflicting: bool) -> Scenario {
+        self.warm().await;
+        let key = self.key(name);
+        let shared = self.n();
+        let requests: Vec<_> = (0..self.target.concurrency)
+            .map(|_| {
+                let n = if conflicting { self.n() } else { shared };
+                self.request(&Values { key: &key, n }, Key::One(&key), None)
+            })
+            .collect();
+        let answers = self.send_at_once(requests).await;
+        let creates = self.target.created.as_u16();
+        let created = resources(
+            answers
+                .iter()
+                .filter_map(|(_, answer)| answer.as_ref())
+                .filter(|answer| answer.status == creates),
+        );
+        let statuses: BTreeSet<u16> = answers
+            .iter()
+            .filter_map(|(_, answer)| answer.as_ref().map(|a| a.status))
+            .collect();
+        let sent = answers.len();
+        let succeeded = answers
+            .iter()
+            .filter(|(_, answer)| answer.as_ref().is_some_and(Answer::is_success))
+            .count();
+        let pending: Vec<&Answer> = answers
+            .iter()
+            .filter_map(|(_, answer)| answer.as_ref())
+            .filter(|answer| answer.status == 409)
+            .collect();
+        let retry_after = if pending.is_empty() {
+            ""
+        } else if pending
+            .iter()
+            .all(|answer| answer.headers.contains_key(header::RETRY_AFTER))
+        {
+            "; each 409 with Retry-After"
+        } else {
+            "; a 409 without Retry-After (a client guesses when to retry)"
+        };
+        let evidence: Vec<Exchange> = answers.into_iter().map(|(exchange, _)| exchange).collect();
+        if created == 0 {
+            return fail(
+                name,
+                &format!("{sent} requests with one key at once created nothing"),
+                "nothing can be checked: is the endpoint up, the body template a valid request, and --expect-created the create's status?",
+                evidence,
+            );
+        }
+        if conflicting && succeeded > 1 {
+            return fail(
+                name,
+                &format!(
+                    "{sent} requests with one key and different bodies at once: {succeeded} succeeded, where one may"
+                ),
+                "a client that reuses a key by mistake, at the same time as another, is told its request succeeded, and it never ran",
+                evidence,
+            );
+        }
+        if !self.distinct().await {
+            return indistinct(name, evidence);
+        }
+        if created > 1 {
+            return fail(
+                name,
+                &format!("{sent} requests with one key at once created {created} resources"),
+                "two resources created for one intent: a client's retries, or two clients' racing requests, charge twice",
+                evidence,
+            );
+        }
+        let statuses: Vec<String> = statuses.iter().map(u16::to_string).collect();
+        pass(
+            name,
+            format!(
+                "{sent} requests with one key at once created {created} resource (answers: {}){retry_after}",
+                statuses.join(", ")
+            ),
+            Vec::new(),
+        )
+    }
+
+    /// Opens as many connections as the concurrent scenarios use, with requests that create
+    /// nothing (`GET`, answers ignored), so that their requests leave at once rather than each
+    /// behind a handshake.
+    pub(super) async fn warm(&self) {
+        let requests: Vec<_> = (0..self.target.concurrency)
+            .map(|_| {
+                let request = self
+                    .client
+                    .get(&self.target.url)
+                    .timeout(self.target.timeout);
+                (request, String::new())
+            })
+            .collect();
+        self.send_at_once(requests).await;
+    }
+
+    /// A retry sent while the first attempt still runs is refused as pending (`409`) or waits
+    /// for its result: never a second create.
+    pub(super) async fn retry_while_running(&mut self) -> Scenario {
+        let name = "retry_while_running";
+        let Some(slow) = self.target.slow.clone() else {
+            return not_applicable(
+                name,
+                "no slow first attempt to make (--slow-ms, or --slow-header with --slow-ms)",
+                Vec::new(),
+            );
+        };
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, line) = self.request(&values, Key::One(&key), None);
+        let (first, after) = match &slow {
+            crate::check::Slow::Already(after) => (first, *after),
+            crate::check::Slow::Header(name, value, after) => {
+                (first.header(name.clone(), value.clone()), *after)
+            }
+        };
+        let first = tokio::spawn(async move { exchange(line, first.send().await).await });
+        tokio::time::sleep(after).await;
+        let retry_sent = first.is_finished();
+        let (second, retry) = self.send(&values, Key::One(&key), None).await;
+        let Ok((first, created)) = first.await else {
+            return fail(
+                name,
+                "the first attempt was lost",
+                "nothing can be checked",
+                vec![second],
+            );
+        };
+        let evidence = vec![first.clone(), second];
+        if retry_sent {
+            return not_applicable(
+                name,
+                &format!(
+                    "the first attempt had answered before its retry was sent, {} ms in: make it slower",
+                    after.as_millis()
+                ),
+                evidence,
+            );
+        }
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        match retry {
+            Some(retry) if retry.status == 409 => pass(
+                name,
+                "a retry while the first attempt ran was refused as pending (409)".to_owned(),
+                evidence,
+            ),
+            Some(retry) if retry.is_success() && retry.same_resource(&created) => pass(
+                name,
+                format!(
+                    "a retry while the first attempt ran waited, and was answered its result ({})",
+                    retry.status
+                ),
+                evidence,
+            ),
+            Some(retry) if retry.is_success() => fail(
+                name,
+                "a retry while the first attempt ran created a second resource",
+                "a client that times out and retries while its create is slow creates twice",
+                evidence,
+            ),
+            Some(retry) => fail(
+                name,
+                &format!(
+                    "a retry while the first attempt ran was answered {}, not 409",
+                    retry.status
+                ),
+                "a client cannot tell that its first attempt is still running, and when to retry",
+                evidence,
+            ),
+            None => fail(
+                name,
+                "a retry while the first attempt ran got no answer",
+                "a client cannot tell that its first attempt is still running",
+                evidence,
+            ),
+        }
+    }
+
+    /// The key after the server's advertised lifetime (`--after-s`): created anew, or still
+    /// replayed, never refused.
+    pub(super) async fn after_lifetime(&mut self) -> Scenario {
+        let name = "after_lifetime";
+        let Some(after) = self.target.after else {
+            return not_applicable(name, "no lifetime given (--after-s)", Vec::new());
+        };
+        let key = self.key(name);
+        let values = Values {
+            key: &key,
+            n: self.n(),
+        };
+        let (first, created) = self.send(&values, Key::One(&key), None).await;
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        tokio::time::sleep(after).await;
+        let (second, later) = self.send(&values, Key::One(&key), None).await;
+        let evidence = vec![first, second];
+        let seconds = after.as_secs_f64();
+        match later {
+            Some(later) if later.is_success() && later.same_resource(&created) => pass(
+                name,
+                format!(
+                    "{seconds} s later, the key still replays its create (kept longer than that)"
+                ),
+                evidence,
+            ),
+            Some(later) if later.is_success() => pass(
+                name,
+                format!("{seconds} s later, the key is forgotten: the request created anew"),
+                evidence,
+            ),
+            Some(later) => fail(
+                name,
+                &format!("{seconds} s later, the key was answered {}", later.status),
+                "a client that retries within the advertised lifetime, or reuses the key after it, is refused",
+                evidence,
+            ),
+            None => fail(
+                name,
+                &format!("{seconds} s later, no answer"),
+                "a late retry gets no answer",
+                evidence,
+            ),
+        }
+    }
+}
