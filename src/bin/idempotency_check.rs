@@ -35,10 +35,54 @@ struct Client {
     roots: Vec<reqwest::Certificate>,
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client), String> {
+/// The flags that take no value.
+const SWITCHES: [&str; 5] = ["--json", "--quote-key", "--http1", "--http2", "--help"];
+
+/// The flags that take one.
+const VALUED: [&str; 13] = [
+    "--body",
+    "--header",
+    "--key-header",
+    "--expect-created",
+    "--concurrency",
+    "--timeout-s",
+    "--other-url",
+    "--slow-ms",
+    "--slow-header",
+    "--ca-file",
+    "--after-s",
+    "--only",
+    "--skip",
+];
+
+fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{flag} {value}: not a number"))
+}
+
+fn header(flag: &str, value: &str) -> Result<(HeaderName, String), String> {
+    let (name, template) = value
+        .split_once(':')
+        .ok_or_else(|| format!("{flag} {value}: Name: value"))?;
+    let name = HeaderName::try_from(name.trim())
+        .map_err(|_| format!("{flag} {name}: not a header name"))?;
+    let template = template.trim().to_owned();
+    let sample = template.replace("{{key}}", "k").replace("{{n}}", "1");
+    http::HeaderValue::from_str(&sample)
+        .map_err(|_| format!("{flag} {value}: not a header value"))?;
+    Ok((name, template))
+}
+
+fn parse(args: Vec<String>) -> Result<(Target, bool, Client), String> {
+    if args.iter().any(|arg| arg == "--help" || arg == "-h") {
+        println!("{USAGE}");
+        std::process::exit(0);
+    }
+    let mut args = args.into_iter();
     let method = args.next().ok_or("METHOD URL are needed")?;
-    let method =
-        Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method}: not a method"))?;
+    let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("{method}: not a method"))?;
     let url = args.next().ok_or("URL is needed")?;
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!("{url}: not an http:// or https:// URL"));
@@ -48,38 +92,31 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client
     let mut http = Http::Negotiated;
     let mut roots = Vec::new();
     let (mut slow_after, mut slow_header) = (None, None);
-    let names = |value: &str| -> Result<Vec<String>, String> {
+    let names = |flag: &str, value: &str| -> Result<Vec<String>, String> {
         let names: Vec<String> = value.split(',').map(str::to_owned).collect();
         match names
             .iter()
             .find(|name| !SCENARIOS.contains(&name.as_str()))
         {
             Some(unknown) => Err(format!(
-                "{unknown}: no such scenario ({})",
+                "{flag} {unknown}: no such scenario ({})",
                 SCENARIOS.join(", ")
             )),
             None => Ok(names),
         }
     };
     while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--json" => {
-                json = true;
-                continue;
+        if SWITCHES.contains(&flag.as_str()) {
+            match flag.as_str() {
+                "--json" => json = true,
+                "--quote-key" => target = target.quote_key(),
+                "--http1" => http = Http::Http1,
+                _ => http = Http::Http2,
             }
-            "--http1" => {
-                http = Http::Http1;
-                continue;
-            }
-            "--http2" => {
-                http = Http::Http2;
-                continue;
-            }
-            "--quote-key" => {
-                target = target.quote_key();
-                continue;
-            }
-            _ => {}
+            continue;
+        }
+        if !VALUED.contains(&flag.as_str()) {
+            return Err(format!("unknown flag {flag}"));
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         if value.starts_with("--") && flag != "--body" {
@@ -88,71 +125,55 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client
         target = match flag.as_str() {
             "--body" => target.body(value),
             "--header" => {
-                let (name, template) = value
-                    .split_once(':')
-                    .ok_or_else(|| format!("--header {value}: Name: value"))?;
-                let name = HeaderName::try_from(name.trim())
-                    .map_err(|_| format!("{name}: not a header name"))?;
-                target.header(name, template.trim())
+                let (name, template) = header(&flag, &value)?;
+                target.header(name, template)
             }
             "--key-header" => target.key_header(
                 HeaderName::try_from(value.as_str())
-                    .map_err(|_| format!("{value}: not a header name"))?,
+                    .map_err(|_| format!("{flag} {value}: not a header name"))?,
             ),
             "--expect-created" => target.created(
-                value
-                    .parse::<u16>()
+                number::<u16>(&flag, &value)
                     .ok()
-                    .and_then(|s| StatusCode::from_u16(s).ok())
-                    .ok_or_else(|| format!("{value}: not a status"))?,
+                    .and_then(|status| StatusCode::from_u16(status).ok())
+                    .ok_or_else(|| format!("{flag} {value}: not a status"))?,
             ),
-            "--concurrency" => target.concurrency(
-                value
-                    .parse()
-                    .map_err(|_| format!("{value}: not a number"))?,
-            ),
-            "--timeout-s" => target.timeout(Duration::from_secs(
-                value
-                    .parse()
-                    .map_err(|_| format!("{value}: not a number"))?,
-            )),
+            "--concurrency" => target.concurrency(number(&flag, &value)?),
+            "--timeout-s" => match number::<u64>(&flag, &value)? {
+                0 => return Err(format!("{flag} {value}: at least 1")),
+                seconds => target.timeout(Duration::from_secs(seconds)),
+            },
             "--other-url" => target.other_url(value),
+            "--slow-ms" => {
+                slow_after = Some(Duration::from_millis(number(&flag, &value)?));
+                target
+            }
+            "--slow-header" => {
+                let (name, template) = header(&flag, &value)?;
+                let value = http::HeaderValue::from_str(&template)
+                    .map_err(|_| format!("{flag} {value}: not a header value"))?;
+                slow_header = Some((name, value));
+                target
+            }
+            "--ca-file" => {
+                let pem = std::fs::read(&value).map_err(|e| format!("{flag} {value}: {e}"))?;
+                let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| format!("{flag} {value}: {e}"))?;
+                if certificates.is_empty() {
+                    return Err(format!("{flag} {value}: no CERTIFICATE in it"));
+                }
+                roots.extend(certificates);
+                target
+            }
             "--after-s" => target.after(Duration::from_secs_f64(
                 value
                     .parse::<f64>()
                     .ok()
                     .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-                    .ok_or_else(|| format!("--after-s {value}: a number of seconds"))?,
+                    .ok_or_else(|| format!("{flag} {value}: a number of seconds"))?,
             )),
-            "--ca-file" => {
-                let pem = std::fs::read(&value).map_err(|e| format!("--ca-file {value}: {e}"))?;
-                let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-                    .map_err(|e| format!("--ca-file {value}: {e}"))?;
-                roots.extend(certificates);
-                target
-            }
-            "--slow-ms" => {
-                let after = Duration::from_millis(
-                    value
-                        .parse()
-                        .map_err(|_| format!("{value}: not a number"))?,
-                );
-                slow_after = Some(after);
-                target
-            }
-            "--slow-header" => {
-                let (name, header) = value
-                    .split_once(':')
-                    .ok_or_else(|| format!("--slow-header {value}: Name: value"))?;
-                let name = HeaderName::try_from(name.trim())
-                    .map_err(|_| format!("{name}: not a header name"))?;
-                let header = http::HeaderValue::from_str(header.trim())
-                    .map_err(|_| format!("{value}: not a header value"))?;
-                slow_header = Some((name, header));
-                target
-            }
-            "--only" => target.only(names(&value)?),
-            "--skip" => target.skip(names(&value)?),
+            "--only" => target.only(names(&flag, &value)?),
+            "--skip" => target.skip(names(&flag, &value)?),
             _ => return Err(format!("unknown flag {flag}")),
         };
     }
@@ -170,7 +191,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Target, bool, Client
 
 #[tokio::main]
 async fn main() {
-    let (target, json, options) = match parse(std::env::args().skip(1)) {
+    let (target, json, options) = match parse(std::env::args().skip(1).collect()) {
         Ok(parsed) => parsed,
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
@@ -191,4 +212,56 @@ async fn main() {
         print!("{report}");
     }
     std::process::exit(if report.passed() { 0 } else { 1 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split(' ').map(str::to_owned).collect()
+    }
+
+    fn error(line: &str) -> String {
+        parse(args(line)).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_command_line_is_read_or_refused_with_its_reason() {
+        assert!(
+            parse(args(
+                "post http://h/p --json --http2 --only conflict,bad_keys"
+            ))
+            .is_ok()
+        );
+        assert_eq!(error("POST http://h/p --jsn"), "unknown flag --jsn");
+        assert_eq!(error("POST http://h/p --body"), "--body needs a value");
+        assert_eq!(
+            error("POST http://h/p --key-header --json"),
+            "--key-header needs a value, not --json"
+        );
+        assert_eq!(
+            error("POST http://h/p --timeout-s 0"),
+            "--timeout-s 0: at least 1"
+        );
+        assert!(error("POST http://h/p --only nope").starts_with("--only nope: no such scenario"));
+        assert!(error("POST ftp://h/p").ends_with("not an http:// or https:// URL"));
+        assert!(error("POST http://h/p --after-s NaN").ends_with("a number of seconds"));
+        assert!(error("POST http://h/p --header NoColon").ends_with(": Name: value"));
+        let dir = std::env::temp_dir().join(format!("check-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("key.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let line = format!("POST http://h/p --ca-file {}", key.display());
+        assert!(
+            error(&line).ends_with("no CERTIFICATE in it"),
+            "{}",
+            error(&line)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

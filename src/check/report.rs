@@ -35,7 +35,7 @@ pub struct Exchange {
     /// The answer's HTTP version (`HTTP/1.1`, `HTTP/2.0`), or empty if there was none.
     pub version: String,
     /// The answer's headers a client relies on (`Location`, `ETag`, `Content-Type`,
-    /// `Retry-After`, `Idempotent-Replayed`), as `name: value`.
+    /// `Retry-After`, `Idempotent-Replayed`, `Idempotency-Key`), as `name: value`.
     pub headers: Vec<String>,
     /// The answer's body, as text (lossy), cut at 512 bytes.
     pub body: String,

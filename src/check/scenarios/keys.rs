@@ -103,7 +103,11 @@ impl Run<'_> {
         let (request, line) = self.request_to(&other_url, &values, Key::One(&key), None);
         let (second, other) = exchange(line, request.send().await).await;
         let evidence = vec![first, second];
+        let distinct = self.distinct().await;
         match other {
+            Some(other) if other.is_success() && other.same_resource(&created) && !distinct => {
+                indistinct(name, evidence)
+            }
             Some(other) if other.is_success() && other.same_resource(&created) => fail(
                 name,
                 "the key on another endpoint was answered with the first endpoint's result",
@@ -157,7 +161,11 @@ impl Run<'_> {
         };
         let (second, other) = exchange(line, sent).await;
         let evidence = vec![first, second];
+        let distinct = self.distinct().await;
         match other {
+            Some(other) if other.is_success() && other.same_resource(&created) && !distinct => {
+                indistinct(name, evidence)
+            }
             Some(other) if other.is_success() && other.same_resource(&created) => fail(
                 name,
                 &format!(

@@ -175,7 +175,7 @@ impl<'a> Run<'a> {
                 if let Some(value) = value(&key) {
                     request = request.header(self.target.key_header.clone(), value);
                 }
-                format!("key={key:?}")
+                format!("key={key}")
             }
             Key::Missing => "no key".to_owned(),
             Key::Twice(a, b) => {
@@ -184,7 +184,7 @@ impl<'a> Run<'a> {
                         request = request.header(self.target.key_header.clone(), value);
                     }
                 }
-                format!("keys={:?},{:?}", quoted(a), quoted(b))
+                format!("keys={},{}", quoted(a), quoted(b))
             }
         };
         let line = format!("{} {url} {key_line} body={body}", self.target.method);

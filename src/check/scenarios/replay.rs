@@ -171,7 +171,11 @@ impl Run<'_> {
         };
         let (second, replay) = self.send(&values, Key::One(&key), Some(&reordered)).await;
         let evidence = vec![first, second];
+        let distinct = self.distinct().await;
         match replay {
+            Some(replay) if replay.is_success() && replay.same_resource(&created) && !distinct => {
+                indistinct(name, evidence)
+            }
             Some(replay) if replay.is_success() && replay.same_resource(&created) => pass(
                 name,
                 "the same JSON, reordered and re-spaced, replayed the create".to_owned(),

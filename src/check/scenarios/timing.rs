@@ -48,12 +48,27 @@ impl Run<'_> {
         } else {
             "; a 409 without Retry-After (a client guesses when to retry)"
         };
-        let evidence: Vec<Exchange> = answers.into_iter().map(|(exchange, _)| exchange).collect();
+        // The evidence: the successes first, ten at most (a burst's every exchange is noise).
+        let mut answers = answers;
+        answers.sort_by_key(|(_, answer)| !answer.as_ref().is_some_and(Answer::is_success));
+        let evidence: Vec<Exchange> = answers
+            .into_iter()
+            .take(10)
+            .map(|(exchange, _)| exchange)
+            .collect();
         if created == 0 {
             return fail(
                 name,
                 &format!("{sent} requests with one key at once created nothing"),
                 "nothing can be checked: is the endpoint up, the body template a valid request, and --expect-created the create's status?",
+                evidence,
+            );
+        }
+        if created > 1 {
+            return fail(
+                name,
+                &format!("{sent} requests with one key at once created {created} resources"),
+                "two resources created for one intent: a client's retries, or two clients' racing requests, charge twice",
                 evidence,
             );
         }
@@ -69,14 +84,6 @@ impl Run<'_> {
         }
         if !self.distinct().await {
             return indistinct(name, evidence);
-        }
-        if created > 1 {
-            return fail(
-                name,
-                &format!("{sent} requests with one key at once created {created} resources"),
-                "two resources created for one intent: a client's retries, or two clients' racing requests, charge twice",
-                evidence,
-            );
         }
         let statuses: Vec<String> = statuses.iter().map(u16::to_string).collect();
         pass(
@@ -112,7 +119,7 @@ impl Run<'_> {
         let Some(slow) = self.target.slow.clone() else {
             return not_applicable(
                 name,
-                "no slow first attempt to make (--slow-ms, or --slow-header with --slow-ms)",
+                "no slow first attempt to make (--slow-ms, or --slow-header)",
                 Vec::new(),
             );
         };
@@ -121,18 +128,28 @@ impl Run<'_> {
             key: &key,
             n: self.n(),
         };
-        let (first, line) = self.request(&values, Key::One(&key), None);
-        let (first, after) = match &slow {
-            crate::check::Slow::Already(after) => (first, *after),
-            crate::check::Slow::Header(name, value, after) => {
-                (first.header(name.clone(), value.clone()), *after)
-            }
+        let (request, line) = self.request(&values, Key::One(&key), None);
+        let (first_request, line, after) = match &slow {
+            crate::check::Slow::Already(after) => (request, line, *after),
+            crate::check::Slow::Header(name, value, after) => (
+                request.header(name.clone(), value.clone()),
+                format!(
+                    "{line} ({name}: {})",
+                    String::from_utf8_lossy(value.as_bytes())
+                ),
+                *after,
+            ),
         };
-        let first = tokio::spawn(async move { exchange(line, first.send().await).await });
+        // The first attempt, and when its answer came; dropped with the scenario.
+        let mut first = tokio::task::JoinSet::new();
+        first.spawn(async move {
+            let answered = exchange(line, first_request.send().await).await;
+            (answered, tokio::time::Instant::now())
+        });
         tokio::time::sleep(after).await;
-        let retry_sent = first.is_finished();
+        let sent_at = tokio::time::Instant::now();
         let (second, retry) = self.send(&values, Key::One(&key), None).await;
-        let Ok((first, created)) = first.await else {
+        let Some(Ok(((first, created), answered_at))) = first.join_next().await else {
             return fail(
                 name,
                 "the first attempt was lost",
@@ -141,7 +158,10 @@ impl Run<'_> {
             );
         };
         let evidence = vec![first.clone(), second];
-        if retry_sent {
+        let Some(created) = self.created(&created) else {
+            return not_created(name, first);
+        };
+        if answered_at <= sent_at {
             return not_applicable(
                 name,
                 &format!(
@@ -151,23 +171,25 @@ impl Run<'_> {
                 evidence,
             );
         }
-        let Some(created) = self.created(&created) else {
-            return not_created(name, first);
-        };
         match retry {
             Some(retry) if retry.status == 409 => pass(
                 name,
                 "a retry while the first attempt ran was refused as pending (409)".to_owned(),
                 evidence,
             ),
-            Some(retry) if retry.is_success() && retry.same_resource(&created) => pass(
-                name,
-                format!(
-                    "a retry while the first attempt ran waited, and was answered its result ({})",
-                    retry.status
-                ),
-                evidence,
-            ),
+            Some(retry) if retry.is_success() && retry.same_resource(&created) => {
+                if !self.distinct().await {
+                    return indistinct(name, evidence);
+                }
+                pass(
+                    name,
+                    format!(
+                        "a retry while the first attempt ran waited, and was answered its result ({})",
+                        retry.status
+                    ),
+                    evidence,
+                )
+            }
             Some(retry) if retry.is_success() => fail(
                 name,
                 "a retry while the first attempt ran created a second resource",
@@ -228,7 +250,7 @@ impl Run<'_> {
             Some(later) => fail(
                 name,
                 &format!("{seconds} s later, the key was answered {}", later.status),
-                "a client that retries within the advertised lifetime, or reuses the key after it, is refused",
+                "a client that reuses its key after the advertised lifetime is refused",
                 evidence,
             ),
             None => fail(
