@@ -268,3 +268,57 @@ impl fmt::Display for Values<'_> {
 pub(crate) fn value(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(text).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_of_the_same_name_replaces_the_one_before() {
+        let target = Target::new(Method::POST, "http://h/p")
+            .header(http::header::CONTENT_TYPE, "text/plain")
+            .header(HeaderName::from_static("x-tenant"), "{{key}}");
+        let names: Vec<_> = target
+            .headers
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(names, ["content-type", "x-tenant"]);
+        assert_eq!(target.headers[0].1, "text/plain");
+    }
+
+    #[test]
+    fn only_and_skip_choose_the_scenarios() {
+        let all = Target::new(Method::POST, "http://h/p");
+        assert!(SCENARIOS.iter().all(|name| all.runs(name)));
+        let only = all.clone().only(["conflict", "bad_keys"]);
+        let chosen: Vec<_> = SCENARIOS
+            .into_iter()
+            .filter(|name| only.runs(name))
+            .collect();
+        assert_eq!(chosen, ["conflict", "bad_keys"]);
+        let skip = all.clone().skip(["conflict"]);
+        assert!(!skip.runs("conflict") && skip.runs("bad_keys"));
+        let both = all.only(["conflict", "bad_keys"]).skip(["conflict"]);
+        assert!(!both.runs("conflict") && both.runs("bad_keys") && !both.runs("other_method"));
+    }
+
+    #[test]
+    fn templates_expand_the_key_and_the_number() {
+        let values = Values {
+            key: "k-1",
+            n: 1001,
+        };
+        assert_eq!(
+            expand(r#"{"id":"{{key}}","n":{{n}},"again":"{{key}}"}"#, &values),
+            r#"{"id":"k-1","n":1001,"again":"k-1"}"#
+        );
+        assert_eq!(values.to_string(), "key k-1 n 1001");
+        assert!(value("ok").is_some() && value("bad\nvalue").is_none());
+        let target = Target::new(Method::POST, "http://h/p")
+            .concurrency(1)
+            .timeout(Duration::ZERO);
+        assert_eq!(target.concurrency, 2);
+        assert_eq!(target.timeout, Duration::from_millis(1));
+    }
+}
