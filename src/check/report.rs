@@ -130,8 +130,14 @@ impl fmt::Display for Report {
                 writeln!(f, "    a client suffers: {}", s.suffering)?;
                 for e in &s.evidence {
                     match (e.status, &e.error) {
-                        (Some(status), _) => {
-                            writeln!(f, "    {} -> {status} {}", e.request, e.body)?
+                        (Some(status), error) => {
+                            writeln!(f, "    {} -> {status} {}", e.request, e.body)?;
+                            if let Some(error) = error {
+                                writeln!(f, "        (the answer could not be read: {error})")?;
+                            }
+                            for header in &e.headers {
+                                writeln!(f, "        {header}")?;
+                            }
                         }
                         (None, Some(error)) => {
                             writeln!(f, "    {} -> no answer: {error}", e.request)?
@@ -147,5 +153,74 @@ impl fmt::Display for Report {
             .filter(|s| s.verdict == Verdict::Fail)
             .count();
         writeln!(f, "{} scenarios, {failed} failed", self.scenarios.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_report_shows_failures_with_their_suffering_and_evidence() {
+        let exchange = |status: Option<u16>, error: Option<&str>| Exchange {
+            request: "POST http://h/p key=k body={}".to_owned(),
+            status,
+            version: "HTTP/1.1".to_owned(),
+            headers: vec!["location: /p/1".to_owned()],
+            body: "{}".to_owned(),
+            error: error.map(str::to_owned),
+        };
+        let report = Report {
+            scenarios: vec![
+                Scenario {
+                    name: "conflict",
+                    verdict: Verdict::Pass,
+                    summary: "refused".to_owned(),
+                    suffering: String::new(),
+                    evidence: vec![exchange(Some(422), None)],
+                },
+                Scenario {
+                    name: "create_then_replay",
+                    verdict: Verdict::Fail,
+                    summary: "another body".to_owned(),
+                    suffering: "a client reads another answer".to_owned(),
+                    evidence: vec![
+                        exchange(Some(201), None),
+                        exchange(Some(201), Some("the body is over 1048576 bytes")),
+                        exchange(None, Some("connection refused")),
+                    ],
+                },
+                Scenario {
+                    name: "other_endpoint",
+                    verdict: Verdict::NotApplicable,
+                    summary: "no other endpoint".to_owned(),
+                    suffering: String::new(),
+                    evidence: Vec::new(),
+                },
+            ],
+        };
+        assert!(!report.passed());
+        let expected = [
+            "pass            conflict: refused",
+            "fail            create_then_replay: another body",
+            "    a client suffers: a client reads another answer",
+            "    POST http://h/p key=k body={} -> 201 {}",
+            "        location: /p/1",
+            "    POST http://h/p key=k body={} -> 201 {}",
+            "        (the answer could not be read: the body is over 1048576 bytes)",
+            "        location: /p/1",
+            "    POST http://h/p key=k body={} -> no answer: connection refused",
+            "not_applicable  other_endpoint: no other endpoint",
+            "3 scenarios, 1 failed",
+            "",
+        ];
+        assert_eq!(report.to_string(), expected.join("\n"));
+        let json = report.to_json();
+        assert_eq!(json["passed"], false);
+        assert_eq!(
+            json["scenarios"][1]["evidence"][2]["status"],
+            serde_json::Value::Null
+        );
+        assert_eq!(json["scenarios"][2]["verdict"], "not_applicable");
     }
 }
