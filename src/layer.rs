@@ -451,10 +451,10 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
-        let take_over = self.config.lease.takes_over();
-        self.config.lease = Lease::new(lease);
+        let take_over = self.config.decision.lease.takes_over();
+        self.config.decision.lease = Lease::new(lease);
         if take_over {
-            self.config.lease = self.config.lease.take_over_abandoned();
+            self.config.decision.lease = self.config.decision.lease.take_over_abandoned();
         }
         self
     }
@@ -479,7 +479,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn take_over_abandoned(mut self) -> Self {
-        self.config.lease = self.config.lease.take_over_abandoned();
+        self.config.decision.lease = self.config.decision.lease.take_over_abandoned();
         self
     }
 
@@ -507,7 +507,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn pending_wait(mut self, wait: Duration) -> Self {
-        self.config.pending_wait = Some(wait);
+        self.config.decision.pending_wait = Some(wait);
         self
     }
 

@@ -3,9 +3,11 @@
 //! differs: the problem details (the `problem` module) take every row as it is, the label
 //! contract and gRPC change a few (each says which, and why, where it does).
 //!
-//! A new refusal is a variant of [`Rejection`] and a row here, in this file alone; the problem
-//! details follow,
-//! and the label contract and gRPC answer the row too unless their `match` says otherwise.
+//! A new refusal is a variant of [`Rejection`] and a row here, in this file alone: the row's
+//! doc comment is its section of the problem page. The problem details follow, and the label
+//! contract and gRPC answer the row too unless their `match` says otherwise. The reply tables
+//! in the docs and the README are rendered from the code: `UPDATE_REPLY_TABLES=1 cargo test
+//! --lib documented` writes them anew.
 
 use std::borrow::Cow;
 
@@ -91,8 +93,8 @@ impl Rejection {
 
     /// One of each rejection, in the order the checks run, for tables and tests.
     #[cfg(test)]
-    pub(crate) fn every() -> [Self; 14] {
-        [
+    pub(crate) fn every() -> Vec<Self> {
+        vec![
             Self::NotFound,
             Self::MethodNotAllowed,
             Self::UnsupportedMediaType,
@@ -165,16 +167,20 @@ pub(crate) struct Declared {
     pub(crate) error: &'static [u8],
     /// The `Retry-After` it carries.
     pub(crate) retry: Retry,
+    /// What the refusal means, the row's doc comment: the problem page's section under the
+    /// code's heading.
+    #[cfg(test)]
+    pub(crate) about: &'static str,
 }
 
 macro_rules! declare {
     ($(
-        $(#[$doc:meta])*
+        $(#[doc = $about:literal])*
         $name:ident: $code:literal, $title:literal, $status:literal $constant:ident,
         $detail:literal, $retry:ident;
     )*) => {
         $(
-            $(#[$doc])*
+            $(#[doc = $about])*
             pub(crate) const $name: Declared = Declared {
                 code: $code,
                 title: $title,
@@ -188,13 +194,15 @@ macro_rules! declare {
                 .as_bytes(),
                 error: concat!(r#"{"error":""#, $code, r#""}"#).as_bytes(),
                 retry: Retry::$retry,
+                #[cfg(test)]
+                about: concat!($($about, "\n"),*),
             };
         )*
     };
 }
 
 declare! {
-    /// No create endpoint at the request's path.
+    /// No create endpoint is guarded at the request's path (a layer with a path set).
     NOT_FOUND: "not_found", "Not found", 404 NOT_FOUND,
         "No create endpoint is guarded at this path.", Never;
     /// The method is not the create's.
@@ -207,36 +215,41 @@ declare! {
     /// The body is over the limit.
     PAYLOAD_TOO_LARGE: "payload_too_large", "Payload too large", 413 PAYLOAD_TOO_LARGE,
         "The body is over this endpoint's limit.", Never;
-    /// The key header is missing, repeated or not a key.
+    /// The `Idempotency-Key` header is missing, repeated, empty, longer than 255 characters, or
+    /// not visible ASCII.
     INVALID_KEY: "invalid_idempotency_key", "Invalid Idempotency-Key", 400 BAD_REQUEST,
         "Send one Idempotency-Key header of 1 to 255 visible ASCII characters, bare or as a quoted string.",
         Never;
-    /// The body is not a valid operation; the problem's detail is the operation's own.
+    /// The body is not a valid operation; the detail says why. When the reason is about one member
+    /// of the body (a wrong type, a missing member, a value the operation's check refuses), the
+    /// detail starts with its JSON pointer and an `errors` member (RFC 9457 §3.2) carries it
+    /// machine-readably: `"errors":[{"pointer":"/quantity","detail":"must be at least 1"}]`.
     INVALID_REQUEST: "invalid_request", "Invalid request", 400 BAD_REQUEST,
         "The body is not a valid request.", Never;
-    /// No scope for the key.
+    /// A scope is configured and the request carries none.
     SCOPE_REQUIRED: "scope_required", "Scope required", 403 FORBIDDEN,
         "The request carries no scope (tenant, client) for its key.", Never;
-    /// The key was used with another payload.
+    /// The key was used for a different payload (another fingerprint).
     CONFLICT: "idempotency_conflict", "Idempotency-Key reused", 422 UNPROCESSABLE_ENTITY,
         "The key was used for a different request payload.", Never;
     /// The first attempt with the key has not completed.
     PENDING: "request_pending", "Request pending", 409 CONFLICT,
         "The first request with this key has not completed; retry later.", Pending;
-    /// Admission refused with `429`.
+    /// Admission refused (429 or 503); nothing was created and the key is free again.
     TOO_MANY_REQUESTS: "not_admitted", "Not admitted", 429 TOO_MANY_REQUESTS,
         "Too many creates right now; nothing was created. Retry after the delay.", Refused;
-    /// Admission refused with `503`.
+    /// Admission refused (429 or 503); nothing was created and the key is free again.
     OVER_CAPACITY: "not_admitted", "Not admitted", 503 SERVICE_UNAVAILABLE,
         "Over capacity right now; nothing was created. Retry after the delay.", Refused;
-    /// The store did not answer the claim.
+    /// The store did not answer the claim; nothing was created.
     STORE_UNAVAILABLE: "store_unavailable", "Store unavailable", 503 SERVICE_UNAVAILABLE,
         "The idempotency store cannot take the request now; nothing was created. Retry after the delay.",
         Refused;
-    /// The create failed without an answer.
+    /// The create failed without an answer; whether it took effect is unknown. What happens to the
+    /// key: [a create that fails](crate::StoredResponses#a-create-that-fails).
     CREATE_FAILED: "create_failed", "Create failed", 500 INTERNAL_SERVER_ERROR,
         "The create failed; whether it took effect is unknown.", Never;
-    /// The created response went past its own size hint.
+    /// The created response is over the cap and was not stored; the key stays taken.
     RESPONSE_TOO_LARGE: "response_too_large", "Response too large", 500 INTERNAL_SERVER_ERROR,
         "The created response is over the cap and was not stored; the key stays taken.", Never;
 }

@@ -11,9 +11,8 @@ use crate::drain::Drain;
 use crate::metrics::Metrics;
 use crate::operation::Operation;
 use crate::reply::{Rejection, RetryAfter};
-use crate::rules::Rules;
+use crate::rules::{Options, Rules};
 use crate::scope::Scope;
-use crate::store::Lease;
 use crate::tally::{Bounded, Tally};
 
 /// The default cap on requests of one layer waiting for a pending key at once
@@ -112,7 +111,10 @@ pub(crate) enum PathSetting {
     Exact(String),
 }
 
-/// The configuration a layer holds before it builds services.
+/// The configuration a layer holds before it builds services. A new option is a field here,
+/// with its default below, and the layer's method that sets it; an option the decision reads
+/// (the claim, the wait, the lease) is a field of the decision's `Options` instead, which this
+/// holds as `decision`.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) path: PathSetting,
@@ -128,8 +130,8 @@ pub(crate) struct Config {
     pub(crate) value_extension: Option<bool>,
     pub(crate) trace_keys: bool,
     pub(crate) stored: StoredResponses,
-    pub(crate) lease: Lease,
-    pub(crate) pending_wait: Option<Duration>,
+    /// What the decision reads as set: the lease, the wait for a pending key.
+    pub(crate) decision: Options,
     /// Shared by every service the layer builds: the cap is the layer's.
     pub(crate) waiting: Arc<Bounded>,
     /// The layer's lost store answers being settled, bounded, shared as `waiting` is.
@@ -158,8 +160,7 @@ impl Default for Config {
             value_extension: None,
             trace_keys: false,
             stored: StoredResponses::Every,
-            lease: Lease::default(),
-            pending_wait: None,
+            decision: Options::default(),
             waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING)),
             settling: Arc::new(Bounded::settling(MAX_SETTLING)),
             metrics: Metrics::default(),
@@ -214,8 +215,7 @@ impl<O: Operation> Settings<O> {
                 .value_extension
                 .unwrap_or_else(|| operation.hands_over_value()),
             rules: Rules {
-                lease: config.lease,
-                pending_wait: config.pending_wait,
+                options: config.decision.clone(),
                 metrics: config.metrics.clone(),
                 drain: config.drain.clone(),
                 watch_client: true,

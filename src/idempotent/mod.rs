@@ -84,7 +84,7 @@ use crate::pipeline::{
     Answered, CatchUnwind, Completed, Decided, Host, Then, Work, claim_now, decide,
 };
 use crate::reply::Outcome;
-use crate::rules::Rules;
+use crate::rules::{Options, Rules};
 use crate::scope::KeyBuf;
 use crate::settings::{DEFAULT_MAX_WAITING, MAX_SETTLING};
 use crate::store::{Lease, Reservation, Store, StoredResponse};
@@ -106,8 +106,7 @@ impl<St: Store> Idempotent<St> {
     pub fn new(store: St) -> Self {
         let metrics = Metrics::default();
         let rules = Rules {
-            lease: Lease::default(),
-            pending_wait: None,
+            options: Options::default(),
             waiting: Tally::new(&Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING)), &metrics),
             settling: Tally::new(&Arc::new(Bounded::settling(MAX_SETTLING)), &metrics),
             metrics,
@@ -143,10 +142,10 @@ impl<St: Store> Idempotent<St> {
     /// of it); at least [`Lease::MIN_DURATION`]. The default is 30 seconds.
     pub fn lease(mut self, lease: Duration) -> Self {
         let rules = Arc::make_mut(&mut self.rules);
-        let take_over = rules.lease.takes_over();
-        rules.lease = Lease::new(lease);
+        let take_over = rules.options.lease.takes_over();
+        rules.options.lease = Lease::new(lease);
         if take_over {
-            rules.lease = rules.lease.take_over_abandoned();
+            rules.options.lease = rules.options.lease.take_over_abandoned();
         }
         self
     }
@@ -157,7 +156,7 @@ impl<St: Store> Idempotent<St> {
     /// [`RunError::Pending`] until an operator resolves it.
     pub fn take_over_abandoned(mut self) -> Self {
         let rules = Arc::make_mut(&mut self.rules);
-        rules.lease = rules.lease.take_over_abandoned();
+        rules.options.lease = rules.options.lease.take_over_abandoned();
         self
     }
 
@@ -168,7 +167,7 @@ impl<St: Store> Idempotent<St> {
     /// `Duration::ZERO` answers pending at once, as without the setting. At most 1,000 runs of
     /// this value and its clones wait at once; more answer pending at once.
     pub fn pending_wait(mut self, wait: Duration) -> Self {
-        Arc::make_mut(&mut self.rules).pending_wait = Some(wait);
+        Arc::make_mut(&mut self.rules).options.pending_wait = Some(wait);
         self
     }
 

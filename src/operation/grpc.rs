@@ -27,20 +27,10 @@ const GRPC: &str = "application/grpc";
 /// guarded.
 ///
 /// Refusals are gRPC statuses, never HTTP errors: HTTP 200, a trailers-only reply whose
-/// `grpc-status` and `grpc-message` name the case in the contract's words:
+/// `grpc-status` and `grpc-message` name the case in the contract's words, for each
+/// [`Rejection`]:
 ///
-/// | case | `grpc-status` | `grpc-message` |
-/// |---|---|---|
-/// | missing or invalid key, invalid message | 3 `INVALID_ARGUMENT` | `invalid_request` |
-/// | message over the body limit | 8 `RESOURCE_EXHAUSTED` | `payload_too_large` |
-/// | no scope where one is required | 7 `PERMISSION_DENIED` | `scope_required` |
-/// | key reused for another message | 9 `FAILED_PRECONDITION` | `idempotency_conflict` |
-/// | first attempt in flight | 10 `ABORTED` | `request_pending` |
-/// | admission: 429 rate refusal | 8 `RESOURCE_EXHAUSTED` | `not_admitted` |
-/// | admission: 503 concurrency refusal, store failure | 14 `UNAVAILABLE` | `not_admitted`, `store_unavailable` |
-/// | create failed, response past the size its body declared | 13 `INTERNAL` | `create_failed`, `response_too_large` |
-/// | a guarded path not called as gRPC: another method, another content type | 12 `UNIMPLEMENTED` | `method_not_allowed`, `unsupported_media_type` |
-/// | off the layer's configured path, with `OtherPaths::NotFound` | 12 `UNIMPLEMENTED` | `not_found` |
+#[doc = include_str!("../reply/grpc.md")]
 ///
 /// A response over the [cap](crate::IdempotencyLayer::response_limit), 1 MiB by default, is
 /// given whole, but its record keeps no body and no trailers, as
@@ -298,18 +288,27 @@ fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
         Rejection::InvalidKey => &refusal::INVALID_REQUEST,
         other => other.declared(),
     };
-    let code = match declared.status {
+    (code_of(declared.status), declared.code)
+}
+
+/// The gRPC code of a refusal of `status`: the codes of HTTP's meanings, and for a status the
+/// crate does not refuse with yet, the client's to fix or the server's.
+fn code_of(status: StatusCode) -> Code {
+    match status {
         StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
         StatusCode::BAD_REQUEST => Code::InvalidArgument,
         StatusCode::FORBIDDEN => Code::PermissionDenied,
         StatusCode::UNPROCESSABLE_ENTITY => Code::FailedPrecondition,
         StatusCode::CONFLICT => Code::Aborted,
         StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
-        StatusCode::INTERNAL_SERVER_ERROR => Code::Internal,
         // Not found, method not allowed, unsupported media type: no such method here.
-        _ => Code::Unimplemented,
-    };
-    (code, declared.code)
+        StatusCode::NOT_FOUND
+        | StatusCode::METHOD_NOT_ALLOWED
+        | StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::Unimplemented,
+        // A refusal of another status: the client's to fix, or the server's.
+        status if status.is_client_error() => Code::FailedPrecondition,
+        _ => Code::Internal,
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +358,10 @@ mod tests {
         ] {
             assert_eq!(code.header(), (code as u8).to_string(), "{code:?}");
         }
+        // A refusal of a status none has yet: the client's to fix, or the server's, never
+        // "no such method".
+        assert_eq!(code_of(StatusCode::GONE), Code::FailedPrecondition);
+        assert_eq!(code_of(StatusCode::BAD_GATEWAY), Code::Internal);
         // Every refusal's code and message, as the header carries them.
         let table: Vec<_> = Rejection::every()
             .iter()

@@ -81,11 +81,11 @@ pub(crate) fn claim_now<St: Store>(
     rules: &Rules,
 ) -> Result<(First, Reservation), Answered> {
     let started = Started::now();
-    let Some(answer) = store.claim_now(key, fingerprint, reservation, rules.lease) else {
+    let Some(answer) = store.claim_now(key, fingerprint, reservation, rules.options.lease) else {
         return Ok((First::Claim, reservation));
     };
     rules.metrics.store_call(Call::Claim, started);
-    if let (Ok(Claim::Pending), Some(_)) = (&answer, rules.pending_wait) {
+    if let (Ok(Claim::Pending), Some(_)) = (&answer, rules.options.pending_wait) {
         return Ok((First::Wait, reservation));
     }
     answered(answer, store, key, fingerprint, reservation, rules)
@@ -165,7 +165,7 @@ pub(crate) fn decide<H: Host, W: Work<H>>(
             reservation: &reservation,
             armed: true,
         };
-        let lease = rules.lease.duration();
+        let lease = rules.options.lease.duration();
         let ended = renewing(
             work.run(&host, reservation),
             store,
@@ -236,14 +236,14 @@ async fn claim<St: Store>(
             let pending = Pending::Claim(fingerprint);
             let mut unanswered = Unanswered::new(&rules.settling, store, key, reservation, pending);
             let answer = store
-                .claim_with(key, fingerprint, reservation, rules.lease)
+                .claim_with(key, fingerprint, reservation, rules.options.lease)
                 .await;
             unanswered.answered();
             rules.metrics.store_call(Call::Claim, started);
             answer
         }
     };
-    if let (Ok(Claim::Pending), Some(wait)) = (&answer, rules.pending_wait) {
+    if let (Ok(Claim::Pending), Some(wait)) = (&answer, rules.options.pending_wait) {
         // Boxed: the wait is rare and its future large, and every decision's state would
         // otherwise hold room for it.
         answer = Box::pin(wait_for_first(

@@ -64,7 +64,7 @@ pub(super) async fn wait_for_first<St: Store>(
         let pending = Pending::Claim(fingerprint);
         let mut unanswered = Unanswered::new(&rules.settling, store, key, reservation, pending);
         let answer = store
-            .claim_with(key, fingerprint, reservation, rules.lease)
+            .claim_with(key, fingerprint, reservation, rules.options.lease)
             .await;
         unanswered.answered();
         rules.metrics.store_call(Call::Claim, started);

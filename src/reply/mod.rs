@@ -123,10 +123,13 @@ mod tests {
     use super::*;
     use crate::operation::{JsonOperation, LabelContract};
 
-    /// The tables in the docs are the code's own replies, rendered. `UPDATE_REPLY_TABLES=1`
-    /// writes them anew after a change of a reply.
+    /// The tables in the docs are the code's own replies, rendered, and the problem page's
+    /// sections the refusal table's own words. `UPDATE_REPLY_TABLES=1` writes them anew after
+    /// a change of a reply or a refusal, in `src/reply/` and in the README.
     #[test]
     fn documented_tables_are_the_replies() {
+        let update = std::env::var_os("UPDATE_REPLY_TABLES").is_some();
+        let mut readme = include_str!("../../README.md").to_owned();
         for (name, file, rendered) in [
             ("label.md", include_str!("label.md"), table(&LabelContract)),
             (
@@ -134,18 +137,123 @@ mod tests {
                 include_str!("problem.md"),
                 table(&JsonOperation::new()),
             ),
+            (
+                "problem-types.md",
+                include_str!("problem-types.md"),
+                problem_types(),
+            ),
+            ("grpc.md", include_str!("grpc.md"), grpc_table()),
         ] {
-            if std::env::var_os("UPDATE_REPLY_TABLES").is_some() {
+            if update {
                 let path = format!("{}/src/reply/{name}", env!("CARGO_MANIFEST_DIR"));
                 std::fs::write(path, &rendered).unwrap();
             } else {
                 assert_eq!(file, rendered, "{name}: run with UPDATE_REPLY_TABLES=1");
             }
-            let readme = include_str!("../../README.md");
+            // The README shows the HTTP tables; gRPC's, its summary.
+            if matches!(name, "problem-types.md" | "grpc.md") {
+                continue;
+            }
+            if update {
+                readme = with_table(&readme, &rendered);
+            }
             assert!(
                 readme.contains(&rendered),
-                "README.md shows {name} as it is"
+                "README.md shows {name} as it is: run with UPDATE_REPLY_TABLES=1"
             );
         }
+        if update {
+            let path = format!("{}/README.md", env!("CARGO_MANIFEST_DIR"));
+            std::fs::write(path, readme).unwrap();
+        }
+    }
+
+    /// The problem page's sections: each code's heading, then the doc comment of its first
+    /// row in the refusal table.
+    fn problem_types() -> String {
+        let mut page = String::new();
+        for rejection in Rejection::every() {
+            let row = rejection.declared();
+            let heading = format!("# {}\n", row.code);
+            if page.contains(&heading) {
+                continue;
+            }
+            page.push_str(&heading);
+            for line in row.about.lines() {
+                page.push_str(line.strip_prefix(' ').unwrap_or(line));
+                page.push('\n');
+            }
+        }
+        page
+    }
+
+    /// `GrpcOperation`'s refusals: each case's `grpc-status`, by number and name, and its
+    /// `grpc-message`.
+    fn grpc_table() -> String {
+        use std::fmt::Write;
+        const NAMES: [&str; 17] = [
+            "OK",
+            "CANCELLED",
+            "UNKNOWN",
+            "INVALID_ARGUMENT",
+            "DEADLINE_EXCEEDED",
+            "NOT_FOUND",
+            "ALREADY_EXISTS",
+            "PERMISSION_DENIED",
+            "RESOURCE_EXHAUSTED",
+            "FAILED_PRECONDITION",
+            "ABORTED",
+            "OUT_OF_RANGE",
+            "UNIMPLEMENTED",
+            "INTERNAL",
+            "UNAVAILABLE",
+            "DATA_LOSS",
+            "UNAUTHENTICATED",
+        ];
+        let mut table = String::from("| case | `grpc-status` | `grpc-message` |\n|---|---|---|\n");
+        for rejection in Rejection::every() {
+            let response = crate::GrpcOperation::new().reply(&rejection);
+            let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
+            let status = header("grpc-status");
+            let name = NAMES[status.parse::<usize>().unwrap()];
+            let case = match &rejection {
+                Rejection::InvalidRequest(_) => "InvalidRequest(detail)".to_owned(),
+                other => format!("{other:?}"),
+            };
+            // Writing into a String cannot fail.
+            let _ = writeln!(
+                table,
+                "| {case} | {status} `{name}` | `{}` |",
+                header("grpc-message")
+            );
+        }
+        table
+    }
+
+    /// `readme` with the table that starts with `rendered`'s header line replaced by
+    /// `rendered`.
+    fn with_table(readme: &str, rendered: &str) -> String {
+        let header = rendered.lines().next().unwrap();
+        let start = readme
+            .find(&format!("{header}\n"))
+            .unwrap_or_else(|| panic!("README.md has no table headed {header}"));
+        let end = readme[start..]
+            .split_inclusive('\n')
+            .take_while(|line| line.starts_with('|'))
+            .map(str::len)
+            .sum::<usize>()
+            + start;
+        format!("{}{rendered}{}", &readme[..start], &readme[end..])
+    }
+
+    /// A table in the README is replaced whole, and only it.
+    #[test]
+    fn a_table_in_the_readme_is_replaced_whole() {
+        let readme = "before\n| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\nafter\n";
+        let rendered = "| a | b |\n|---|---|\n| 5 | 6 |\n";
+        assert_eq!(
+            with_table(readme, rendered),
+            "before\n| a | b |\n|---|---|\n| 5 | 6 |\nafter\n"
+        );
     }
 }
