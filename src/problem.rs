@@ -158,6 +158,10 @@ mod tests {
         let pinned: Vec<_> = names.iter().map(|name| format!("{page}{name}")).collect();
         assert_eq!(types, pinned);
         // Each name is a heading of this page.
+        assert!(include_str!("problem.rs").contains(concat!(
+            "\n#![doc = include_str!(\"reply/",
+            "problem-types.md\")]\n"
+        )));
         let headings = include_str!("reply/problem-types.md");
         for name in names {
             assert!(headings.contains(&format!("# {name}\n")), "{name}");

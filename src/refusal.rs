@@ -249,9 +249,13 @@ declare! {
     /// key: [a create that fails](crate::StoredResponses#a-create-that-fails).
     CREATE_FAILED: "create_failed", "Create failed", 500 INTERNAL_SERVER_ERROR,
         "The create failed; whether it took effect is unknown.", Never;
-    /// The created response is over the cap and was not stored; the key stays taken.
+    /// The created response's body went past the size it declared (its size hint), and was
+    /// not stored; the key stays taken. A response merely over the cap is no refusal: it is
+    /// given whole and stored compact ([a response over the
+    /// cap](crate::StoredResponses#a-response-over-the-cap)).
     RESPONSE_TOO_LARGE: "response_too_large", "Response too large", 500 INTERNAL_SERVER_ERROR,
-        "The created response is over the cap and was not stored; the key stays taken.", Never;
+        "The created response went past the size it declared and was not stored; the key stays taken.",
+        Never;
 }
 
 impl Rejection {

@@ -113,7 +113,7 @@ pub(crate) enum PathSetting {
 
 /// The configuration a layer holds before it builds services. A new option is a field here,
 /// with its default below, and the layer's method that sets it; an option the decision reads
-/// (the claim, the wait, the lease) is a field of the decision's `Options` instead, which this
+/// (the lease, the wait for a pending key) is a field of the decision's `Options` instead, which this
 /// holds as `decision`.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
