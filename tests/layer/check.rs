@@ -84,6 +84,54 @@ async fn the_layer_passes_every_scenario() {
             .all(|s| s.verdict == Verdict::Pass || s.name == "after_lifetime"),
         "{report}"
     );
+    let names: Vec<_> = report.scenarios.iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        [
+            "create_then_replay",
+            "conflict",
+            "bad_keys",
+            "concurrent_identical",
+            "concurrent_conflicting",
+            "reordered_json",
+            "other_endpoint",
+            "other_method",
+            "retry_while_running",
+            "after_lifetime",
+        ]
+    );
+    // The bodies' numbers start past 1000, as documented.
+    let numbers: Vec<u64> = report
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.evidence)
+        .filter_map(|e| {
+            let after = e.request.split(r#""amount":"#).nth(1)?;
+            after
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        !numbers.is_empty() && numbers.iter().all(|n| *n > 1000),
+        "{numbers:?}"
+    );
+    let conflict = report.scenario("conflict").unwrap();
+    assert!(
+        conflict.summary.contains("refused with 422, and"),
+        "{}",
+        conflict.summary
+    );
+    // The layer's 409s carry Retry-After.
+    assert!(
+        report
+            .scenarios
+            .iter()
+            .all(|s| !s.summary.contains("without Retry-After")),
+        "{report}"
+    );
     let json = report.to_json();
     assert_eq!(json["passed"], true);
     assert_eq!(json["scenarios"].as_array().unwrap().len(), 10);
@@ -151,6 +199,11 @@ enum Flaw {
     /// The key space has neither the path nor the method: a key on `/refunds`, or with `PUT`,
     /// replays the `POST` on `/payments`.
     SharedKeySpace,
+    /// The body is compared byte for byte: the same JSON reordered is another body, refused.
+    BytesCompared,
+    /// The key space has the body's bytes in it: the same JSON reordered, or another body, is
+    /// another operation, created anew.
+    BytesKeyed,
 }
 
 struct Server {
@@ -174,11 +227,15 @@ async fn flawed(
     };
     let key = match server.flaw {
         Flaw::SharedKeySpace => key,
+        Flaw::BytesKeyed => format!("{method} {} {key} {body:?}", uri.path()),
         _ => format!("{method} {} {key}", uri.path()),
     };
-    let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
+    let Ok(mut payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
+    if server.flaw == Flaw::BytesCompared {
+        payload = serde_json::Value::String(String::from_utf8_lossy(&body).into_owned());
+    }
     // A delay hook: the create takes this long.
     let delay = headers
         .get("x-delay-ms")
@@ -284,6 +341,14 @@ async fn each_flaw_is_reported_by_its_scenario_alone() {
         }
         assert_eq!(failed, expected, "{flaw:?}: {report}");
     }
+    // A replay that keeps Location but changes its body: the client reads another answer.
+    let changed = flawed_report(Flaw::ReplayChangesBody).await;
+    let replay = changed.scenario("create_then_replay").unwrap();
+    assert!(
+        replay.suffering.contains("reads another answer"),
+        "{}",
+        replay.suffering
+    );
     let lost = flawed_report(Flaw::ReplayLosesLocation).await;
     let replay = lost.scenario("create_then_replay").unwrap();
     assert!(
@@ -304,6 +369,50 @@ async fn each_flaw_is_reported_by_its_scenario_alone() {
         conflict.suffering
     );
     assert_eq!(conflict.evidence.len(), 3);
+}
+
+/// The same JSON reordered: refused by a server that compares bytes (a note, not a failure),
+/// created anew by one whose key space holds the bytes (a failure, with `conflict`'s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reordered_body_refused_is_noted_and_created_anew_fails() {
+    let bytes = flawed_report(Flaw::BytesCompared).await;
+    assert!(failing(&bytes).is_empty(), "{bytes}");
+    let reordered = bytes.scenario("reordered_json").unwrap();
+    assert_eq!(reordered.verdict, Verdict::NotApplicable, "{bytes}");
+    assert!(
+        reordered.summary.contains("the server compares bytes"),
+        "{}",
+        reordered.summary
+    );
+    let keyed = flawed_report(Flaw::BytesKeyed).await;
+    let mut failed = failing(&keyed);
+    // Bodies different at once are each another operation: one or more succeed.
+    failed.retain(|name| *name != "concurrent_conflicting");
+    assert_eq!(failed, ["conflict", "reordered_json"], "{keyed}");
+    let reordered = keyed.scenario("reordered_json").unwrap();
+    assert!(
+        reordered.summary.contains("created anew"),
+        "{}",
+        reordered.summary
+    );
+}
+
+/// An endpoint that answers a body of up to 1 MiB is read whole; past it, the answer is an
+/// error, whatever its chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_read_up_to_a_mebibyte() {
+    const MIB: usize = 1024 * 1024;
+    for (size, readable) in [(MIB, true), (MIB + 1, false)] {
+        let router = axum::Router::new().route(
+            "/payments",
+            // A body this size reaches the client in several reads of the socket.
+            axum::routing::post(move || async move { (StatusCode::CREATED, vec![b'x'; size]) }),
+        );
+        let target = Target::new(Method::POST, serve(router).await).only(["create_then_replay"]);
+        let report = run(&target, &tower_idempotency::check::client().unwrap()).await;
+        let first = &report.scenario("create_then_replay").unwrap().evidence[0];
+        assert_eq!(first.error.is_none(), readable, "{size}: {first:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
