@@ -12,10 +12,23 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// A client's idempotency key, read from one `Idempotency-Key` header: 1 to 255 visible ASCII
 /// characters, sent bare (`abc`) or as a Structured Field string (`"abc"`, with `\"` and `\\`
-/// escapes). Both forms name the same key.
+/// escapes). Both forms name the same key. A bare key holds no comma: `a1,a2` can only be two
+/// header lines a proxy joined (as `a1, a2` is), so it is refused; quoted, `"a1,a2"` is one
+/// key.
 ///
-/// [`RawOperation`](crate::RawOperation) puts it into the request extensions for the inner
-/// service.
+/// The layer puts the validated key into the request extensions for the inner service,
+/// whichever operation guards the request (a key read from a body member too), so a handler
+/// that keeps the key beside its own row reads it from there:
+///
+/// ```
+/// use http::Request;
+/// use tower_idempotency::operation::IdempotencyKey;
+///
+/// fn key_of<B>(request: &Request<B>) -> Option<&str> {
+///     request.extensions().get::<IdempotencyKey>().map(IdempotencyKey::as_str)
+/// }
+/// # assert_eq!(key_of(&Request::new(())), None);
+/// ```
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue};
@@ -104,6 +117,8 @@ fn key_of(value: &HeaderValue) -> Option<Cow<'_, str>> {
     let bytes = value.as_bytes();
     let key: Cow<'_, [u8]> = match bytes.strip_prefix(b"\"") {
         Some(quoted) => Cow::Owned(unquote(quoted)?),
+        // A comma outside quotes joins two field lines.
+        None if bytes.contains(&b',') => return None,
         None => Cow::Borrowed(bytes),
     };
     if !is_key(&key) {
@@ -150,6 +165,7 @@ mod tests {
         assert_eq!(key(b"\"abc\"").as_deref(), Some("abc"));
         assert_eq!(key(br#""a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
         assert_eq!(key(br#"a"b"#).as_deref(), Some(r#"a"b"#));
+        assert_eq!(key(br#""a,b""#).as_deref(), Some("a,b"));
         for bad in [
             &b""[..],
             b"\"\"",
@@ -162,6 +178,8 @@ mod tests {
             b"\"\xc3\xa9\"",
             b"\xc3\xa9",
             b"a\tb",
+            b"a,b",
+            b",",
         ] {
             assert_eq!(key(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }

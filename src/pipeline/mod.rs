@@ -59,7 +59,7 @@ use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::drain::InFlight;
 use crate::headers;
-use crate::operation::{Fingerprint, Head, Operation, Parsed};
+use crate::operation::{Fingerprint, Head, IdempotencyKey, Operation, Parsed};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::rules::Rules;
 use crate::scope::KeyBuf;
@@ -119,9 +119,10 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
             Ok((key, fingerprint, value, body))
         });
         match operation {
-            Ok((key, fingerprint, value, body)) => Ok(Validated {
+            Ok(((key, client_key), fingerprint, value, body)) => Ok(Validated {
                 pipeline: self,
                 key,
+                client_key,
                 fingerprint,
                 value,
                 parts,
@@ -131,13 +132,13 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
         }
     }
 
-    /// Step 3: the operation's key (within the scope, the method and the path), fingerprint
-    /// and value.
+    /// Step 3: the operation's key (within the scope, the method and the path, and the length
+    /// of the client's key at its end), fingerprint and value.
     fn operation(
         &self,
         parts: &Parts,
         body: &Bytes,
-    ) -> Result<(KeyBuf, Fingerprint, O::Value), Rejection> {
+    ) -> Result<((KeyBuf, usize), Fingerprint, O::Value), Rejection> {
         let Parsed {
             key,
             fingerprint,
@@ -147,8 +148,9 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
             Some(scope) => Some((scope.0)(parts).ok_or(Rejection::ScopeRequired)?),
             None => None,
         };
+        let client_key = key.len();
         let key = KeyBuf::new(scope.as_deref(), &parts.method, parts.uri.path(), &key);
-        Ok((key, fingerprint, value))
+        Ok(((key, client_key), fingerprint, value))
     }
 }
 
@@ -156,6 +158,9 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
 pub(crate) struct Validated<S, St, O: Operation, A> {
     pipeline: Pipeline<S, St, O, A>,
     key: KeyBuf,
+    /// The length of the client's key, the end of `key`: read from there for the create,
+    /// rather than held twice.
+    client_key: usize,
     fingerprint: Fingerprint,
     value: O::Value,
     parts: Parts,
@@ -241,6 +246,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
                     settings,
                 },
             key,
+            client_key,
             fingerprint,
             value,
             parts,
@@ -258,6 +264,7 @@ impl<S, St, O: Operation, A> Validated<S, St, O, A> {
                 parts,
                 body,
                 value,
+                client_key,
             }),
             admission,
             in_flight,
@@ -333,6 +340,13 @@ where
         } = host;
         if let Some(input) = &mut self.input {
             store.attach(key.as_str(), &reservation, &mut input.parts.extensions);
+            let client_key = key.as_str().len().checked_sub(input.client_key);
+            if let Some(client_key) = client_key.and_then(|at| key.as_str().get(at..)) {
+                input
+                    .parts
+                    .extensions
+                    .insert(IdempotencyKey(client_key.to_owned()));
+            }
         }
         async move {
             let admitted = match &self.input {
@@ -447,6 +461,8 @@ struct CreateInput<S, T> {
     parts: Parts,
     body: Bytes,
     value: T,
+    /// The length of the client's key at the end of the store key.
+    client_key: usize,
 }
 
 /// Step 5: admission. The caller releases the key on a refusal. A panic is
@@ -478,6 +494,7 @@ where
         parts,
         body,
         value,
+        ..
     } = input;
     let mut request = Request::from_parts(parts, RequestBody::full(body));
     if with_value {

@@ -403,3 +403,93 @@ async fn the_ietf_cases_hold_with_the_key_in_the_body() {
         assert_eq!(creates.load(Ordering::SeqCst), 3, "{case}");
     }
 }
+
+/// A bare key with a comma is two field lines a proxy folded without a space (`a1,a2`), as
+/// `a1, a2` is: refused, while the same characters quoted are one Structured Field string.
+#[tokio::test]
+async fn a_bare_key_with_a_comma_is_refused_and_a_quoted_one_is_a_key() {
+    let (service, _, _, _, creates) = rig(|l| l);
+    for folded in ["key,with,commas", "a1,a2", "a1, a2", ",a", "a,"] {
+        send(&service, post(Some(folded), BODY)).await.problem(
+            400,
+            "invalid_idempotency_key",
+            None,
+        );
+    }
+    assert_eq!(creates.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        send(&service, post(Some(r#""key,with,commas""#), BODY))
+            .await
+            .outcome,
+        Some(Outcome::Created)
+    );
+}
+
+/// The inner service gets the validated key, as the client meant it, in the request
+/// extensions, whichever operation guards it and whatever the scope: a handler keeping the key
+/// beside its own row needs no second parse of the header.
+#[tokio::test]
+async fn every_operation_hands_the_validated_key_to_the_inner_service() {
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use tower_idempotency::RawOperation;
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::operation::IdempotencyKey;
+    use tower_idempotency::operation::LabelContract;
+
+    type Seen = Arc<std::sync::Mutex<Vec<Option<String>>>>;
+    fn recording(seen: &Seen) -> Inner {
+        let seen = Arc::clone(seen);
+        Inner::new(tower::service_fn(
+            move |request: Request<RequestBody<Chunks>>| {
+                seen.lock().unwrap().push(
+                    request
+                        .extensions()
+                        .get::<IdempotencyKey>()
+                        .map(|key| key.as_str().to_owned()),
+                );
+                async {
+                    Ok::<_, CreateError>(
+                        Response::builder()
+                            .status(201)
+                            .body(Full::new(Bytes::from_static(b"{}")))
+                            .unwrap(),
+                    )
+                }
+            },
+        ))
+    }
+    let seen = Seen::default();
+
+    let untyped = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).global_keys();
+    let service = tower::Layer::layer(&untyped, recording(&seen));
+    send(&service, post(Some(r#""a\"b""#), BODY)).await;
+    let typed = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
+        .scope(|_| Some("tenant 7".to_owned()));
+    let service = tower::Layer::layer(&typed, recording(&seen));
+    send(&service, post(Some("typed-1"), BODY)).await;
+    let member = IdempotencyLayer::new(
+        MemoryStore::new(),
+        JsonOperation::new().key_from("/request_id").unwrap(),
+    )
+    .global_keys();
+    let service = tower::Layer::layer(&member, recording(&seen));
+    send(
+        &service,
+        post(None, r#"{"request_id":"in-body-1","amount":1}"#),
+    )
+    .await;
+    let raw = IdempotencyLayer::new(MemoryStore::new(), RawOperation::new()).global_keys();
+    let service = tower::Layer::layer(&raw, recording(&seen));
+    send(&service, request("POST", "/u", Some("raw-1"), None, "x")).await;
+    let labels = IdempotencyLayer::new(MemoryStore::new(), LabelContract).global_keys();
+    let service = tower::Layer::layer(&labels, recording(&seen));
+    send(&service, valid()).await;
+
+    let expected = [r#"a"b"#, "typed-1", "in-body-1", "raw-1", KEY];
+    assert_eq!(
+        *seen.lock().unwrap(),
+        expected.map(|key| Some(key.to_owned()))
+    );
+}
