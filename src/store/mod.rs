@@ -35,8 +35,12 @@
 //!   [`claim_with`](Store::claim_with) would, with the same effect, and must not block: it runs
 //!   inside the response future's `poll`. A store that must wait for its backend leaves it
 //!   `None`.
-//! - [`settle_claim`](Store::settle_claim) must act after a claim whose answer was lost; the
-//!   default (a release) is right when one handle's calls reach the backend in order.
+//! - [`settle_claim`](Store::settle_claim) must act after a claim whose answer was lost: it
+//!   may release the reservation only once it knows the lost claim can no longer write (it
+//!   ran, or its deadline passed on a clock the backend checks under its lock, or the
+//!   backend ended it). The default (a release) is right when one handle's calls reach the
+//!   backend in order; a store whose calls may overtake each other (a pool) says how it
+//!   knows.
 //! - [`changed`](Store::changed) must see every change made after it is called; the default
 //!   polls. A store whose backend can announce changes wakes waiters sooner.
 //! - Every call fails with a [`StoreError`] rather than hanging (bound it with a timeout),
@@ -318,11 +322,17 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Undoes a [`claim_with`](Store::claim_with) of `reservation` whose answer was lost: the
     /// claim may have taken effect, or may still, so this must act after it, whatever it did.
-    /// Afterwards `key` is not pending under `reservation`. The default releases
-    /// `reservation`, which is right for a store whose calls from one handle reach the backend
-    /// in order (memory, Redis on its one connection); a store whose calls may overtake each
-    /// other (a pool of connections) waits for the lost claim first. A store that wraps
-    /// another must forward it.
+    /// Afterwards `key` is not pending under `reservation`, and the lost claim can no longer
+    /// make it so.
+    ///
+    /// The rule: release only once the lost claim can no longer write. A release that finds
+    /// nothing proves nothing while the claim may still be queued (on another connection of
+    /// a pool, behind a lock), since it would then write after the release. Each store knows
+    /// it its own way: the claim carries a deadline the backend checks under its lock, and
+    /// the settling waits past it (SQLite); the backend bounds the claim's statement; or the
+    /// calls of one handle reach the backend in order. The default releases `reservation` at
+    /// once, which is right for the last (memory). A store that wraps another must forward
+    /// it.
     ///
     /// # Errors
     ///

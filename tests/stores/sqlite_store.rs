@@ -348,3 +348,67 @@ pub(crate) async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
     let store = SqliteStore::new(pool.clone());
     common::the_pools_line_gets_a_turn_while_store_calls_go_on(store, pool).await;
 }
+
+/// A run dropped while its claim waits for the file's write lock, on the application's pool of
+/// several connections: its settling's release runs on another connection of the pool, beside
+/// the claim still waiting in SQLite's busy handler. Whichever gets the lock first, no key may
+/// be left pending under a reservation nobody holds: the settling must act after the claim's
+/// deadline, past which the claim writes nothing. The lock is freed at a different moment each
+/// round (300 to 775 ms after the claim), so the two waiters' busy-handler sleeps line up both
+/// ways; each round has a file of its own, all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_run_dropped_mid_claim_on_a_shared_pool_strands_no_key() {
+    use std::convert::Infallible;
+    use tower_idempotency::idempotent::{self, Idempotent};
+
+    async fn round(round: u64) -> (PathBuf, i64) {
+        let (dir, file) = fresh_file(&format!("dropped-claim-{round}"));
+        drop(SqliteStore::open(&file).await.unwrap());
+        let pool = ::sqlx::sqlite::SqlitePoolOptions::new()
+            .min_connections(4)
+            .max_connections(4)
+            .connect_with(::sqlx::sqlite::SqliteConnectOptions::new().filename(&file))
+            .await
+            .unwrap();
+        let runs = Idempotent::new(SqliteStore::new(pool));
+        let mut blocker = connect(&file).await;
+        let held = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let key = format!("dropped-{round}");
+        let started = tokio::time::Instant::now();
+        let run = runs.run(&key, idempotent::fingerprint(&key).unwrap(), async |_| {
+            Ok::<_, Infallible>(1)
+        });
+        let dropped = tokio::time::timeout(Duration::from_millis(100), run).await;
+        assert!(dropped.is_err(), "the run waited for the write lock");
+        tokio::time::sleep_until(started + Duration::from_millis(300 + 25 * round)).await;
+        held.commit().await.unwrap();
+        // Past the claim's deadline (the store's timeout from its start) the claim has written
+        // or never will: from then on a pending key is settled soon or stranded for good. The
+        // bound is far past the settling's first tries.
+        let deadline = tower_idempotency::store::DEFAULT_TIMEOUT + Duration::from_millis(100);
+        tokio::time::sleep_until(started + deadline).await;
+        let mut look = connect(&file).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM idempotency_records WHERE response IS NULL",
+            )
+            .fetch_one(&mut look)
+            .await
+            .unwrap();
+            if pending == 0 || tokio::time::Instant::now() >= deadline {
+                return (dir, pending);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let rounds: Vec<_> = (0..20).map(|n| tokio::spawn(round(n))).collect();
+    let mut stranded = 0;
+    for task in rounds {
+        let (dir, pending) = task.await.unwrap();
+        stranded += pending;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert_eq!(stranded, 0, "keys left pending over 20 rounds");
+}

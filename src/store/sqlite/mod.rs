@@ -54,8 +54,12 @@ pub use self::purge::PURGE_BATCH;
 ///   deadline (the call's start plus the [timeout](Self::timeout)) and SQLite checks it
 ///   under the write lock, on the host's clock the caller shares: a statement still waiting
 ///   for the lock when its caller timed out writes nothing, whatever the pool's
-///   `busy_timeout`. So a lost claim's settling, which comes after that deadline, acts after
-///   it (a key is never left pending by an answer nobody read).
+///   `busy_timeout`. A lost claim's settling ([`Store::settle_claim`]) releases at once what
+///   the claim wrote; if it finds nothing, the claim may still be waiting for the lock on
+///   another of the pool's connections (a run dropped early, before its claim's deadline),
+///   so it waits until that deadline has passed on the same clock (one timeout from the
+///   settling's start at most) and releases again: after it, the claim can no longer write,
+///   and a key is never left pending by an answer nobody read.
 /// - Completed records get an `expires_at` from the [retention](Self::retention), if set; a
 ///   claim treats expired ones as absent and [`purge_expired`](Self::purge_expired) deletes
 ///   them. Pending records never expire.
@@ -486,6 +490,35 @@ impl Store for SqliteStore {
     fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
         let waiting = waiting::wait(Arc::clone(&self.waiters), key);
         waiting::until(Some(waiting), CHANGE_POLL_INTERVAL)
+    }
+
+    /// A lost claim may still wait for the file's write lock on another connection (the
+    /// application's pool), so a release that finds nothing may have overtaken it. Its
+    /// deadline, which it checks under the lock, is at most one timeout from now (it started
+    /// before this call): once past it on the host's clock the claim can no longer write, and
+    /// a second release takes what it wrote.
+    async fn settle_claim(
+        &self,
+        key: &str,
+        _fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        let past = now_millis().saturating_add(millis(self.timeout));
+        match self.release(key, &reservation).await {
+            Err(error) if error.kind() == StoreErrorKind::ReservationLost => {}
+            released => return released,
+        }
+        loop {
+            let left = past.saturating_sub(now_millis());
+            if left < 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(left.unsigned_abs() + 1)).await;
+        }
+        match self.release(key, &reservation).await {
+            Err(error) if error.kind() == StoreErrorKind::ReservationLost => Ok(()),
+            released => released,
+        }
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
