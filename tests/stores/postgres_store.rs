@@ -653,3 +653,99 @@ pub(crate) async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
     let store = PostgresStore::new(pool.clone()).table(TABLE).unwrap();
     common::the_pools_line_gets_a_turn_while_store_calls_go_on(store, pool).await;
 }
+
+/// A lost claim queued behind another transaction's insert of its key, on the application's
+/// pool (no `statement_timeout`): its settling's insert queues behind the same insert, and
+/// when that transaction rolls back the two go on together. Whichever goes first, the key
+/// must not be left pending under the lost claim's reservation: the claim's write checks its
+/// deadline after it waited, on the server's clock, and the settling acts past it. Eight
+/// rounds at once, each rolled back once both wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_lost_claim_queued_behind_a_rolled_back_insert_strands_no_key() {
+    use tower_idempotency::store::{Lease, Reservation};
+
+    async fn round(store: PostgresStore, watcher: Arc<Session>, n: usize) -> i64 {
+        let table = store.table_name().to_owned();
+        let key = unique_key(&format!("queued-{n}"));
+        let fingerprint = LabelContract::fingerprint(&key, "p");
+        let holder = Session::open().await;
+        holder.batch("BEGIN").await;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{table}\" (key, fingerprint) VALUES ($1, 'held')"
+        )))
+        .bind(&key)
+        .execute(&mut *holder.connection().await)
+        .await
+        .unwrap();
+        let xid = holder
+            .count("SELECT txid_current() % 4294967296".to_owned(), None)
+            .await;
+        let reservation = Reservation::generate();
+        let lost = store
+            .claim_with(&key, &fingerprint, reservation, Lease::default())
+            .await;
+        assert_eq!(lost.unwrap_err().kind(), StoreErrorKind::Timeout);
+        let settling = {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.settle_claim(&key, &fingerprint, reservation).await })
+        };
+        // Both the lost claim and the settling wait for the holder's insert.
+        let waiting = || {
+            watcher.count(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' \
+                 AND NOT granted AND transactionid::text = $1"
+                    .to_owned(),
+                Some(xid.to_string()),
+            )
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while waiting().await < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "nobody waits");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        holder.batch("ROLLBACK").await;
+        settling.await.unwrap().unwrap();
+        // The lost claim's statement has ended too.
+        let running = || {
+            watcher.count(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND pid <> pg_backend_pid() AND strpos(query, $1) > 0"
+                    .to_owned(),
+                Some(table.clone()),
+            )
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while running().await > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        watcher
+            .count(
+                format!("SELECT count(*) FROM \"{table}\" WHERE key = $1 AND token IS NOT NULL"),
+                Some(key),
+            )
+            .await
+    }
+
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(database_options())
+        .await
+        .unwrap();
+    let table = format!("tower_idempotency_queued_{}", std::process::id());
+    let store = PostgresStore::new(pool)
+        .table(&table)
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    store.migrate().await.unwrap();
+    let watcher = Arc::new(Session::open().await);
+    let rounds: Vec<_> = (0..8)
+        .map(|n| tokio::spawn(round(store.clone(), Arc::clone(&watcher), n)))
+        .collect();
+    let mut stranded = 0;
+    for round in rounds {
+        stranded += round.await.unwrap();
+    }
+    drop_table(&store).await;
+    assert_eq!(stranded, 0, "keys left pending over 8 rounds");
+}

@@ -34,6 +34,8 @@ impl PostgresStore {
         let token = reservation.as_u128().to_be_bytes();
         let lease_ms = lease_millis(lease.duration());
         let take_over = lease.takes_over();
+        // The write's own deadline, checked by the server after it was made: the timeout.
+        let in_time_ms = lease_millis(self.timeout);
         let bound = |sql: &sqlx::SqlStr| {
             sqlx::query(sql.clone())
                 .bind(key)
@@ -49,7 +51,7 @@ impl PostgresStore {
         for _ in 0..CLAIM_ATTEMPTS {
             let query = match lock {
                 Some(lock) => bound(&self.sql.claim_locked).bind(lock),
-                None => bound(&self.sql.claim),
+                None => bound(&self.sql.claim).bind(in_time_ms),
             };
             let row = within(self.timeout, async {
                 query
@@ -73,7 +75,7 @@ impl PostgresStore {
                 Pass::Answer(claim) => return Ok(claim),
                 Pass::Again => {}
                 Pass::TakeOver(sql) => {
-                    let query = bound(&sql);
+                    let query = bound(&sql).bind(in_time_ms);
                     let taken = within(self.timeout, async {
                         query
                             .execute(&mut *connection)

@@ -171,6 +171,10 @@ pub const PURGE_BATCH: u64 = 5_000;
 /// Passes of the claim statement before giving up; see [`PostgresStore::claim`].
 const CLAIM_ATTEMPTS: usize = 4;
 
+/// What a lost claim's settling waits beyond the timeout: for the claim's statement, sent
+/// before its caller gave up, to have reached the server, whose clock its deadline runs on.
+const SETTLE_MARGIN: Duration = Duration::from_millis(100);
+
 impl PostgresStore {
     /// The default table name.
     pub const DEFAULT_TABLE: &'static str = "idempotency_records";
@@ -507,6 +511,10 @@ fn lease_millis(lease: Duration) -> i64 {
 pub(super) fn unavailable(error: sqlx::Error) -> StoreError {
     match error {
         sqlx::Error::PoolTimedOut => StoreError::with_source(StoreErrorKind::Timeout, error),
+        // A claim's write past its deadline (see `Sql::claim`): it wrote nothing.
+        sqlx::Error::Database(ref database) if database.code().as_deref() == Some("22012") => {
+            StoreError::with_source(StoreErrorKind::Timeout, error)
+        }
         error => StoreError::with_source(StoreErrorKind::Unavailable, error),
     }
 }
@@ -645,10 +653,14 @@ impl Store for PostgresStore {
         guarded(self.change(complete, key).await?)
     }
 
-    /// A lost claim may still be in flight on another pooled connection, so a plain release
-    /// could run first and find nothing. In one transaction this inserts the key (which waits
-    /// for any insert of it in flight, then does nothing if one committed) and deletes it under
-    /// the reservation: the lost claim's row, or this one's, never visible to anyone.
+    /// A lost claim may still be in flight on another pooled connection, even queued behind
+    /// another transaction's lock on the key, so a plain release could run first and find
+    /// nothing. The claim's write checks, after any such wait, that it is within one timeout
+    /// of its statement's arrival on the server's clock, or writes nothing: so this waits one
+    /// timeout and [`SETTLE_MARGIN`] (for the statement's way to the server), and then, in one
+    /// transaction, inserts the key (which waits for any insert of it in flight, then does
+    /// nothing if one committed) and deletes it under the reservation: the lost claim's row,
+    /// or this one's, never visible to anyone.
     async fn settle_claim(
         &self,
         key: &str,
@@ -657,9 +669,9 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         let key = &*table_key(key);
         let token = reservation.as_u128().to_be_bytes();
-        // The lost claim may have waited for a connection and then run for up to the
-        // statement_timeout: by one timeout from now it has committed or been cancelled.
-        tokio::time::sleep(self.timeout).await;
+        // The lost claim was sent before this call: one timeout after it reached the server,
+        // its write has committed or can no longer.
+        tokio::time::sleep(self.timeout.saturating_add(SETTLE_MARGIN)).await;
         let waited = within(self.timeout, async {
             let mut transaction =
                 begin_on(self.connections.pool(), sqlx::SqlStr::from_static("BEGIN")).await?;

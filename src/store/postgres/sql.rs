@@ -47,6 +47,17 @@ impl Sql {
         // A statement that changes records returns, for each, whether a request waits on it;
         // the change is then announced by a statement of its own (see `PostgresStore::change`).
         let announced = |statement: String| format!("{statement} RETURNING waited");
+        // A claim's write, checked after it was made (after any wait for another
+        // transaction's lock on the key): within $6 milliseconds of the statement's arrival on
+        // the server's clock, or the statement fails (a division by zero, SQLSTATE 22012) and
+        // writes nothing. So a claim whose caller gave up (its timeout) cannot write once the
+        // settling's wait has passed.
+        let in_time = "1 / (clock_timestamp() < statement_timestamp() \
+             + $6::bigint * interval '1 millisecond')::int = 1";
+        // A take-over, checked the same way after its update.
+        let taken_in_time = |update: String| {
+            format!("WITH taken AS ({update} RETURNING 1) SELECT 1 FROM taken WHERE {in_time}")
+        };
         // The record completed at `clock`: the statement's start in a statement of its own,
         // the moment of the complete inside a transaction that began with the claim (its
         // `now()` is the claim's, so the retention would count from the claim and a create as
@@ -69,21 +80,22 @@ impl Sql {
                  ON CONFLICT (key) DO NOTHING \
                  RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
                  SELECT token, fingerprint, response, expired, lapsed FROM inserted \
+                 WHERE {in_time} \
                  UNION ALL \
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
                  COALESCE(lease_until <= now() AND take_over, false) \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             )),
-            take_over: statement(format!(
+            take_over: statement(taken_in_time(format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
                  changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
                  WHERE key = $1 AND expires_at <= now()"
-            )),
-            take_over_abandoned: statement(format!(
+            ))),
+            take_over_abandoned: statement(taken_in_time(format!(
                 "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
                  take_over = $5 WHERE key = $1 AND fingerprint = $2 AND token IS NOT NULL \
                  AND take_over AND lease_until <= now()"
-            )),
+            ))),
             renew: statement(format!(
                 "UPDATE {quoted} SET lease_until = now() + $3::bigint * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2"
