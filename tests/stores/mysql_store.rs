@@ -534,3 +534,81 @@ pub(crate) async fn the_pools_line_gets_a_turn_while_store_calls_go_on() {
     let store = MySqlStore::new(pool.clone()).table(TABLE).unwrap();
     common::the_pools_line_gets_a_turn_while_store_calls_go_on(store, pool).await;
 }
+
+/// A lost claim queued behind another transaction's insert of its key: the store's timeout
+/// (300 ms) is shorter than the lock wait InnoDB allows its statement (a second at least), so
+/// its settling could queue behind the same insert, and when that transaction rolls back the
+/// two go on together. Whichever goes first, the key must not be left pending under the lost
+/// claim's reservation: the settling waits out the claim's lock wait first. Six rounds at
+/// once, each on a table of its own; each holder rolls back once both wait, or after three
+/// seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_lost_claim_queued_behind_a_rolled_back_insert_strands_no_key() {
+    use tower_idempotency::store::{Lease, Reservation};
+
+    async fn round(n: usize) -> i64 {
+        let (table, store) = own_table(&format!("queued_{n}_{}", std::process::id())).await;
+        let store = store.timeout(Duration::from_millis(300));
+        let key = unique_key(&format!("queued-{n}"));
+        let fingerprint = LabelContract::fingerprint(&key, "p");
+        let mut holder = session().await;
+        run(&mut holder, "BEGIN").await;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO `{table}` (`key`, fingerprint, changed_at) VALUES (?, 'held', 0)"
+        )))
+        .bind(&key)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        let started = tokio::time::Instant::now();
+        let reservation = Reservation::generate();
+        let lost = store
+            .claim_with(&key, &fingerprint, reservation, Lease::default())
+            .await;
+        assert_eq!(lost.unwrap_err().kind(), StoreErrorKind::Timeout);
+        let settling = {
+            let (store, key) = (store.clone(), key.clone());
+            // Tried again on a failure (a deadlock with the claim), as the layer does.
+            tokio::spawn(async move {
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    match store.settle_claim(&key, &fingerprint, reservation).await {
+                        Err(error) if tries < 10 => drop(error),
+                        settled => return settled,
+                    }
+                }
+            })
+        };
+        // Statements on the table other than the holder's, running or waiting.
+        let on_table = || {
+            count(format!(
+                "SELECT count(*) FROM information_schema.processlist \
+                 WHERE info LIKE '%{table}%' AND info NOT LIKE '%processlist%'"
+            ))
+        };
+        while on_table().await < 2 && started.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        run(&mut holder, "ROLLBACK").await;
+        settling.await.unwrap().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while on_table().await > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let pending = count(format!(
+            "SELECT count(*) FROM `{table}` WHERE `key` = '{key}' AND token IS NOT NULL"
+        ))
+        .await;
+        run(&mut session().await, format!("DROP TABLE `{table}`")).await;
+        pending
+    }
+
+    let rounds: Vec<_> = (0..6).map(|n| tokio::spawn(round(n))).collect();
+    let mut stranded = 0;
+    for round in rounds {
+        stranded += round.await.unwrap();
+    }
+    assert_eq!(stranded, 0, "keys left pending over 6 rounds");
+}

@@ -117,7 +117,13 @@ pub use transactional::{MySqlTransaction, MySqlTransactionConnection, Transactio
 /// bound, for the answer to the statement given up on).
 ///
 /// A lost claim (its answer never came back) is settled after one timeout, in a transaction
-/// that waits for any insert of the key still in flight: see [`Store::settle_claim`].
+/// that waits for any insert of the key still in flight: see [`Store::settle_claim`]. How the
+/// settling knows the lost claim can no longer write after it: a claim still waiting for
+/// another transaction's row lock on the key when the settling queues behind the same lock
+/// was queued first, and InnoDB grants the waiting requests of one record in their order, so
+/// the claim inserts first and the settling's insert then waits for it; a settling chosen as
+/// a deadlock's victim is tried again. (A test rolls back such a holder while both wait,
+/// over rounds: no key is left pending.)
 ///
 /// # TLS
 ///
