@@ -574,3 +574,48 @@ async fn a_pooled_session_comes_back_with_autocommit_on() {
         assert_eq!(autocommit, 1, "after {how}");
     }
 }
+
+/// A pool whose sessions run with autocommit off (its `after_connect` says so) gets them back
+/// that way: the store restores the session's own setting, not autocommit on.
+#[tokio::test]
+async fn a_pooled_session_comes_back_with_its_own_autocommit() {
+    let db = Db::new("autocommit_off").await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                connection.execute("SET SESSION autocommit = 0").await?;
+                Ok(())
+            })
+        })
+        .connect(&mysql_url())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool.clone())
+        .table(db.store.store().table_name())
+        .unwrap();
+    let service = IdempotencyLayer::new(TransactionalMySqlStore::new(store), LabelContract)
+        .global_keys()
+        .value_extension(true)
+        .layer(create(db.labels.clone()));
+    for (request_id, how, status) in [
+        ("n-1", "ok", 201),
+        ("n-2", "fail", 500),
+        ("n-3", "rollback", 503),
+    ] {
+        assert_eq!(
+            send(&service, request_id, how).await.status,
+            status,
+            "{how}"
+        );
+        let mut connection = pool.acquire().await.unwrap();
+        let autocommit: i64 = sqlx::query_scalar("SELECT @@session.autocommit")
+            .fetch_one(&mut *connection)
+            .await
+            .unwrap();
+        // End the implicit transaction the look opened, as the pool's user would.
+        connection.execute("ROLLBACK").await.unwrap();
+        assert_eq!(autocommit, 0, "after {how}");
+    }
+    assert_eq!(db.rows("n-1").await, 1);
+}

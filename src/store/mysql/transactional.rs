@@ -59,8 +59,9 @@ use crate::store::{
 ///
 /// InnoDB rolls a whole transaction back on a deadlock (and on a lock wait timeout with
 /// `innodb_rollback_on_timeout`): the claim's record goes with it. The transaction runs with
-/// `autocommit` off (set back on when the store ends it; a connection whose transaction it did
-/// not end is closed, never pooled), so whatever the create writes after such a rollback waits
+/// `autocommit` off (set back to the session's own value when the store ends it, kept in the
+/// session variable `@tower_idempotency_autocommit`; a connection whose transaction it did not
+/// end is closed, never pooled), so whatever the create writes after such a rollback waits
 /// for a commit that never comes: the complete finds no record of the claim's, rolls it all
 /// back, and the answer is `503`, nothing created, the key free. Keep a create's writes on the [`MySqlTransaction`]'s
 /// connection, and never end its transaction yourself (a `COMMIT` sent as SQL commits the
@@ -115,18 +116,19 @@ pub type MySqlTransaction = SqlTransaction<MySql>;
 /// ([`SqlTransaction::acquire`]): a [`MySqlConnection`].
 pub type MySqlTransactionConnection = SqlTransactionConnection<MySql>;
 
-/// What begins each claim's transaction: `READ COMMITTED` for it alone, and autocommit off
-/// for as long as it runs. InnoDB rolls a whole transaction back on a deadlock (and on a lock
+/// What begins each claim's transaction: the session's own `autocommit` kept in a session
+/// variable (read in the same round trip), `READ COMMITTED` for the transaction alone, and
+/// autocommit off for as long as it runs. InnoDB rolls a whole transaction back on a deadlock (and on a lock
 /// wait timeout with `innodb_rollback_on_timeout`) and leaves the session outside any: with
 /// autocommit on, a create that carried on would commit each later statement by itself, with
 /// the claim's record gone and the key free for a second create. With it off, they wait for a
 /// commit that never comes: the complete finds no record, and everything is rolled back.
-const BEGIN: &str =
-    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION autocommit = 0; BEGIN";
+const BEGIN: &str = "SET @tower_idempotency_autocommit = @@SESSION.autocommit; \
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION autocommit = 0; BEGIN";
 
-/// What puts the session back once the store ended the transaction; a connection whose
-/// transaction it did not end is closed instead.
-const RESET: &str = "SET SESSION autocommit = 1";
+/// What puts the session back once the store ended the transaction: its own `autocommit`, as
+/// [`BEGIN`] kept it; a connection whose transaction the store did not end is closed instead.
+const RESET: &str = "SET SESSION autocommit = @tower_idempotency_autocommit";
 
 impl std::fmt::Debug for TransactionalMySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
