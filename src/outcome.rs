@@ -45,6 +45,10 @@ pub enum Outcome {
     /// The create answered something other than `2xx`, passed on unstored; see
     /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     Unstored,
+    /// The create's transaction (a transactional store's) may or may not have committed: its
+    /// `COMMIT` went unanswered. The operation's *outcome unknown* answer, `503`; a retry with
+    /// the same key replays if it committed and creates if not.
+    Unknown,
 }
 
 impl Outcome {
@@ -61,6 +65,7 @@ impl Outcome {
             Self::StoreUnavailable => "store_unavailable",
             Self::CreateFailed => "create_failed",
             Self::Unstored => "unstored",
+            Self::Unknown => "unknown",
         }
     }
 }

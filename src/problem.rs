@@ -153,6 +153,7 @@ mod tests {
             "store_unavailable",
             "create_failed",
             "response_too_large",
+            "outcome_unknown",
         ];
         let types: Vec<_> = cases().iter().map(|case| type_of(&reply(case))).collect();
         let pinned: Vec<_> = names.iter().map(|name| format!("{page}{name}")).collect();

@@ -63,6 +63,8 @@ pub enum Rejection {
     /// merely over the cap is given whole and stored compact: see
     /// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap).
     ResponseTooLarge,
+    /// The create's transaction may or may not have committed: its `COMMIT` went unanswered.
+    OutcomeUnknown,
 }
 
 impl Rejection {
@@ -87,6 +89,7 @@ impl Rejection {
             Self::NotAdmitted(refusal) => Outcome::NotAdmitted(refusal.status()),
             Self::StoreUnavailable => Outcome::StoreUnavailable,
             Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
+            Self::OutcomeUnknown => Outcome::Unknown,
             _ => Outcome::Rejected(status),
         }
     }
@@ -109,6 +112,7 @@ impl Rejection {
             Self::StoreUnavailable,
             Self::CreateFailed,
             Self::ResponseTooLarge,
+            Self::OutcomeUnknown,
         ]
     }
 }
@@ -256,6 +260,13 @@ declare! {
     RESPONSE_TOO_LARGE: "response_too_large", "Response too large", 500 INTERNAL_SERVER_ERROR,
         "The created response went past the size it declared and was not stored; the key stays taken.",
         Never;
+    /// On a transactional store, the create's transaction was sent its `COMMIT` and the answer
+    /// was lost (a timeout, a broken connection): the create and its record may have committed,
+    /// or not. Retry after the delay with the same key: it replays the response if they did,
+    /// and creates if not.
+    OUTCOME_UNKNOWN: "outcome_unknown", "Outcome unknown", 503 SERVICE_UNAVAILABLE,
+        "The create's commit went unanswered: whether it took effect is unknown. Retry after the delay with the same key; it replays the response if it did, and creates if not.",
+        Refused;
 }
 
 impl Rejection {
@@ -276,6 +287,7 @@ impl Rejection {
             Self::StoreUnavailable => &STORE_UNAVAILABLE,
             Self::CreateFailed => &CREATE_FAILED,
             Self::ResponseTooLarge => &RESPONSE_TOO_LARGE,
+            Self::OutcomeUnknown => &OUTCOME_UNKNOWN,
         }
     }
 }

@@ -418,6 +418,7 @@ where
             Decided::Answered(Answered::StoreUnavailable) => Err(RunError::StoreUnavailable),
             // A transaction that did not commit: the work's writes went with it.
             Decided::Done(_, Outcome::StoreUnavailable) => Err(RunError::StoreUnavailable),
+            Decided::Done(_, Outcome::Unknown) => Err(RunError::Unknown),
             Decided::Done(Value(_, value), Outcome::Created) => Ok(Ran::Done(value)),
             // The work ran; its complete failed (settled in the background if its outcome is
             // unknown).

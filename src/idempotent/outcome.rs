@@ -70,6 +70,11 @@ pub enum RunError<E> {
     /// The store did not answer, or the transaction of a transactional store did not commit:
     /// nothing of the work remains (or, for a claim, the work did not run).
     StoreUnavailable,
+    /// The work ran and the transaction of a transactional store was sent its `COMMIT`, whose
+    /// answer was lost: the work's writes and its stored value may have committed, or not.
+    /// Run again with the same key to learn which: a replay if they did, a new run if not.
+    /// Neither compensate nor dead-letter on it.
+    Unknown,
     /// The work returned this error; the key was released or kept, as [`Failures`] says.
     Failed(E),
     /// The work panicked; the key was released or kept, as [`Failures`] says.
@@ -83,8 +88,8 @@ pub enum RunError<E> {
 }
 
 impl<E> RunError<E> {
-    /// Whether the same run may succeed later with the same key: [`Pending`](Self::Pending)
-    /// and [`StoreUnavailable`](Self::StoreUnavailable).
+    /// Whether the same run may succeed later with the same key: [`Pending`](Self::Pending),
+    /// [`StoreUnavailable`](Self::StoreUnavailable) and [`Unknown`](Self::Unknown).
     ///
     /// ```
     /// use tower_idempotency::idempotent::RunError;
@@ -93,7 +98,7 @@ impl<E> RunError<E> {
     /// assert!(!RunError::<()>::Conflict.is_transient());
     /// ```
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Pending | Self::StoreUnavailable)
+        matches!(self, Self::Pending | Self::StoreUnavailable | Self::Unknown)
     }
 }
 
@@ -104,6 +109,10 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             Self::Conflict => f.write_str("the key was used with another fingerprint"),
             Self::Pending => f.write_str("another attempt holds the key"),
             Self::StoreUnavailable => f.write_str("the store is unavailable; nothing was done"),
+            Self::Unknown => f.write_str(
+                "the commit went unanswered: the work may have been committed; run again with \
+                 the same key to learn which",
+            ),
             Self::Failed(error) => write!(f, "the work failed: {error}"),
             Self::Panicked => f.write_str("the work panicked"),
             Self::Unstorable(error) => write!(f, "the work's value cannot be stored: {error}"),

@@ -386,6 +386,7 @@ mod tests {
             ("14", "store_unavailable"),
             ("13", "create_failed"),
             ("13", "response_too_large"),
+            ("14", "outcome_unknown"),
         ];
         let expected: Vec<_> = expected
             .iter()

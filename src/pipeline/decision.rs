@@ -298,7 +298,8 @@ fn answered<St: Store>(
 /// Step 8: the complete, before the answer is given. If its answer is lost, it is repeated
 /// later with the same reservation, so the key ends completed, not pending. A transaction that
 /// did not commit ([`StoreErrorKind::Uncommitted`]) is [`Outcome::StoreUnavailable`]: the
-/// work's writes went with it, or may have.
+/// work's writes went with it; one whose commit went unanswered
+/// ([`StoreErrorKind::CommitUnknown`]) is [`Outcome::Unknown`]: they may have committed.
 async fn complete<St: Store>(
     settling: &Tally,
     store: &St,
@@ -320,6 +321,13 @@ async fn complete<St: Store>(
                 "the create's transaction did not commit"
             );
             Outcome::StoreUnavailable
+        }
+        Err(error) if error.kind() == StoreErrorKind::CommitUnknown => {
+            tracing::error!(
+                error = &error as &dyn std::error::Error,
+                "the create's transaction may have committed: its commit went unanswered"
+            );
+            Outcome::Unknown
         }
         Err(error) => {
             tracing::error!(

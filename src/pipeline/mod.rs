@@ -423,6 +423,8 @@ fn respond<O: Operation, P, B>(
             match (outcome, collected) {
                 // The create's writes may not have committed: its response is not the answer.
                 (Outcome::StoreUnavailable, _) => settings.refuse(Rejection::StoreUnavailable),
+                // They may have: neither the response nor a refusal that says nothing was.
+                (Outcome::Unknown, _) => settings.refuse(Rejection::OutcomeUnknown),
                 (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
                 // Over the cap: the response itself, whole, its record the compact one.
                 (outcome, Collected::Over(over)) => over.1.map(|body| body.with_outcome(outcome)),

@@ -81,7 +81,9 @@ pub(super) fn settle<St: Store>(
                 Err(error)
                     if matches!(
                         error.kind(),
-                        StoreErrorKind::ReservationLost | StoreErrorKind::Uncommitted
+                        StoreErrorKind::ReservationLost
+                            | StoreErrorKind::Uncommitted
+                            | StoreErrorKind::CommitUnknown
                     ) =>
                 {
                     return;

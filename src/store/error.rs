@@ -25,11 +25,17 @@ pub enum StoreErrorKind {
     /// The store does not offer this call (an [`Operator`](crate::store::Operator) call on a
     /// [`DynStore::without_operator`](crate::store::DynStore::without_operator)).
     Unsupported,
-    /// A complete whose transaction did not commit, or may not have (its answer was lost):
-    /// the response is not stored and the create's own writes in that transaction are not
-    /// known to have happened. The layer answers `503 store_unavailable` instead of the
-    /// response, and a retry finds out which it was.
+    /// A complete whose transaction did not commit: the server refused the commit, or it was
+    /// never sent. The response is not stored and the create's own writes in that
+    /// transaction did not happen. The layer answers `503 store_unavailable` instead of the
+    /// response.
     Uncommitted,
+    /// A complete whose transaction's `COMMIT` was sent and its answer lost (a timeout, a
+    /// connection that broke): the transaction may have committed, with the create's writes
+    /// and the record, or not. Nothing is settled; the layer answers `503 outcome_unknown`
+    /// and the function API [`RunError::Unknown`](crate::idempotent::RunError::Unknown): a
+    /// retry with the same key replays if it committed, and creates if not.
+    CommitUnknown,
     /// A claim no replica confirmed in time (a Redis store's
     /// [replica wait](crate::store::RedisStore::wait_for_replicas) fell short): a new claim
     /// was released again, a replay not served. The layer answers `503 store_unavailable`;
@@ -109,6 +115,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::CapacityExceeded => "store full",
             StoreErrorKind::Unsupported => "not supported by this store",
             StoreErrorKind::Uncommitted => "store transaction not committed",
+            StoreErrorKind::CommitUnknown => "store transaction's commit unanswered",
             StoreErrorKind::Unreplicated => "store claim not confirmed by a replica",
         };
         if !f.alternate() {

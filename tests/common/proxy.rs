@@ -20,6 +20,8 @@ pub struct Proxy {
     /// While set, the backend's answers are dropped: requests arrive and take effect, and
     /// their answers are lost.
     muted: Arc<AtomicBool>,
+    /// Once a client's bytes hold this, the backend's answers are dropped (`muted`).
+    mute_on: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     pub round_trips: Arc<AtomicUsize>,
     pub pings: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -34,11 +36,13 @@ impl Proxy {
         let pings = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let muted = Arc::new(AtomicBool::new(false));
-        let (up_rx, counter, stopped, mute) = (
+        let mute_on = Arc::new(std::sync::Mutex::new(None));
+        let (up_rx, counter, stopped, mute, trigger) = (
             up.subscribe(),
             (Arc::clone(&round_trips), Arc::clone(&pings)),
             Arc::clone(&stop),
             Arc::clone(&muted),
+            Arc::clone(&mute_on),
         );
         tokio::spawn(async move {
             while !stopped.load(Ordering::SeqCst) {
@@ -52,12 +56,13 @@ impl Proxy {
                 }
                 let counter = counter.clone();
                 let mute = Arc::clone(&mute);
+                let trigger = Arc::clone(&trigger);
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
-                        () = pipe(client, server, count_pg.then_some(counter), mute) => {}
+                        () = pipe(client, server, count_pg.then_some(counter), mute, trigger) => {}
                         _ = up.wait_for(|up| !*up) => {} // cut: drop both ends
                     }
                 });
@@ -67,6 +72,7 @@ impl Proxy {
             addr,
             up,
             muted,
+            mute_on,
             round_trips,
             pings,
             stop,
@@ -78,11 +84,18 @@ impl Proxy {
         self.muted.store(true, Ordering::SeqCst);
     }
 
+    /// Drops the backend's answers from the first client request whose bytes hold `bytes` on
+    /// (a `COMMIT`, say: it arrives and takes effect, its answer is lost), until `restore()`.
+    pub fn mute_on(&self, bytes: &[u8]) {
+        *self.mute_on.lock().unwrap() = Some(bytes.to_vec());
+    }
+
     pub fn cut(&self) {
         self.up.send_replace(false);
     }
 
     pub fn restore(&self) {
+        *self.mute_on.lock().unwrap() = None;
         self.muted.store(false, Ordering::SeqCst);
         self.up.send_replace(true);
     }
@@ -101,9 +114,11 @@ async fn pipe(
     server: TcpStream,
     counter: Option<(Arc<AtomicUsize>, Arc<AtomicUsize>)>,
     muted: Arc<AtomicBool>,
+    mute_on: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    let mute = Arc::clone(&muted);
     let upstream = async move {
         let mut parser = PgMessages::default();
         let mut buffer = vec![0u8; 16 * 1024];
@@ -116,6 +131,14 @@ async fn pipe(
                 let (ended, pinged) = parser.feed(&buffer[..n]);
                 round_trips.fetch_add(ended, Ordering::SeqCst);
                 pings.fetch_add(pinged, Ordering::SeqCst);
+            }
+            let trigger = mute_on.lock().unwrap().clone();
+            if let Some(trigger) = trigger
+                && buffer[..n]
+                    .windows(trigger.len())
+                    .any(|window| window == trigger)
+            {
+                mute.store(true, Ordering::SeqCst);
             }
             if server_write.write_all(&buffer[..n]).await.is_err() {
                 break;

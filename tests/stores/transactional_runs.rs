@@ -180,3 +180,64 @@ async fn a_run_on_mysql_writes_in_the_claims_transaction_exactly_once() {
     // layer's tests make one with a deadlock).
     exactly_once(db.store.clone(), insert, rows, false).await;
 }
+
+/// A run whose transaction's `COMMIT` reaches the server and commits there, its answer lost (a
+/// proxy drops the server's answers from the `COMMIT` on): the run cannot know whether the
+/// work happened, so it answers `Unknown`, never "nothing was done"; the row and the completed
+/// record are there, and the retry with the same key replays.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_commit_goes_unanswered_is_unknown_and_its_retry_replays() {
+    use crate::common::servers::Proxy;
+    use crate::postgres_store::{database_addr, database_options};
+    use tower_idempotency::store::postgres::sqlx::postgres::{PgPoolOptions, PgSslMode};
+    use tower_idempotency::store::postgres::sqlx::{self, AssertSqlSafe};
+    use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
+
+    let db = crate::postgres_transactional::Db::new("lost_answer").await;
+    let proxy = Proxy::start(database_addr().await, false).await;
+    let options = database_options()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(PgSslMode::Disable);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .table(db.store.store().table_name())
+        .unwrap()
+        .timeout(std::time::Duration::from_millis(500));
+    let runs = Idempotent::new(TransactionalPostgresStore::new(store)).scope("labels");
+    let insert_sql = format!(
+        "INSERT INTO {} (label_id, request_id) VALUES ($1, $2)",
+        db.labels
+    );
+    let key = format!("lost-{}", tower_idempotency::store::Reservation::generate());
+    let fingerprint = idempotent::fingerprint(&key).unwrap();
+    let insert = |attempt: Attempt| {
+        let (insert_sql, key) = (insert_sql.clone(), key.clone());
+        async move {
+            let transaction = attempt.get::<PgTransaction>().expect("the transaction");
+            let mut connection = transaction.acquire().await.map_err(|e| e.to_string())?;
+            sqlx::query(AssertSqlSafe(insert_sql))
+                .bind(format!("label-{key}"))
+                .bind(&key)
+                .execute(&mut *connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(format!("label-{key}"))
+        }
+    };
+
+    proxy.mute_on(b"COMMIT");
+    let answer = runs.run(&key, fingerprint, insert).await;
+    assert!(matches!(answer, Err(RunError::Unknown)), "{answer:?}");
+    assert!(answer.unwrap_err().is_transient());
+    proxy.restore();
+    assert_eq!(db.rows(&key).await, 1, "the commit took effect");
+    let again = runs.run(&key, fingerprint, insert).await;
+    assert_eq!(again.unwrap(), Ran::Replayed(format!("label-{key}")));
+    assert_eq!(db.rows(&key).await, 1);
+}

@@ -340,6 +340,8 @@ impl Operation for LabelContract {
     fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
         let declared = match rejection {
             Rejection::InvalidKey => &refusal::INVALID_REQUEST,
+            // The contract has one answer for a store that failed it: `store_unavailable`.
+            Rejection::OutcomeUnknown => &refusal::STORE_UNAVAILABLE,
             other => other.declared(),
         };
         let status = match rejection {

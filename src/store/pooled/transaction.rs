@@ -344,8 +344,10 @@ where
 
     /// Runs `complete` (the statement that stores the response; the rows it changed) in the
     /// transaction of `reservation` and commits: the record, the create's writes and the
-    /// response together. Anything but one row changed and a commit is
-    /// [`StoreErrorKind::Uncommitted`], the transaction rolled back.
+    /// response together. Anything but one row changed is [`StoreErrorKind::Uncommitted`],
+    /// the transaction rolled back, and so is a commit the server refused; a commit sent whose
+    /// answer was lost (its timeout, a broken connection) is
+    /// [`StoreErrorKind::CommitUnknown`].
     pub(crate) async fn complete(
         &self,
         reservation: &super::super::Reservation,
@@ -375,10 +377,22 @@ where
             }
         }
         super::super::within(timeout, async {
-            transaction.commit_only().await.map_err(unavailable)
+            transaction
+                .commit_only()
+                .await
+                .map_err(|error| match error {
+                    // The server answered: it refused the commit.
+                    sqlx::Error::Database(_) => uncommitted(Some(unavailable(error))),
+                    // Sent, and its answer lost: it may have committed.
+                    error => StoreError::with_source(StoreErrorKind::CommitUnknown, error),
+                })
         })
         .await
-        .map_err(|error| uncommitted(Some(error)))?;
+        .map_err(|error| match error.kind() {
+            StoreErrorKind::Uncommitted | StoreErrorKind::CommitUnknown => error,
+            // The commit did not answer in time: sent, its outcome unknown.
+            _ => StoreError::with_source(StoreErrorKind::CommitUnknown, error),
+        })?;
         // Committed: the answer stands whatever becomes of the session's reset (a connection
         // not reset in time is closed).
         let _ = super::super::within(timeout, async {
