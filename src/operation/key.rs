@@ -18,7 +18,9 @@ pub const MAX_KEY_LEN: usize = 255;
 ///
 /// The layer puts the validated key into the request extensions for the inner service,
 /// whichever operation guards the request (a key read from a body member too), so a handler
-/// that keeps the key beside its own row reads it from there:
+/// that keeps the key beside its own row reads it from there. It is always a key as above: a
+/// custom operation's key that is not one (or a label contract's `request_id` over 255
+/// characters) is not put there.
 ///
 /// ```
 /// use http::Request;

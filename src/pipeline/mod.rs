@@ -59,7 +59,7 @@ use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
 use crate::drain::InFlight;
 use crate::headers;
-use crate::operation::{Fingerprint, Head, IdempotencyKey, Operation, Parsed};
+use crate::operation::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, is_key};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
 use crate::rules::Rules;
 use crate::scope::KeyBuf;
@@ -138,7 +138,7 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
         &self,
         parts: &Parts,
         body: &Bytes,
-    ) -> Result<((KeyBuf, usize), Fingerprint, O::Value), Rejection> {
+    ) -> Result<(StoreKey, Fingerprint, O::Value), Rejection> {
         let Parsed {
             key,
             fingerprint,
@@ -153,6 +153,9 @@ impl<S, St, O: Operation, A> Pipeline<S, St, O, A> {
         Ok(((key, client_key), fingerprint, value))
     }
 }
+
+/// A request's store key, and the length of the client's key at its end.
+type StoreKey = (KeyBuf, usize);
 
 /// A valid request about to be claimed.
 pub(crate) struct Validated<S, St, O: Operation, A> {
@@ -341,7 +344,9 @@ where
         if let Some(input) = &mut self.input {
             store.attach(key.as_str(), &reservation, &mut input.parts.extensions);
             let client_key = key.as_str().len().checked_sub(input.client_key);
-            if let Some(client_key) = client_key.and_then(|at| key.as_str().get(at..)) {
+            // Only a valid key: a custom operation's may be anything.
+            let client_key = client_key.and_then(|at| key.as_str().get(at..));
+            if let Some(client_key) = client_key.filter(|key| is_key(key.as_bytes())) {
                 input
                     .parts
                     .extensions

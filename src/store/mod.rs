@@ -389,7 +389,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
 
     /// The create of `reservation` ended without a response to store: it failed, panicked,
-    /// or its response was over the cap or broke off. In a plain store the key stays pending
+    /// or its response broke off or went past the size it declared (a response merely over
+    /// the cap is stored compact, and completes). In a plain store the key stays pending
     /// (the create may have taken effect), so the default does nothing; a store whose create
     /// writes commit with the complete rolls them back, and the key is free again.
     fn abandon<'a>(

@@ -30,10 +30,13 @@ use crate::store::{
 ///
 /// - a crash, a lost connection or a failed commit anywhere before the commit leaves nothing:
 ///   no record, none of the create's rows, and the retry creates (once);
-/// - a create that fails, panics, or answers over the response cap rolls back: the key is free
-///   again and nothing happened;
-/// - a commit that fails, or whose answer is lost, is answered `503 store_unavailable`, never
-///   with the response of writes that may not have committed; the retry finds out which.
+/// - a create that fails or panics rolls back: the key is free again and nothing happened;
+/// - a create that answers over the response cap succeeded: it commits as any other, with its
+///   compact record (status and headers, `Idempotent-Body-Omitted: true`, no body), so its
+///   retry replays that; rolling it back would make every retry create and fail again;
+/// - a commit the server refuses is answered `503 store_unavailable`, never with the response
+///   of writes that did not commit; one whose answer is lost is `503 outcome_unknown`: it may
+///   have committed, and the retry with the same key finds out which.
 ///
 /// The transaction runs at `READ COMMITTED` (set for it alone, the connection's own level
 /// untouched): the claim takes no gap locks, so claims of other keys never wait for it or
@@ -48,8 +51,8 @@ use crate::store::{
 /// innodb_lock_wait_timeout = 0`) and it answers `request_pending` at once too; on MySQL,
 /// which has no such statement, it waits for the first's transaction up to the connection's
 /// `innodb_lock_wait_timeout` (the store's own pool: its timeout in whole seconds), then
-/// answers `request_pending`, or `503` if the store's timeout came first. Needs MySQL 8.0.1
-/// or MariaDB 10.3 for `NOWAIT`.
+/// answers `request_pending`, or `503` if the store's timeout came first. Needs what the
+/// crate's MySQL store needs: MySQL 8 or MariaDB 10.5 and later.
 ///
 /// Each create in flight holds one pooled connection for its whole life: **the pool's size
 /// bounds the creates in flight**, and a claim that cannot get a connection within the
@@ -70,8 +73,8 @@ use crate::store::{
 ///
 /// ```no_run
 /// // sqlx as the crate re-exports it (or your own dependency on the same version).
-/// use tower_idempotency::store::mysql::{MySqlTransaction, TransactionalMySqlStore, sqlx};
-/// use tower_idempotency::store::MySqlStore;
+/// use tower_idempotency::store::mysql::sqlx;
+/// use tower_idempotency::store::{MySqlStore, MySqlTransaction, TransactionalMySqlStore};
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation};
 ///
 /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {

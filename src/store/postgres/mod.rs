@@ -81,7 +81,11 @@ pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPos
 /// can leave sqlx's connection waiting for good: give the pool's connections a
 /// `statement_timeout` below the store's timeout (`PgConnectOptions::options([(
 /// "statement_timeout", "800ms")])` for the default second), so that the server ends a slow
-/// statement first:
+/// statement first. It is a setting of the connections, so it bounds the application's own
+/// statements on the pool too: a report or a migration that runs longer needs a pool of its
+/// own, or `SET LOCAL statement_timeout` in its transaction. (Without it the store stays
+/// correct: a claim's write checks its own deadline on the server, see
+/// [`Store::settle_claim`]; the setting frees the connection sooner.)
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -657,7 +661,7 @@ impl Store for PostgresStore {
     /// another transaction's lock on the key, so a plain release could run first and find
     /// nothing. The claim's write checks, after any such wait, that it is within one timeout
     /// of its statement's arrival on the server's clock, or writes nothing: so this waits one
-    /// timeout and [`SETTLE_MARGIN`] (for the statement's way to the server), and then, in one
+    /// timeout and a margin of 100 ms (for the statement's way to the server), and then, in one
     /// transaction, inserts the key (which waits for any insert of it in flight, then does
     /// nothing if one committed) and deletes it under the reservation: the lost claim's row,
     /// or this one's, never visible to anyone.

@@ -30,11 +30,15 @@ use crate::store::{
 ///
 /// - a crash, a lost connection or a failed commit anywhere before the commit leaves nothing:
 ///   no record, none of the create's rows, and the retry creates (once);
-/// - a create that fails, panics, or answers over the response cap rolls back: the key is free
-///   again and nothing happened, unlike the plain store, where such a key stays pending
-///   because the create may have taken effect;
-/// - a commit that fails, or whose answer is lost, is answered `503 store_unavailable`, never
-///   with the response of writes that may not have committed; the retry finds out which.
+/// - a create that fails or panics rolls back: the key is free again and nothing happened,
+///   unlike the plain store, where such a key stays pending because the create may have
+///   taken effect;
+/// - a create that answers over the response cap succeeded: it commits as any other, with its
+///   compact record (status and headers, `Idempotent-Body-Omitted: true`, no body), so its
+///   retry replays that; rolling it back would make every retry create and fail again;
+/// - a commit the server refuses is answered `503 store_unavailable`, never with the response
+///   of writes that did not commit; one whose answer is lost is `503 outcome_unknown`: it may
+///   have committed, and the retry with the same key finds out which.
 ///
 /// While a transaction is open its record is invisible to other connections. A second attempt
 /// at the key does not wait on it: an advisory lock taken with the claim

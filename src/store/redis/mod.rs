@@ -57,7 +57,7 @@ use crate::fingerprint::Fingerprint;
 /// left behind, with no time to live, when the layer could not finish its key:
 ///
 /// - a create that failed without an answer (the inner service's error, a panic, a response
-///   over the cap): it may have taken effect, so its key stays taken (see
+///   body that broke off): it may have taken effect, so its key stays taken (see
 ///   [`StoredResponses`](crate::StoredResponses));
 /// - a create or an admission that was running when its process died or its runtime shut
 ///   down (an admission that panicked, too);
