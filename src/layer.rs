@@ -331,7 +331,9 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Which created responses are stored; default [`StoredResponses::Every`].
+    /// Which created responses are stored; default [`StoredResponses::Every`], or
+    /// [`StoredResponses::ExceptServerErrors`] on a transactional store (see
+    /// [`StoredResponses::default_for`]).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, StoredResponses};
@@ -342,7 +344,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// # drop(layer);
     /// ```
     pub fn store_responses(mut self, stored: StoredResponses) -> Self {
-        self.config.stored = stored;
+        self.config.stored = Some(stored);
         self
     }
 

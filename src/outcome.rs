@@ -42,7 +42,9 @@ pub enum Outcome {
     /// The create failed without an answer: an error, a panic, or a response body that failed
     /// within the cap. See [a create that fails](crate::StoredResponses#a-create-that-fails).
     CreateFailed,
-    /// The create answered something other than `2xx`, passed on unstored; see
+    /// The create answered what the layer does not store (a non-`2xx` under
+    /// `StoredResponses::Successful`, a `5xx` under `StoredResponses::ExceptServerErrors`),
+    /// passed on unstored and its key released; see
     /// [a create that fails](crate::StoredResponses#a-create-that-fails).
     Unstored,
     /// The create's transaction (a transactional store's) may or may not have committed: its

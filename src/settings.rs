@@ -60,14 +60,22 @@ pub enum OtherPaths {
 /// # A create that fails
 ///
 /// A create that fails without an answer (the inner service returns an error or panics, or
-/// its response body fails within the cap) leaves its key taken under either setting, since it may
-/// have taken effect, and the client gets the operation's *create failed* answer (`500`);
-/// a create that answers is stored and replayed, whatever its status, under
-/// [`Every`](Self::Every), while under [`Successful`](Self::Successful) an answer other than
-/// `2xx` is passed on unstored and its key released, so a retry creates anew (only a store
-/// that undoes the create, `TransactionalPostgresStore` (feature `postgres`) or
+/// its response body fails within the cap) leaves its key taken under every setting, since it
+/// may have taken effect, and the client gets the operation's *create failed* answer (`500`)
+/// (only a store that undoes the create, `TransactionalPostgresStore` (feature `postgres`) or
 /// `TransactionalMySqlStore` (feature `mysql`), frees the key of a create that failed, since
-/// nothing of it remains).
+/// nothing of it remains). A create that answers is stored and replayed, whatever its status,
+/// under [`Every`](Self::Every); under [`Successful`](Self::Successful) an answer other than
+/// `2xx`, and under [`ExceptServerErrors`](Self::ExceptServerErrors) a `5xx`, is passed on
+/// unstored and its key released, so a retry creates anew.
+///
+/// The default is [`Every`](Self::Every), except on a store whose release undoes the
+/// create's writes ([`Store::release_undoes_create`](crate::Store::release_undoes_create):
+/// the transactional stores), where it is [`ExceptServerErrors`](Self::ExceptServerErrors):
+/// a handler that wrote its row in the claim's transaction and then answered `500` leaves
+/// nothing, and the key is free; a `2xx` or a `4xx` commits and is replayed.
+/// [`IdempotencyLayer::store_responses`](crate::IdempotencyLayer::store_responses) chooses
+/// otherwise (`Every` keeps a transactional store's `5xx` too, committed with its writes).
 ///
 /// # A response over the cap
 ///
@@ -88,6 +96,7 @@ pub enum OtherPaths {
 /// (This is the one place that says it; the crate's tests hold every case:
 /// `a_failed_create_under_every_setting_error_answer_and_panic`.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoredResponses {
     /// Every response of the create, whatever its status: the key is never free again. The
     /// default, and the only safe choice when a failed create may still have had an effect.
@@ -98,6 +107,48 @@ pub enum StoredResponses {
     /// and the create may answer for it (a timeout inside that answers `408` or `503` after the
     /// create ran would let a retry create again).
     Successful,
+    /// Every response but a server error (`5xx`), which is passed on unstored and its key
+    /// released. The default on a store whose release undoes the create's writes (the
+    /// transactional stores), where a `5xx` then leaves nothing; on any other store, only for
+    /// services whose `5xx` answers provably leave no effect.
+    ExceptServerErrors,
+}
+
+impl StoredResponses {
+    /// The default on `store`: [`ExceptServerErrors`](Self::ExceptServerErrors) where a
+    /// release undoes the create's writes, [`Every`](Self::Every) elsewhere.
+    ///
+    /// ```
+    /// use tower_idempotency::{MemoryStore, StoredResponses};
+    ///
+    /// assert_eq!(StoredResponses::default_for(&MemoryStore::new()), StoredResponses::Every);
+    /// ```
+    pub fn default_for<St: crate::Store>(store: &St) -> Self {
+        if store.release_undoes_create() {
+            Self::ExceptServerErrors
+        } else {
+            Self::Every
+        }
+    }
+
+    /// Whether a created response of `status` is stored.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::StoredResponses;
+    ///
+    /// assert!(StoredResponses::ExceptServerErrors.stores(StatusCode::CONFLICT));
+    /// assert!(!StoredResponses::ExceptServerErrors.stores(StatusCode::BAD_GATEWAY));
+    /// assert!(!StoredResponses::Successful.stores(StatusCode::CONFLICT));
+    /// assert!(StoredResponses::Every.stores(StatusCode::BAD_GATEWAY));
+    /// ```
+    pub fn stores(self, status: http::StatusCode) -> bool {
+        match self {
+            Self::Every => true,
+            Self::Successful => status.is_success(),
+            Self::ExceptServerErrors => !status.is_server_error(),
+        }
+    }
 }
 
 /// Which paths the layer guards.
@@ -129,7 +180,8 @@ pub(crate) struct Config {
     /// ([`Operation::hands_over_value`]).
     pub(crate) value_extension: Option<bool>,
     pub(crate) trace_keys: bool,
-    pub(crate) stored: StoredResponses,
+    /// `None`: as the store says ([`StoredResponses::default_for`]).
+    pub(crate) stored: Option<StoredResponses>,
     /// What the decision reads as set: the lease, the wait for a pending key.
     pub(crate) decision: Options,
     /// Shared by every service the layer builds: the cap is the layer's.
@@ -159,7 +211,7 @@ impl Default for Config {
             outcome_extension: false,
             value_extension: None,
             trace_keys: false,
-            stored: StoredResponses::Every,
+            stored: None,
             decision: Options::default(),
             waiting: Arc::new(Bounded::waiting(DEFAULT_MAX_WAITING)),
             settling: Arc::new(Bounded::settling(MAX_SETTLING)),

@@ -375,10 +375,11 @@ where
             let Some(input) = self.input.take() else {
                 return Err((settings.refuse(Rejection::CreateFailed), Then::Abandon));
             };
-            let response = match keep(
-                create(input, settings.value_extension).await,
-                settings.config.stored,
-            ) {
+            let stored = settings
+                .config
+                .stored
+                .unwrap_or_else(|| StoredResponses::default_for(store));
+            let response = match keep(create(input, settings.value_extension).await, stored) {
                 Keep::Store(response) => response,
                 Keep::Release(response) => return Err((response, Then::Release)),
                 Keep::Pending(rejection) => {

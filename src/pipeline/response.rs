@@ -24,7 +24,7 @@ pub(super) fn keep<ResBody, E>(
         return Keep::Pending(Rejection::CreateFailed);
     };
     match (response, stored) {
-        (Ok(response), StoredResponses::Successful) if !response.status().is_success() => {
+        (Ok(response), stored) if !stored.stores(response.status()) => {
             let response =
                 response.map(|body| ResponseBody::inner(body).with_outcome(Outcome::Unstored));
             Keep::Release(response)

@@ -149,6 +149,8 @@ trait ObjectStore: Send + Sync + 'static {
 
     fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions);
 
+    fn release_undoes_create(&self) -> bool;
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()>;
 }
 
@@ -267,6 +269,10 @@ impl<St: Store> ObjectStore for St {
         Store::attach(self, key, reservation, extensions);
     }
 
+    fn release_undoes_create(&self) -> bool {
+        Store::release_undoes_create(self)
+    }
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()> {
         Box::pin(Store::abandon(self, key, reservation))
     }
@@ -337,6 +343,10 @@ impl Store for DynStore {
 
     fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
         self.store.attach(key, reservation, extensions);
+    }
+
+    fn release_undoes_create(&self) -> bool {
+        self.store.release_undoes_create()
     }
 
     fn abandon<'a>(

@@ -388,6 +388,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         let _ = (key, reservation, extensions);
     }
 
+    /// Whether a [`release`](Store::release) undoes what the create of the reservation wrote:
+    /// a store whose create writes commit with the complete (the transactional stores). The
+    /// layer then releases a create's server error (`5xx`) by default, rolling its writes
+    /// back, rather than store and replay it (see
+    /// [`StoredResponses`](crate::StoredResponses)). `false` by default; a store that wraps
+    /// another must forward it.
+    fn release_undoes_create(&self) -> bool {
+        false
+    }
+
     /// The create of `reservation` ended without a response to store: it failed, panicked,
     /// or its response broke off or went past the size it declared (a response merely over
     /// the cap is stored compact, and completes). In a plain store the key stays pending

@@ -576,6 +576,33 @@ async fn a_failed_create_under_every_setting_error_answer_and_panic() {
             Outcome::Pending,
             1,
         ),
+        (
+            StoredResponses::ExceptServerErrors,
+            "/error",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
+        (
+            StoredResponses::ExceptServerErrors,
+            "/answer",
+            500,
+            Outcome::Unstored,
+            500,
+            Outcome::Unstored,
+            2,
+        ),
+        (
+            StoredResponses::ExceptServerErrors,
+            "/panic",
+            500,
+            Outcome::CreateFailed,
+            409,
+            Outcome::Pending,
+            1,
+        ),
     ];
     for (setting, path, status, outcome, retry_status, retry_outcome, creates) in expected {
         let calls = Arc::new(AtomicUsize::new(0));

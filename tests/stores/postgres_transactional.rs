@@ -212,7 +212,11 @@ fn create(labels: String) -> Create {
             let mut response = Response::new(Full::new(Bytes::from(format!(
                 r#"{{"label_id":"{label_id}"}}"#
             ))));
-            *response.status_mut() = StatusCode::CREATED;
+            *response.status_mut() = match parcel.as_str() {
+                "server-error" => StatusCode::INTERNAL_SERVER_ERROR,
+                "client-error" => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::CREATED,
+            };
             Ok::<_, std::io::Error>(response)
         }
     });
@@ -651,4 +655,78 @@ async fn retention_counts_from_the_complete_not_the_claim() {
     assert_eq!(retry.body, first.body);
     assert_eq!(retry.outcome, Some(tower_idempotency::Outcome::Replay));
     assert_eq!(db.rows("r-1").await, 1);
+}
+
+/// By default a handler that wrote its row in the claim's transaction and then answered a
+/// server error leaves nothing: the `500` is passed on unstored, the transaction rolled back,
+/// the key free (a retry runs the create again, and another payload may take the key); a
+/// client error commits with its row and is replayed. `StoredResponses::Every` keeps the
+/// `500` too, committed with its row.
+#[tokio::test]
+async fn a_server_error_rolls_back_by_default_and_every_keeps_it() {
+    use tower_idempotency::StoredResponses;
+
+    let db = Db::new("server_error").await;
+    // The default is the store's, through the wrappers that forward it too.
+    use tower_idempotency::store::DynStore;
+    use tower_idempotency::testing::{Journal, RecordingStore};
+    let except = StoredResponses::ExceptServerErrors;
+    assert_eq!(StoredResponses::default_for(&db.store), except);
+    assert_eq!(
+        StoredResponses::default_for(&DynStore::new(db.store.clone())),
+        except
+    );
+    let without = DynStore::without_operator(db.store.clone());
+    assert_eq!(StoredResponses::default_for(&without), except);
+    let recording = RecordingStore::new(db.store.clone(), Journal::new());
+    assert_eq!(StoredResponses::default_for(&recording), except);
+    assert_eq!(
+        StoredResponses::default_for(db.store.store()),
+        StoredResponses::Every
+    );
+    let service = db.service();
+    for _ in 0..2 {
+        let failed = send(&service, "se-1", "server-error").await;
+        assert_eq!(failed.status, 500);
+        assert_eq!(failed.outcome, Some(tower_idempotency::Outcome::Unstored));
+        assert_eq!(db.rows("se-1").await, 0, "rolled back");
+    }
+    assert_eq!(
+        send(&service, "se-1", "ok").await.status,
+        201,
+        "the key is free"
+    );
+    assert_eq!(db.rows("se-1").await, 1);
+
+    let refused = send(&service, "ce-1", "client-error").await;
+    assert_eq!(refused.status, 422);
+    assert_eq!(db.rows("ce-1").await, 1, "committed with its answer");
+    let again = send(&service, "ce-1", "client-error").await;
+    assert_eq!(
+        (again.status, again.outcome),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(tower_idempotency::Outcome::Replay)
+        )
+    );
+    assert_eq!(db.rows("ce-1").await, 1);
+    assert_eq!(db.store.open_transactions(), 0);
+
+    let every = tower::Layer::layer(
+        &IdempotencyLayer::new(db.store.clone(), LabelContract)
+            .global_keys()
+            .value_extension(true)
+            .store_responses(StoredResponses::Every),
+        create(db.labels.clone()),
+    );
+    assert_eq!(send(&every, "se-2", "server-error").await.status, 500);
+    assert_eq!(db.rows("se-2").await, 1, "committed with its 500");
+    let replayed = send(&every, "se-2", "server-error").await;
+    assert_eq!(
+        (replayed.status, replayed.outcome),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some(tower_idempotency::Outcome::Replay)
+        )
+    );
 }

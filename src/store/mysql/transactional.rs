@@ -30,7 +30,10 @@ use crate::store::{
 ///
 /// - a crash, a lost connection or a failed commit anywhere before the commit leaves nothing:
 ///   no record, none of the create's rows, and the retry creates (once);
-/// - a create that fails or panics rolls back: the key is free again and nothing happened;
+/// - a create that fails or panics rolls back: the key is free again and nothing happened; so
+///   does one that answers a server error (`5xx`), by default
+///   ([`StoredResponses::ExceptServerErrors`](crate::StoredResponses::ExceptServerErrors)),
+///   while a `2xx` or `4xx` answer commits and is replayed;
 /// - a create that answers over the response cap succeeded: it commits as any other, with its
 ///   compact record (status and headers, `Idempotent-Body-Omitted: true`, no body), so its
 ///   retry replays that; rolling it back would make every retry create and fail again;
@@ -107,10 +110,11 @@ pub struct TransactionalMySqlStore {
 /// request extensions ([`SqlTransaction`] on MySQL): its connection is a [`MySqlConnection`].
 ///
 /// Unlike PostgreSQL's, a MySQL transaction goes on after a statement that failed (a missing
-/// table, a duplicate key): the create decides. If it answers, the answer is stored as any
-/// other ([`StoredResponses`](crate::StoredResponses)), and commits with whatever the
-/// transaction wrote before; under [`StoredResponses::Successful`](crate::StoredResponses::Successful)
-/// an answer other than `2xx` rolls back and frees the key. If it fails without an answer (an
+/// table, a duplicate key): the create decides. If it answers `2xx` or `4xx`, the answer is
+/// stored and commits with whatever the transaction wrote before; a `5xx` answer rolls back
+/// and frees the key (the default on this store,
+/// [`StoredResponses::ExceptServerErrors`](crate::StoredResponses::ExceptServerErrors); see
+/// [`StoredResponses`](crate::StoredResponses) for the other choices). If it fails without an answer (an
 /// error, a panic), the transaction rolls back and the key is free again. On PostgreSQL the
 /// failed statement ends the transaction, so the complete fails (`503`) and the key is free.
 pub type MySqlTransaction = SqlTransaction<MySql>;
@@ -412,6 +416,11 @@ impl Store for TransactionalMySqlStore {
     }
 
     /// Rolls back: the create's writes with the claim, so the key is free again.
+    /// A release rolls the claim's transaction back, with the create's writes.
+    fn release_undoes_create(&self) -> bool {
+        true
+    }
+
     async fn abandon(&self, _key: &str, reservation: &Reservation) {
         self.open.roll_back(reservation, self.store.timeout).await;
     }

@@ -32,7 +32,9 @@ use crate::store::{
 ///   no record, none of the create's rows, and the retry creates (once);
 /// - a create that fails or panics rolls back: the key is free again and nothing happened,
 ///   unlike the plain store, where such a key stays pending because the create may have
-///   taken effect;
+///   taken effect; so does one that answers a server error (`5xx`), by default
+///   ([`StoredResponses::ExceptServerErrors`](crate::StoredResponses::ExceptServerErrors)),
+///   while a `2xx` or `4xx` answer commits and is replayed;
 /// - a create that answers over the response cap succeeded: it commits as any other, with its
 ///   compact record (status and headers, `Idempotent-Body-Omitted: true`, no body), so its
 ///   retry replays that; rolling it back would make every retry create and fail again;
@@ -277,6 +279,11 @@ impl Store for TransactionalPostgresStore {
     }
 
     /// Rolls back: the create's writes with the claim, so the key is free again.
+    /// A release rolls the claim's transaction back, with the create's writes.
+    fn release_undoes_create(&self) -> bool {
+        true
+    }
+
     async fn abandon(&self, _key: &str, reservation: &Reservation) {
         self.open.roll_back(reservation, self.store.timeout).await;
     }

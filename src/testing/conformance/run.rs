@@ -323,6 +323,10 @@ impl<St: Store> Store for Losing<St> {
         self.inner.attach(key, reservation, extensions);
     }
 
+    fn release_undoes_create(&self) -> bool {
+        self.inner.release_undoes_create()
+    }
+
     async fn abandon(&self, key: &str, reservation: &Reservation) {
         self.inner.abandon(key, reservation).await;
     }
