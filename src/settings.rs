@@ -89,7 +89,10 @@ pub enum OtherPaths {
 /// body is read: a body that fails past the cap breaks off the first client's transfer, while
 /// its key is completed already and a retry gets the compact record. So a create's effects
 /// must be done when it answers: in the transactional store, a write made through its
-/// `PgTransaction` while the body streams fails, the transaction having committed. Only a
+/// `PgTransaction` while the body streams fails, the transaction having committed, and a body
+/// that holds the transaction's connection while it streams is a failed create at once
+/// (`500 create_failed`, nothing committed, the key free), never a wait for the store's
+/// timeout. Only a
 /// body that goes past the size its own size hint declared is a failed create (*response too
 /// large*, `500`, the key pending).
 ///

@@ -322,6 +322,15 @@ async fn complete<St: Store>(
             );
             Outcome::StoreUnavailable
         }
+        Err(error) if error.kind() == StoreErrorKind::ConnectionHeld => {
+            tracing::error!(
+                error = &error as &dyn std::error::Error,
+                "the create's response over the cap holds the transaction's connection; \
+                 nothing commits: read what the response needs before answering, or raise \
+                 the response limit"
+            );
+            Outcome::CreateFailed
+        }
         Err(error) if error.kind() == StoreErrorKind::CommitUnknown => {
             tracing::error!(
                 error = &error as &dyn std::error::Error,

@@ -431,6 +431,8 @@ fn respond<O: Operation, P, B>(
                 (Outcome::StoreUnavailable, _) => settings.refuse(Rejection::StoreUnavailable),
                 // They may have: neither the response nor a refusal that says nothing was.
                 (Outcome::Unknown, _) => settings.refuse(Rejection::OutcomeUnknown),
+                // Nothing committed, and the response's body held what the commit needed.
+                (Outcome::CreateFailed, _) => settings.refuse(Rejection::CreateFailed),
                 (outcome, Collected::Whole(stored)) => reply::stored(stored, outcome),
                 // Over the cap: the response itself, whole, its record the compact one.
                 (outcome, Collected::Over(over)) => over.1.map(|body| body.with_outcome(outcome)),

@@ -36,6 +36,13 @@ pub enum StoreErrorKind {
     /// and the function API [`RunError::Unknown`](crate::idempotent::RunError::Unknown): a
     /// retry with the same key replays if it committed, and creates if not.
     CommitUnknown,
+    /// A transactional store's complete found the claim's transaction's connection held, and
+    /// could not wait for it: the create answered a response over the cap whose body, still
+    /// to be streamed, holds the connection (a `SqlTransactionConnection` inside the body).
+    /// Nothing commits (the transaction ends with the body); the layer answers
+    /// `500 create_failed` at once. Read what the response needs before answering, and drop
+    /// the connection.
+    ConnectionHeld,
     /// A claim no replica confirmed in time (a Redis store's
     /// [replica wait](crate::store::RedisStore::wait_for_replicas) fell short): a new claim
     /// was released again, a replay not served. The layer answers `503 store_unavailable`;
@@ -116,6 +123,9 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unsupported => "not supported by this store",
             StoreErrorKind::Uncommitted => "store transaction not committed",
             StoreErrorKind::CommitUnknown => "store transaction's commit unanswered",
+            StoreErrorKind::ConnectionHeld => {
+                "store transaction's connection held by the response body past the cap"
+            }
             StoreErrorKind::Unreplicated => "store claim not confirmed by a replica",
         };
         if !f.alternate() {

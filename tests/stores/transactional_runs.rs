@@ -241,3 +241,182 @@ async fn a_run_whose_commit_goes_unanswered_is_unknown_and_its_retry_replays() {
     assert_eq!(again.unwrap(), Ran::Replayed(format!("label-{key}")));
     assert_eq!(db.rows(&key).await, 1);
 }
+
+/// A response body that holds a transaction's connection while it streams (ten chunks of ten
+/// bytes), as a handler streaming rows from it would: the layer's complete cannot have it.
+pub(crate) struct HoldingBody<DB: sqlx_core::database::Database> {
+    pub(crate) connection: Option<tower_idempotency::store::SqlTransactionConnection<DB>>,
+    pub(crate) left: usize,
+}
+
+impl<DB: sqlx_core::database::Database> http_body::Body for HoldingBody<DB> {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        if self.left == 0 {
+            self.connection = None;
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= 1;
+        let chunk = bytes::Bytes::from_static(b"0123456789");
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+    }
+}
+
+/// A create that writes its row in the claim's transaction (`insert`, given the transaction
+/// and the request id, gives its connection back) and answers `201` with a body over a 4-byte cap that holds the
+/// transaction's connection while it streams: the layer answers `500 create_failed` at once
+/// (well within the store's timeout, which it would otherwise wait out and answer `503`, for
+/// every retry alike), nothing commits, and the key is free: a create that drops the
+/// connection before answering then creates.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
+    store: St,
+    timeout: std::time::Duration,
+    insert: I,
+    rows: impl AsyncFn(&str) -> i64,
+) where
+    St: Store + Clone,
+    DB: sqlx_core::database::Database,
+    I: Fn(
+            tower_idempotency::store::SqlTransaction<DB>,
+            String,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = tower_idempotency::store::SqlTransactionConnection<DB>> + Send>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    use http::{Request, Response};
+    use tower::ServiceExt;
+    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::operation::{LabelContract, LabelOperation};
+    use tower_idempotency::store::SqlTransaction;
+
+    let create = move |hold: bool| {
+        let insert = insert.clone();
+        tower::service_fn(
+            move |request: Request<RequestBody<crate::common::Chunks>>| {
+                let insert = insert.clone();
+                async move {
+                    let transaction = request
+                        .extensions()
+                        .get::<SqlTransaction<DB>>()
+                        .expect("the transaction")
+                        .clone();
+                    let op = request
+                        .extensions()
+                        .get::<LabelOperation>()
+                        .unwrap()
+                        .clone();
+                    let connection = insert(transaction, op.request_id.to_string()).await;
+                    let connection = if hold { Some(connection) } else { None };
+                    let body = HoldingBody::<DB> {
+                        connection,
+                        left: 10,
+                    };
+                    Ok::<_, std::io::Error>(Response::builder().status(201).body(body).unwrap())
+                }
+            },
+        )
+    };
+    let layer = tower_idempotency::IdempotencyLayer::new(store, LabelContract)
+        .global_keys()
+        .value_extension(true)
+        .response_limit(4);
+    let key = format!("held-{}", tower_idempotency::store::Reservation::generate());
+    let started = std::time::Instant::now();
+    let response = tower::Layer::layer(&layer, create(true))
+        .oneshot(crate::common::operation(&key, "p"))
+        .await
+        .unwrap();
+    let reply = crate::common::Reply::read(response).await;
+    assert!(
+        started.elapsed() < timeout,
+        "answered after {:?}",
+        started.elapsed()
+    );
+    reply.exact(500, r#"{"error":"create_failed"}"#);
+    assert_eq!(rows(&key).await, 0, "nothing committed");
+    let response = tower::Layer::layer(&layer, create(false))
+        .oneshot(crate::common::operation(&key, "p"))
+        .await
+        .unwrap();
+    assert_eq!(crate::common::Reply::read(response).await.status, 201);
+    assert_eq!(rows(&key).await, 1);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_holding_the_connection_fails_at_once_on_postgres() {
+    use tower_idempotency::store::postgres::sqlx::{self, AssertSqlSafe, Postgres};
+    use tower_idempotency::store::{
+        SqlTransaction, SqlTransactionConnection, TransactionalPostgresStore,
+    };
+
+    let db = crate::postgres_transactional::Db::new("held").await;
+    let timeout = std::time::Duration::from_secs(10);
+    let store = TransactionalPostgresStore::new(db.store.store().clone().timeout(timeout));
+    let sql = format!(
+        "INSERT INTO {} (label_id, request_id) VALUES ($1, $2)",
+        db.labels
+    );
+    let insert = move |transaction: SqlTransaction<Postgres>, id: String| {
+        let sql = sql.clone();
+        Box::pin(async move {
+            let mut connection = transaction.acquire().await.unwrap();
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(format!("label-{id}"))
+                .bind(&id)
+                .execute(&mut *connection)
+                .await
+                .unwrap();
+            connection
+        })
+            as std::pin::Pin<Box<dyn Future<Output = SqlTransactionConnection<Postgres>> + Send>>
+    };
+    a_body_holding_the_connection::<_, Postgres, _>(store, timeout, insert, async |key: &str| {
+        db.rows(key).await
+    })
+    .await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_holding_the_connection_fails_at_once_on_mysql() {
+    use tower_idempotency::store::mysql::sqlx::{self, AssertSqlSafe, MySql};
+    use tower_idempotency::store::{
+        SqlTransaction, SqlTransactionConnection, TransactionalMySqlStore,
+    };
+
+    let db = crate::mysql_transactional::Db::new("held").await;
+    let timeout = std::time::Duration::from_secs(10);
+    let store = TransactionalMySqlStore::new(db.store.store().clone().timeout(timeout));
+    let sql = format!(
+        "INSERT INTO {} (label_id, request_id) VALUES (?, ?)",
+        db.labels
+    );
+    let insert = move |transaction: SqlTransaction<MySql>, id: String| {
+        let sql = sql.clone();
+        Box::pin(async move {
+            let mut connection = transaction.acquire().await.unwrap();
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(format!("label-{id}"))
+                .bind(&id)
+                .execute(&mut *connection)
+                .await
+                .unwrap();
+            connection
+        })
+            as std::pin::Pin<Box<dyn Future<Output = SqlTransactionConnection<MySql>> + Send>>
+    };
+    a_body_holding_the_connection::<_, MySql, _>(store, timeout, insert, async |key: &str| {
+        db.rows(key).await
+    })
+    .await;
+}

@@ -380,12 +380,17 @@ impl Store for TransactionalMySqlStore {
             .bind(stored)
             .bind(&token[..]);
         self.open
-            .complete(reservation, self.store.timeout, async |connection| {
-                complete
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-            })
+            .complete(
+                reservation,
+                self.store.timeout,
+                response,
+                async |connection| {
+                    complete
+                        .execute(connection)
+                        .await
+                        .map(|done| done.rows_affected())
+                },
+            )
             .await
     }
 

@@ -139,7 +139,10 @@ impl<DB: sqlx::Database> Clone for SqlTransaction<DB> {
 /// ([`SqlTransaction::acquire`]): it dereferences to sqlx's connection of its database
 /// (`PgConnection`, `MySqlConnection`), so `&mut *connection` is an executor of every sqlx
 /// query. Drop it before the create answers: the layer's complete waits for it, up to the
-/// store's timeout.
+/// store's timeout. A response over the [cap](crate::IdempotencyLayer::response_limit) whose
+/// body still holds it (streaming rows from it) cannot wait for it, since the body is read
+/// after the commit: that create fails at once, `500 create_failed`, and nothing commits
+/// ([`StoreErrorKind::ConnectionHeld`]).
 pub struct SqlTransactionConnection<DB: sqlx::Database>(
     tokio::sync::OwnedMappedMutexGuard<Slot<DB>, DB::Connection>,
 );
@@ -214,6 +217,14 @@ impl<DB: sqlx::Database> SqlTransaction<DB> {
             .await
             .ok()?
             .take()
+    }
+
+    /// The transaction, taken out at once: `Err` while a holder has its connection.
+    fn try_take(&self) -> Result<Slot<DB>, ()> {
+        self.slot
+            .try_lock()
+            .map(|mut slot| slot.take())
+            .map_err(drop)
     }
 }
 
@@ -352,15 +363,28 @@ where
         &self,
         reservation: &super::super::Reservation,
         timeout: Duration,
+        response: &super::super::StoredResponse,
         complete: impl AsyncFnOnce(&mut DB::Connection) -> Result<u64, sqlx::Error>,
     ) -> Result<(), StoreError> {
         let unavailable = |error| StoreError::with_source(StoreErrorKind::Unavailable, error);
         // No open transaction (never claimed here, or ended): nothing to commit.
         let transaction = self.remove(reservation).ok_or_else(|| uncommitted(None))?;
-        let mut transaction = transaction
-            .take(timeout)
-            .await
-            .ok_or_else(|| uncommitted(None))?;
+        // A response over the cap (its compact record) still has its body to stream, after
+        // the complete: a holder of the connection now may be that body, which no wait frees.
+        let streaming = response
+            .headers()
+            .contains_key(crate::reply::IDEMPOTENT_BODY_OMITTED);
+        let taken = if streaming {
+            transaction.try_take().map_err(|()| {
+                StoreError::with_source(
+                    StoreErrorKind::ConnectionHeld,
+                    "the response over the cap holds the transaction's connection in its body",
+                )
+            })?
+        } else {
+            transaction.take(timeout).await
+        };
+        let mut transaction = taken.ok_or_else(|| uncommitted(None))?;
         let updated = super::super::within(timeout, async {
             complete(&mut transaction).await.map_err(unavailable)
         })

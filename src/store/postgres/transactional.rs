@@ -243,12 +243,17 @@ impl Store for TransactionalPostgresStore {
             .bind(&encoded[..])
             .bind(self.store.retention_ms);
         self.open
-            .complete(reservation, self.store.timeout, async |connection| {
-                complete
-                    .execute(connection)
-                    .await
-                    .map(|done| done.rows_affected())
-            })
+            .complete(
+                reservation,
+                self.store.timeout,
+                response,
+                async |connection| {
+                    complete
+                        .execute(connection)
+                        .await
+                        .map(|done| done.rows_affected())
+                },
+            )
             .await
     }
 
