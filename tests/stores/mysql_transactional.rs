@@ -680,3 +680,26 @@ async fn a_server_error_rolls_back_by_default_and_every_keeps_it() {
         )
     );
 }
+
+/// A create that answers over the response cap succeeded: it commits with its compact record,
+/// and its retry replays that (status, headers, no body), one row.
+#[tokio::test]
+async fn a_response_over_the_cap_commits_with_its_compact_record() {
+    let db = Db::new("cap").await;
+    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
+        .global_keys()
+        .value_extension(true)
+        .response_limit(4)
+        .layer(create(db.labels.clone()));
+    let over = send(&service, "c-1", "ok").await;
+    assert_eq!(over.status, 201, "{:?}", over.body);
+    assert_eq!(&over.body[..], br#"{"label_id":"label-c-1"}"#);
+    assert_eq!(db.rows("c-1").await, 1);
+    assert!(db.recorded("c-1").await);
+    assert_eq!(db.store.open_transactions(), 0);
+    let retry = send(&service, "c-1", "ok").await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.headers["idempotent-body-omitted"], "true");
+    assert_eq!(db.rows("c-1").await, 1);
+}
