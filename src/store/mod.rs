@@ -329,10 +329,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// nothing proves nothing while the claim may still be queued (on another connection of
     /// a pool, behind a lock), since it would then write after the release. Each store knows
     /// it its own way: the claim carries a deadline the backend checks under its lock, and
-    /// the settling waits past it (SQLite); the backend bounds the claim's statement; or the
-    /// calls of one handle reach the backend in order. The default releases `reservation` at
-    /// once, which is right for the last (memory). A store that wraps another must forward
-    /// it.
+    /// the settling waits past it (SQLite, PostgreSQL); the settling fences the reservation,
+    /// and a claim of a fenced reservation writes nothing (Redis); or the calls of one handle
+    /// reach the backend in order. The default releases `reservation` at once, which is right
+    /// for the last (memory). A store that wraps another must forward it.
     ///
     /// # Errors
     ///

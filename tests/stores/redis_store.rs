@@ -153,7 +153,8 @@ pub(crate) async fn an_outage_fails_closed_within_the_timeout_and_traffic_recove
 /// (opened before counting starts), without the `INFO`s themselves.
 ///
 /// Redis counts the commands a script runs inside it too; the store's scripts use only
-/// `HMGET`, `HSET`, `HGET`, `HDEL`, `PEXPIRE`, `DEL`, `TIME` and `PUBLISH`, and the store sends
+/// `HMGET`, `HSET`, `HGET`, `HDEL`, `HEXISTS`, `EXISTS`, `PEXPIRE`, `PERSIST`, `DEL`, `TIME`
+/// and `PUBLISH`, and the store sends
 /// those itself only to forget a key (not counted here), so they are left out: what remains
 /// is one per round trip.
 pub(crate) struct CommandCounter(pub(crate) redis::aio::MultiplexedConnection);
@@ -182,6 +183,9 @@ impl CommandCounter {
                         | "hget"
                         | "hdel"
                         | "pexpire"
+                        | "persist"
+                        | "hexists"
+                        | "exists"
                         | "del"
                         | "time"
                         | "publish"
@@ -666,4 +670,45 @@ pub(crate) async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_recor
     ]);
     assert_eq!(forgot.0, Some(0));
     assert!(prefixed.inspect(&store_key).await.unwrap().is_none());
+}
+
+/// A lost claim that reaches Redis only after its settling (queued on a connection the store
+/// replaced, whose bytes the network delivers late): it must write nothing, or its key would
+/// stay pending under a reservation nobody holds. The settling fences the reservation in the
+/// record's hash; the late claim finds the fence. Another reservation's claim, and the
+/// key's life after, are as before: new, completed, replayed.
+#[tokio::test]
+pub(crate) async fn a_claim_that_arrives_after_its_settling_writes_nothing() {
+    use tower_idempotency::store::{Lease, Reservation, StoreErrorKind};
+
+    let store = make_store(None).await;
+    let key = common::conformance::unique_key("late-claim");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let lost = Reservation::generate();
+    store.settle_claim(&key, &fingerprint, lost).await.unwrap();
+    let late = store
+        .claim_with(&key, &fingerprint, lost, Lease::default())
+        .await;
+    assert_eq!(
+        late.map_err(|error| error.kind()).err(),
+        Some(StoreErrorKind::ReservationLost),
+        "the late claim is refused"
+    );
+    assert_eq!(claimed_again(&store, &key).await, "new", "nothing pending");
+
+    // The same after a claim that took effect before its settling released it.
+    let key = common::conformance::unique_key("late-claim-2");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let lost = Reservation::generate();
+    let claimed = store
+        .claim_with(&key, &fingerprint, lost, Lease::default())
+        .await;
+    assert!(matches!(claimed, Ok(Claim::New(_))));
+    store.settle_claim(&key, &fingerprint, lost).await.unwrap();
+    let late = store
+        .claim_with(&key, &fingerprint, lost, Lease::default())
+        .await;
+    assert!(late.is_err(), "{late:?}");
+    complete_new(&store, &key).await;
+    assert_eq!(claimed_again(&store, &key).await, "replay");
 }

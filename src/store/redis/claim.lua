@@ -5,7 +5,9 @@
 -- in its order: a completed record past its retention is absent (its key expired in Redis);
 -- another fingerprint is a conflict; the caller's own reservation is the caller's; completed
 -- replays; an abandoned record is taken over when both sides allow it; pending otherwise.
-local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko')
+-- A reservation its settling fenced (the claim arrived after it) writes nothing.
+local record = redis.call('HMGET', KEYS[1], 'fp', 'token', 'resp', 'until', 'tko', 'f:' .. ARGV[2])
+if record[6] then return {4} end
 if record[1] then
   if record[1] ~= ARGV[1] then return {1} end
   if record[2] == ARGV[2] then return {0} end
@@ -24,4 +26,6 @@ if record[1] then
   if not deadline or now < deadline then return {2} end
 end
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'at', now, 'until', now + tonumber(ARGV[3]), 'tko', ARGV[4])
+-- A pending record never expires, though the hash held fences that would have.
+if not record[1] then redis.call('PERSIST', KEYS[1]) end
 return {0}

@@ -304,6 +304,7 @@ impl RedisStore {
                 renew: Lua::new(RENEW),
                 complete: Lua::new(COMPLETE),
                 release: Lua::new(RELEASE),
+                settle: Lua::new(SETTLE),
                 inspect: Lua::new(INSPECT),
                 resolve: Lua::new(RESOLVE),
             }),

@@ -25,7 +25,7 @@ use self::cluster::Cluster;
 use self::connection::{Channel, Connection};
 use self::operator::{loosest, node_eviction_policy};
 use self::replication::{Replication, Setting, Topology, Wanted};
-use self::scripts::{CLAIM, COMPLETE, INSPECT, Lua, RELEASE, RENEW, RESOLVE, Scripts};
+use self::scripts::{CLAIM, COMPLETE, INSPECT, Lua, RELEASE, RENEW, RESOLVE, SETTLE, Scripts};
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::waiting;
@@ -579,7 +579,7 @@ impl Store for RedisStore {
                     // replica that stays away longer than the layer settles.
                     let release =
                         self.run(&self.scripts.release, &record, Wanted::Nothing, |call| {
-                            call.arg(&token[..]).arg(&*self.channel);
+                            call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
                         });
                     if let Err(error) = release.await {
                         tracing::warn!(
@@ -594,6 +594,8 @@ impl Store for RedisStore {
             }
             (Some(Value::Int(1)), None) => Ok(Claim::Conflict),
             (Some(Value::Int(2)), None) => Ok(Claim::Pending),
+            // A reservation its settling fenced: this claim arrived after it.
+            (Some(Value::Int(4)), None) => Err(StoreError::new(StoreErrorKind::ReservationLost)),
             (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
                 let replay = codec::decode(Bytes::from(response)).map(Claim::Replay)?;
                 // Only the marker was written: nothing to settle.
@@ -659,9 +661,38 @@ impl Store for RedisStore {
         let token = token(reservation);
         let wanted = self.wanted(&record).await?;
         let release = self.run(&self.scripts.release, &record, wanted, |call| {
-            call.arg(&token[..]).arg(&*self.channel);
+            call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
         });
         let (answer, acknowledged) = release.await?;
         self.replicated(acted(answer), acknowledged)?
     }
+
+    /// A lost claim may still reach the server after this (queued on a connection the store
+    /// replaced, its bytes delivered late), so a release alone could come first and leave the
+    /// claim to write a reservation nobody holds. In one script this releases the reservation
+    /// if the claim took effect and fences it in the record's hash, for [`FENCE_MS`]: a claim
+    /// of a fenced reservation writes nothing. One key, so one slot on Redis Cluster.
+    async fn settle_claim(
+        &self,
+        key: &str,
+        _fingerprint: &Fingerprint,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        let record = self.record_key(key);
+        let token = token(&reservation);
+        let wanted = self.wanted(&record).await?;
+        let settle = self.run(&self.scripts.settle, &record, wanted, |call| {
+            call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
+        });
+        let (answer, acknowledged) = settle.await?;
+        match answer {
+            Value::Int(0 | 1) => self.replicated((), acknowledged),
+            _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
+        }
+    }
 }
+
+/// How long a lost claim's fence lives, in milliseconds: fifteen minutes, about as long as
+/// Linux keeps resending data a peer has not acknowledged (`tcp_retries2`), past which a
+/// claim's bytes are not delivered.
+const FENCE_MS: u64 = 15 * 60 * 1000;

@@ -16,6 +16,10 @@ pub(super) const COMPLETE: &str = include_str!("complete.lua");
 /// Release: only while pending under this reservation.
 pub(super) const RELEASE: &str = include_str!("release.lua");
 
+/// Settle: release a lost claim's reservation if it took effect, and fence it, so that the
+/// claim arriving late writes nothing.
+pub(super) const SETTLE: &str = include_str!("settle.lua");
+
 /// Inspect: the fingerprint, whether pending, the stored status, the age in ms (-1 if
 /// unknown) and whether its lease lapsed, or nothing.
 pub(super) const INSPECT: &str = include_str!("inspect.lua");
@@ -29,6 +33,7 @@ pub(super) struct Scripts {
     pub(super) renew: Lua,
     pub(super) complete: Lua,
     pub(super) release: Lua,
+    pub(super) settle: Lua,
     pub(super) inspect: Lua,
     pub(super) resolve: Lua,
 }
