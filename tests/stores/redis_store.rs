@@ -712,3 +712,31 @@ pub(crate) async fn a_claim_that_arrives_after_its_settling_writes_nothing() {
     complete_new(&store, &key).await;
     assert_eq!(claimed_again(&store, &key).await, "replay");
 }
+
+/// An explicit replica wait a primary cannot meet says so where a user meets it: the wait's
+/// own line (the example servers' start line) says a write fewer acknowledge is refused, and a
+/// refused write's error names the primary, the replicas it lacks, and why every write of it
+/// is refused. The run's server has no replica.
+#[tokio::test]
+pub(crate) async fn an_explicit_replica_wait_that_cannot_be_met_says_so() {
+    use tower_idempotency::store::StoreErrorKind;
+
+    let store = make_store(None)
+        .await
+        .wait_for_replicas(1, Duration::from_millis(50));
+    let said = store.replica_wait().to_string();
+    assert!(said.contains("refused (503)"), "{said}");
+    let key = common::conformance::unique_key("unmet-wait");
+    let error = store
+        .claim(&key, &LabelContract::fingerprint(&key, "p"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unreplicated);
+    let chain = format!("{error:#}");
+    let url = redis_url();
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    let address = authority.rsplit('@').next().unwrap();
+    assert!(chain.contains(&format!("the primary {address}")), "{chain}");
+    assert!(chain.contains("it lacks 1"), "{chain}");
+    assert!(chain.contains("explicit wait_for_replicas"), "{chain}");
+}

@@ -461,18 +461,44 @@ impl RedisStore {
     }
 
     /// `answer` once the replicas it waited for acknowledged it: fewer is an unknown outcome
-    /// (`Unavailable`), and the replicas are looked at again.
-    fn replicated<T>(&self, answer: T, acknowledged: Acknowledged) -> Result<T, StoreError> {
+    /// (`Unavailable`), and the replicas are looked at again. The error names the record's
+    /// primary and the replicas it lacks, and says when an explicit wait refuses every write
+    /// of a primary without them.
+    fn replicated<T>(
+        &self,
+        record: &str,
+        answer: T,
+        acknowledged: Acknowledged,
+    ) -> Result<T, StoreError> {
         match acknowledged {
             Acknowledged::By {
                 acknowledged,
                 replicas,
             } if acknowledged < u64::from(replicas) => {
                 self.replication.fell_short();
-                Err(StoreError::with_source(
-                    StoreErrorKind::Unavailable,
-                    format!("written to {acknowledged} of {replicas} replicas in time"),
-                ))
+                let primary = match (&self.connection, &self.lookups) {
+                    (Connection::Cluster(_), _) => format!(
+                        "the primary of slot {}",
+                        replication::slot(record.as_bytes())
+                    ),
+                    (_, Some(client)) => {
+                        format!("the primary {}", client.get_connection_info().addr())
+                    }
+                    (_, None) => "the primary".to_owned(),
+                };
+                let lacks = u64::from(replicas).saturating_sub(acknowledged);
+                let mut why = format!(
+                    "{primary} acknowledged the write on {acknowledged} of {replicas} replicas \
+                     in time: it lacks {lacks}"
+                );
+                if let ReplicaWait::Set { .. } = self.replication.describe() {
+                    why.push_str(
+                        " (the explicit wait_for_replicas refuses every write of a primary \
+                         without them, as Redis' min-replicas-to-write does: give it a replica, \
+                         or lower the wait)",
+                    );
+                }
+                Err(StoreError::with_source(StoreErrorKind::Unavailable, why))
             }
             _ => Ok(answer),
         }
@@ -573,7 +599,7 @@ impl Store for RedisStore {
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
             (Some(Value::Int(0)), None) => {
-                if let Err(short) = self.replicated((), acknowledged) {
+                if let Err(short) = self.replicated(&record, (), acknowledged) {
                     // Known to be made: undone at once, without a wait of its own (which the
                     // same replica would hold up), so that no key is left pending by a
                     // replica that stays away longer than the layer settles.
@@ -599,7 +625,8 @@ impl Store for RedisStore {
             (Some(Value::Int(3)), Some(Value::BulkString(response))) => {
                 let replay = codec::decode(Bytes::from(response)).map(Claim::Replay)?;
                 // Only the marker was written: nothing to settle.
-                self.replicated(replay, acknowledged).map_err(unreplicated)
+                self.replicated(&record, replay, acknowledged)
+                    .map_err(unreplicated)
             }
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
@@ -634,7 +661,7 @@ impl Store for RedisStore {
             call.arg(&token[..]).arg(retention_millis(lease));
         });
         let (answer, acknowledged) = renew.await?;
-        self.replicated(acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)?
     }
 
     async fn complete(
@@ -653,7 +680,7 @@ impl Store for RedisStore {
                 .arg(&*self.channel);
         });
         let (answer, acknowledged) = complete.await?;
-        self.replicated(acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)?
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
@@ -664,7 +691,7 @@ impl Store for RedisStore {
             call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
         });
         let (answer, acknowledged) = release.await?;
-        self.replicated(acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)?
     }
 
     /// A lost claim may still reach the server after this (queued on a connection the store
@@ -686,7 +713,7 @@ impl Store for RedisStore {
         });
         let (answer, acknowledged) = settle.await?;
         match answer {
-            Value::Int(0 | 1) => self.replicated((), acknowledged),
+            Value::Int(0 | 1) => self.replicated(&record, (), acknowledged),
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
     }

@@ -117,7 +117,7 @@ impl Operator for RedisStore {
                 .arg(&*self.channel);
         });
         let (answer, acknowledged) = resolve.await?;
-        self.replicated(acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)?
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
@@ -172,7 +172,7 @@ impl Operator for RedisStore {
             Wanted::Nothing | Wanted::Unknown => Duration::ZERO,
         };
         let (forgotten, acknowledged) = within(self.timeout.saturating_add(wait), call).await?;
-        self.replicated(forgotten, acknowledged)
+        self.replicated(&record, forgotten, acknowledged)
     }
 }
 

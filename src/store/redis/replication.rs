@@ -18,7 +18,11 @@ use super::millis;
 /// use tower_idempotency::store::redis::ReplicaWait;
 ///
 /// let set = ReplicaWait::Set { replicas: 2, wait: Duration::from_millis(500) };
-/// assert_eq!(set.to_string(), "waits for 2 replicas after each write, at most 500ms");
+/// assert_eq!(
+///     set.to_string(),
+///     "waits for 2 replicas after each write, at most 500ms; a write fewer acknowledge is \
+///      refused (503), on a primary without them every write"
+/// );
 /// assert_eq!(ReplicaWait::Off.to_string(), "off: writes are not waited for on replicas");
 /// let found = ReplicaWait::Detected { primaries: 3, replicated: 3 };
 /// assert_eq!(
@@ -64,7 +68,8 @@ impl std::fmt::Display for ReplicaWait {
             Self::Off => f.write_str("off: writes are not waited for on replicas"),
             Self::Set { replicas, wait } => write!(
                 f,
-                "waits for {replicas} replica{} after each write, at most {wait:?}",
+                "waits for {replicas} replica{} after each write, at most {wait:?}; a write \
+                 fewer acknowledge is refused (503), on a primary without them every write",
                 if replicas == 1 { "" } else { "s" }
             ),
             Self::Detected { replicated: 0, .. } => {
