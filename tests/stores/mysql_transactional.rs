@@ -602,6 +602,15 @@ async fn a_pooled_session_comes_back_with_its_own_autocommit() {
         .global_keys()
         .value_extension(true)
         .layer(create(db.labels.clone()));
+    // A read the application left its implicit transaction open after, as autocommit off
+    // does: the claim's transaction still begins (that one is committed first, as MySQL's own
+    // BEGIN would).
+    let mut connection = pool.acquire().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!("SELECT count(*) FROM {}", db.labels)))
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+    drop(connection);
     for (request_id, how, status) in [
         ("n-1", "ok", 201),
         ("n-2", "fail", 500),

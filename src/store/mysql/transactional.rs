@@ -124,13 +124,15 @@ pub type MySqlTransaction = SqlTransaction<MySql>;
 pub type MySqlTransactionConnection = SqlTransactionConnection<MySql>;
 
 /// What begins each claim's transaction: the session's own `autocommit` kept in a session
-/// variable (read in the same round trip), `READ COMMITTED` for the transaction alone, and
+/// variable (read in the same round trip); a transaction the session left open (autocommit
+/// off, after a read of the application's) committed, as MySQL's own `BEGIN` would do, since
+/// `SET TRANSACTION` is refused inside one; `READ COMMITTED` for the transaction alone; and
 /// autocommit off for as long as it runs. InnoDB rolls a whole transaction back on a deadlock (and on a lock
 /// wait timeout with `innodb_rollback_on_timeout`) and leaves the session outside any: with
 /// autocommit on, a create that carried on would commit each later statement by itself, with
 /// the claim's record gone and the key free for a second create. With it off, they wait for a
 /// commit that never comes: the complete finds no record, and everything is rolled back.
-const BEGIN: &str = "SET @tower_idempotency_autocommit = @@SESSION.autocommit; \
+const BEGIN: &str = "SET @tower_idempotency_autocommit = @@SESSION.autocommit; COMMIT; \
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION autocommit = 0; BEGIN";
 
 /// What puts the session back once the store ended the transaction: its own `autocommit`, as
