@@ -45,12 +45,17 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
+/// The layer's own mark of a compact record (`reply::IDEMPOTENT_BODY_OMITTED`), which only the
+/// layer writes: a create's response carrying it (passed on from an upstream) would be taken
+/// for a record whose body is still to stream.
+const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
+
 /// Removes from `headers` everything that must not be stored.
 pub(crate) fn retain_storable(headers: &mut HeaderMap, excluded: &[HeaderName]) {
     // One pass over the few headers a created response has; most have nothing to remove.
-    let storable = headers
-        .keys()
-        .all(|name| !HOP_BY_HOP.contains(name) && !excluded.contains(name));
+    let storable = headers.keys().all(|name| {
+        !HOP_BY_HOP.contains(name) && !excluded.contains(name) && *name != BODY_OMITTED
+    });
     if storable {
         return;
     }
@@ -64,6 +69,7 @@ pub(crate) fn retain_storable(headers: &mut HeaderMap, excluded: &[HeaderName]) 
     for name in HOP_BY_HOP.iter().chain(excluded).chain(&named) {
         headers.remove(name);
     }
+    headers.remove(BODY_OMITTED);
 }
 
 #[cfg(test)]
@@ -197,5 +203,22 @@ mod tests {
             ["\"a\"", "\"b\""],
             "values of one name keep their order"
         );
+    }
+
+    /// The layer's own mark of a compact record is never taken from a create's response,
+    /// alone or beside other headers, and is matched whatever its case on the wire.
+    #[test]
+    fn the_body_omitted_mark_of_a_create_is_dropped() {
+        for others in [&[][..], &[("location", "/labels/1")][..]] {
+            let mut headers = HeaderMap::new();
+            headers.append("Idempotent-Body-Omitted", HeaderValue::from_static("true"));
+            for (name, value) in others {
+                headers.append(*name, HeaderValue::from_static(value));
+            }
+            retain_storable(&mut headers, &[]);
+            assert!(!headers.contains_key(&BODY_OMITTED), "{others:?}");
+            assert_eq!(headers.len(), others.len());
+            assert_eq!(BODY_OMITTED, crate::reply::IDEMPOTENT_BODY_OMITTED);
+        }
     }
 }

@@ -401,8 +401,10 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// with [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over, and its
     /// handler writes `Extension<T>`. [`JsonOperation::new`](crate::JsonOperation::new),
     /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and the
-    /// [`LabelContract`](crate::operation::LabelContract) hand nothing over: their handlers
-    /// read the body, and a request's first extension costs three allocations. `true` hands the
+    /// [`LabelContract`](crate::operation::LabelContract) hand no value over: their handlers
+    /// read the body, and a request's first extension costs three allocations. (The validated
+    /// [`IdempotencyKey`](crate::operation::IdempotencyKey) is in the extensions whatever this
+    /// says.) `true` hands the
     /// value over whatever the operation says, so the label contract's handler can then take
     /// `Extension<LabelOperation>`; `false` never. An inner service that expects a value it is
     /// not given, such as axum's `Extension`, fails its create: a `500 create_failed`, the key

@@ -36,7 +36,8 @@ pub enum Outcome {
     /// The request failed validation with this status: 404, 405, 415, 413, 400, or 403 for a
     /// missing scope.
     Rejected(StatusCode),
-    /// The store failed to claim: the operation's *store unavailable* answer, `503`; nothing
+    /// The store failed to claim, or a transactional store's transaction did not commit (the
+    /// server refused the commit): the operation's *store unavailable* answer, `503`; nothing
     /// created.
     StoreUnavailable,
     /// The create failed without an answer: an error, a panic, or a response body that failed
@@ -54,7 +55,10 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// A short lowercase name, for logs and metrics labels.
+    /// A short lowercase name, for logs and metrics labels: `created`, `complete_failed`,
+    /// `replay`, `pending`, `conflict`, `not_admitted`, `rejected`, `store_unavailable`,
+    /// `create_failed`, `unstored`, `unknown`. The enum is `#[non_exhaustive]`: a `match` on
+    /// it keeps a wildcard arm.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Created => "created",

@@ -73,7 +73,10 @@ pub enum OtherPaths {
 /// create's writes ([`Store::release_undoes_create`](crate::Store::release_undoes_create):
 /// the transactional stores), where it is [`ExceptServerErrors`](Self::ExceptServerErrors):
 /// a handler that wrote its row in the claim's transaction and then answered `500` leaves
-/// nothing, and the key is free; a `2xx` or a `4xx` commits and is replayed.
+/// nothing, and the key is free; a `2xx` or a `4xx` commits and is replayed. A rollback undoes
+/// only what went through the transaction: a handler whose `5xx` may follow an effect outside
+/// it (a payment API that timed out, a mail sent) answers otherwise, or keeps
+/// [`Every`](Self::Every), so that its retry replays rather than repeats that effect.
 /// [`IdempotencyLayer::store_responses`](crate::IdempotencyLayer::store_responses) chooses
 /// otherwise (`Every` keeps a transactional store's `5xx` too, committed with its writes).
 ///

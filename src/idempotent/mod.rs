@@ -12,7 +12,10 @@
 //!
 //! On a transactional store (`TransactionalPostgresStore`, `TransactionalMySqlStore`) the work
 //! is exactly once: it takes the claim's transaction from its [`Attempt`]
-//! (`attempt.get::<PgTransaction>()`), its writes commit with the stored value or not at all.
+//! (`attempt.get::<PgTransaction>()`), its writes commit with the stored value or not at all;
+//! drop the transaction's connection before the work returns, as the store commits on it.
+//! A commit whose answer was lost is [`RunError::Unknown`]: the writes may have committed, and
+//! the next run with the key tells which (a replay, or a run).
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};

@@ -53,9 +53,13 @@ impl<T> Ran<T> {
 
 /// Why a run has no value.
 ///
-/// [`Pending`](Self::Pending) and [`StoreUnavailable`](Self::StoreUnavailable) ask to try
-/// again later with the same key ([`is_transient`](Self::is_transient)): a message consumer
-/// leaves its message unacknowledged, so that the broker delivers it again.
+/// [`Pending`](Self::Pending), [`StoreUnavailable`](Self::StoreUnavailable) and
+/// [`Unknown`](Self::Unknown) ask to try again later with the same key
+/// ([`is_transient`](Self::is_transient)): a message consumer leaves its message
+/// unacknowledged, so that the broker delivers it again. [`Conflict`](Self::Conflict) and
+/// [`InvalidKey`](Self::InvalidKey) are the message's own fault: no retry changes them.
+/// [`Unstorable`](Self::Unstorable) and [`Undecodable`](Self::Undecodable) are a bug in the
+/// value's type: set the message aside for a person.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RunError<E> {

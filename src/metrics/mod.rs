@@ -9,7 +9,7 @@
 //!
 //! | series | kind | more labels | what it counts |
 //! |---|---|---|---|
-//! | [`REQUESTS`] | counter | `outcome`, `status` | guarded requests by [`Outcome`]: `created`, `replay`, `conflict`, `pending`, `not_admitted` and `rejected` (refused, by `status`), `store_unavailable`, `create_failed`, `complete_failed`, `unstored`; `status` is the answer's |
+//! | [`REQUESTS`] | counter | `outcome`, `status` | guarded requests by [`Outcome`]: `created`, `replay`, `conflict`, `pending`, `not_admitted` and `rejected` (refused, by `status`), `store_unavailable`, `unknown`, `create_failed`, `complete_failed`, `unstored`; `status` is the answer's |
 //! | [`STORE_CALL_SECONDS`] | histogram | `call` | the time of each store call of a request: `claim`, `complete`, `release`, `renew` |
 //! | [`WAITING`] | gauge | | requests waiting now for a pending key's first attempt; see [`pending_wait`](crate::IdempotencyLayer::pending_wait) |
 //! | [`SETTLING`] | gauge | | lost store answers being settled now, each in a task of its own |

@@ -711,6 +711,27 @@ pub(crate) async fn a_claim_that_arrives_after_its_settling_writes_nothing() {
     assert!(late.is_err(), "{late:?}");
     complete_new(&store, &key).await;
     assert_eq!(claimed_again(&store, &key).await, "replay");
+
+    // A fence outlives a completed record's shorter retention: the key's retry completes with
+    // 200 ms of retention, and the lost claim arriving past it still writes nothing.
+    let short = make_store(Some(Duration::from_millis(200))).await;
+    let key = common::conformance::unique_key("late-claim-3");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let lost = Reservation::generate();
+    short.settle_claim(&key, &fingerprint, lost).await.unwrap();
+    complete_new(&short, &key).await;
+    let completed = std::time::Instant::now();
+    while completed.elapsed() < Duration::from_millis(400) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = short
+        .claim_with(&key, &fingerprint, lost, Lease::default())
+        .await;
+    assert_eq!(
+        late.map_err(|error| error.kind()).err(),
+        Some(StoreErrorKind::ReservationLost),
+        "the fence outlived the retention"
+    );
 }
 
 /// An explicit replica wait a primary cannot meet says so where a user meets it: the wait's
@@ -735,7 +756,12 @@ pub(crate) async fn an_explicit_replica_wait_that_cannot_be_met_says_so() {
     let chain = format!("{error:#}");
     let url = redis_url();
     let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
-    let address = authority.rsplit('@').next().unwrap();
+    // As the client prints it: an IPv6 host without its brackets.
+    let address = authority
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .replace(['[', ']'], "");
     assert!(chain.contains(&format!("the primary {address}")), "{chain}");
     assert!(chain.contains("it lacks 1"), "{chain}");
     assert!(chain.contains("explicit wait_for_replicas"), "{chain}");

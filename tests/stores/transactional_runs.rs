@@ -298,7 +298,7 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
     use tower_idempotency::operation::{LabelContract, LabelOperation};
     use tower_idempotency::store::SqlTransaction;
 
-    let create = move |hold: bool| {
+    let create = move |hold: bool, status: u16| {
         let insert = insert.clone();
         tower::service_fn(
             move |request: Request<RequestBody<crate::common::Chunks>>| {
@@ -320,7 +320,7 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
                         connection,
                         left: 10,
                     };
-                    Ok::<_, std::io::Error>(Response::builder().status(201).body(body).unwrap())
+                    Ok::<_, std::io::Error>(Response::builder().status(status).body(body).unwrap())
                 }
             },
         )
@@ -331,7 +331,7 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
         .response_limit(4);
     let key = format!("held-{}", tower_idempotency::store::Reservation::generate());
     let started = std::time::Instant::now();
-    let response = tower::Layer::layer(&layer, create(true))
+    let response = tower::Layer::layer(&layer, create(true, 201))
         .oneshot(crate::common::operation(&key, "p"))
         .await
         .unwrap();
@@ -343,7 +343,33 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
     );
     reply.exact(500, r#"{"error":"create_failed"}"#);
     assert_eq!(rows(&key).await, 0, "nothing committed");
-    let response = tower::Layer::layer(&layer, create(false))
+    let response = tower::Layer::layer(&layer, create(false, 201))
+        .oneshot(crate::common::operation(&key, "p"))
+        .await
+        .unwrap();
+    assert_eq!(crate::common::Reply::read(response).await.status, 201);
+    assert_eq!(rows(&key).await, 1);
+
+    // A server error, released by default: its body holds the connection too, and the
+    // release does not wait for it (the transaction ends with the body).
+    let key = format!(
+        "held-5xx-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    let started = std::time::Instant::now();
+    let response = tower::Layer::layer(&layer, create(true, 500))
+        .oneshot(crate::common::operation(&key, "p"))
+        .await
+        .unwrap();
+    let reply = crate::common::Reply::read(response).await;
+    assert!(
+        started.elapsed() < timeout,
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.status, 500);
+    assert_eq!(rows(&key).await, 0, "nothing committed");
+    let response = tower::Layer::layer(&layer, create(false, 201))
         .oneshot(crate::common::operation(&key, "p"))
         .await
         .unwrap();

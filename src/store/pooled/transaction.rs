@@ -338,7 +338,11 @@ where
         self.lock().remove(&reservation.as_u128())
     }
 
-    /// Rolls back the transaction of `reservation`, if open; whether it was.
+    /// Rolls back the transaction of `reservation`, if open; whether it was. A transaction
+    /// whose connection a holder has now (the body of a `5xx` still to stream, a task the
+    /// create spawned) is not waited for: no longer anyone's to commit, it ends with its
+    /// holder, whose guard drops the last handle and closes the connection (the server rolls
+    /// back).
     pub(crate) async fn roll_back(
         &self,
         reservation: &super::super::Reservation,
@@ -347,7 +351,7 @@ where
         let Some(transaction) = self.remove(reservation) else {
             return false;
         };
-        if let Some(transaction) = transaction.take(timeout).await {
+        if let Ok(Some(transaction)) = transaction.try_take() {
             roll_back(transaction, timeout).await;
         }
         true

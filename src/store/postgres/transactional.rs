@@ -283,12 +283,12 @@ impl Store for TransactionalPostgresStore {
         self.open.attach(reservation, extensions);
     }
 
-    /// Rolls back: the create's writes with the claim, so the key is free again.
     /// A release rolls the claim's transaction back, with the create's writes.
     fn release_undoes_create(&self) -> bool {
         true
     }
 
+    /// Rolls back: the create's writes with the claim, so the key is free again.
     async fn abandon(&self, _key: &str, reservation: &Reservation) {
         self.open.roll_back(reservation, self.store.timeout).await;
     }

@@ -605,7 +605,7 @@ impl Store for RedisStore {
                     // replica that stays away longer than the layer settles.
                     let release =
                         self.run(&self.scripts.release, &record, Wanted::Nothing, |call| {
-                            call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
+                            call.arg(&token[..]).arg(&*self.channel);
                         });
                     if let Err(error) = release.await {
                         tracing::warn!(
@@ -688,7 +688,7 @@ impl Store for RedisStore {
         let token = token(reservation);
         let wanted = self.wanted(&record).await?;
         let release = self.run(&self.scripts.release, &record, wanted, |call| {
-            call.arg(&token[..]).arg(&*self.channel).arg(FENCE_MS);
+            call.arg(&token[..]).arg(&*self.channel);
         });
         let (answer, acknowledged) = release.await?;
         self.replicated(&record, acted(answer), acknowledged)?
@@ -697,7 +697,7 @@ impl Store for RedisStore {
     /// A lost claim may still reach the server after this (queued on a connection the store
     /// replaced, its bytes delivered late), so a release alone could come first and leave the
     /// claim to write a reservation nobody holds. In one script this releases the reservation
-    /// if the claim took effect and fences it in the record's hash, for [`FENCE_MS`]: a claim
+    /// if the claim took effect and fences it in the record's hash, for fifteen minutes: a claim
     /// of a fenced reservation writes nothing. One key, so one slot on Redis Cluster.
     async fn settle_claim(
         &self,
@@ -721,5 +721,7 @@ impl Store for RedisStore {
 
 /// How long a lost claim's fence lives, in milliseconds: fifteen minutes, about as long as
 /// Linux keeps resending data a peer has not acknowledged (`tcp_retries2`), past which a
-/// claim's bytes are not delivered.
+/// claim's bytes are not delivered. The record's hash lives at least that long: a completed
+/// record on a key with a fence is kept past a shorter retention, until the fence ends (a
+/// retry then replays, as within the retention). An operator's `forget` drops fences too.
 const FENCE_MS: u64 = 15 * 60 * 1000;
