@@ -31,7 +31,9 @@ pub enum StoreErrorKind {
     /// response.
     Uncommitted,
     /// A complete whose transaction's `COMMIT` was sent and its answer lost (a timeout, a
-    /// connection that broke): the transaction may have committed, with the create's writes
+    /// connection that broke), or answered by an interruption (a server shutting down, a
+    /// session killed while a replica's acknowledgement was awaited): the transaction may
+    /// have committed, with the create's writes
     /// and the record, or not. Nothing is settled; the layer answers `503 outcome_unknown`
     /// and the function API [`RunError::Unknown`](crate::idempotent::RunError::Unknown): a
     /// retry with the same key replays if it committed, and creates if not.

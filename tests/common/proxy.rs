@@ -22,6 +22,8 @@ pub struct Proxy {
     muted: Arc<AtomicBool>,
     /// Once a client's bytes hold this, the backend's answers are dropped (`muted`).
     mute_on: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    /// The next client bytes to arrive, on any connection, are held this long first.
+    hold_next: Arc<std::sync::Mutex<Option<std::time::Duration>>>,
     pub round_trips: Arc<AtomicUsize>,
     pub pings: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -37,12 +39,14 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         let muted = Arc::new(AtomicBool::new(false));
         let mute_on = Arc::new(std::sync::Mutex::new(None));
-        let (up_rx, counter, stopped, mute, trigger) = (
+        let hold_next = Arc::new(std::sync::Mutex::new(None));
+        let (up_rx, counter, stopped, mute, trigger, hold) = (
             up.subscribe(),
             (Arc::clone(&round_trips), Arc::clone(&pings)),
             Arc::clone(&stop),
             Arc::clone(&muted),
             Arc::clone(&mute_on),
+            Arc::clone(&hold_next),
         );
         tokio::spawn(async move {
             while !stopped.load(Ordering::SeqCst) {
@@ -57,12 +61,13 @@ impl Proxy {
                 let counter = counter.clone();
                 let mute = Arc::clone(&mute);
                 let trigger = Arc::clone(&trigger);
+                let hold = Arc::clone(&hold);
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
-                        () = pipe(client, server, count_pg.then_some(counter), mute, trigger) => {}
+                        () = pipe(client, server, count_pg.then_some(counter), mute, trigger, hold) => {}
                         _ = up.wait_for(|up| !*up) => {} // cut: drop both ends
                     }
                 });
@@ -73,6 +78,7 @@ impl Proxy {
             up,
             muted,
             mute_on,
+            hold_next,
             round_trips,
             pings,
             stop,
@@ -88,6 +94,13 @@ impl Proxy {
     /// (a `COMMIT`, say: it arrives and takes effect, its answer is lost), until `restore()`.
     pub fn mute_on(&self, bytes: &[u8]) {
         *self.mute_on.lock().unwrap() = Some(bytes.to_vec());
+    }
+
+    /// Holds the next bytes a client sends, on whichever connection, for `delay` before they go
+    /// on to the backend (a statement delayed on its way, as a lost packet or a slow network
+    /// delays one); that connection's later bytes wait behind them.
+    pub fn hold_next(&self, delay: std::time::Duration) {
+        *self.hold_next.lock().unwrap() = Some(delay);
     }
 
     pub fn cut(&self) {
@@ -115,6 +128,7 @@ async fn pipe(
     counter: Option<(Arc<AtomicUsize>, Arc<AtomicUsize>)>,
     muted: Arc<AtomicBool>,
     mute_on: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    hold_next: Arc<std::sync::Mutex<Option<std::time::Duration>>>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -131,6 +145,10 @@ async fn pipe(
                 let (ended, pinged) = parser.feed(&buffer[..n]);
                 round_trips.fetch_add(ended, Ordering::SeqCst);
                 pings.fetch_add(pinged, Ordering::SeqCst);
+            }
+            let held = hold_next.lock().unwrap().take();
+            if let Some(delay) = held {
+                tokio::time::sleep(delay).await;
             }
             let trigger = mute_on.lock().unwrap().clone();
             if let Some(trigger) = trigger

@@ -749,3 +749,83 @@ pub(crate) async fn a_lost_claim_queued_behind_a_rolled_back_insert_strands_no_k
     drop_table(&store).await;
     assert_eq!(stranded, 0, "keys left pending over 8 rounds");
 }
+
+/// A lost claim delayed on its way to the server past its caller's timeout (held by a proxy,
+/// as a lost packet or a slow network would), so that its settling runs first and finds
+/// nothing: the claim's write must still be refused, its deadline counted from when it was
+/// sent (on the server's clock, which the store learns from its answers), not from when the
+/// server began it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn a_claim_delayed_past_its_settling_writes_nothing() {
+    use tower_idempotency::store::{Lease, Reservation};
+
+    let proxy = Proxy::start(database_addr().await, false).await;
+    let options = database_options()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(PgSslMode::Disable);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let table = format!("tower_idempotency_delayed_{}", std::process::id());
+    let store = PostgresStore::new(pool)
+        .table(&table)
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    store.migrate().await.unwrap();
+    // Warm: statements prepared, the server's clock learnt.
+    a_new_claim_within(&store, "delayed-warm", Duration::from_secs(30)).await;
+
+    let key = unique_key("delayed");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let reservation = Reservation::generate();
+    proxy.hold_next(Duration::from_millis(1_500));
+    let lost = store
+        .claim_with(&key, &fingerprint, reservation, Lease::default())
+        .await;
+    assert_eq!(lost.unwrap_err().kind(), StoreErrorKind::Timeout);
+    store
+        .settle_claim(&key, &fingerprint, reservation)
+        .await
+        .unwrap();
+    // The held claim reaches the server after the settling and runs; then the proxy closes
+    // its connection (its client gave up), so the backends on the table are one fewer.
+    let watcher = Session::open().await;
+    let backends = || {
+        watcher.count(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+             AND strpos(query, $1) > 0"
+                .to_owned(),
+            Some(table.clone()),
+        )
+    };
+    let rows = || {
+        watcher.count(
+            format!("SELECT count(*) FROM \"{table}\" WHERE key = $1"),
+            Some(key.clone()),
+        )
+    };
+    let before = backends().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while backends().await >= before && rows().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held claim never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pending = watcher
+        .count(
+            format!("SELECT count(*) FROM \"{table}\" WHERE key = $1 AND token IS NOT NULL"),
+            Some(key.clone()),
+        )
+        .await;
+    drop_table(&store).await;
+    assert_eq!(
+        pending, 0,
+        "the late claim wrote a reservation nobody holds"
+    );
+}

@@ -267,6 +267,16 @@ impl<DB: sqlx::Database> Default for OpenTransactions<DB> {
     }
 }
 
+/// Whether a server's error answer to a `COMMIT` (its SQLSTATE) leaves the commit's outcome
+/// unknown: a connection exception (class `08`, MySQL's server shutdown among them), an
+/// operator's intervention (class `57`: PostgreSQL's admin or crash shutdown, a cancel) or
+/// MySQL's interrupted statement (`70100`, a kill while a semi-synchronous replica's
+/// acknowledgement was awaited, after the commit was written). Any other error answer
+/// refused the commit.
+fn interrupted(sqlstate: Option<&str>) -> bool {
+    sqlstate.is_some_and(|code| code.starts_with("08") || code.starts_with("57") || code == "70100")
+}
+
 /// The error of a complete that did not commit: nothing of the create may have happened.
 fn uncommitted(source: Option<StoreError>) -> StoreError {
     match source {
@@ -408,11 +418,15 @@ where
             transaction
                 .commit_only()
                 .await
-                .map_err(|error| match error {
-                    // The server answered: it refused the commit.
-                    sqlx::Error::Database(_) => uncommitted(Some(unavailable(error))),
-                    // Sent, and its answer lost: it may have committed.
-                    error => StoreError::with_source(StoreErrorKind::CommitUnknown, error),
+                .map_err(|error| match &error {
+                    // The server answered that it refused the commit.
+                    sqlx::Error::Database(database) if !interrupted(database.code().as_deref()) => {
+                        uncommitted(Some(unavailable(error)))
+                    }
+                    // Sent, and its answer lost, or the server interrupted while it waited
+                    // (a shutdown, a kill during a replica's acknowledgement): it may have
+                    // committed.
+                    _ => StoreError::with_source(StoreErrorKind::CommitUnknown, error),
                 })
         })
         .await
@@ -428,5 +442,24 @@ where
         })
         .await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interrupted;
+
+    /// A commit's error answer leaves its outcome unknown only when the server was interrupted
+    /// (a connection exception, an operator's intervention, MySQL's killed statement); a
+    /// refusal, such as a serialization failure or a deferred constraint, is known.
+    #[test]
+    fn an_interrupted_commit_is_unknown_and_a_refused_one_is_not() {
+        for unknown in ["08006", "08S01", "57P01", "57P02", "57014", "70100"] {
+            assert!(interrupted(Some(unknown)), "{unknown}");
+        }
+        for refused in ["40001", "40P01", "23505", "HY000", "25P02", "7010"] {
+            assert!(!interrupted(Some(refused)), "{refused}");
+        }
+        assert!(!interrupted(None));
     }
 }

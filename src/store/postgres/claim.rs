@@ -49,9 +49,12 @@ impl PostgresStore {
         // or when the record found had expired or was abandoned and another claim took it
         // over first.
         for _ in 0..CLAIM_ATTEMPTS {
+            let sent = clock::now_us();
             let query = match lock {
                 Some(lock) => bound(&self.sql.claim_locked).bind(lock),
-                None => bound(&self.sql.claim).bind(in_time_ms),
+                None => bound(&self.sql.claim)
+                    .bind(in_time_ms)
+                    .bind(self.clock.deadline(sent, self.timeout)),
             };
             let row = within(self.timeout, async {
                 query
@@ -60,6 +63,11 @@ impl PostgresStore {
                     .map_err(unavailable)
             })
             .await?;
+            if let (None, Some(row)) = (lock, &row)
+                && let Ok(server) = row.try_get::<i64, _>(5)
+            {
+                self.clock.sample(sent, clock::now_us(), server);
+            }
             let pass = match (lock, row) {
                 (_, None) => Pass::Again,
                 (None, Some(row)) => self.pass(&row, 0, &token, &fingerprint, lease)?,
@@ -75,7 +83,8 @@ impl PostgresStore {
                 Pass::Answer(claim) => return Ok(claim),
                 Pass::Again => {}
                 Pass::TakeOver(sql) => {
-                    let query = bound(&sql).bind(in_time_ms);
+                    let deadline = self.clock.deadline(clock::now_us(), self.timeout);
+                    let query = bound(&sql).bind(in_time_ms).bind(deadline);
                     let taken = within(self.timeout, async {
                         query
                             .execute(&mut *connection)

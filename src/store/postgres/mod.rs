@@ -27,6 +27,7 @@ use super::{
 use crate::fingerprint::Fingerprint;
 
 mod claim;
+mod clock;
 mod listener;
 mod migrate;
 mod operator;
@@ -166,6 +167,8 @@ pub struct PostgresStore {
     /// Wakes the requests of this process waiting for a key, from the changes announced on
     /// the table's channel.
     notifier: Arc<Notifier<Listener>>,
+    /// The server's clock, for the deadline a claim's write carries.
+    clock: Arc<clock::ServerClock>,
 }
 
 /// Expired records [`PostgresStore::purge_expired`] deletes in one statement at most: a few
@@ -212,6 +215,7 @@ impl PostgresStore {
             timeout: DEFAULT_TIMEOUT,
             statement_timeout: None,
             notifier,
+            clock: Arc::default(),
         }
     }
 
@@ -658,10 +662,11 @@ impl Store for PostgresStore {
     }
 
     /// A lost claim may still be in flight on another pooled connection, even queued behind
-    /// another transaction's lock on the key, so a plain release could run first and find
-    /// nothing. The claim's write checks, after any such wait, that it is within one timeout
-    /// of its statement's arrival on the server's clock, or writes nothing: so this waits one
-    /// timeout and a margin of 100 ms (for the statement's way to the server), and then, in one
+    /// another transaction's lock on the key, or delayed on its way, so a plain release could
+    /// run first and find nothing. The claim's write checks, after any such wait, that it is
+    /// before its deadline on the server's clock (its send time moved there, plus one
+    /// timeout), or writes nothing: so this waits one timeout and a margin of 100 ms (for the
+    /// error of the clocks' offset), and then, in one
     /// transaction, inserts the key (which waits for any insert of it in flight, then does
     /// nothing if one committed) and deletes it under the reservation: the lost claim's row,
     /// or this one's, never visible to anyone.

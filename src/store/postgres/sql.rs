@@ -48,12 +48,16 @@ impl Sql {
         // the change is then announced by a statement of its own (see `PostgresStore::change`).
         let announced = |statement: String| format!("{statement} RETURNING waited");
         // A claim's write, checked after it was made (after any wait for another
-        // transaction's lock on the key): within $6 milliseconds of the statement's arrival on
-        // the server's clock, or the statement fails (a division by zero, SQLSTATE 22012) and
+        // transaction's lock on the key): before its deadline on the server's clock, $7 in
+        // microseconds since the epoch (the caller's send time moved to the server's clock,
+        // plus the timeout), or while that is not known, within $6 milliseconds of the
+        // statement's start; else the statement fails (a division by zero, SQLSTATE 22012) and
         // writes nothing. So a claim whose caller gave up (its timeout) cannot write once the
         // settling's wait has passed.
-        let in_time = "1 / (clock_timestamp() < statement_timestamp() \
-             + $6::bigint * interval '1 millisecond')::int = 1";
+        let in_time = "1 / (clock_timestamp() < COALESCE(to_timestamp($7::bigint::float8 / 1000000), \
+             statement_timestamp() + $6::bigint * interval '1 millisecond'))::int = 1";
+        // The server's clock, in microseconds since the epoch, as a claim's answer carries it.
+        let server_now = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
         // A take-over, checked the same way after its update.
         let taken_in_time = |update: String| {
             format!("WITH taken AS ({update} RETURNING 1) SELECT 1 FROM taken WHERE {in_time}")
@@ -79,11 +83,11 @@ impl Sql {
                  VALUES ($1, $2, $3, {lease}, $5, false) \
                  ON CONFLICT (key) DO NOTHING \
                  RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
-                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
-                 WHERE {in_time} \
+                 SELECT token, fingerprint, response, expired, lapsed, {server_now} \
+                 FROM inserted WHERE {in_time} \
                  UNION ALL \
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
-                 COALESCE(lease_until <= now() AND take_over, false) \
+                 COALESCE(lease_until <= now() AND take_over, false), {server_now} \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             )),
             take_over: statement(taken_in_time(format!(
