@@ -62,14 +62,18 @@ pub(crate) fn database_options() -> PgConnectOptions {
     PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL")
 }
 
-/// A store that reaches the database through `proxy`: `DATABASE_URL`'s user, password and
-/// database at the proxy's address, in the clear (the proxy reads the protocol's messages to
-/// count round trips; a TLS session would hide them).
-pub(crate) async fn store_through(proxy: &Proxy) -> PostgresStore {
-    let options = database_options()
+/// `DATABASE_URL`'s user, password and database at `proxy`'s address, in the clear (the proxy
+/// reads the protocol's messages to count round trips; a TLS session would hide them).
+pub(crate) fn options_through(proxy: &Proxy) -> PgConnectOptions {
+    database_options()
         .host("127.0.0.1")
         .port(proxy.addr.port())
-        .ssl_mode(PgSslMode::Disable);
+        .ssl_mode(PgSslMode::Disable)
+}
+
+/// A store that reaches the database through `proxy` ([`options_through`]).
+pub(crate) async fn store_through(proxy: &Proxy) -> PostgresStore {
+    let options = options_through(proxy);
     // One connection, so that every call finds its statements prepared once warm, and each
     // call's ping is sent before the next call has the connection.
     let pool = PgPoolOptions::new()
@@ -760,13 +764,9 @@ pub(crate) async fn a_claim_delayed_past_its_settling_writes_nothing() {
     use tower_idempotency::store::{Lease, Reservation};
 
     let proxy = Proxy::start(database_addr().await, false).await;
-    let options = database_options()
-        .host("127.0.0.1")
-        .port(proxy.addr.port())
-        .ssl_mode(PgSslMode::Disable);
     let pool = PgPoolOptions::new()
         .max_connections(2)
-        .connect_with(options)
+        .connect_with(options_through(&proxy))
         .await
         .unwrap();
     let table = format!("tower_idempotency_delayed_{}", std::process::id());

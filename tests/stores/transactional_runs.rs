@@ -189,20 +189,16 @@ async fn a_run_on_mysql_writes_in_the_claims_transaction_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_commit_goes_unanswered_is_unknown_and_its_retry_replays() {
     use crate::common::servers::Proxy;
-    use crate::postgres_store::{database_addr, database_options};
-    use tower_idempotency::store::postgres::sqlx::postgres::{PgPoolOptions, PgSslMode};
+    use crate::postgres_store::{database_addr, options_through};
+    use tower_idempotency::store::postgres::sqlx::postgres::PgPoolOptions;
     use tower_idempotency::store::postgres::sqlx::{self, AssertSqlSafe};
     use tower_idempotency::store::{PgTransaction, PostgresStore, TransactionalPostgresStore};
 
     let db = crate::postgres_transactional::Db::new("lost_answer").await;
     let proxy = Proxy::start(database_addr().await, false).await;
-    let options = database_options()
-        .host("127.0.0.1")
-        .port(proxy.addr.port())
-        .ssl_mode(PgSslMode::Disable);
     let pool = PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(options)
+        .connect_with(options_through(&proxy))
         .await
         .unwrap();
     let store = PostgresStore::new(pool)
