@@ -412,3 +412,56 @@ pub(crate) async fn a_run_dropped_mid_claim_on_a_shared_pool_strands_no_key() {
     }
     assert_eq!(stranded, 0, "keys left pending over 20 rounds");
 }
+
+/// A settling whose release fails (not one that finds nothing) says so, at once: a closed pool
+/// fails the first release, and the settling does not wait for the claim's deadline first; a
+/// pool closed while it waits fails the second release, which is not taken for done either.
+#[tokio::test]
+pub(crate) async fn a_settling_whose_release_fails_says_so() {
+    use tower_idempotency::Store;
+    use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Reservation;
+
+    let (dir, file) = fresh_file("settle-fails");
+    drop(SqliteStore::open(&file).await.unwrap());
+    let pool = || async {
+        ::sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(::sqlx::sqlite::SqliteConnectOptions::new().filename(&file))
+            .await
+            .unwrap()
+    };
+    let fingerprint = LabelContract::fingerprint("k", "p");
+
+    // Closed before: the first release fails; answered long before the 30 s it would wait.
+    let closed = pool().await;
+    let store = SqliteStore::new(closed.clone()).timeout(Duration::from_secs(30));
+    closed.close().await;
+    let started = std::time::Instant::now();
+    let settled = store
+        .settle_claim("k", &fingerprint, Reservation::generate())
+        .await;
+    assert!(settled.is_err(), "{settled:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Closed while it waits past the deadline: the second release fails.
+    let open = pool().await;
+    let store = SqliteStore::new(open.clone()).timeout(Duration::from_secs(2));
+    let settling = {
+        let fingerprint = fingerprint;
+        tokio::spawn(async move {
+            store
+                .settle_claim("k", &fingerprint, Reservation::generate())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    open.close().await;
+    let settled = settling.await.unwrap();
+    assert!(settled.is_err(), "{settled:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
