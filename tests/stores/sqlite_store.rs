@@ -451,14 +451,11 @@ pub(crate) async fn a_settling_whose_release_fails_says_so() {
     // Closed while it waits past the deadline: the second release fails.
     let open = pool().await;
     let store = SqliteStore::new(open.clone()).timeout(Duration::from_secs(2));
-    let settling = {
-        let fingerprint = fingerprint;
-        tokio::spawn(async move {
-            store
-                .settle_claim("k", &fingerprint, Reservation::generate())
-                .await
-        })
-    };
+    let settling = tokio::spawn(async move {
+        store
+            .settle_claim("k", &fingerprint, Reservation::generate())
+            .await
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     open.close().await;
     let settled = settling.await.unwrap();
