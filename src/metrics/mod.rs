@@ -13,6 +13,7 @@
 //! | [`STORE_CALL_SECONDS`] | histogram | `call` | the time of each store call of a request: `claim`, `complete`, `release`, `renew` |
 //! | [`WAITING`] | gauge | | requests waiting now for a pending key's first attempt; see [`pending_wait`](crate::IdempotencyLayer::pending_wait) |
 //! | [`SETTLING`] | gauge | | lost store answers being settled now, each in a task of its own |
+//! | [`REDIS_SYNCING_PRIMARIES`] | gauge | (no `layer`) | Redis primaries whose replicas are all still syncing (a first sync, a resync after a restart), so that the default replica wait waits for none on them; set at each look at the replicas |
 //! | [`CLIENT_ATTEMPTS`] | counter | `attempt`: `first` or `retry` | attempts the client layer sent |
 //! | [`CLIENT_BUDGET_REFUSALS`] | counter | | retries the client layer's budget refused, giving the last answer instead |
 //!
@@ -50,6 +51,10 @@ pub const STORE_CALL_SECONDS: &str = "idempotency_store_call_seconds";
 pub const WAITING: &str = "idempotency_waiting";
 /// Lost store answers being settled now. A gauge, label `layer`.
 pub const SETTLING: &str = "idempotency_settling";
+/// Redis primaries with replicas none of which is online yet, so that the default replica
+/// wait waits for none of theirs. A gauge, no labels; see
+/// [`RedisStore::wait_for_replicas`](crate::store::RedisStore::wait_for_replicas).
+pub const REDIS_SYNCING_PRIMARIES: &str = "idempotency_redis_syncing_primaries";
 /// Attempts sent by the client layer. A counter, labels `layer`, `attempt`.
 pub const CLIENT_ATTEMPTS: &str = "idempotency_client_attempts_total";
 /// Retries the client layer's budget refused. A counter, label `layer`.

@@ -184,3 +184,130 @@ async fn writes_wait_for_the_replicas_asked_for() {
         "{error:#}"
     );
 }
+
+/// Waits until `what` holds of the primary's `INFO replication`, polling, within 30 s.
+async fn until_primary_says(port: &str, what: &str, holds: impl Fn(&str) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = cli(port, &["INFO", "replication"]);
+        if holds(&info) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A new claim, its complete and its replay, each answered.
+async fn create_and_replay(store: &RedisStore, key: &str) {
+    let fp = LabelContract::fingerprint(key, "p");
+    let claim = store.claim(key, &fp).await;
+    let Ok(Claim::New(reservation)) = claim else {
+        panic!("{key}: a new claim, not {claim:?}")
+    };
+    store
+        .complete(key, &reservation, &common::conformance::awkward_response())
+        .await
+        .unwrap_or_else(|error| panic!("{key}: the complete: {error:#}"));
+    let replay = store.claim(key, &fp).await;
+    assert!(matches!(replay, Ok(Claim::Replay(_))), "{key}: {replay:?}");
+}
+
+/// The default waits for online replicas only: a replica in its first sync (held there by the
+/// primary's diskless sync delay), or one restarted and syncing again, fails no write, while
+/// an explicit `wait_for_replicas(1, _)` still refuses them. Once the replica is online the
+/// default waits for it again; a replica killed mid-run (its primary still counted it a moment
+/// ago) fails no write either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_syncing_or_restarted_fails_no_write_under_the_default_wait() {
+    use tower_idempotency::store::StoreErrorKind;
+    use tower_idempotency::store::redis::ReplicaWait;
+    let primary = RedisServer::start_with(&[
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "600",
+    ]);
+    let port = primary.port.to_string();
+    let mut replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let in_first_sync = |info: &str| info.contains("state=wait_bgsave");
+    until_primary_says(&port, "the replica waits for its sync", in_first_sync).await;
+
+    let store = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    for i in 0..5 {
+        create_and_replay(&store, &format!("first-sync-{i}")).await;
+    }
+    assert_eq!(
+        store.replica_wait(),
+        ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 0
+        },
+        "a replica in its first sync is not waited for"
+    );
+    let explicit = RedisStore::connect(&primary.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_millis(100));
+    let fp = LabelContract::fingerprint("explicit", "p");
+    let refused = explicit.claim("explicit", &fp).await.map(|_| ());
+    assert_eq!(
+        refused.map_err(|e| e.kind()),
+        Err(StoreErrorKind::Unreplicated)
+    );
+
+    // Online: the default waits for it again.
+    cli(&port, &["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+    until_primary_says(&port, "the replica comes online", |info| {
+        info.contains("state=online")
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while store.replica_wait()
+        != (ReplicaWait::Detected {
+            primaries: 1,
+            replicated: 1,
+        })
+    {
+        assert!(std::time::Instant::now() < deadline, "never looked again");
+        create_and_replay(&store, &format!("online-{i}")).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    create_and_replay(&store, "waited").await;
+    assert_eq!(
+        cli(
+            &replica.port.to_string(),
+            &["HEXISTS", "idempotency:waited", "resp"]
+        )
+        .trim(),
+        "1",
+        "acknowledged: the replica has the complete"
+    );
+
+    // Killed while the store still counts it, then restarted into a full sync.
+    cli(&port, &["CONFIG", "SET", "repl-diskless-sync-delay", "600"]);
+    replica.kill();
+    for i in 0..5 {
+        create_and_replay(&store, &format!("killed-{i}")).await;
+    }
+    replica.start_again();
+    until_primary_says(
+        &port,
+        "the restarted replica waits for its sync",
+        in_first_sync,
+    )
+    .await;
+    for i in 0..5 {
+        create_and_replay(&store, &format!("restarted-{i}")).await;
+    }
+    let refused = explicit.claim("explicit-2", &fp).await.map(|_| ());
+    assert_eq!(
+        refused.map_err(|e| e.kind()),
+        Err(StoreErrorKind::Unreplicated)
+    );
+}

@@ -258,10 +258,10 @@ impl RedisStore {
             .map_err(unavailable)?;
         let connect = async { Cluster::connect(client).await.map_err(unavailable) };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
-        Self::over(Connection::Cluster(connection))
-            .listening_on(clients)
-            .looking_for_replicas()
-            .await
+        let mut store = Self::over(Connection::Cluster(connection));
+        // The template of the connections that look at each primary's replicas.
+        store.lookups = clients.first().cloned();
+        store.listening_on(clients).looking_for_replicas().await
     }
 
     /// `self`, refused if its server may evict records.

@@ -22,9 +22,9 @@ mod scripts;
 pub use self::replication::ReplicaWait;
 
 use self::cluster::Cluster;
-use self::connection::{Channel, Connection};
+use self::connection::{Channel, Connection, Node};
 use self::operator::{loosest, node_eviction_policy};
-use self::replication::{Replication, Setting, Topology, Wanted};
+use self::replication::{Replicas, Replication, Setting, Topology, Wanted};
 use self::scripts::{CLAIM, COMPLETE, INSPECT, Lua, RELEASE, RENEW, RESOLVE, SETTLE, Scripts};
 use super::codec;
 use super::notifier::{self, Notifier};
@@ -108,8 +108,9 @@ pub struct RedisStore {
     /// any, as last looked at.
     replication: Arc<Replication>,
     /// Where one server's replicas are looked up, on a connection of their own each time,
-    /// so that a lookup never queues behind waits its replica holds up; `None` on a
-    /// connection manager of the caller's (then the lookup shares it).
+    /// so that a lookup never queues behind waits its replica holds up; on a cluster, the
+    /// template of the connections to each primary; `None` on a connection manager of the
+    /// caller's (then the lookup shares it).
     lookups: Option<redis::Client>,
     /// Where the scripts publish each change ([`CHANGED_CHANNEL`]).
     channel: Arc<str>,
@@ -157,15 +158,20 @@ impl RedisStore {
     /// the primary that took it, `wait` at most. `0` turns the wait off, whatever the servers
     /// have.
     ///
-    /// **By default** the store looks for replicas when it connects (`INFO replication` on
-    /// one server, `CLUSTER NODES` on a cluster), again every second while writes go on, and
-    /// at once after a wait fell short (a failover moves slots to a primary that has no
-    /// replica yet): a write on a primary that has any waits for one, at most half the
+    /// **By default** the store looks for replicas online when it connects (`INFO
+    /// replication` on one server; `CLUSTER NODES`, then each primary's `INFO replication`
+    /// on a cluster), again every second while writes go on, and at once after a wait fell
+    /// short: a write on a primary that has a replica online waits for one, at most half the
     /// store's [timeout](Self::timeout) as it is at the call; a write on a primary without
-    /// one waits for nothing. `connect` and `connect_cluster` return having looked. On a
-    /// cluster a replica that is down still counts, since the cluster may promote it when it
-    /// is back: its primary's writes fail until it is back or the cluster forgets it (`CLUSTER
-    /// FORGET`). One server counts the replicas connected to it. A store
+    /// one waits for nothing. A replica is online once it is in sync: one waiting for or
+    /// loading its first sync, or syncing again after a restart, is not waited for (a `WAIT`
+    /// would block on it until it is), and the store says so in a warning and in the
+    /// [`idempotency_redis_syncing_primaries`](crate::metrics::REDIS_SYNCING_PRIMARIES)
+    /// gauge. A wait that fell short is looked at again before it fails the call: if the
+    /// primary has no replica online any more (killed, restarting, or a failover moved the
+    /// slots to a primary without one) the write stands, as one made after the look would;
+    /// a replica still online that did not acknowledge in time (hung, far behind) fails it.
+    /// `connect` and `connect_cluster` return having looked. A store
     /// [over a connection of yours](Self::from_manager) looks at its first write.
     /// [`replica_wait`](Self::replica_wait) says what was found.
     ///
@@ -191,8 +197,9 @@ impl RedisStore {
     /// replica promoted after its primary died) loses no completed key; without the wait, a
     /// key whose `201` the client holds can come back pending, or free to be created again,
     /// on the promoted replica. A `wait` of `n` is strict: a primary with fewer replicas
-    /// fails every write. The wait needs the rights to `WAIT`, `INFO` and `CLUSTER NODES`; a
-    /// server that refuses `INFO` is taken to have no replica, with a warning. Under
+    /// fails every write, whether its replicas are online or not. The wait needs the rights
+    /// to `WAIT`, `INFO` and `CLUSTER NODES`; a server that refuses `INFO` is taken to have
+    /// no replica, with a warning (on a cluster, every replica `CLUSTER NODES` lists). Under
     /// `maxmemory` with `noeviction`, a full server refuses a replay's marker, so replays
     /// fail there too.
     ///
@@ -206,7 +213,9 @@ impl RedisStore {
     /// forgets recent keys is acceptable. What it does not promise: a partition that leaves an old primary taking
     /// writes while its replica is promoted can still lose the writes made there
     /// (`min-replicas-to-write` on the primary narrows it); a primary's replicas are known
-    /// within a second of a change.
+    /// within a second of a change; and the writes a primary took while its only replica was
+    /// away or resyncing are on no replica until it is online again, so a failover in that
+    /// time can lose them.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -284,8 +293,9 @@ impl RedisStore {
     /// `self`, its replicas looked at (the default's first look).
     async fn looking_for_replicas(self) -> Result<Self, StoreError> {
         if matches!(self.replication.setting, Setting::Detect) {
+            let begun = self.replication.now_ms();
             let topology = self.read_replicas().await?;
-            self.replication.found(topology);
+            self.replication.found(topology, begun);
         }
         Ok(self)
     }
@@ -320,18 +330,50 @@ impl RedisStore {
                                 "cannot read the Redis replicas; writes are not waited for on \
                                  them (wait_for_replicas sets a wait)"
                             );
-                            Ok(Topology::Server { replicas: 0 })
+                            Ok(Topology::Server {
+                                replicas: Replicas::default(),
+                            })
                         }
                         Err(error) => Err(unavailable(error)),
                     }
                 }
-                Connection::Cluster(connection) => {
+                Connection::Cluster(cluster) => {
                     let nodes: String = redis::cmd("CLUSTER")
                         .arg("NODES")
-                        .query_async(connection)
+                        .query_async(cluster)
                         .await
                         .map_err(unavailable)?;
-                    replication::node_ranges(&nodes)
+                    let primaries = replication::cluster_primaries(&nodes)
+                        .ok_or_else(|| unreadable("CLUSTER NODES answer"))?;
+                    // Each primary's own INFO, at once, on a connection of its own (a
+                    // request to a hung node through the cluster connection would have the
+                    // driver recover its connections, holding every call up meanwhile): only
+                    // the primary knows which of its replicas are online. One that cannot say
+                    // within half the timeout is taken to have every replica the cluster
+                    // lists for it online, failing ones too (waiting, rather than not).
+                    let looks = primaries.iter().map(|primary| async move {
+                        let info = async {
+                            let client = node_client(self.lookups.as_ref()?, &primary.node)?;
+                            let mut own = client.get_multiplexed_async_connection().await.ok()?;
+                            let info: String = redis::cmd("INFO")
+                                .arg("replication")
+                                .query_async(&mut own)
+                                .await
+                                .ok()?;
+                            replication::server_replicas(&info)
+                        };
+                        tokio::time::timeout(self.timeout / 2, info)
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or(Replicas {
+                                online: primary.listed,
+                                syncing: 0,
+                            })
+                    });
+                    let replicas = futures_util::future::join_all(looks).await;
+                    let found: Vec<_> = primaries.into_iter().zip(replicas).collect();
+                    replication::slot_ranges(&found)
                         .ok_or_else(|| unreadable("CLUSTER NODES answer"))
                 }
             }
@@ -352,8 +394,9 @@ impl RedisStore {
         runtime.spawn(async move {
             // A task dropped unfinished (its runtime shutting down) ends the turn too.
             let turn = Turn(&store.replication);
+            let begun = store.replication.now_ms();
             match store.read_replicas().await {
-                Ok(topology) => store.replication.found(topology),
+                Ok(topology) => store.replication.found(topology, begun),
                 Err(error) => {
                     tracing::debug!(
                         error = &error as &dyn std::error::Error,
@@ -379,8 +422,9 @@ impl RedisStore {
             self.look_again_if_due();
             return Ok(wanted);
         }
+        let begun = self.replication.now_ms();
         let topology = self.read_replicas().await?;
-        self.replication.found(topology);
+        self.replication.found(topology, begun);
         Ok(self.capped(self.replication.wanted(record, default_wait)))
     }
 
@@ -461,47 +505,76 @@ impl RedisStore {
     }
 
     /// `answer` once the replicas it waited for acknowledged it: fewer is an unknown outcome
-    /// (`Unavailable`), and the replicas are looked at again. The error names the record's
-    /// primary and the replicas it lacks, and says when an explicit wait refuses every write
-    /// of a primary without them.
-    fn replicated<T>(
+    /// (`Unavailable`), and the replicas are looked at again. Under the default, the look is
+    /// made at once: a replica that went away since the last look (killed, or restarted into
+    /// a resync) leaves its primary none online, and a write there is not waited for, as if
+    /// the look had come first. The error names the record's primary and the replicas it
+    /// lacks, and says when an explicit wait refuses every write of a primary without them.
+    async fn replicated<T>(
         &self,
         record: &str,
         answer: T,
         acknowledged: Acknowledged,
     ) -> Result<T, StoreError> {
-        match acknowledged {
-            Acknowledged::By {
-                acknowledged,
-                replicas,
-            } if acknowledged < u64::from(replicas) => {
-                self.replication.fell_short();
-                let primary = match (&self.connection, &self.lookups) {
-                    (Connection::Cluster(_), _) => format!(
-                        "the primary of slot {}",
-                        replication::slot(record.as_bytes())
-                    ),
-                    (_, Some(client)) => {
-                        format!("the primary {}", client.get_connection_info().addr())
-                    }
-                    (_, None) => "the primary".to_owned(),
-                };
-                let lacks = u64::from(replicas).saturating_sub(acknowledged);
-                let mut why = format!(
-                    "{primary} acknowledged the write on {acknowledged} of {replicas} replicas \
-                     in time: it lacks {lacks}"
-                );
-                if let ReplicaWait::Set { .. } = self.replication.describe() {
-                    why.push_str(
-                        " (the explicit wait_for_replicas refuses every write of a primary \
-                         without them, as Redis' min-replicas-to-write does: give it a replica, \
-                         or lower the wait)",
-                    );
-                }
-                Err(StoreError::with_source(StoreErrorKind::Unavailable, why))
-            }
-            _ => Ok(answer),
+        let Acknowledged::By {
+            acknowledged,
+            replicas,
+        } = acknowledged
+        else {
+            return Ok(answer);
+        };
+        if acknowledged >= u64::from(replicas) {
+            return Ok(answer);
         }
+        self.replication.fell_short();
+        if matches!(self.replication.setting, Setting::Detect) && self.none_online(record).await {
+            tracing::debug!(
+                record,
+                "a replica wait fell short on a primary that has no replica online now: the \
+                 write stands unwaited, as writes there are until one is"
+            );
+            return Ok(answer);
+        }
+        let primary = match (&self.connection, &self.lookups) {
+            (Connection::Cluster(_), _) => format!(
+                "the primary of slot {}",
+                replication::slot(record.as_bytes())
+            ),
+            (_, Some(client)) => {
+                format!("the primary {}", client.get_connection_info().addr())
+            }
+            (_, None) => "the primary".to_owned(),
+        };
+        let lacks = u64::from(replicas).saturating_sub(acknowledged);
+        let mut why = format!(
+            "{primary} acknowledged the write on {acknowledged} of {replicas} replicas in time: \
+             it lacks {lacks}"
+        );
+        if let ReplicaWait::Set { .. } = self.replication.describe() {
+            why.push_str(
+                " (the explicit wait_for_replicas refuses every write of a primary without \
+                 them, as Redis' min-replicas-to-write does: give it a replica, or lower the \
+                 wait)",
+            );
+        }
+        Err(StoreError::with_source(StoreErrorKind::Unavailable, why))
+    }
+
+    /// Whether `record`'s primary has no replica online, as a look begun after now says: the
+    /// calls whose waits fell short together share one look (one at a time), and a look that
+    /// fails says no.
+    async fn none_online(&self, record: &str) -> bool {
+        let short_at = self.replication.now_ms();
+        let one_at_a_time = self.replication.look_now.lock().await;
+        if !self.replication.looked_since(short_at) {
+            let begun = self.replication.now_ms();
+            match self.read_replicas().await {
+                Ok(topology) => self.replication.found(topology, begun),
+                Err(_) => return false,
+            }
+        }
+        drop(one_at_a_time);
+        self.replication.wanted(record, 1) == Wanted::Nothing
     }
 }
 
@@ -552,6 +625,27 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A client for a cluster's `node`, made as `template` is (its TLS, its credentials).
+fn node_client(template: &redis::Client, node: &Node) -> Option<redis::Client> {
+    use redis::ConnectionAddr;
+    let (host, port) = (node.host.clone(), node.port);
+    let addr = match template.get_connection_info().addr() {
+        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host, port),
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => return None,
+    };
+    redis::Client::open(template.get_connection_info().clone().set_addr(addr)).ok()
+}
+
 /// A short replica wait on a claim the store has settled itself.
 fn unreplicated(short: StoreError) -> StoreError {
     StoreError::with_source(StoreErrorKind::Unreplicated, short)
@@ -599,7 +693,7 @@ impl Store for RedisStore {
         let mut answer = answer.into_iter();
         match (answer.next(), answer.next()) {
             (Some(Value::Int(0)), None) => {
-                if let Err(short) = self.replicated(&record, (), acknowledged) {
+                if let Err(short) = self.replicated(&record, (), acknowledged).await {
                     // Known to be made: undone at once, without a wait of its own (which the
                     // same replica would hold up), so that no key is left pending by a
                     // replica that stays away longer than the layer settles.
@@ -626,6 +720,7 @@ impl Store for RedisStore {
                 let replay = codec::decode(Bytes::from(response)).map(Claim::Replay)?;
                 // Only the marker was written: nothing to settle.
                 self.replicated(&record, replay, acknowledged)
+                    .await
                     .map_err(unreplicated)
             }
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
@@ -661,7 +756,8 @@ impl Store for RedisStore {
             call.arg(&token[..]).arg(retention_millis(lease));
         });
         let (answer, acknowledged) = renew.await?;
-        self.replicated(&record, acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)
+            .await?
     }
 
     async fn complete(
@@ -680,7 +776,8 @@ impl Store for RedisStore {
                 .arg(&*self.channel);
         });
         let (answer, acknowledged) = complete.await?;
-        self.replicated(&record, acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)
+            .await?
     }
 
     async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
@@ -691,7 +788,8 @@ impl Store for RedisStore {
             call.arg(&token[..]).arg(&*self.channel);
         });
         let (answer, acknowledged) = release.await?;
-        self.replicated(&record, acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)
+            .await?
     }
 
     /// A lost claim may still reach the server after this (queued on a connection the store
@@ -713,7 +811,7 @@ impl Store for RedisStore {
         });
         let (answer, acknowledged) = settle.await?;
         match answer {
-            Value::Int(0 | 1) => self.replicated(&record, (), acknowledged),
+            Value::Int(0 | 1) => self.replicated(&record, (), acknowledged).await,
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
     }

@@ -117,7 +117,8 @@ impl Operator for RedisStore {
                 .arg(&*self.channel);
         });
         let (answer, acknowledged) = resolve.await?;
-        self.replicated(&record, acted(answer), acknowledged)?
+        self.replicated(&record, acted(answer), acknowledged)
+            .await?
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
@@ -172,7 +173,7 @@ impl Operator for RedisStore {
             Wanted::Nothing | Wanted::Unknown => Duration::ZERO,
         };
         let (forgotten, acknowledged) = within(self.timeout.saturating_add(wait), call).await?;
-        self.replicated(&record, forgotten, acknowledged)
+        self.replicated(&record, forgotten, acknowledged).await
     }
 }
 

@@ -1,9 +1,9 @@
-//! Waiting for replicas after a write: which primaries have replicas (looked at when the store
-//! connects, again every second while writes go on, and at once after a wait fell short), and
-//! how many replicas a write on a record's primary waits for.
+//! Waiting for replicas after a write: which primaries have replicas online (looked at when the
+//! store connects, again every second while writes go on, and at once after a wait fell short),
+//! and how many replicas a write on a record's primary waits for.
 
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::millis;
@@ -32,7 +32,7 @@ use super::millis;
 /// let none = ReplicaWait::Detected { primaries: 1, replicated: 0 };
 /// assert_eq!(
 ///     none.to_string(),
-///     "no replica found: writes are not waited for (looked at every second)"
+///     "no replica online: writes are not waited for (looked at every second)"
 /// );
 /// assert_eq!(ReplicaWait::Undetected.to_string(), "looks for replicas at the first write");
 /// ```
@@ -50,7 +50,8 @@ pub enum ReplicaWait {
         wait: Duration,
     },
     /// The default, as last looked at: one replica after each write on a primary that has
-    /// any; `replicated` of the `primaries` have at least one.
+    /// any online; `replicated` of the `primaries` have at least one. A replica still in its
+    /// first sync, or syncing again after a restart, is not online yet.
     Detected {
         /// The primaries found (1 on one server).
         primaries: usize,
@@ -73,7 +74,7 @@ impl std::fmt::Display for ReplicaWait {
                 if replicas == 1 { "" } else { "s" }
             ),
             Self::Detected { replicated: 0, .. } => {
-                f.write_str("no replica found: writes are not waited for (looked at every second)")
+                f.write_str("no replica online: writes are not waited for (looked at every second)")
             }
             Self::Detected {
                 primaries,
@@ -100,20 +101,44 @@ pub(super) enum Setting {
     Off,
 }
 
+/// A primary's replicas, as its `INFO replication` lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Replicas {
+    /// Online: in sync, taking the primary's writes as they come.
+    pub(super) online: u32,
+    /// Connected but not online yet: waiting for or loading their first sync, or syncing
+    /// again after a restart. A `WAIT` would block on them until they are online.
+    pub(super) syncing: u32,
+}
+
 /// What the store last found of its servers' replicas.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Topology {
     /// Not looked at yet.
     Unknown,
-    /// One server and its connected replicas.
-    Server { replicas: u32 },
-    /// The slot ranges of a cluster, each with its primary's replicas, by first slot; and
-    /// how many primaries serve slots, and how many of them have a replica.
+    /// One server and its replicas.
+    Server { replicas: Replicas },
+    /// The slot ranges of a cluster, each with its primary's online replicas, by first slot;
+    /// how many primaries serve slots, how many of them have a replica online, and how many
+    /// have replicas that are all still syncing.
     Slots {
         ranges: Vec<SlotRange>,
         primaries: usize,
         replicated: usize,
+        syncing: usize,
     },
+}
+
+impl Topology {
+    /// The primaries whose writes the default waits for no replica although they have
+    /// some: every replica they have is still syncing.
+    pub(super) fn syncing_only(&self) -> usize {
+        match self {
+            Self::Unknown => 0,
+            Self::Server { replicas } => usize::from(replicas.online == 0 && replicas.syncing > 0),
+            Self::Slots { syncing, .. } => *syncing,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +161,13 @@ pub(super) struct Replication {
     epoch: Instant,
     /// Whether a look is under way (one at a time).
     looking: AtomicBool,
+    /// The primaries whose replicas were all syncing at the last look.
+    syncing: AtomicUsize,
+    /// When the last look that found something began, in ms since `epoch` (plus one; 0:
+    /// none did). Unlike `read_at`, never cleared by a short wait.
+    looked_from: AtomicU64,
+    /// One look at a time after short waits: the calls that fell short together share one.
+    pub(super) look_now: tokio::sync::Mutex<()>,
 }
 
 /// What a write waits for.
@@ -157,6 +189,9 @@ impl Replication {
             read_at: AtomicU64::new(0),
             epoch: Instant::now(),
             looking: AtomicBool::new(false),
+            syncing: AtomicUsize::new(0),
+            looked_from: AtomicU64::new(0),
+            look_now: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -172,7 +207,7 @@ impl Replication {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 match &*topology {
                     Topology::Unknown => Wanted::Unknown,
-                    Topology::Server { replicas } => at_least_one(*replicas, default_wait_ms),
+                    Topology::Server { replicas } => at_least_one(replicas.online, default_wait_ms),
                     Topology::Slots { ranges, .. } => {
                         let slot = slot(record.as_bytes());
                         let replicas = ranges
@@ -202,8 +237,32 @@ impl Replication {
             .is_ok()
     }
 
-    /// Records what a look found, and ends the turn.
-    pub(super) fn found(&self, topology: Topology) {
+    /// Records what a look found, and ends the turn. Says in a log line, and in the
+    /// [`REDIS_SYNCING_PRIMARIES`](crate::metrics::REDIS_SYNCING_PRIMARIES) gauge, when
+    /// primaries that have replicas have none online to wait for, and when they have again.
+    pub(super) fn found(&self, topology: Topology, begun: u64) {
+        self.looked_from
+            .fetch_max(begun.saturating_add(1), Ordering::AcqRel);
+        let syncing = topology.syncing_only();
+        let before = self.syncing.swap(syncing, Ordering::AcqRel);
+        if syncing != before {
+            if syncing > 0 {
+                tracing::warn!(
+                    primaries = syncing,
+                    "Redis replicas are connected but none is online yet (a first sync, or a \
+                     resync after a restart): writes on those primaries are not waited for \
+                     until one is"
+                );
+            } else {
+                tracing::info!("every Redis primary with replicas has one online to wait for");
+            }
+        }
+        #[cfg(feature = "metrics")]
+        {
+            #[allow(clippy::cast_precision_loss)]
+            let syncing = syncing as f64;
+            ::metrics::gauge!(crate::metrics::REDIS_SYNCING_PRIMARIES).set(syncing);
+        }
         *self
             .topology
             .write()
@@ -239,7 +298,7 @@ impl Replication {
                 Topology::Unknown => ReplicaWait::Undetected,
                 Topology::Server { replicas } => ReplicaWait::Detected {
                     primaries: 1,
-                    replicated: usize::from(*replicas > 0),
+                    replicated: usize::from(replicas.online > 0),
                 },
                 Topology::Slots {
                     primaries,
@@ -253,8 +312,14 @@ impl Replication {
         }
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Now, in ms since the store's epoch: when a look begins, or a wait fell short.
+    pub(super) fn now_ms(&self) -> u64 {
         millis(self.epoch.elapsed())
+    }
+
+    /// Whether a look begun at `since` or later found something.
+    pub(super) fn looked_since(&self, since: u64) -> bool {
+        self.looked_from.load(Ordering::Acquire) > since
     }
 }
 
@@ -266,28 +331,56 @@ fn at_least_one(replicas: u32, wait_ms: u64) -> Wanted {
     }
 }
 
-/// The connected replicas of an `INFO replication` answer: `connected_slaves` of a primary,
-/// 0 of a replica (it takes no writes). `None` if the answer says neither.
-pub(super) fn server_replicas(info: &str) -> Option<u32> {
+/// The replicas of an `INFO replication` answer: each `slaveN:…,state=…` line of a primary,
+/// online or not yet, checked against its `connected_slaves`; none of a replica (it takes no
+/// writes). `None` if the answer says neither.
+pub(super) fn server_replicas(info: &str) -> Option<Replicas> {
     let field = |name: &str| {
         info.lines()
             .find_map(|line| line.trim_end().strip_prefix(name)?.strip_prefix(':'))
     };
     match field("role")? {
-        "master" => field("connected_slaves")?.parse().ok(),
-        "slave" | "replica" => Some(0),
+        "master" => {
+            let connected: u32 = field("connected_slaves")?.parse().ok()?;
+            let mut online = 0u32;
+            for line in info.lines() {
+                let Some((name, fields)) = line.trim_end().split_once(':') else {
+                    continue;
+                };
+                let numbered = name
+                    .strip_prefix("slave")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                if numbered && fields.split(',').any(|field| field == "state=online") {
+                    online = online.saturating_add(1);
+                }
+            }
+            let online = online.min(connected);
+            Some(Replicas {
+                online,
+                syncing: connected - online,
+            })
+        }
+        "slave" | "replica" => Some(Replicas::default()),
         _ => None,
     }
 }
 
-/// The slot ranges of a `CLUSTER NODES` answer, each with its primary's replicas, failing
-/// ones too (the cluster may promote one when it is back, with what it has), by first slot. Each line is `id address flags primary-id ping pong epoch link
-/// slot…`, a slot being `N` or `N-M` (`[…]`, a slot moving, is skipped). `None` if a line is
-/// unreadable. (`CLUSTER SLOTS` lists a replica only once it has a replication offset, which
-/// the replicas of a cluster that took no write yet do not have.)
-pub(super) fn node_ranges(nodes: &str) -> Option<Topology> {
+/// A primary of a cluster as `CLUSTER NODES` lists it: its address, its slot ranges, and how
+/// many replicas the cluster lists for it, failing ones too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClusterPrimary {
+    pub(super) node: super::connection::Node,
+    pub(super) slots: Vec<(u16, u16)>,
+    pub(super) listed: u32,
+}
+
+/// The primaries serving slots in a `CLUSTER NODES` answer. Each line is `id
+/// address@cport[,hostname] flags primary-id ping pong epoch link slot…`, a slot being `N` or
+/// `N-M` (`[…]`, a slot moving, is skipped). `None` if a line is unreadable.
+pub(super) fn cluster_primaries(nodes: &str) -> Option<Vec<ClusterPrimary>> {
     struct Line<'a> {
         id: &'a str,
+        address: &'a str,
         flags: Vec<&'a str>,
         primary: &'a str,
         slots: Vec<&'a str>,
@@ -300,41 +393,72 @@ pub(super) fn node_ranges(nodes: &str) -> Option<Topology> {
         }
         lines.push(Line {
             id: fields[0],
+            address: fields[1],
             flags: fields[2].split(',').collect(),
             primary: fields[3],
             slots: fields[8..].to_vec(),
         });
     }
-    // A failing replica counts: the cluster may still promote it, with what it has.
     let unknown = |line: &Line<'_>| {
         line.flags
             .iter()
             .any(|flag| *flag == "handshake" || *flag == "noaddr")
     };
-    let (mut ranges, mut primaries, mut replicated) = (Vec::new(), 0, 0);
+    let mut primaries = Vec::new();
     for primary in lines.iter().filter(|line| line.flags.contains(&"master")) {
-        let replicas = lines
+        let mut slots = Vec::new();
+        for range in primary.slots.iter().filter(|slots| !slots.starts_with('[')) {
+            let (first, last) = range.split_once('-').unwrap_or((range, range));
+            slots.push((first.parse().ok()?, last.parse().ok()?));
+        }
+        if slots.is_empty() {
+            continue;
+        }
+        let address = primary.address.split(['@', ',']).next()?;
+        let (host, port) = address.rsplit_once(':')?;
+        let listed = lines
             .iter()
             .filter(|line| line.primary == primary.id && !unknown(line))
             .count();
-        if primary.slots.iter().any(|slots| !slots.starts_with('[')) {
-            primaries += 1;
-            replicated += usize::from(replicas > 0);
-        }
-        for slots in primary.slots.iter().filter(|slots| !slots.starts_with('[')) {
-            let (first, last) = slots.split_once('-').unwrap_or((slots, slots));
+        primaries.push(ClusterPrimary {
+            node: super::connection::Node {
+                host: host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned(),
+                port: port.parse().ok()?,
+            },
+            slots,
+            listed: u32::try_from(listed).unwrap_or(u32::MAX),
+        });
+    }
+    Some(primaries)
+}
+
+/// The slot ranges of a cluster's primaries, each with the replicas its primary has online,
+/// by first slot; a slot past 16383 is unreadable (`None`).
+pub(super) fn slot_ranges(primaries: &[(ClusterPrimary, Replicas)]) -> Option<Topology> {
+    let (mut ranges, mut replicated, mut syncing) = (Vec::new(), 0, 0);
+    for (primary, replicas) in primaries {
+        replicated += usize::from(replicas.online > 0);
+        syncing += usize::from(replicas.online == 0 && replicas.syncing > 0);
+        for &(first, last) in &primary.slots {
+            if first > last || last > 16383 {
+                return None;
+            }
             ranges.push(SlotRange {
-                first: first.parse().ok()?,
-                last: last.parse().ok()?,
-                replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+                first,
+                last,
+                replicas: replicas.online,
             });
         }
     }
     ranges.sort_by_key(|range| range.first);
     Some(Topology::Slots {
         ranges,
-        primaries,
+        primaries: primaries.len(),
         replicated,
+        syncing,
     })
 }
 
@@ -396,16 +520,28 @@ mod tests {
     }
 
     #[test]
-    fn info_replication_gives_a_primarys_connected_replicas() {
-        let primary = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\nslave0:ip=…\r\n";
-        assert_eq!(server_replicas(primary), Some(2));
+    fn info_replication_tells_online_replicas_from_syncing_ones() {
+        let primary = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+            slave0:ip=127.0.0.1,port=7001,state=online,offset=42,lag=0\r\n\
+            slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
+            slave2:ip=127.0.0.1,port=7003,state=online,offset=42,lag=1\r\n\
+            master_failover_state:no-failover\r\n";
+        let replicas = |online, syncing| Some(Replicas { online, syncing });
+        assert_eq!(server_replicas(primary), replicas(2, 1));
+        let first_sync = "role:master\nconnected_slaves:1\n\
+            slave0:ip=127.0.0.1,port=7001,state=send_bulk,offset=0,lag=0\n";
+        assert_eq!(server_replicas(first_sync), replicas(0, 1));
+        // Lines that only look like a replica's are not counted, nor more than are connected.
+        let odd = "role:master\nconnected_slaves:1\nslave:state=online\nslavex:state=online\n\
+            slave0:state=onlinex\nslave1:ip=a,state=online\nslave2:ip=b,state=online\n";
+        assert_eq!(server_replicas(odd), replicas(1, 0));
         assert_eq!(
             server_replicas("role:master\nconnected_slaves:0\n"),
-            Some(0)
+            replicas(0, 0)
         );
         assert_eq!(
             server_replicas("role:slave\nmaster_host:10.0.0.1\n"),
-            Some(0)
+            replicas(0, 0)
         );
         for unreadable in [
             "",
@@ -415,82 +551,142 @@ mod tests {
         ] {
             assert_eq!(server_replicas(unreadable), None, "{unreadable:?}");
         }
+        let syncing = Topology::Server {
+            replicas: Replicas {
+                online: 0,
+                syncing: 2,
+            },
+        };
+        assert_eq!(syncing.syncing_only(), 1);
+        let online = Topology::Server {
+            replicas: Replicas {
+                online: 1,
+                syncing: 2,
+            },
+        };
+        assert_eq!(online.syncing_only(), 0);
+        assert_eq!(Topology::Unknown.syncing_only(), 0);
     }
 
     #[test]
-    fn cluster_nodes_give_each_ranges_replicas_failing_ones_too_by_first_slot() {
+    fn cluster_nodes_give_each_primary_its_address_slots_and_listed_replicas() {
         let nodes = "\
 a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460 [5461->-b1]
-b1 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922 16000
+b1 127.0.0.1:7001@17001,b.example master - 0 1 2 connected 5461-10922 16000
 c1 127.0.0.1:7002@17002 master,fail - 0 1 3 disconnected
 a2 127.0.0.1:7100@17100 slave a1 0 1 1 connected
 b2 127.0.0.1:7101@17101 slave b1 0 1 2 connected
 b3 127.0.0.1:7102@17102 slave,fail? b1 0 1 2 connected
-d1 127.0.0.1:7003@17003 master - 0 1 4 connected 10923-15999
+d1 [::1]:7003@17003 master - 0 1 4 connected 10923-15999
 d2 127.0.0.1:7103@17103 slave,fail d1 0 1 4 disconnected
 e1 127.0.0.1:7004@17004 master - 0 1 5 connected 16001-16383
 e2 :0@0 slave,noaddr e1 0 1 5 disconnected
 e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
 ";
+        let primary = |host: &str, port, slots: &[(u16, u16)], listed| ClusterPrimary {
+            node: super::super::connection::Node {
+                host: host.to_owned(),
+                port,
+            },
+            slots: slots.to_vec(),
+            listed,
+        };
+        let primaries = cluster_primaries(nodes).unwrap();
+        assert_eq!(
+            primaries,
+            vec![
+                primary("127.0.0.1", 7000, &[(0, 5460)], 1),
+                primary("127.0.0.1", 7001, &[(5461, 10922), (16000, 16000)], 2),
+                primary("::1", 7003, &[(10923, 15999)], 1),
+                primary("127.0.0.1", 7004, &[(16001, 16383)], 0),
+            ]
+        );
+        assert_eq!(cluster_primaries(""), Some(vec![]));
+        for unreadable in [
+            "a1 127.0.0.1:7000@17000 master -",
+            "a1 127.0.0.1:7000@17000 master - 0 0 1 connected x-5460",
+            "a1 127.0.0.1:7000@17000 master - 0 0 1 connected 0-99999",
+            "a1 127.0.0.1@17000 master - 0 0 1 connected 0-5",
+            "a1 127.0.0.1:x@17000 master - 0 0 1 connected 0-5",
+        ] {
+            assert_eq!(cluster_primaries(unreadable), None, "{unreadable:?}");
+        }
+
+        // Each range carries its primary's online replicas.
+        let replicas = |online, syncing| Replicas { online, syncing };
+        let found: Vec<_> = primaries
+            .into_iter()
+            .zip([
+                replicas(1, 0),
+                replicas(2, 1),
+                replicas(0, 1),
+                replicas(0, 0),
+            ])
+            .collect();
         let range = |first, last, replicas| SlotRange {
             first,
             last,
             replicas,
         };
         assert_eq!(
-            node_ranges(nodes),
+            slot_ranges(&found),
             Some(Topology::Slots {
                 ranges: vec![
                     range(0, 5460, 1),
                     range(5461, 10922, 2),
-                    range(10923, 15999, 1),
+                    range(10923, 15999, 0),
                     range(16000, 16000, 2),
                     range(16001, 16383, 0),
                 ],
                 primaries: 4,
-                replicated: 3,
+                replicated: 2,
+                syncing: 1,
             })
         );
         assert_eq!(
-            node_ranges(""),
+            slot_ranges(&[]),
             Some(Topology::Slots {
                 ranges: vec![],
                 primaries: 0,
-                replicated: 0
+                replicated: 0,
+                syncing: 0,
             })
         );
-        for unreadable in [
-            "a1 127.0.0.1:7000@17000 master -",
-            "a1 127.0.0.1:7000@17000 master - 0 0 1 connected x-5460",
-            "a1 127.0.0.1:7000@17000 master - 0 0 1 connected 0-99999",
-        ] {
-            assert_eq!(node_ranges(unreadable), None, "{unreadable:?}");
+        for slots in [(5, 4), (0, 16384)] {
+            let mut wrong = found.clone();
+            wrong[0].0.slots = vec![slots];
+            assert_eq!(slot_ranges(&wrong), None, "{slots:?}");
         }
     }
 
     #[test]
     fn the_default_waits_for_one_replica_where_the_records_primary_has_any() {
+        let online = |online| Replicas { online, syncing: 0 };
         let replication = Replication::new(Setting::Detect);
         assert_eq!(replication.wanted("k", 100), Wanted::Unknown);
         assert_eq!(replication.describe(), ReplicaWait::Undetected);
         let a = b"a";
         let on_a = slot(a);
-        replication.found(Topology::Slots {
-            ranges: vec![
-                SlotRange {
-                    first: 0,
-                    last: on_a,
-                    replicas: 3,
-                },
-                SlotRange {
-                    first: on_a + 1,
-                    last: 16383,
-                    replicas: 0,
-                },
-            ],
-            primaries: 2,
-            replicated: 1,
-        });
+        replication.found(
+            Topology::Slots {
+                ranges: vec![
+                    SlotRange {
+                        first: 0,
+                        last: on_a,
+                        replicas: 3,
+                    },
+                    SlotRange {
+                        first: on_a + 1,
+                        last: 16383,
+                        replicas: 0,
+                    },
+                ],
+                primaries: 2,
+                replicated: 1,
+                syncing: 0,
+            },
+            0,
+        );
         assert_eq!(replication.wanted("a", 100), Wanted::Replicas(1, 100));
         let elsewhere = (0..)
             .map(|i| format!("k{i}"))
@@ -504,7 +700,12 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
                 replicated: 1
             }
         );
-        replication.found(Topology::Server { replicas: 2 });
+        replication.found(
+            Topology::Server {
+                replicas: online(2),
+            },
+            0,
+        );
         assert_eq!(replication.wanted("a", 7), Wanted::Replicas(1, 7));
         assert_eq!(
             replication.describe(),
@@ -513,7 +714,36 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
                 replicated: 1
             }
         );
-        replication.found(Topology::Server { replicas: 0 });
+        replication.found(
+            Topology::Server {
+                replicas: Replicas {
+                    online: 1,
+                    syncing: 1,
+                },
+            },
+            0,
+        );
+        assert_eq!(replication.wanted("a", 7), Wanted::Replicas(1, 7));
+        assert_eq!(replication.syncing.load(Ordering::Acquire), 0);
+        // Replicas all syncing: none to wait for, and the store says so.
+        replication.found(
+            Topology::Server {
+                replicas: Replicas {
+                    online: 0,
+                    syncing: 2,
+                },
+            },
+            0,
+        );
+        assert_eq!(replication.wanted("a", 7), Wanted::Nothing);
+        assert_eq!(replication.syncing.load(Ordering::Acquire), 1);
+        replication.found(
+            Topology::Server {
+                replicas: online(0),
+            },
+            0,
+        );
+        assert_eq!(replication.syncing.load(Ordering::Acquire), 0);
         assert_eq!(replication.wanted("a", 7), Wanted::Nothing);
         assert_eq!(
             replication.describe(),
@@ -523,16 +753,21 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
             }
         );
         // A slot no range covers (a cluster missing slots) waits for nothing.
-        replication.found(Topology::Slots {
-            ranges: Vec::new(),
-            primaries: 0,
-            replicated: 0,
-        });
+        replication.found(
+            Topology::Slots {
+                ranges: Vec::new(),
+                primaries: 0,
+                replicated: 0,
+                syncing: 0,
+            },
+            0,
+        );
         assert_eq!(replication.wanted("a", 7), Wanted::Nothing);
     }
 
     #[test]
     fn a_setting_is_kept_whatever_is_found() {
+        let online = |online| Replicas { online, syncing: 0 };
         let set = Replication::new(Setting::Set {
             replicas: 2,
             wait_ms: 50,
@@ -540,7 +775,12 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
         let off = Replication::new(Setting::Off);
         for replication in [&set, &off] {
             assert!(!replication.take_turn(), "a setting never looks");
-            replication.found(Topology::Server { replicas: 0 });
+            replication.found(
+                Topology::Server {
+                    replicas: online(0),
+                },
+                0,
+            );
         }
         assert_eq!(set.wanted("a", 7), Wanted::Replicas(2, 50));
         assert_eq!(off.wanted("a", 7), Wanted::Nothing);
@@ -548,16 +788,27 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
 
     #[test]
     fn the_default_looks_again_once_a_second_one_at_a_time_and_at_once_after_a_short_wait() {
+        let online = |online| Replicas { online, syncing: 0 };
         let replication = Replication::new(Setting::Detect);
         assert!(replication.take_turn(), "never looked");
         assert!(!replication.take_turn(), "one look at a time");
         replication.not_found();
         assert!(replication.take_turn(), "a failed look is tried again");
-        replication.found(Topology::Server { replicas: 1 });
+        replication.found(
+            Topology::Server {
+                replicas: online(1),
+            },
+            0,
+        );
         assert!(!replication.take_turn(), "just looked");
         replication.fell_short();
         assert!(replication.take_turn(), "a short wait looks again");
-        replication.found(Topology::Server { replicas: 1 });
+        replication.found(
+            Topology::Server {
+                replicas: online(1),
+            },
+            0,
+        );
         // As if a second had passed.
         replication.read_at.store(1, Ordering::Release);
         let replication = Replication {
