@@ -311,3 +311,46 @@ async fn a_replica_syncing_or_restarted_fails_no_write_under_the_default_wait() 
         Err(StoreErrorKind::Unreplicated)
     );
 }
+
+/// Under the default wait, writes to a replicated server go in groups, one `WAIT` after
+/// each: every caller of a crowd gets its own answer (its own replay, never a neighbour's),
+/// and a flushed script cache is filled again on that path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_waited_writes_each_get_their_own_answer() {
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+    use tower_idempotency::store::StoredResponse;
+    let (primary, replica) = primary_and_replica().await;
+    let store = RedisStore::connect(&primary.url()).await.unwrap();
+    cli(&primary.port.to_string(), &["SCRIPT", "FLUSH"]);
+    let crowd = (0..200).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let key = format!("crowd-{i}");
+            let fp = LabelContract::fingerprint(&key, "p");
+            let Claim::New(reservation) = store.claim(&key, &fp).await.unwrap() else {
+                panic!("{key}: a new claim")
+            };
+            let body = Bytes::from(format!("response {i}"));
+            let response = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), body);
+            store.complete(&key, &reservation, &response).await.unwrap();
+            let Claim::Replay(replayed) = store.claim(&key, &fp).await.unwrap() else {
+                panic!("{key}: a replay")
+            };
+            assert_eq!(replayed.body(), &format!("response {i}"), "{key}");
+            let other = LabelContract::fingerprint(&key, "other");
+            assert!(matches!(
+                store.claim(&key, &other).await.unwrap(),
+                Claim::Conflict
+            ));
+        })
+    });
+    for task in crowd.collect::<Vec<_>>() {
+        task.await.unwrap();
+    }
+    let on_replica = cli(
+        &replica.port.to_string(),
+        &["EXISTS", "idempotency:crowd-199"],
+    );
+    assert_eq!(on_replica.trim(), "1");
+}

@@ -112,21 +112,15 @@ impl RedisStore {
             tls_provider();
         }
         let client_for_notifier = client.clone();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
-            // No response timeout of its own: every call runs within the store's configured
-            // timeout instead, which may be longer than the default, and reports `Timeout`.
-            .set_response_timeout(None)
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
         let connect = async {
-            ConnectionManager::new_with_config(client, config)
+            ConnectionManager::new_with_config(client, manager_config())
                 .await
                 .map_err(unavailable)
         };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
         let mut store = Self::from_manager(connection);
         store.lookups = Some(client_for_notifier.clone());
+        store.waiters = Some(Arc::new(Waiters::server(client_for_notifier.clone())));
         store
             .listening_on(vec![client_for_notifier])
             .looking_for_replicas()
@@ -256,11 +250,13 @@ impl RedisStore {
             .max_retry_wait(200)
             .build()
             .map_err(unavailable)?;
+        let waiters = Waiters::cluster(client.clone());
         let connect = async { Cluster::connect(client).await.map_err(unavailable) };
         let connection = within(DEFAULT_TIMEOUT, connect).await?;
         let mut store = Self::over(Connection::Cluster(connection));
         // The template of the connections that look at each primary's replicas.
         store.lookups = clients.first().cloned();
+        store.waiters = Some(Arc::new(waiters));
         store.listening_on(clients).looking_for_replicas().await
     }
 
@@ -313,8 +309,20 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             replication: Arc::new(Replication::new(Setting::Detect)),
             lookups: None,
+            waiters: None,
             channel: Arc::from(CHANGED_CHANNEL),
             notifier: None,
         }
     }
+}
+
+/// How a connection to one server is kept: the store's own, and those of its waited writes.
+pub(super) fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+        // No response timeout of its own: every call runs within the store's configured
+        // timeout instead, which may be longer than the default, and reports `Timeout`.
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
 }

@@ -18,6 +18,7 @@ mod connection;
 mod operator;
 mod replication;
 mod scripts;
+mod waiters;
 
 pub use self::replication::ReplicaWait;
 
@@ -26,6 +27,7 @@ use self::connection::{Channel, Connection, Node};
 use self::operator::{loosest, node_eviction_policy};
 use self::replication::{Replicas, Replication, Setting, Topology, Wanted};
 use self::scripts::{CLAIM, COMPLETE, INSPECT, Lua, RELEASE, RENEW, RESOLVE, SETTLE, Scripts};
+use self::waiters::Waiters;
 use super::codec;
 use super::notifier::{self, Notifier};
 use super::waiting;
@@ -112,6 +114,9 @@ pub struct RedisStore {
     /// template of the connections to each primary; `None` on a connection manager of the
     /// caller's (then the lookup shares it).
     lookups: Option<redis::Client>,
+    /// The connections of the writes that wait for replicas; `None` on a connection manager
+    /// of the caller's (then they share it).
+    waiters: Option<Arc<Waiters>>,
     /// Where the scripts publish each change ([`CHANGED_CHANNEL`]).
     channel: Arc<str>,
     /// Wakes the requests of this process waiting for a key, from the changes published on
@@ -204,12 +209,15 @@ impl RedisStore {
     /// fail there too.
     ///
     /// What it costs: no round trip more, but each write's reply waits for the replica's
-    /// acknowledgement, and a waiting `WAIT` holds back the commands behind it on its
-    /// connection (one multiplexed connection per server), so writes to one primary go one
-    /// replica round trip at a time. Measured on one host (the capacity bench, 64 tasks):
-    /// about 6,400 creates and 14,500 replays a second against a primary with one replica,
-    /// 48,000 and 126,000 with the wait off; on a cluster of three primaries with a replica
-    /// each, 10,200 and 29,100 against 34,100 and 98,100. Turn it off where a failover that
+    /// acknowledgement. Since a waiting `WAIT` holds back the commands behind it on its
+    /// connection, waited writes go on connections of their own (opened at the first one):
+    /// on one server four, each sending the writes that came while its last group was out
+    /// together, with one `WAIT` after them; on a cluster eight, each write with its own
+    /// `WAIT`. A store [over a connection of yours](Self::from_manager) sends them on that
+    /// one, one replica round trip at a time. Measured on one host, everything on two cores
+    /// (`BENCHMARKS.md`, "Replicated Redis"), the wait keeps about 0.7 of the creates and
+    /// replays a second of the same servers with the wait off on one server, 0.6 on a
+    /// cluster of three primaries with a replica each. Turn it off where a failover that
     /// forgets recent keys is acceptable. What it does not promise: a partition that leaves an old primary taking
     /// writes while its replica is promoted can still lose the writes made there
     /// (`min-replicas-to-write` on the primary narrows it); a primary's replicas are known
@@ -467,11 +475,23 @@ impl RedisStore {
             command
         };
         let send = async |command: Cmd| -> RedisResult<(Value, Acknowledged)> {
-            let mut connection = self.connection.clone();
             let Some((replicas, wait_ms)) = waiting else {
+                let mut connection = self.connection.clone();
                 let value = command.query_async(&mut connection).await?;
                 return Ok((value, Acknowledged::NotAsked));
             };
+            // On connections of the waits' own: a `WAIT` holds back the commands behind it.
+            if let Some(waiters) = &self.waiters {
+                let (value, acknowledged) = waiters.send(command, replicas, wait_ms).await?;
+                return Ok((
+                    value,
+                    Acknowledged::By {
+                        acknowledged,
+                        replicas,
+                    },
+                ));
+            }
+            let mut connection = self.connection.clone();
             let mut pipeline = redis::pipe();
             pipeline.add_command(command);
             pipeline.cmd("WAIT").arg(replicas).arg(wait_ms);
