@@ -14,6 +14,7 @@ use common::*;
 use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::MySqlStore;
+use tower_idempotency::store::mysql::sqlx;
 use tower_idempotency::store::{Claim, Purge};
 
 #[tokio::test]
@@ -37,6 +38,71 @@ async fn purge_deletes_expired_completed_records_only() {
         store.claim(&done, &fp).await.unwrap(),
         Claim::New(_)
     ));
+}
+
+/// A purge batch held up on a row stalls no claim. Another transaction holds the newest
+/// expired record, so the purge's batch waits on it; meanwhile new keys are claimed. Their
+/// rows, not expiring yet (a `NULL` expiry), go in the expiry index before every expired
+/// record, in the gap a `REPEATABLE READ` scan locks with its first record: there every
+/// claim waited for the purge's batch, past its timeout (2 s; a claim takes milliseconds).
+/// The purge's own batches read committed rows and lock gaps no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_held_up_on_a_row_stalls_no_claim() {
+    let (table, _) = own_table("purge_beside_claims").await;
+    // A pool of the test's own: the server's lock wait (50 s), which outlasts every bound
+    // here, so that a claim held up by the purge runs out of its own timeout.
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .connect(&mysql_url())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(pool).table(&table).unwrap();
+    let mut connection = session().await;
+    run(
+        &mut connection,
+        format!(
+            "INSERT INTO {table} (`key`, fingerprint, token, response, changed_at, expires_at) \
+             WITH {DIGITS} SELECT CONCAT('expired-', a.i + 10 * b.i), 'x', NULL, x'00', 0, \
+             1 + a.i + 10 * b.i FROM n a, n b"
+        ),
+    )
+    .await;
+    let mut holder = session().await;
+    run(&mut holder, "BEGIN").await;
+    run(
+        &mut holder,
+        format!("SELECT * FROM {table} WHERE `key` = 'expired-99' FOR UPDATE"),
+    )
+    .await;
+    let purging = store.clone().timeout(Duration::from_secs(60));
+    let purge = tokio::spawn(async move { purging.purge_expired().await });
+    // The purge waits for the held row (a lock wait the server lists), having deleted the
+    // others.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(
+        "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' \
+         AND trx_query LIKE '%DELETE%purge_beside_claims%'"
+            .to_owned(),
+    )
+    .await
+        == 0
+    {
+        assert!(!purge.is_finished(), "the purge ended without waiting");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the purge never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let claiming = store.timeout(Duration::from_secs(2));
+    let fp = LabelContract::fingerprint("x", "y");
+    for i in 0..5 {
+        let key = unique_key(&format!("beside-purge-{i}"));
+        let claim = claiming.claim(&key, &fp).await;
+        assert!(matches!(claim, Ok(Claim::New(_))), "{key}: {claim:?}");
+    }
+    run(&mut holder, "ROLLBACK").await;
+    assert_eq!(purge.await.unwrap().expect("the purge finishes"), 100);
+    run(&mut connection, format!("DROP TABLE {table}")).await;
 }
 
 /// A backlog of expired records larger than many batches: the purge finishes (in batches,

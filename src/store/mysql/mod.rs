@@ -461,8 +461,12 @@ impl std::fmt::Debug for MySqlStore {
 }
 
 /// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
-/// well within the store's timeout, until none is left. So it finishes at any backlog, and
-/// claims between its batches are not held up. One replica's purger is enough.
+/// well within the store's timeout, until none is left. So it finishes at any backlog. Each
+/// batch reads committed rows (`READ COMMITTED` for its statement alone): it locks the records
+/// it deletes and no gap, so a claim beside it, whose new row has no expiry yet, is not held
+/// up even by a batch that waits for a row. With binary logging on, that needs
+/// `binlog_format` `ROW` or `MIXED` (the defaults); under `STATEMENT` the server refuses the
+/// batch. One replica's purger is enough.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
@@ -478,11 +482,14 @@ impl std::fmt::Debug for MySqlStore {
 /// ```
 impl Purge for MySqlStore {
     async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
-        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
         loop {
-            let deleted = self
-                .execute(sqlx::query(self.sql.purge.clone()).bind(batch))
-                .await?;
+            let batch = on_connection(&self.connections, self.timeout, async |connection| {
+                sqlx::raw_sql(self.sql.purge.clone())
+                    .execute(connection)
+                    .await
+                    .map_err(unavailable)
+            });
+            let deleted = batch.await?.rows_affected();
             *purged += deleted;
             if deleted < PURGE_BATCH {
                 return Ok(());
