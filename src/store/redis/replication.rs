@@ -765,6 +765,46 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
         assert_eq!(replication.wanted("a", 7), Wanted::Nothing);
     }
 
+    /// Each look sets the gauge of primaries whose replicas are all syncing.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn each_look_reports_the_primaries_with_only_syncing_replicas() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let scrape = recorder.handle();
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let gauge = || {
+            let line = format!("{} ", crate::metrics::REDIS_SYNCING_PRIMARIES);
+            scrape
+                .render()
+                .lines()
+                .find_map(|l| l.strip_prefix(&line).map(str::to_owned))
+        };
+        let replication = Replication::new(Setting::Detect);
+        let syncing = Replicas {
+            online: 0,
+            syncing: 1,
+        };
+        replication.found(
+            Topology::Slots {
+                ranges: Vec::new(),
+                primaries: 3,
+                replicated: 1,
+                syncing: 2,
+            },
+            0,
+        );
+        assert_eq!(gauge().as_deref(), Some("2"));
+        replication.found(Topology::Server { replicas: syncing }, 0);
+        assert_eq!(gauge().as_deref(), Some("1"));
+        replication.found(
+            Topology::Server {
+                replicas: Replicas::default(),
+            },
+            0,
+        );
+        assert_eq!(gauge().as_deref(), Some("0"));
+    }
+
     #[test]
     fn a_setting_is_kept_whatever_is_found() {
         let online = |online| Replicas { online, syncing: 0 };
