@@ -105,6 +105,37 @@ async fn a_purge_held_up_on_a_row_stalls_no_claim() {
     run(&mut connection, format!("DROP TABLE {table}")).await;
 }
 
+/// The purge's isolation stays with the purge: it runs on a session of its own, closed after
+/// it whether it ended well or failed (here: a table that does not exist), so the pool's next
+/// user gets a new session at the server's own isolation, never one the purge changed.
+#[tokio::test]
+async fn the_purges_isolation_reaches_no_other_user_of_the_pool() {
+    let (table, _) = own_table("purge_isolation").await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&mysql_url())
+        .await
+        .unwrap();
+    let pooled = async || -> (u64, String) {
+        let row = sqlx::query("SELECT CONNECTION_ID(), @@SESSION.tx_isolation")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 1))
+    };
+    for table in [table.as_str(), "tower_idempotency_no_such_table"] {
+        let (before, isolation) = pooled().await;
+        assert_eq!(isolation, "REPEATABLE-READ", "the server's default here");
+        let store = MySqlStore::new(pool.clone()).table(table).unwrap();
+        let purged = store.purge_expired().await;
+        assert_eq!(purged.is_ok(), table != "tower_idempotency_no_such_table");
+        let (after, isolation) = pooled().await;
+        assert_ne!(after, before, "{table}: the purge's session was closed");
+        assert_eq!(isolation, "REPEATABLE-READ", "{table}");
+    }
+    run(&mut session().await, format!("DROP TABLE {table}")).await;
+}
+
 /// A backlog of expired records larger than many batches: the purge finishes (in batches,
 /// each within the timeout), claims made meanwhile keep answering, and nothing pending or
 /// unexpired is deleted.

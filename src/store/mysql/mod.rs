@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
 
 use super::Purge;
 use super::codec;
-use super::pooled::{Connections, Open, on_connection, table_key, valid_table};
+use super::pooled::{Connections, Open, OwnSession, on_connection, table_key, valid_table};
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     CHANGE_POLL_INTERVAL, Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, Operator, RecordInfo,
@@ -461,12 +461,13 @@ impl std::fmt::Debug for MySqlStore {
 }
 
 /// In batches of [`PURGE_BATCH`] records, oldest first by the expiry index, each one statement
-/// well within the store's timeout, until none is left. So it finishes at any backlog. Each
-/// batch reads committed rows (`READ COMMITTED` for its statement alone): it locks the records
-/// it deletes and no gap, so a claim beside it, whose new row has no expiry yet, is not held
-/// up even by a batch that waits for a row. With binary logging on, that needs
-/// `binlog_format` `ROW` or `MIXED` (the defaults); under `STATEMENT` the server refuses the
-/// batch. One replica's purger is enough.
+/// well within the store's timeout, until none is left. So it finishes at any backlog. The
+/// batches run on a connection of the purge's own, at `READ COMMITTED`: they lock the records
+/// they delete and no gap, so a claim beside them, whose new row has no expiry yet, is not
+/// held up even by a batch that waits for a row. The connection is closed after the purge,
+/// its isolation with it. With binary logging on, that isolation needs `binlog_format` `ROW`
+/// or `MIXED` (the defaults); under `STATEMENT` the server refuses the batches. One replica's
+/// purger is enough.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
@@ -482,14 +483,33 @@ impl std::fmt::Debug for MySqlStore {
 /// ```
 impl Purge for MySqlStore {
     async fn purge_expired_counting(&self, purged: &mut u64) -> Result<(), StoreError> {
+        // A session of the purge's own, reading committed rows: at `REPEATABLE READ` a batch's
+        // scan locks the gap before its first record too, where the rows of new claims go (no
+        // expiry yet sorts first), and held every claim until the batch ended. The session
+        // is closed after the purge, so its isolation reaches no other call and no other user
+        // of the pool.
+        let mut session = OwnSession::take(&self.connections, self.timeout).await?;
+        let read_committed = sqlx::raw_sql(AssertSqlSafe(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        ));
+        within(self.timeout, async {
+            read_committed
+                .execute(session.connection())
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
+        let batch = i64::try_from(PURGE_BATCH).unwrap_or(i64::MAX);
         loop {
-            let batch = on_connection(&self.connections, self.timeout, async |connection| {
-                sqlx::raw_sql(self.sql.purge.clone())
-                    .execute(connection)
+            let delete = sqlx::query(self.sql.purge.clone()).bind(batch);
+            let deleted = within(self.timeout, async {
+                delete
+                    .execute(session.connection())
                     .await
                     .map_err(unavailable)
-            });
-            let deleted = batch.await?.rows_affected();
+            })
+            .await?
+            .rows_affected();
             *purged += deleted;
             if deleted < PURGE_BATCH {
                 return Ok(());

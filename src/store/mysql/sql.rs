@@ -117,17 +117,9 @@ impl Sql {
                  WHERE `key` = ? AND token IS NOT NULL"
             )),
             forget: statement(format!("DELETE FROM {quoted} WHERE `key` = ?")),
-            // One batch of at most `PURGE_BATCH` expired records, oldest first, by the expiry
-            // index, reading committed rows: a `REPEATABLE READ` scan locks the gap before its
-            // first record too, where the rows of new claims go (no expiry yet sorts first),
-            // and held every claim until the batch ended. Both statements in one round trip,
-            // so that the isolation, set for the next transaction only, is never left to
-            // another statement of the pool's connection.
+            // One batch of at most `?` expired records, oldest first, by the expiry index.
             purge: statement(format!(
-                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-                 DELETE FROM {quoted} WHERE expires_at <= {NOW_MS} ORDER BY expires_at \
-                 LIMIT {}",
-                super::PURGE_BATCH
+                "DELETE FROM {quoted} WHERE expires_at <= {NOW_MS} ORDER BY expires_at LIMIT ?"
             )),
             // Looked up first, so that a start with the table in place runs no DDL (which
             // would wait for the metadata lock of every open transaction on the table).

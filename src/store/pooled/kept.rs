@@ -285,3 +285,34 @@ pub(crate) async fn on_connection<DB: sqlx::Database, T>(
         }
     }
 }
+
+/// A connection of the pool for a session of the caller's own, whatever it sets in it: closed
+/// when dropped, never given back, so that no setting of its session reaches another call or
+/// the application sharing the pool.
+#[cfg(feature = "mysql")]
+pub(crate) struct OwnSession<DB: sqlx::Database>(Held<DB>);
+
+#[cfg(feature = "mysql")]
+impl<DB: sqlx::Database> OwnSession<DB> {
+    /// A connection of `connections`' pool (or one the store's calls kept), within `timeout`.
+    pub(crate) async fn take(
+        connections: &Connections<DB>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        super::super::within(timeout, connections.take())
+            .await
+            .map(Self)
+    }
+
+    /// The connection.
+    pub(crate) fn connection(&mut self) -> &mut DB::Connection {
+        &mut self.0
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<DB: sqlx::Database> Drop for OwnSession<DB> {
+    fn drop(&mut self) {
+        self.0.close_on_drop();
+    }
+}

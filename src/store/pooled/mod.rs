@@ -79,6 +79,8 @@ mod kept;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod transaction;
 
+#[cfg(feature = "mysql")]
+pub(crate) use self::kept::OwnSession;
 pub(crate) use self::kept::{Connections, on_connection};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use self::transaction::{Open, OpenTransactions, roll_back};
