@@ -354,3 +354,34 @@ async fn grouped_waited_writes_each_get_their_own_answer() {
     );
     assert_eq!(on_replica.trim(), "1");
 }
+
+/// A store kept across runtimes (a static one, or one per worker thread): its waiting
+/// connections, whose group senders ran on a runtime that has shut down, are opened again on
+/// the runtime of the next write, and every write goes through.
+#[test]
+fn waiting_connections_outlive_the_runtime_that_opened_them() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let (store, servers) = first.block_on(async {
+        let servers = primary_and_replica().await;
+        let store = RedisStore::connect(&servers.0.url()).await.unwrap();
+        // Every waiting connection opened here.
+        for i in 0..8 {
+            create_and_replay(&store, &format!("first-runtime-{i}")).await;
+        }
+        (store, servers)
+    });
+    drop(first);
+    runtime().block_on(async {
+        for i in 0..8 {
+            create_and_replay(&store, &format!("second-runtime-{i}")).await;
+        }
+    });
+    drop(servers);
+}

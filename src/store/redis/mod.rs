@@ -176,6 +176,10 @@ impl RedisStore {
     /// primary has no replica online any more (killed, restarting, or a failover moved the
     /// slots to a primary without one) the write stands, as one made after the look would;
     /// a replica still online that did not acknowledge in time (hung, far behind) fails it.
+    /// On a cluster a replica that is away (failing, or restarting and not yet reconnected)
+    /// still counts, since the cluster may promote it with what it has: its primary's writes
+    /// fail until it is back (syncing, then online) or the cluster forgets it (`CLUSTER
+    /// FORGET`).
     /// `connect` and `connect_cluster` return having looked. A store
     /// [over a connection of yours](Self::from_manager) looks at its first write.
     /// [`replica_wait`](Self::replica_wait) says what was found.
@@ -356,9 +360,8 @@ impl RedisStore {
                     // Each primary's own INFO, at once, on a connection of its own (a
                     // request to a hung node through the cluster connection would have the
                     // driver recover its connections, holding every call up meanwhile): only
-                    // the primary knows which of its replicas are online. One that cannot say
-                    // within half the timeout is taken to have every replica the cluster
-                    // lists for it online, failing ones too (waiting, rather than not).
+                    // the primary knows which of its replicas are syncing. One that cannot
+                    // say within half the timeout is taken to have none syncing.
                     let looks = primaries.iter().map(|primary| async move {
                         let info = async {
                             let client = node_client(self.lookups.as_ref()?, &primary.node)?;
@@ -370,14 +373,18 @@ impl RedisStore {
                                 .ok()?;
                             replication::server_replicas(&info)
                         };
+                        // Every replica the cluster lists counts but those its primary says
+                        // are syncing: one that is away (failing, restarting) may still be
+                        // promoted with what it has, so its primary's writes wait for it.
+                        let counted = |syncing: u32| Replicas {
+                            online: primary.listed.saturating_sub(syncing),
+                            syncing,
+                        };
                         tokio::time::timeout(self.timeout / 2, info)
                             .await
                             .ok()
                             .flatten()
-                            .unwrap_or(Replicas {
-                                online: primary.listed,
-                                syncing: 0,
-                            })
+                            .map_or(counted(0), |replicas| counted(replicas.syncing))
                     });
                     let replicas = futures_util::future::join_all(looks).await;
                     let found: Vec<_> = primaries.into_iter().zip(replicas).collect();
@@ -581,20 +588,30 @@ impl RedisStore {
     }
 
     /// Whether `record`'s primary has no replica online, as a look begun after now says: the
-    /// calls whose waits fell short together share one look (one at a time), and a look that
-    /// fails says no.
+    /// calls whose waits fell short together share one look (one at a time), its failure
+    /// too; a look that fails, or does not end within the timeout, says no.
     async fn none_online(&self, record: &str) -> bool {
         let short_at = self.replication.now_ms();
-        let one_at_a_time = self.replication.look_now.lock().await;
-        if !self.replication.looked_since(short_at) {
-            let begun = self.replication.now_ms();
-            match self.read_replicas().await {
-                Ok(topology) => self.replication.found(topology, begun),
-                Err(_) => return false,
-            }
-        }
-        drop(one_at_a_time);
-        self.replication.wanted(record, 1) == Wanted::Nothing
+        let decide = async {
+            let mut last = self.replication.look_now.lock().await;
+            let found = match &*last {
+                Some((begun, found)) if *begun >= short_at => found.clone(),
+                _ => {
+                    let begun = self.replication.now_ms();
+                    let found = self.read_replicas().await.ok();
+                    if let Some(topology) = &found {
+                        self.replication.found(topology.clone(), begun);
+                    }
+                    *last = Some((begun, found.clone()));
+                    found
+                }
+            };
+            drop(last);
+            found.is_some_and(|topology| topology.wanted(record, 1) == Wanted::Nothing)
+        };
+        tokio::time::timeout(self.timeout, decide)
+            .await
+            .unwrap_or(false)
     }
 }
 

@@ -130,6 +130,23 @@ pub(super) enum Topology {
 }
 
 impl Topology {
+    /// What the default waits for after a write of `record`, as this topology has it:
+    /// one replica where the record's primary has one online, `wait_ms` at most.
+    pub(super) fn wanted(&self, record: &str, wait_ms: u64) -> Wanted {
+        match self {
+            Self::Unknown => Wanted::Unknown,
+            Self::Server { replicas } => at_least_one(replicas.online, wait_ms),
+            Self::Slots { ranges, .. } => {
+                let slot = slot(record.as_bytes());
+                let replicas = ranges
+                    .iter()
+                    .find(|range| range.first <= slot && slot <= range.last)
+                    .map_or(0, |range| range.replicas);
+                at_least_one(replicas, wait_ms)
+            }
+        }
+    }
+
     /// The primaries whose writes the default waits for no replica although they have
     /// some: every replica they have is still syncing.
     pub(super) fn syncing_only(&self) -> usize {
@@ -166,8 +183,9 @@ pub(super) struct Replication {
     /// When the last look that found something began, in ms since `epoch` (plus one; 0:
     /// none did). Unlike `read_at`, never cleared by a short wait.
     looked_from: AtomicU64,
-    /// One look at a time after short waits: the calls that fell short together share one.
-    pub(super) look_now: tokio::sync::Mutex<()>,
+    /// One look at a time after short waits, and the last one's beginning and finding
+    /// (`None`: it failed): the calls that fell short together share one.
+    pub(super) look_now: tokio::sync::Mutex<Option<(u64, Option<Topology>)>>,
 }
 
 /// What a write waits for.
@@ -191,7 +209,7 @@ impl Replication {
             looking: AtomicBool::new(false),
             syncing: AtomicUsize::new(0),
             looked_from: AtomicU64::new(0),
-            look_now: tokio::sync::Mutex::new(()),
+            look_now: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -200,24 +218,11 @@ impl Replication {
         match self.setting {
             Setting::Off => Wanted::Nothing,
             Setting::Set { replicas, wait_ms } => Wanted::Replicas(replicas, wait_ms),
-            Setting::Detect => {
-                let topology = self
-                    .topology
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match &*topology {
-                    Topology::Unknown => Wanted::Unknown,
-                    Topology::Server { replicas } => at_least_one(replicas.online, default_wait_ms),
-                    Topology::Slots { ranges, .. } => {
-                        let slot = slot(record.as_bytes());
-                        let replicas = ranges
-                            .iter()
-                            .find(|range| range.first <= slot && slot <= range.last)
-                            .map_or(0, |range| range.replicas);
-                        at_least_one(replicas, default_wait_ms)
-                    }
-                }
-            }
+            Setting::Detect => self
+                .topology
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .wanted(record, default_wait_ms),
         }
     }
 
@@ -241,8 +246,14 @@ impl Replication {
     /// [`REDIS_SYNCING_PRIMARIES`](crate::metrics::REDIS_SYNCING_PRIMARIES) gauge, when
     /// primaries that have replicas have none online to wait for, and when they have again.
     pub(super) fn found(&self, topology: Topology, begun: u64) {
-        self.looked_from
+        let latest = self
+            .looked_from
             .fetch_max(begun.saturating_add(1), Ordering::AcqRel);
+        if latest > begun.saturating_add(1) {
+            // A look begun later found something already: this one is older news.
+            self.looking.store(false, Ordering::Release);
+            return;
+        }
         let syncing = topology.syncing_only();
         let before = self.syncing.swap(syncing, Ordering::AcqRel);
         if syncing != before {
@@ -315,11 +326,6 @@ impl Replication {
     /// Now, in ms since the store's epoch: when a look begins, or a wait fell short.
     pub(super) fn now_ms(&self) -> u64 {
         millis(self.epoch.elapsed())
-    }
-
-    /// Whether a look begun at `since` or later found something.
-    pub(super) fn looked_since(&self, since: u64) -> bool {
-        self.looked_from.load(Ordering::Acquire) > since
     }
 }
 
@@ -803,6 +809,40 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
             0,
         );
         assert_eq!(gauge().as_deref(), Some("0"));
+    }
+
+    /// A look that began before the last one stored keeps nothing: its news is older.
+    #[test]
+    fn an_older_look_does_not_overwrite_a_newer_one() {
+        let replication = Replication::new(Setting::Detect);
+        let online = |online| Replicas { online, syncing: 0 };
+        replication.found(
+            Topology::Server {
+                replicas: online(1),
+            },
+            10,
+        );
+        replication.found(
+            Topology::Server {
+                replicas: online(0),
+            },
+            5,
+        );
+        assert_eq!(replication.wanted("a", 7), Wanted::Replicas(1, 7));
+        replication.found(
+            Topology::Server {
+                replicas: online(0),
+            },
+            10,
+        );
+        assert_eq!(replication.wanted("a", 7), Wanted::Nothing, "as new: kept");
+        replication.found(
+            Topology::Server {
+                replicas: online(1),
+            },
+            11,
+        );
+        assert_eq!(replication.wanted("a", 7), Wanted::Replicas(1, 7));
     }
 
     #[test]

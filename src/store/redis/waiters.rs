@@ -11,11 +11,13 @@
 //! own `WAIT`, over [`CLUSTER_LINES`] connections in turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
 
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
-use tokio::sync::{OnceCell, mpsc, oneshot};
+
+use tokio::sync::{mpsc, oneshot};
 
 use super::cluster::Cluster;
 use super::connect::manager_config;
@@ -33,14 +35,40 @@ const CLUSTER_LINES: usize = 8;
 /// The most writes a group takes.
 const GROUP: usize = 256;
 
+/// The most writes queued for one connection's groups: past it (a server that stopped
+/// answering holds every group up) a write fails at once, unsent, rather than queue.
+const QUEUED: usize = 4 * GROUP;
+
 /// A write's answer and how many replicas acknowledged it.
 pub(super) type Waited = RedisResult<(Value, u64)>;
 
 /// Where waited writes go: the store's connections of their own, in turn.
 pub(super) struct Waiters {
     open: Open,
-    lines: Box<[OnceCell<Line>]>,
+    lines: Box<[Slot]>,
     next: AtomicUsize,
+}
+
+/// One connection's place: the connection while it is usable, and the turn to open it.
+#[derive(Default)]
+struct Slot {
+    line: RwLock<Option<Line>>,
+    /// Held while the connection is opened, so that it is opened once.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl Slot {
+    /// The connection, if it is usable: one whose group sender ended (its runtime shut
+    /// down) is not.
+    fn usable(&self) -> Option<Line> {
+        let line = self.line.read().unwrap_or_else(PoisonError::into_inner);
+        line.as_ref()
+            .filter(|line| match line {
+                Line::Grouped(queue) => !queue.is_closed(),
+                Line::Cluster(_) => true,
+            })
+            .cloned()
+    }
 }
 
 /// How a waiting connection is opened: as the store's own one was. (One a store, so its
@@ -53,8 +81,9 @@ enum Open {
 
 /// One waiting connection: to one server, the queue of its group sender; to a cluster, the
 /// connection itself.
+#[derive(Clone)]
 enum Line {
-    Grouped(mpsc::UnboundedSender<Write>),
+    Grouped(mpsc::Sender<Write>),
     Cluster(Connection),
 }
 
@@ -84,33 +113,21 @@ impl Waiters {
         };
         Self {
             open,
-            lines: (0..lines).map(|_| OnceCell::new()).collect(),
+            lines: (0..lines).map(|_| Slot::default()).collect(),
             next: AtomicUsize::new(0),
         }
     }
 
     /// Sends `command` and a `WAIT` for `replicas`, `wait_ms` at most, after it, on the next
-    /// connection in turn (opened first if it is not yet; one that fails to open is tried
-    /// again by the next write that comes to it).
+    /// connection in turn (opened first if it is not yet, or again if its group sender ended
+    /// with the runtime it ran on; one that fails to open is tried again by the next write
+    /// that comes to it).
     pub(super) async fn send(&self, command: Cmd, replicas: u32, wait_ms: u64) -> Waited {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.lines.len();
-        let line = self.lines[turn]
-            .get_or_try_init(|| async {
-                match &self.open {
-                    Open::Server(client) => {
-                        let connection =
-                            ConnectionManager::new_with_config(client.clone(), manager_config())
-                                .await?;
-                        let (queue, writes) = mpsc::unbounded_channel();
-                        tokio::spawn(send_groups(connection, writes));
-                        Ok::<_, RedisError>(Line::Grouped(queue))
-                    }
-                    Open::Cluster(client) => Cluster::connect(client.clone())
-                        .await
-                        .map(|cluster| Line::Cluster(Connection::Cluster(cluster))),
-                }
-            })
-            .await?;
+        let slot = &self.lines[self.next.fetch_add(1, Ordering::Relaxed) % self.lines.len()];
+        let line = match slot.usable() {
+            Some(line) => line,
+            None => self.open(slot).await?,
+        };
         match line {
             Line::Grouped(queue) => {
                 let (answer, answered) = oneshot::channel();
@@ -120,18 +137,46 @@ impl Waiters {
                     wait_ms,
                     answer,
                 };
-                if queue.send(write).is_err() {
-                    return Err(gone());
+                match queue.try_send(write) {
+                    Ok(()) => answered.await.unwrap_or_else(|_| Err(gone())),
+                    Err(mpsc::error::TrySendError::Full(_)) => Err(RedisError::from((
+                        ErrorKind::Io,
+                        "the Redis store's waiting connection has too many writes queued \
+                         (the server is not answering); not sent",
+                    ))),
+                    Err(mpsc::error::TrySendError::Closed(_)) => Err(gone()),
                 }
-                answered.await.unwrap_or_else(|_| Err(gone()))
             }
-            Line::Cluster(connection) => {
+            Line::Cluster(mut connection) => {
                 let mut pipeline = redis::pipe();
                 pipeline.add_command(command);
                 pipeline.cmd("WAIT").arg(replicas).arg(wait_ms);
-                pipeline.query_async(&mut connection.clone()).await
+                pipeline.query_async(&mut connection).await
             }
         }
+    }
+
+    /// Opens `slot`'s connection, once however many writes find it missing at once; on one
+    /// server its group sender runs on the current runtime.
+    async fn open(&self, slot: &Slot) -> RedisResult<Line> {
+        let _one_at_a_time = slot.opening.lock().await;
+        if let Some(line) = slot.usable() {
+            return Ok(line);
+        }
+        let line = match &self.open {
+            Open::Server(client) => {
+                let connection =
+                    ConnectionManager::new_with_config(client.clone(), manager_config()).await?;
+                let (queue, writes) = mpsc::channel(QUEUED);
+                tokio::spawn(send_groups(connection, writes));
+                Line::Grouped(queue)
+            }
+            Open::Cluster(client) => {
+                Line::Cluster(Connection::Cluster(Cluster::connect(client.clone()).await?))
+            }
+        };
+        *slot.line.write().unwrap_or_else(PoisonError::into_inner) = Some(line.clone());
+        Ok(line)
     }
 }
 
@@ -147,10 +192,7 @@ fn gone() -> RedisError {
 /// is the writes queued while the last was out (at most [`GROUP`]) that want the same wait
 /// as the first of them (store clones with other waits share the connections), then one
 /// `WAIT` for them. Writes whose callers gave up before their group left are not sent.
-async fn send_groups(
-    mut connection: ConnectionManager,
-    mut writes: mpsc::UnboundedReceiver<Write>,
-) {
+async fn send_groups(mut connection: ConnectionManager, mut writes: mpsc::Receiver<Write>) {
     let mut queued: Vec<Write> = Vec::with_capacity(GROUP);
     loop {
         if queued.is_empty() {
