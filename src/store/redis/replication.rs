@@ -538,9 +538,12 @@ mod tests {
             slave0:ip=127.0.0.1,port=7001,state=send_bulk,offset=0,lag=0\n";
         assert_eq!(server_replicas(first_sync), replicas(0, 1));
         // Lines that only look like a replica's are not counted, nor more than are connected.
-        let odd = "role:master\nconnected_slaves:1\nslave:state=online\nslavex:state=online\n\
-            slave0:state=onlinex\nslave1:ip=a,state=online\nslave2:ip=b,state=online\n";
-        assert_eq!(server_replicas(odd), replicas(1, 0));
+        let odd = "role:master\nconnected_slaves:3\nslave:state=online\nslavex:state=online\n\
+            slave0:state=onlinex\nslave1:ip=a,state=online\n";
+        assert_eq!(server_replicas(odd), replicas(1, 2));
+        let more = "role:master\nconnected_slaves:1\n\
+            slave1:ip=a,state=online\nslave2:ip=b,state=online\n";
+        assert_eq!(server_replicas(more), replicas(1, 0));
         assert_eq!(
             server_replicas("role:master\nconnected_slaves:0\n"),
             replicas(0, 0)
@@ -809,6 +812,77 @@ e3 127.0.0.1:7104@17104 handshake - 0 1 0 disconnected
             0,
         );
         assert_eq!(gauge().as_deref(), Some("0"));
+    }
+
+    /// A look that finds primaries whose replicas are all syncing says so in a warning, once
+    /// until that changes, and says when every primary has one online again.
+    #[test]
+    fn a_look_says_when_replicas_are_all_syncing_and_when_one_is_online_again() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        let said = || {
+            String::from_utf8_lossy(
+                &lines
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            )
+            .into_owned()
+        };
+        let syncing = Topology::Server {
+            replicas: Replicas {
+                online: 0,
+                syncing: 1,
+            },
+        };
+        let online = Topology::Server {
+            replicas: Replicas {
+                online: 1,
+                syncing: 0,
+            },
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let replication = Replication::new(Setting::Detect);
+            replication.found(online.clone(), 0);
+            assert_eq!(said(), "", "nothing to say");
+            replication.found(syncing.clone(), 0);
+            replication.found(syncing.clone(), 0);
+            assert_eq!(
+                said().matches("none is online yet").count(),
+                1,
+                "{}",
+                said()
+            );
+            assert!(said().contains("WARN"), "{}", said());
+            assert!(!said().contains("has one online"), "{}", said());
+            replication.found(online.clone(), 0);
+            assert!(said().contains("has one online to wait for"), "{}", said());
+            assert_eq!(
+                said().matches("none is online yet").count(),
+                1,
+                "{}",
+                said()
+            );
+        });
     }
 
     /// A look that began before the last one stored keeps nothing: its news is older.
