@@ -21,7 +21,7 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
 use tower_idempotency::MemoryStore;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 
 struct Counting;
@@ -64,7 +64,7 @@ static GLOBAL: Counting = Counting;
 fn count<S>(runtime: &tokio::runtime::Runtime, service: &S, request: Request<Full<Bytes>>) -> usize
 where
     S: Service<Request<Full<Bytes>>, Error = Infallible> + Clone,
-    S::Response: Into<Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>>,
+    S::Response: Into<Response<tower_idempotency::layer::ResponseBody<Full<Bytes>>>>,
 {
     runtime.block_on(async {
         let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -140,7 +140,7 @@ fn routers() -> [axum::Router; 2] {
 /// One request of the named path.
 fn path_request(path: &str, i: usize) -> Request<Full<Bytes>> {
     match path {
-        "new" | "floor" | "axum_new" | "axum_bare" => valid(&format!("k{i}")),
+        "new" | "floor" | "reference" | "axum_new" | "axum_bare" => valid(&format!("k{i}")),
         "refuse_415" => request("k", "text/plain", "{}"),
         "refuse_413" => {
             let mut request = valid("k");
@@ -259,10 +259,18 @@ fn main() {
             Ok::<_, Infallible>(
                 future
                     .await?
-                    .map(tower_idempotency::body::ResponseBody::inner),
+                    .map(tower_idempotency::layer::ResponseBody::inner),
             )
         }
     });
+    // The plain reference layer (`common/reference.rs`): the least correct work.
+    let reference = tower::Layer::layer(&common::reference::ReferenceLayer::default(), Create);
+    let reference = ServiceExt::<Request<Full<Bytes>>>::map_response(
+        reference,
+        |response: Response<Full<Bytes>>| {
+            response.map(tower_idempotency::layer::ResponseBody::inner)
+        },
+    );
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -278,6 +286,7 @@ fn main() {
         let n: usize = n.parse().expect("a count");
         count(&runtime, &service, valid("label-req-7"));
         count(&runtime, &json, common::payment("pay-1"));
+        count(&runtime, &reference, valid("label-req-7"));
         let requests: Vec<_> = (0..n).map(|i| path_request(path, i)).collect();
         let [axum_bare, axum_layered] = routers();
         count_axum(&runtime, &axum_layered, valid("label-req-7"));
@@ -290,6 +299,8 @@ fn main() {
                 count(&runtime, &bare, request);
             } else if path == "floor" {
                 count(&runtime, &floor, request);
+            } else if path.starts_with("reference") {
+                count(&runtime, &reference, request);
             } else if path.starts_with("json") {
                 count(&runtime, &json, request);
             } else {

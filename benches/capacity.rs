@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --all-features --bench capacity -- [--records N] [--body-bytes B]
-//!     [--tasks C] [--seconds S] [--pool P]
+//!     [--tasks C] [--seconds S] [--pool P] [--rounds R] [--expired E]
 //!     [--stores memory,redis,redis-replicated,redis-cluster,postgres,mysql,sqlite]
 //! ```
 //!
@@ -11,6 +11,13 @@
 //! and its replica; a cluster of three primaries with a replica each, needing `redis-server`
 //! and `redis-cli` on PATH) and measure the store twice on them: with its default, which
 //! waits for a replica after every write, and with the wait off (`wait_for_replicas(0, _)`).
+//!
+//! Each SQL store is measured turn by turn with its own statements written plainly on the same
+//! pool (`capacity/plain.rs`: the claim and the complete as the store sends them, without its
+//! timeouts, kept connections or decoding), `--rounds` rounds (default 3): the floor of what a
+//! store on that driver costs. PostgreSQL twice, in plaintext (`sslmode=disable`) and over TLS
+//! (`sslmode=require`). `--expired E` adds E expired records in bulk before the purge, for a
+//! long one (a million: `--expired 1000000`).
 //!
 //! Defaults: 100,000 records of the label contract's created response (201, four headers, a 59-byte
 //! body: 154 bytes in all) under keys as clients send them (a UUID, 36 characters, on
@@ -29,24 +36,29 @@
 //! SQLite file), removed at the end.
 
 mod common;
+#[path = "capacity/plain.rs"]
+mod plain;
 #[path = "capacity/servers.rs"]
 mod servers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tower_idempotency::store::redis::redis;
 
 use bytes::Bytes;
 use http::Method;
 use http_body_util::BodyExt;
+use tower_idempotency::MemoryStore;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::scope::store_key;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
     Claim, MySqlStore, PostgresStore, Purge, RedisStore, Reservation, SqliteStore, StoredResponse,
 };
-use tower_idempotency::{MemoryStore, Store};
 
+use self::plain::Plain;
 use self::servers::Servers;
 
 struct Options {
@@ -55,6 +67,10 @@ struct Options {
     tasks: usize,
     seconds: u64,
     pool: usize,
+    /// Rounds of a SQL store against its plain statements.
+    rounds: usize,
+    /// Expired records added in bulk before a SQL store's purge, beside the filled ones.
+    expired: usize,
     stores: Vec<String>,
 }
 
@@ -65,6 +81,8 @@ fn options() -> Options {
         tasks: 64,
         seconds: 5,
         pool: 16,
+        rounds: 3,
+        expired: 0,
         stores: [
             "memory",
             "redis",
@@ -87,6 +105,8 @@ fn options() -> Options {
             "--tasks" => options.tasks = number().max(1),
             "--seconds" => options.seconds = number().max(1) as u64,
             "--pool" => options.pool = number().max(1),
+            "--rounds" => options.rounds = number().max(1),
+            "--expired" => options.expired = number(),
             "--stores" => options.stores = value.split(',').map(String::from).collect(),
             other => panic!("unknown flag {other}"),
         }
@@ -203,14 +223,65 @@ async fn fill<St: Store + Clone>(
     }
 }
 
+/// What makes the creates and replays measured: a store through its API, or a SQL store's
+/// statements written plainly (`plain`).
+trait Contender: Clone + Send + Sync + 'static {
+    /// A create of `key`, which must be new.
+    fn create(&self, key: &str) -> impl std::future::Future<Output = ()> + Send;
+    /// A replay of `key`, which must be completed.
+    fn replay(&self, key: &str) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// A store through its API, as the layer calls it.
+#[derive(Clone)]
+struct Api<St> {
+    store: St,
+    response: StoredResponse,
+}
+
+impl<St: Store + Clone + 'static> Contender for Api<St> {
+    async fn create(&self, key: &str) {
+        create(&self.store, key, &self.response).await;
+    }
+
+    async fn replay(&self, key: &str) {
+        let fingerprint = LabelContract::fingerprint(key, "parcel-42");
+        match self.store.claim(key, &fingerprint).await {
+            Ok(Claim::Replay(_)) => {}
+            other => panic!("{key}: {:?}", other.map(|c| claim_name(&c))),
+        }
+    }
+}
+
+/// A SQL store's statements written plainly, storing a response of the encoded one's size.
+#[derive(Clone)]
+struct Statements {
+    plain: Plain,
+    response: Arc<[u8]>,
+}
+
+impl Contender for Statements {
+    async fn create(&self, key: &str) {
+        let fingerprint = LabelContract::fingerprint(key, "parcel-42").to_hex();
+        self.plain
+            .create(key, fingerprint.as_str(), &self.response)
+            .await;
+    }
+
+    async fn replay(&self, key: &str) {
+        let fingerprint = LabelContract::fingerprint(key, "parcel-42").to_hex();
+        self.plain.replay(key, fingerprint.as_str()).await;
+    }
+}
+
 /// Creates (new keys of `run` from `records` on) and then replays (of the keys `0..records`
-/// a fill made) a second, each for `seconds`, from `tasks` tasks.
-async fn throughput<St: Store + Clone>(
-    store: &St,
+/// of `filled`, which a fill made) a second, each for `seconds`, from `tasks` tasks.
+async fn throughput<C: Contender>(
+    contender: &C,
     run: u64,
+    filled: u64,
     records: usize,
     options: &Options,
-    response: &StoredResponse,
 ) -> (f64, f64) {
     let (from, replayable) = (records as u64, records as u64);
     let rate = |replay: bool| {
@@ -219,27 +290,21 @@ async fn throughput<St: Store + Clone>(
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for task in 0..options.tasks as u64 {
-            let (store, next, done, stop, response) = (
-                store.clone(),
+            let (contender, next, done, stop) = (
+                contender.clone(),
                 Arc::clone(&next),
                 Arc::clone(&done),
                 Arc::clone(&stop),
-                response.clone(),
             );
             handles.push(tokio::spawn(async move {
                 let mut i = task;
                 while !stop.load(Ordering::Relaxed) {
                     if replay {
                         i = (i + 7919) % replayable;
-                        let key = key(run, i);
-                        let fingerprint = LabelContract::fingerprint(&key, "parcel-42");
-                        match store.claim(&key, &fingerprint).await {
-                            Ok(Claim::Replay(_)) => {}
-                            other => panic!("{key}: {:?}", other.map(|c| claim_name(&c))),
-                        }
+                        contender.replay(&key(filled, i)).await;
                     } else {
                         let key = key(run, next.fetch_add(1, Ordering::Relaxed));
-                        create(&store, &key, &response).await;
+                        contender.create(&key).await;
                     }
                     done.fetch_add(1, Ordering::Relaxed);
                     // The memory store answers without a pending await: let the timer run.
@@ -265,6 +330,86 @@ async fn throughput<St: Store + Clone>(
     (creates, replays)
 }
 
+/// Creates and replays a second of `store` through its API, filled with the keys of `run`.
+async fn api_throughput<St: Store + Clone + 'static>(
+    store: &St,
+    run: u64,
+    options: &Options,
+    response: &StoredResponse,
+) -> (f64, f64) {
+    let api = Api {
+        store: store.clone(),
+        response: response.clone(),
+    };
+    throughput(&api, run, run, options.records, options).await
+}
+
+/// The creates and replays a second of `store` (filled with the keys of `run`) and of its
+/// statements written plainly on the same pool, turn by turn for `options.rounds` rounds:
+/// the medians, and each round's figures.
+async fn against_plain<St: Store + Clone + 'static>(
+    store: &St,
+    plain: Plain,
+    run: u64,
+    options: &Options,
+    response: &StoredResponse,
+) -> (f64, f64, Floor) {
+    let api = Api {
+        store: store.clone(),
+        response: response.clone(),
+    };
+    let statements = Statements {
+        plain,
+        response: vec![0x5a; response_bytes(response) + 8].into(),
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..options.rounds as u64 {
+        // Keys of runs of their own for each contender's creates in each round.
+        let salt = (round + 1) << 48;
+        ours.push(throughput(&api, run ^ salt, run, options.records, options).await);
+        theirs.push(
+            throughput(
+                &statements,
+                run ^ salt ^ (1 << 47),
+                run,
+                options.records,
+                options,
+            )
+            .await,
+        );
+    }
+    let median = |figures: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
+        let mut picked: Vec<f64> = figures.iter().map(pick).collect();
+        picked.sort_by(f64::total_cmp);
+        picked[picked.len() / 2]
+    };
+    // Each round's store ÷ plain, creates and replays.
+    let ratios: Vec<(f64, f64)> = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(o, t)| (o.0 / t.0, o.1 / t.1))
+        .collect();
+    let floor = Floor {
+        creates: median(&theirs, |f| f.0),
+        replays: median(&theirs, |f| f.1),
+        creates_ratio: median(&ratios, |f| f.0),
+        replays_ratio: median(&ratios, |f| f.1),
+        rounds: ours.iter().zip(&theirs).map(|(o, t)| (*o, *t)).collect(),
+    };
+    (median(&ours, |f| f.0), median(&ours, |f| f.1), floor)
+}
+
+/// A SQL store's plain statements beside it: medians of the rounds, the ratios each round's.
+struct Floor {
+    creates: f64,
+    replays: f64,
+    /// The median of each round's store ÷ plain.
+    creates_ratio: f64,
+    replays_ratio: f64,
+    /// Each round's (creates, replays) of the store, then of the plain statements.
+    rounds: Vec<((f64, f64), (f64, f64))>,
+}
+
 /// The creates and replays a second of a Redis `store` on servers of the bench's own, filled
 /// under a prefix of its own; bytes as in the Redis row.
 async fn redis_throughput(
@@ -277,13 +422,14 @@ async fn redis_throughput(
     let store = store.prefix(format!("capacity-{run}-{}:", name.len()));
     println!("{name}: {}", store.replica_wait());
     fill(&store, run, options.records, options.tasks, response).await;
-    let (creates, replays) = throughput(&store, run, options.records, options, response).await;
+    let (creates, replays) = api_throughput(&store, run, options, response).await;
     Row {
         store: name.to_owned(),
         bytes: "as Redis".to_owned(),
         creates,
         replays,
         purged: None,
+        floor: None,
     }
 }
 
@@ -304,6 +450,8 @@ struct Row {
     replays: f64,
     /// The store's purge beside creates, where it has one.
     purged: Option<Purged>,
+    /// A SQL store's statements written plainly on the same pool, measured beside it.
+    floor: Option<Floor>,
 }
 
 /// Expired records a second the store's purge deleted, of `expected`, run again after each
@@ -431,13 +579,14 @@ fn main() {
             let before = resident_bytes() as i64;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = resident_bytes() as i64 - before;
-            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            let (creates, replays) = api_throughput(&store, run, &options, &response).await;
             rows.push(Row {
                 store: "memory".into(),
                 bytes: format!("{} resident", per_record(grown, records)),
                 creates,
                 replays,
                 purged: None,
+                floor: None,
             });
         }
         if wanted("redis") {
@@ -455,13 +604,14 @@ fn main() {
             let before = redis_used_memory(&mut connection).await;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = redis_used_memory(&mut connection).await - before;
-            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            let (creates, replays) = api_throughput(&store, run, &options, &response).await;
             rows.push(Row {
                 store: "Redis".into(),
                 bytes: format!("{} used_memory", per_record(grown, records)),
                 creates,
                 replays,
                 purged: None,
+                floor: None,
             });
             let mut cursor = 0u64;
             loop {
@@ -520,10 +670,18 @@ fn main() {
                 rows.push(redis_throughput(name, store, run, &options, &response).await);
             }
         }
-        if wanted("postgres") {
+        // Plaintext and TLS, each with the statements written plainly beside the store.
+        for (name, sslmode) in [("PostgreSQL", "disable"), ("PostgreSQL over TLS", "require")] {
+            if !wanted("postgres") {
+                break;
+            }
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or("postgres://postgres@127.0.0.1:5432/test".into());
-            let table = format!("capacity_{}", run % 1_000_000_000);
+            let url = format!(
+                "{url}{}sslmode={sslmode}",
+                if url.contains('?') { '&' } else { '?' }
+            );
+            let table = format!("capacity_{}_{sslmode}", run % 1_000_000_000);
             // The application's pool as the store's docs advise it: no ping before each use.
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(options.pool as u32)
@@ -552,7 +710,9 @@ fn main() {
                 .await
                 .expect("VACUUM FULL");
             let compact = size().await - before;
-            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            let plain = Plain::postgres(pool.clone(), &table);
+            let (creates, replays, floor) =
+                against_plain(&store, plain, run, &options, &response).await;
             let expired = sql(format!(
                 "UPDATE {table} SET expires_at = now() - interval '1 hour' \
                  WHERE expires_at IS NOT NULL"
@@ -561,9 +721,21 @@ fn main() {
             .await
             .expect("the records expired")
             .rows_affected();
+            // More, in bulk: expired records of about the same size, for a long purge.
+            let expired = expired
+                + sql(format!(
+                    "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+                     SELECT 'expired-' || g, 'f', decode(repeat('5a', 170), 'hex'), \
+                     now() - interval '1 hour' FROM generate_series(1, {}) g",
+                    options.expired
+                ))
+                .execute(&pool)
+                .await
+                .expect("the expired records")
+                .rows_affected();
             let purged = purge_beside_creates(&store, expired, run, options.tasks, &response).await;
             rows.push(Row {
-                store: "PostgreSQL".into(),
+                store: name.into(),
                 bytes: format!(
                     "{} relation ({} after VACUUM FULL)",
                     per_record(filled, records),
@@ -572,6 +744,7 @@ fn main() {
                 creates,
                 replays,
                 purged: Some(purged),
+                floor: Some(floor),
             });
             sql(format!("DROP TABLE {table}"))
                 .execute(&pool)
@@ -613,7 +786,9 @@ fn main() {
             let before = size().await;
             fill(&store, run, records, options.tasks, &response).await;
             let filled = size().await - before;
-            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            let plain = Plain::mysql(pool.clone(), &table);
+            let (creates, replays, floor) =
+                against_plain(&store, plain, run, &options, &response).await;
             let expired = sql(format!(
                 "UPDATE {table} SET expires_at = 1 WHERE expires_at IS NOT NULL"
             ))
@@ -621,6 +796,23 @@ fn main() {
             .await
             .expect("the records expired")
             .rows_affected();
+            // More, in bulk (MariaDB's sequence engine): expired records of about the same
+            // size, for a long purge.
+            let expired = expired
+                + if options.expired == 0 {
+                    0
+                } else {
+                    sql(format!(
+                        "INSERT INTO {table} (`key`, fingerprint, response, expires_at, changed_at) \
+                         SELECT CONCAT('expired-', seq), 'f', REPEAT('Z', 170), 1, 0 \
+                         FROM seq_1_to_{}",
+                        options.expired
+                    ))
+                    .execute(&pool)
+                    .await
+                    .expect("the expired records")
+                    .rows_affected()
+                };
             let purged = purge_beside_creates(&store, expired, run, options.tasks, &response).await;
             rows.push(Row {
                 store: "MySQL (MariaDB)".into(),
@@ -628,6 +820,7 @@ fn main() {
                 creates,
                 replays,
                 purged: Some(purged),
+                floor: Some(floor),
             });
             sql(format!("DROP TABLE {table}"))
                 .execute(&pool)
@@ -651,7 +844,21 @@ fn main() {
             let before = size().await;
             fill(&store, run, records, options.tasks, &response).await;
             let grown = size().await - before;
-            let (creates, replays) = throughput(&store, run, records, &options, &response).await;
+            // Pools as the store makes its own: one writer, four readers, no ping before use.
+            let connect = tower_idempotency::store::sqlite::sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&file)
+                .journal_mode(tower_idempotency::store::sqlite::sqlx::sqlite::SqliteJournalMode::Wal)
+                .synchronous(tower_idempotency::store::sqlite::sqlx::sqlite::SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(1));
+            let pool = |connections: u32| {
+                tower_idempotency::store::sqlite::sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(connections)
+                    .test_before_acquire(false)
+                    .connect_lazy_with(connect.clone())
+            };
+            let plain = Plain::sqlite(pool(1), pool(4));
+            let (creates, replays, floor) =
+                against_plain(&store, plain, run, &options, &response).await;
             let expired = tower_idempotency::store::sqlite::sqlx::query(
                 "UPDATE idempotency_records SET expires_at = 0 WHERE expires_at IS NOT NULL",
             )
@@ -659,6 +866,19 @@ fn main() {
             .await
             .expect("the records expired")
             .rows_affected();
+            let expired = expired
+                + tower_idempotency::store::sqlite::sqlx::query(
+                    "WITH RECURSIVE g(n) AS (SELECT 1 WHERE ?1 > 0 UNION ALL \
+                     SELECT n + 1 FROM g WHERE n < ?1) \
+                     INSERT INTO idempotency_records \
+                     (key, fingerprint, response, changed_at, expires_at) \
+                     SELECT 'expired-' || n, 'f', zeroblob(170), 0, 0 FROM g",
+                )
+                .bind(options.expired as i64)
+                .execute(store.pool())
+                .await
+                .expect("the expired records")
+                .rows_affected();
             let purged = purge_beside_creates(&store, expired, run, options.tasks, &response).await;
             rows.push(Row {
                 store: "SQLite".into(),
@@ -666,6 +886,7 @@ fn main() {
                 creates,
                 replays,
                 purged: Some(purged),
+                floor: Some(floor),
             });
             drop(store);
             let _ = std::fs::remove_dir_all(&dir);
@@ -686,7 +907,7 @@ fn main() {
          (failed purge runs) | creates/s beside the purge | of creates/s | failed beside it |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for row in rows {
+    for row in &rows {
         let purged = row
             .purged
             .as_ref()
@@ -703,6 +924,43 @@ fn main() {
         println!(
             "| {} | {} | {:.0} | {:.0} | {purged} |",
             row.store, row.bytes, row.creates, row.replays
+        );
+    }
+    let floors: Vec<(&Row, &Floor)> = rows
+        .iter()
+        .filter_map(|row| row.floor.as_ref().map(|floor| (row, floor)))
+        .collect();
+    if floors.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "The SQL stores against their statements written plainly on the same pool, {} rounds \
+         turn by turn (medians; the ratios are the medians of each round's):",
+        options.rounds
+    );
+    println!();
+    println!(
+        "| store | creates/s | plain creates/s | creates, store ÷ plain | replays/s | plain replays/s \
+         | replays, store ÷ plain | each round's ratios, creates / replays |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (row, floor) in floors {
+        let rounds: Vec<String> = floor
+            .rounds
+            .iter()
+            .map(|(ours, theirs)| format!("{:.2}/{:.2}", ours.0 / theirs.0, ours.1 / theirs.1))
+            .collect();
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2}× | {:.0} | {:.0} | {:.2}× | {} |",
+            row.store,
+            row.creates,
+            floor.creates,
+            floor.creates_ratio,
+            row.replays,
+            floor.replays,
+            floor.replays_ratio,
+            rounds.join(" ")
         );
     }
 }

@@ -14,11 +14,12 @@
 
 use std::time::{Duration, Instant};
 
+use tower_idempotency::MemoryStore;
 use tower_idempotency::operation::Fingerprint;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Operator;
-use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::store::Store;
 
 /// Every claim's time, in nanoseconds, sorted; and the whole run's. Under `churn`, each
 /// claim is followed by forgetting the key that many claims back: outside each claim's

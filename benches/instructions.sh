@@ -14,7 +14,7 @@ total() { # path count → total instructions
 }
 printf '%-12s %14s %10s\n' path instructions "x bare"
 bare=""
-for path in bare new floor replay refuse_415 refuse_413 refuse_400 json_new json_replay; do
+for path in bare new floor reference replay reference_replay refuse_415 refuse_413 refuse_400 json_new json_replay; do
   base=$(total "$path" 0)
   all=$(total "$path" "$n")
   per=$(( (all - base) / n ))

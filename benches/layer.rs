@@ -19,10 +19,12 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::Idempotency;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
-use tower_idempotency::{Idempotency, IdempotencyLayer, MemoryStore, Store};
+use tower_idempotency::store::Store;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 const BODY: &str = r#"{"request_id":"label-req-7","parcel_id":"parcel-42"}"#;
 
@@ -30,7 +32,7 @@ async fn drive<S, B>(service: &S, request: Request<B>) -> Bytes
 where
     S: Service<
             Request<B>,
-            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::layer::ResponseBody<Full<Bytes>>>,
             Error = Infallible,
         > + Clone,
 {

@@ -22,10 +22,11 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::{MemoryStore, PostgresStore, RedisStore};
-use tower_idempotency::{IdempotencyLayer, Store};
 
 static RUN: AtomicU64 = AtomicU64::new(0);
 

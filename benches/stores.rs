@@ -19,13 +19,14 @@ mod servers;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tower_idempotency::store::redis::redis;
 
 use common::{Create, valid};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::Store;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::{
     PostgresStore, RedisStore, SqliteStore, TransactionalPostgresStore,
 };

@@ -1,5 +1,5 @@
 //! The label contract's create as a gRPC service: `labels.v1.Labels/CreateLabel`, made idempotent
-//! by the layer with [`GrpcOperation`](tower_idempotency::GrpcOperation), on one port for HTTP/2
+//! by the layer with [`GrpcOperation`](tower_idempotency::operation::GrpcOperation), on one port for HTTP/2
 //! gRPC and for gRPC-web over HTTP/1.1 (tonic-web), beside `grpc.health.v1.Health`, which the
 //! layer leaves untouched.
 //!

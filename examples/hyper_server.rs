@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tower::Layer;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};

@@ -31,10 +31,10 @@ use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-pub use crate::outcome::Refusal;
+use http::StatusCode;
 
 /// A policy that admits or refuses a newly claimed operation of type `T` (the
-/// [`Operation::Value`](crate::Operation::Value): the label contract's `LabelOperation`,
+/// [`Operation::Value`](https://docs.rs/tower-idempotency/latest/tower_idempotency/operation/trait.Operation.html#associatedtype.Value): the label contract's `LabelOperation`,
 /// your own body type, …).
 ///
 /// The built-in policies admit operations of every type.
@@ -226,5 +226,30 @@ impl<T> Admission<T> for RateLimit {
         } else {
             Admit::Refuse(Refusal::TooManyRequests)
         })
+    }
+}
+
+/// Why admission refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a rate: `429 Too Many Requests`.
+    TooManyRequests,
+    /// Over capacity: `503 Service Unavailable`.
+    ServiceUnavailable,
+}
+
+impl Refusal {
+    /// The status of the reply: 429 or 503.
+    ///
+    /// ```
+    /// use tower_idempotency::admission::Refusal;
+    /// assert_eq!(Refusal::TooManyRequests.status(), 429);
+    /// assert_eq!(Refusal::ServiceUnavailable.status(), 503);
+    /// ```
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
     }
 }

@@ -202,8 +202,10 @@ impl<B> ResponseBody<B> {
     /// ```
     /// use http::{Request, Response};
     /// use tower::{ServiceExt, service_fn};
-    /// use tower_idempotency::{Idempotency, MemoryStore, Outcome};
-    /// use tower_idempotency::body::RequestBody;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::layer::Idempotency;
+    /// use tower_idempotency::reply::Outcome;
+    /// use tower_idempotency::layer::RequestBody;
     /// use tower_idempotency::operation::LabelOperation;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -1,50 +1,4 @@
-//! [`Drain`]: a graceful shutdown that strands no key. The creates in flight run to their
-//! complete; nothing new is claimed meanwhile.
-//!
-//! A server that stops while creates run, as on a deploy's `SIGTERM`, would leave each of their
-//! keys pending until its lease lapses or an operator acts, and every retry meanwhile would get
-//! `409`. With a drain on the layer, on the signal a server closes the drain with
-//! [`Drain::close`] and starts its own graceful shutdown: it stops accepting connections and
-//! lets those open finish their requests. Every request already past its claim runs its create
-//! and its complete. A request that still arrives, on a connection kept open or to a server
-//! that still accepts, is refused before its claim with the operation's *store unavailable*
-//! answer, a `503` with `Retry-After`, which a client retries elsewhere or later. The server's
-//! graceful shutdown has no deadline of its own: bound it, then wait with [`Drain::shutdown`]
-//! for the work that outlives its connection, within what is left of the deadline. Such work is
-//! a create whose client left, or a lost store answer being settled.
-//!
-//! With axum, as the example servers do on `SIGTERM` and Ctrl-C:
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use tower_idempotency::drain::Drain;
-//! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-//!
-//! # async fn create() -> &'static str { "" }
-//! # async fn run(signal: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-//! let drain = Drain::new();
-//! let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
-//!     .global_keys()
-//!     .drain(&drain);
-//! let app = axum::Router::new().route("/payments", axum::routing::post(create).route_layer(layer));
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
-//! let closing = drain.clone();
-//! let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-//!     signal.await; // SIGTERM
-//!     closing.close();
-//! });
-//! let deadline = Duration::from_secs(30);
-//! let started = tokio::time::Instant::now();
-//! tokio::select! {
-//!     served = serve => served?,
-//!     () = async { drain.closed().await; tokio::time::sleep(deadline).await } => {}
-//! }
-//! match drain.shutdown(deadline.saturating_sub(started.elapsed())).await {
-//!     Ok(()) => println!("every create in flight completed"),
-//!     Err(unfinished) => eprintln!("{unfinished}"),
-//! }
-//! # Ok(()) }
-//! ```
+//! The layer's graceful shutdown ([`Drain`]).
 
 use std::fmt;
 use std::pin::pin;
@@ -56,6 +10,54 @@ use tokio::sync::Notify;
 
 /// The shutdown handle of one or more layers, given with [`IdempotencyLayer::drain`]: counts
 /// the requests past their claim and, once closed, refuses new claims.
+///
+/// [`Drain`]: a graceful shutdown that strands no key. The creates in flight run to their
+/// complete; nothing new is claimed meanwhile.
+///
+/// A server that stops while creates run, as on a deploy's `SIGTERM`, would leave each of their
+/// keys pending until its lease lapses or an operator acts, and every retry meanwhile would get
+/// `409`. With a drain on the layer, on the signal a server closes the drain with
+/// [`Drain::close`] and starts its own graceful shutdown: it stops accepting connections and
+/// lets those open finish their requests. Every request already past its claim runs its create
+/// and its complete. A request that still arrives, on a connection kept open or to a server
+/// that still accepts, is refused before its claim with the operation's *store unavailable*
+/// answer, a `503` with `Retry-After`, which a client retries elsewhere or later. The server's
+/// graceful shutdown has no deadline of its own: bound it, then wait with [`Drain::shutdown`]
+/// for the work that outlives its connection, within what is left of the deadline. Such work is
+/// a create whose client left, or a lost store answer being settled.
+///
+/// With axum, as the example servers do on `SIGTERM` and Ctrl-C:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::layer::Drain;
+/// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+///
+/// # async fn create() -> &'static str { "" }
+/// # async fn run(signal: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+/// let drain = Drain::new();
+/// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+///     .global_keys()
+///     .drain(&drain);
+/// let app = axum::Router::new().route("/payments", axum::routing::post(create).route_layer(layer));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
+/// let closing = drain.clone();
+/// let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+///     signal.await; // SIGTERM
+///     closing.close();
+/// });
+/// let deadline = Duration::from_secs(30);
+/// let started = tokio::time::Instant::now();
+/// tokio::select! {
+///     served = serve => served?,
+///     () = async { drain.closed().await; tokio::time::sleep(deadline).await } => {}
+/// }
+/// match drain.shutdown(deadline.saturating_sub(started.elapsed())).await {
+///     Ok(()) => println!("every create in flight completed"),
+///     Err(unfinished) => eprintln!("{unfinished}"),
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// Cloning it shares it. A layer without a drain pays nothing for it; one with a drain pays
 /// two atomic operations a request that reaches its claim.
@@ -109,7 +111,7 @@ impl Drain {
     /// A drain that is open: requests claim as usual.
     ///
     /// ```
-    /// let drain = tower_idempotency::drain::Drain::new();
+    /// let drain = tower_idempotency::layer::Drain::new();
     /// assert!(!drain.is_closed());
     /// assert_eq!(drain.in_flight(), 0);
     /// ```
@@ -122,7 +124,7 @@ impl Drain {
     /// claim go on. Calling it again does nothing.
     ///
     /// ```
-    /// let drain = tower_idempotency::drain::Drain::new();
+    /// let drain = tower_idempotency::layer::Drain::new();
     /// drain.close();
     /// assert!(drain.is_closed());
     /// ```
@@ -135,7 +137,7 @@ impl Drain {
     /// Whether [`close`](Self::close) or [`shutdown`](Self::shutdown) was called.
     ///
     /// ```
-    /// assert!(!tower_idempotency::drain::Drain::new().is_closed());
+    /// assert!(!tower_idempotency::layer::Drain::new().is_closed());
     /// ```
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::SeqCst)
@@ -145,7 +147,7 @@ impl Drain {
     /// release.
     ///
     /// ```
-    /// assert_eq!(tower_idempotency::drain::Drain::new().in_flight(), 0);
+    /// assert_eq!(tower_idempotency::layer::Drain::new().in_flight(), 0);
     /// ```
     pub fn in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::SeqCst)
@@ -155,7 +157,7 @@ impl Drain {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let drain = tower_idempotency::drain::Drain::new();
+    /// let drain = tower_idempotency::layer::Drain::new();
     /// drain.close();
     /// drain.closed().await;
     /// # }
@@ -180,7 +182,7 @@ impl Drain {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use std::time::Duration;
     ///
-    /// let drain = tower_idempotency::drain::Drain::new();
+    /// let drain = tower_idempotency::layer::Drain::new();
     /// assert_eq!(drain.shutdown(Duration::from_secs(1)).await, Ok(()));
     /// assert!(drain.is_closed());
     /// # }

@@ -1,4 +1,4 @@
-//! The response future of [`Idempotency`](crate::Idempotency): a hand-written state machine.
+//! The response future of [`Idempotency`](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/struct.Idempotency.html): a hand-written state machine.
 //!
 //! It drives the pipeline's steps and knows nothing of the service. A guarded request goes
 //! through two states before its reply. *Reading* collects the body in place and, once the
@@ -47,7 +47,7 @@ struct Reading<S, St, O, A> {
 }
 
 pin_project! {
-    /// Response future of [`Idempotency`](crate::Idempotency).
+    /// Response future of [`Idempotency`](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/struct.Idempotency.html).
     ///
     /// It never fails on the guarded path: every refusal, store failure and create failure is a
     /// response. Only a passed-through request can yield the inner service's error.

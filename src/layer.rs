@@ -1,9 +1,13 @@
 //! [`IdempotencyLayer`]: the configuration, and the [`Layer`] that builds the service.
 
-pub use crate::settings::{
+pub use crate::body::{RequestBody, ResponseBody};
+pub use crate::config::{
     DEFAULT_MAX_WAITING, DEFAULT_PENDING_RETRY_AFTER, DEFAULT_RESPONSE_LIMIT, DEFAULT_RETRY_AFTER,
     OtherPaths, StoredResponses,
 };
+pub use crate::drain::{Drain, Unfinished};
+pub use crate::future::ResponseFuture;
+pub use crate::service::Idempotency;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +17,9 @@ use http::request::Parts;
 use tower::Layer;
 
 use crate::admission::AlwaysAdmit;
+use crate::config::{Config, PathSetting, Settings};
 use crate::operation::Operation;
 use crate::scope::{GlobalKeys, KeySpace, Scope, Scoped, Unscoped};
-use crate::service::Idempotency;
-use crate::settings::{Config, PathSetting, Settings};
 use crate::store::{Lease, Store};
 use crate::tally::Bounded;
 
@@ -26,8 +29,8 @@ use crate::tally::Bounded;
 /// [`Admission`](crate::admission::Admission) policy, the key space, the guarded path, the
 /// request body limit, the cap on a created response and which responses are stored. The
 /// operation is what a create request means: [`JsonOperation`](crate::JsonOperation) for your
-/// own JSON body, [`RawOperation`](crate::RawOperation) for any bytes,
-/// [`GrpcOperation`](crate::GrpcOperation) for unary gRPC, or a strict contract such as
+/// own JSON body, [`RawOperation`](crate::operation::RawOperation) for any bytes,
+/// [`GrpcOperation`](crate::operation::GrpcOperation) for unary gRPC, or a strict contract such as
 /// [`LabelContract`](crate::operation::LabelContract). The cap is 1 MiB by default.
 ///
 /// # The key space is chosen, never assumed
@@ -44,7 +47,7 @@ use crate::tally::Bounded;
 /// use http::{Request, Response};
 /// use tower::{ServiceBuilder, service_fn};
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::layer::RequestBody;
 ///
 /// let create = service_fn(|_: Request<RequestBody<String>>| async {
 ///     Ok::<_, Infallible>(Response::new(String::new()))
@@ -62,7 +65,7 @@ use crate::tally::Bounded;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::layer::RequestBody;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let create = service_fn(|_: Request<RequestBody<String>>| async move {
@@ -280,11 +283,11 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
 
     /// Sets the shutdown handle of the layer's services: once the drain closes, a request that
     /// reaches its claim is refused with the operation's *store unavailable* answer, a `503`
-    /// with `Retry-After`, and [`Drain::shutdown`](crate::drain::Drain::shutdown) waits for the
-    /// requests past their claim to complete. See [`drain`](crate::drain).
+    /// with `Retry-After`, and [`Drain::shutdown`](crate::layer::Drain::shutdown) waits for the
+    /// requests past their claim to complete. See [`Drain`].
     ///
     /// ```
-    /// use tower_idempotency::drain::Drain;
+    /// use tower_idempotency::layer::Drain;
     /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
     ///
     /// let drain = Drain::new();
@@ -321,7 +324,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// [`OtherPaths::NotFound`].
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, OtherPaths};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    /// use tower_idempotency::layer::OtherPaths;
     ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new()).other_paths(OtherPaths::PassThrough);
     /// # drop(layer);
@@ -336,7 +340,8 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// [`StoredResponses::default_for`]).
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, StoredResponses};
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    /// use tower_idempotency::layer::StoredResponses;
     ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
     ///     .global_keys()
@@ -363,6 +368,55 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
+    /// Advertises the store's replay window on every answer to a guarded request (the create,
+    /// a replay, a refusal) in the header `name`, in whole seconds, rounded down (at least one); `None` sends
+    /// none. By default the operation says
+    /// ([`Operation::advertises_window`]): the
+    /// generic operations send [`IDEMPOTENCY_TTL`](crate::reply::IDEMPOTENCY_TTL), the label
+    /// contract none. The window is the store's retention
+    /// ([`Store::replay_window`]); a store that keeps
+    /// records until they are forgotten has none to advertise. Publish the same window where
+    /// clients read an API's rules before they call it, in its OpenAPI description (the
+    /// header on each create's responses, and the window in its description).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::HeaderName;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let store = MemoryStore::builder().retention(Duration::from_secs(3600)).build();
+    /// // `Idempotency-Key-Lifetime: 3600` on every answer, in place of `Idempotency-TTL`.
+    /// let name = HeaderName::from_static("idempotency-key-lifetime");
+    /// let layer = IdempotencyLayer::new(store, JsonOperation::new()).window_header(Some(name));
+    /// # drop(layer);
+    /// ```
+    pub fn window_header(mut self, name: Option<HeaderName>) -> Self {
+        self.config.window_header = Some(name);
+        self
+    }
+
+    /// Refuses a retry whose first attempt is older than the store's replay window with the
+    /// operation's *key expired* answer (`409`, problem type `key_expired`, no `Retry-After`)
+    /// where it would create: when the store kept nothing of the key, such a retry is never
+    /// created a second time (its claim is released). A key whose record the store still keeps
+    /// answers as ever (a replay, a conflict). A retry says when its intent was first sent in
+    /// [`REPEATABILITY_FIRST_SENT`](crate::reply::REPEATABILITY_FIRST_SENT), an HTTP date, as
+    /// the crate's client layer does on every retry; a request without it, or with one that is
+    /// not a date, is claimed as any other. Off by default; a store that keeps records until
+    /// they are forgotten has no window to refuse by.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), JsonOperation::new())
+    ///     .refuse_past_window(true);
+    /// # drop(layer);
+    /// ```
+    pub fn refuse_past_window(mut self, refuse: bool) -> Self {
+        self.config.refuse_past_window = refuse;
+        self
+    }
+
     /// Adds `Idempotent-Replayed: true` to every replayed response. Off by default: the
     /// contract replays the stored headers exactly, and the marker is one header more.
     ///
@@ -377,7 +431,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
-    /// Also puts each guarded response's [`Outcome`](crate::Outcome) into its extensions, for
+    /// Also puts each guarded response's [`Outcome`](crate::reply::Outcome) into its extensions, for
     /// an outer layer that sees the response after its body was replaced, such as an axum
     /// middleware. Off by default: the outcome is always on the layer's own body, as
     /// [`ResponseBody::outcome`](crate::body::ResponseBody::outcome), for free, while the first
@@ -400,7 +454,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// By default the operation decides, with [`Operation::hands_over_value`]. A body typed
     /// with [`JsonOperation::typed`](crate::JsonOperation::typed) is handed over, and its
     /// handler writes `Extension<T>`. [`JsonOperation::new`](crate::JsonOperation::new),
-    /// [`RawOperation`](crate::RawOperation), [`GrpcOperation`](crate::GrpcOperation) and the
+    /// [`RawOperation`](crate::operation::RawOperation), [`GrpcOperation`](crate::operation::GrpcOperation) and the
     /// [`LabelContract`](crate::operation::LabelContract) hand no value over: their handlers
     /// read the body, and a request's first extension costs three allocations. (The validated
     /// [`IdempotencyKey`](crate::operation::IdempotencyKey) is in the extensions whatever this
@@ -440,7 +494,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
     /// The lease of each reservation: while the create runs, the layer renews it with
     /// [`Store::renew`] every third of `lease`. So a pending key whose lease lapsed was
     /// abandoned, its process having died mid-create, and one whose lease did not lapse is in
-    /// progress; the `idempotency_keys` tool of the feature `cli` and
+    /// progress; the `idempotency_keys` tool (the `idempotency-keys` crate) and
     /// [`Operator::inspect`](crate::store::Operator::inspect) show which. Default
     /// [`Lease::DEFAULT_DURATION`], thirty seconds; at least [`Lease::MIN_DURATION`]. A create
     /// that finishes within a third of the lease costs no renewal. Keep it at three times the
@@ -561,7 +615,7 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
 /// [`global_keys`](IdempotencyLayer::global_keys), wraps services.
 impl<S, St, O, A, K> Layer<S> for IdempotencyLayer<St, O, A, K>
 where
-    St: Clone,
+    St: Store + Clone,
     O: Operation,
     A: Clone,
     K: KeySpace,
@@ -573,7 +627,11 @@ where
             inner,
             self.store.clone(),
             self.admission.clone(),
-            Arc::new(Settings::new(self.operation.clone(), &self.config)),
+            Arc::new(Settings::new(
+                self.operation.clone(),
+                &self.config,
+                self.store.replay_window(),
+            )),
         )
     }
 }

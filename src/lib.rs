@@ -40,7 +40,7 @@
 //! use serde::Deserialize;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-//! use tower_idempotency::body::RequestBody;
+//! use tower_idempotency::layer::RequestBody;
 //!
 //! #[derive(Clone, Deserialize)]
 //! struct NewPayment { amount: u64, currency: String }
@@ -165,10 +165,7 @@
 //! | `client` | `client`: the retry decision of a client that keeps one key per intent: which answers to retry with the same key, and when |
 //! | `metrics` | `metrics`: the layer's outcomes, store call times, waiting and settling tasks and the client layer's attempts, through the `metrics` 0.24 facade, for any exporter |
 //! | `reqwest` | `client::reqwest`: the client layer's retries as a `reqwest-middleware` 0.5 middleware for `reqwest` 0.13; turns `client` on |
-//! | `check` | `check` and the `idempotency-check` command: a black-box checker of any create endpoint over HTTP; turns on reqwest's rustls without a crypto provider (a process building reqwest clients of its own installs one, as `check::client` does) |
-//! | `nats` | nothing in the library: the NATS JetStream worker example's client (`examples/nats_worker.rs`) |
-//! | `rabbitmq` | nothing in the library: the RabbitMQ worker example's client (`examples/rabbitmq_worker.rs`) |
-//! | `cli` | the operator's command line, `idempotency_keys`, installed with `cargo install tower-idempotency --features cli`: show, list, resolve, forget and purge the records of a Redis, PostgreSQL, MySQL or SQLite store; it turns on the four stores |
+//! | `check` | `check`, the library of the `idempotency-check` crate (whose command is `cargo install idempotency-check`): a black-box checker of any create endpoint over HTTP; turns on reqwest's rustls without a crypto provider (a process building reqwest clients of its own installs one, as `check::client` does) |
 //!
 //! None is on by default; the in-memory store needs none. The minimum supported Rust version is
 //! 1.94, which sqlx 0.9 needs; sqlx is behind `postgres`, `mysql` and `sqlite`.
@@ -189,41 +186,51 @@
 //! *At most one create per key*, for as long as the reservation or record is held. Not
 //! exactly-once: a crash between the create and the complete leaves the key pending, and a
 //! pending retry never gets the right to create. A confirmed admission refusal releases the
-//! key; for a create that fails, see [a create that fails](StoredResponses#a-create-that-fails).
+//! key; for a create that fails, see [a create that fails](layer::StoredResponses#a-create-that-fails).
+//!
+//! [`Operation`]: operation::Operation
+//! [`RawOperation`]: operation::RawOperation
+//! [`GrpcOperation`]: operation::GrpcOperation
+//! [`Store`]: store::Store
+//! [`Outcome`]: reply::Outcome
+//! [`OtherPaths::PassThrough`]: layer::OtherPaths::PassThrough
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod body;
+mod body;
+mod config;
 #[cfg(feature = "check")]
 #[cfg_attr(docsrs, doc(cfg(feature = "check")))]
-pub mod check;
+pub use idempotency_check as check;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
-pub mod client;
-pub mod drain;
-mod fingerprint;
-pub mod future;
+pub use tower_idempotency_client as client;
+mod drain;
+/// The operation's fingerprint, defined with the store contract.
+mod fingerprint {
+    pub use tower_idempotency_core::{Fingerprint, FingerprintHex};
+}
+mod future;
 mod headers;
 pub mod idempotent;
 pub mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+// Without the feature, the same file reports nothing: each report compiles to nothing.
 #[cfg(not(feature = "metrics"))]
-#[path = "metrics/off.rs"]
+#[allow(dead_code, unreachable_pub)]
 mod metrics;
 pub mod operation;
 mod outcome;
 mod pipeline;
 pub mod problem;
-mod refusal;
+mod rejection;
 pub mod reply;
-mod rules;
 pub mod scope;
-pub mod service;
-mod settings;
+mod service;
 pub mod store;
 mod tally;
 #[cfg(feature = "test-util")]
@@ -231,11 +238,9 @@ mod tally;
 pub mod testing;
 
 pub use crate::idempotent::Idempotent;
-pub use crate::layer::{IdempotencyLayer, OtherPaths, StoredResponses};
-pub use crate::operation::{GrpcOperation, JsonOperation, Operation, RawOperation};
-pub use crate::reply::Outcome;
-pub use crate::service::Idempotency;
-pub use crate::store::{MemoryStore, Store};
+pub use crate::layer::IdempotencyLayer;
+pub use crate::operation::JsonOperation;
+pub use crate::store::MemoryStore;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -1,7 +1,7 @@
 //! The vocabulary every layer of the crate shares: the [`Outcome`], what the layer did with a
-//! request; an [`Invalid`] request, one of the refusals (declared in the `refusal` module);
-//! and the [`Refusal`], why admission refused. A leaf: it imports no other module of the crate, so
-//! the operations, the stores, the replies and the bodies may all use it.
+//! request, and an [`Invalid`] request, one of the rejections (declared in the `rejection`
+//! module). A leaf: it imports no other module of the crate, so the operations, the stores,
+//! the replies and the bodies may all use it.
 
 use std::borrow::Cow;
 
@@ -13,7 +13,7 @@ use http::StatusCode;
 /// outer layer such as metrics or logs can count it.
 ///
 /// ```
-/// use tower_idempotency::Outcome;
+/// use tower_idempotency::reply::Outcome;
 ///
 /// assert_eq!(Outcome::Replay.as_str(), "replay");
 /// ```
@@ -41,23 +41,26 @@ pub enum Outcome {
     /// created.
     StoreUnavailable,
     /// The create failed without an answer: an error, a panic, or a response body that failed
-    /// within the cap. See [a create that fails](crate::StoredResponses#a-create-that-fails).
+    /// within the cap. See [a create that fails](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/enum.StoredResponses.html#a-create-that-fails).
     CreateFailed,
     /// The create answered what the layer does not store (a non-`2xx` under
     /// `StoredResponses::Successful`, a `5xx` under `StoredResponses::ExceptServerErrors`),
     /// passed on unstored and its key released; see
-    /// [a create that fails](crate::StoredResponses#a-create-that-fails).
+    /// [a create that fails](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/enum.StoredResponses.html#a-create-that-fails).
     Unstored,
     /// The create's transaction (a transactional store's) may or may not have committed: its
     /// `COMMIT` went unanswered. The operation's *outcome unknown* answer, `503`; a retry with
     /// the same key replays if it committed and creates if not.
     Unknown,
+    /// The key's replay window had passed: the operation's *key expired* answer, `409`,
+    /// nothing created.
+    Expired,
 }
 
 impl Outcome {
     /// A short lowercase name, for logs and metrics labels: `created`, `complete_failed`,
     /// `replay`, `pending`, `conflict`, `not_admitted`, `rejected`, `store_unavailable`,
-    /// `create_failed`, `unstored`, `unknown`. The enum is `#[non_exhaustive]`: a `match` on
+    /// `create_failed`, `unstored`, `unknown`, `expired`. The enum is `#[non_exhaustive]`: a `match` on
     /// it keeps a wildcard arm.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -72,6 +75,7 @@ impl Outcome {
             Self::CreateFailed => "create_failed",
             Self::Unstored => "unstored",
             Self::Unknown => "unknown",
+            Self::Expired => "expired",
         }
     }
 }
@@ -172,30 +176,5 @@ impl From<String> for Invalid {
 impl From<Cow<'static, str>> for Invalid {
     fn from(detail: Cow<'static, str>) -> Self {
         Self::new(detail)
-    }
-}
-
-/// Why admission refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// Over a rate: `429 Too Many Requests`.
-    TooManyRequests,
-    /// Over capacity: `503 Service Unavailable`.
-    ServiceUnavailable,
-}
-
-impl Refusal {
-    /// The status of the reply: 429 or 503.
-    ///
-    /// ```
-    /// use tower_idempotency::admission::Refusal;
-    /// assert_eq!(Refusal::TooManyRequests.status(), 429);
-    /// assert_eq!(Refusal::ServiceUnavailable.status(), 503);
-    /// ```
-    pub fn status(self) -> StatusCode {
-        match self {
-            Self::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
-            Self::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
     }
 }

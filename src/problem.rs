@@ -1,6 +1,6 @@
 //! RFC 9457 problem details: the replies of the generic operations
-//! ([`JsonOperation`](crate::JsonOperation), [`RawOperation`](crate::RawOperation), and any
-//! [`Operation`](crate::Operation) that keeps the default [`reply`](crate::Operation::reply)),
+//! ([`JsonOperation`](crate::JsonOperation), [`RawOperation`](https://docs.rs/tower-idempotency/latest/tower_idempotency/operation/struct.RawOperation.html), and any
+//! [`Operation`](https://docs.rs/tower-idempotency/latest/tower_idempotency/operation/trait.Operation.html) that keeps the default [`reply`](https://docs.rs/tower-idempotency/latest/tower_idempotency/operation/trait.Operation.html#method.reply)),
 //! per draft-ietf-httpapi-idempotency-key-header.
 //!
 //! Every body is `{"type":…,"title":…,"status":…,"detail":…}` with
@@ -16,7 +16,7 @@
 //! between releases (a test holds every one, and this page's place in the crate). To point
 //! clients at your own API's documentation, give the generic operations a base of your own,
 //! [`JsonOperation::problem_type_base`](crate::JsonOperation::problem_type_base) (and
-//! [`RawOperation`'s](crate::RawOperation::problem_type_base)):
+//! [`RawOperation`'s](https://docs.rs/tower-idempotency/latest/tower_idempotency/operation/struct.RawOperation.html#method.problem_type_base)):
 //! `https://api.example.com/problems/` gives `https://api.example.com/problems/idempotency_conflict`.
 //!
 #![doc = include_str!("reply/problem.md")]
@@ -28,8 +28,8 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response};
 
 use crate::outcome::Invalid;
-use crate::refusal::Rejection;
-use crate::refusal::default_base;
+use crate::rejection::Rejection;
+use crate::rejection::default_base;
 
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -65,7 +65,7 @@ fn rebase(body: &Bytes, base: &str) -> Bytes {
     Bytes::from(rebased)
 }
 
-/// The problem reply for `rejection`: its row of the [refusal table](crate::refusal) as it is,
+/// The problem reply for `rejection`: its row of the [refusal table](crate::rejection) as it is,
 /// the detail of an invalid request the operation's own.
 pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
     let declared = rejection.declared();
@@ -97,7 +97,7 @@ fn invalid(why: &Invalid) -> Bytes {
         ),
         None => String::new(),
     };
-    let row = &crate::refusal::INVALID_REQUEST;
+    let row = &crate::rejection::INVALID_REQUEST;
     Bytes::from(format!(
         r#"{{"type":"{}{}","title":"{}","status":{},"detail":{detail}{errors}}}"#,
         default_base!(),
@@ -154,6 +154,7 @@ mod tests {
             "create_failed",
             "response_too_large",
             "outcome_unknown",
+            "key_expired",
         ];
         let types: Vec<_> = cases().iter().map(|case| type_of(&reply(case))).collect();
         let pinned: Vec<_> = names.iter().map(|name| format!("{page}{name}")).collect();

@@ -10,11 +10,11 @@ use tower::Service;
 
 use crate::admission::{Admission, AlwaysAdmit};
 use crate::body::{Collector, RequestBody, ResponseBody};
+use crate::config::Settings;
 use crate::future::ResponseFuture;
 use crate::operation::Head;
 use crate::operation::Operation;
 use crate::pipeline::{self, Pipeline};
-use crate::settings::Settings;
 use tower::BoxError;
 
 use crate::store::Store;
@@ -40,7 +40,7 @@ use crate::store::Store;
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{Layer, ServiceExt, service_fn};
-/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::layer::RequestBody;
 /// use tower_idempotency::operation::LabelOperation;
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
 /// use tower_idempotency::operation::LabelContract;

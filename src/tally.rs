@@ -143,7 +143,7 @@ impl Drop for OwnedSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{Config, MAX_SETTLING};
+    use crate::config::{Config, MAX_SETTLING};
 
     /// The tally of `config`'s `bound`, reported under the default label.
     fn tally(bound: &Arc<Bounded>) -> Tally {

@@ -44,6 +44,7 @@
 //! ```
 
 pub mod conformance;
+pub(crate) mod wrapped;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -87,7 +88,8 @@ impl Journal {
 ///
 /// ```
 /// use tower_idempotency::testing::{Journal, RecordingStore};
-/// use tower_idempotency::{MemoryStore, Store};
+/// use tower_idempotency::MemoryStore;
+/// use tower_idempotency::store::Store;
 /// use tower_idempotency::operation::Fingerprint;
 /// use tower_idempotency::store::StoreErrorKind;
 ///
@@ -198,6 +200,10 @@ impl<St: Store> Store for RecordingStore<St> {
 
     fn release_undoes_create(&self) -> bool {
         self.inner.release_undoes_create()
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.inner.replay_window()
     }
 
     async fn abandon(&self, key: &str, reservation: &Reservation) {

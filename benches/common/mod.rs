@@ -14,6 +14,7 @@ use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResp
 
 #[path = "../../tests/common/labels.rs"]
 mod labels;
+pub mod reference;
 
 /// The label contract's create, answering at once: 201, `Content-Type`, `Location`, two `ETag`s.
 #[derive(Clone, Copy, Debug, Default)]
@@ -80,9 +81,9 @@ pub fn payment(key: &str) -> Request<Full<Bytes>> {
 }
 
 /// The generic JSON layer with a typed, validated body over `store`, around [`Create`].
-pub fn json_service<St: tower_idempotency::Store>(
+pub fn json_service<St: tower_idempotency::store::Store>(
     store: St,
-) -> tower_idempotency::Idempotency<
+) -> tower_idempotency::layer::Idempotency<
     Create,
     St,
     tower_idempotency::JsonOperation<NewPayment>,
@@ -138,7 +139,7 @@ pub fn replays<S, B>(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeepsNothing;
 
-impl tower_idempotency::Store for KeepsNothing {
+impl tower_idempotency::store::Store for KeepsNothing {
     fn claim_with(
         &self,
         _: &str,

@@ -11,12 +11,13 @@ use axum::Router;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
-use tower_idempotency::drain::Drain;
+use tower_idempotency::MemoryStore;
+use tower_idempotency::layer::Drain;
 use tower_idempotency::operation::IDEMPOTENCY_KEY;
+use tower_idempotency::reply::Outcome;
 use tower_idempotency::store::DynStore;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use tower_idempotency::store::Purge;
-use tower_idempotency::{MemoryStore, Outcome};
 
 /// The flags every example server takes; `extra` gets the others, with their value.
 pub struct Options {

@@ -26,10 +26,12 @@ use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower::Service;
+use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::admission::Admission;
+use tower_idempotency::operation::GrpcOperation;
 use tower_idempotency::operation::{GrpcCall, IdempotencyKey};
 use tower_idempotency::scope::GlobalKeys;
-use tower_idempotency::{GrpcOperation, IdempotencyLayer, Store};
+use tower_idempotency::store::Store;
 
 /// The guarded method's path.
 pub const CREATE_LABEL: &str = "/labels.v1.Labels/CreateLabel";

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 
 /// Splits the input into method, path, content type, key and body at `\n`s.
 pub fn request(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {

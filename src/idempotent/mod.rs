@@ -79,6 +79,8 @@ mod outcome;
 mod tests;
 
 pub use self::outcome::{Failures, Ran, RunError};
+use crate::config::{DEFAULT_MAX_WAITING, MAX_SETTLING};
+use crate::config::{Options, Rules};
 use crate::metrics::Metrics;
 use crate::operation::Fingerprint;
 use crate::operation::is_key;
@@ -87,9 +89,7 @@ use crate::pipeline::{
     Answered, CatchUnwind, Completed, Decided, Host, Then, Work, claim_now, decide,
 };
 use crate::reply::Outcome;
-use crate::rules::{Options, Rules};
 use crate::scope::KeyBuf;
-use crate::settings::{DEFAULT_MAX_WAITING, MAX_SETTLING};
 use crate::store::{Lease, Reservation, Store, StoredResponse};
 use crate::tally::{Bounded, Tally};
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::MemoryStore;
+use crate::testing::wrapped::{Around, Wrapped};
 use crate::testing::{Journal, RecordingStore};
 
 fn fp() -> Fingerprint {
@@ -138,34 +139,53 @@ fn the_fingerprint_is_of_the_canonical_json_and_run_keys_are_their_own() {
     );
 }
 
-/// A store whose next call named hangs, before or after it reaches `inner`, until its caller
-/// gives up.
-#[derive(Clone)]
-struct Hanging {
-    inner: MemoryStore,
+/// A store whose next call named hangs, before or after it reaches the memory store it wraps,
+/// until its caller gives up.
+type Hanging = Wrapped<MemoryStore, Hangs>;
+
+/// The call to hang next, and the completes: how many were called, and whether they answer as
+/// a transactional store's whose transaction ended.
+#[derive(Clone, Default)]
+struct Hangs {
     hang: Arc<std::sync::Mutex<Option<(&'static str, bool)>>>,
-    /// Completes called, and whether they answer as a transactional store's whose transaction
-    /// ended.
     completes: Arc<std::sync::atomic::AtomicUsize>,
     uncommitted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Hanging {
     fn new() -> Self {
+        let around = Hangs::default();
         Self {
             inner: MemoryStore::new(),
-            hang: Arc::default(),
-            completes: Arc::default(),
-            uncommitted: Arc::default(),
+            around,
         }
     }
 
     /// Hangs the next `call`, after it took effect if `applied`.
     fn hang(&self, call: &'static str, applied: bool) {
-        *self.hang.lock().unwrap() = Some((call, applied));
+        *self.around.hang.lock().unwrap() = Some((call, applied));
     }
+}
 
-    async fn maybe_hang<T>(&self, call: &'static str, apply: impl Future<Output = T>) -> T {
+impl Around for Hangs {
+    async fn around<'a, T: Send + 'a>(
+        &'a self,
+        call: &'static str,
+        run: impl Future<Output = Result<T, crate::store::StoreError>> + Send + 'a,
+    ) -> Result<T, crate::store::StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let uncommitted = call == "complete" && {
+            self.completes.fetch_add(1, SeqCst);
+            self.uncommitted.load(SeqCst)
+        };
+        let apply = async {
+            if uncommitted {
+                let kind = crate::store::StoreErrorKind::Uncommitted;
+                Err(crate::store::StoreError::new(kind))
+            } else {
+                run.await
+            }
+        };
         let hang = {
             let mut hang = self.hang.lock().unwrap();
             match *hang {
@@ -176,67 +196,17 @@ impl Hanging {
         match hang {
             None => apply.await,
             Some(true) => {
-                apply.await;
+                drop(apply.await);
                 std::future::pending().await
             }
             Some(false) => std::future::pending().await,
         }
     }
-}
-
-impl Store for Hanging {
-    async fn claim_with(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        reservation: Reservation,
-        lease: Lease,
-    ) -> Result<crate::store::Claim, crate::store::StoreError> {
-        let claim = self.inner.claim_with(key, fingerprint, reservation, lease);
-        self.maybe_hang("claim", claim).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-        lease: Duration,
-    ) -> Result<(), crate::store::StoreError> {
-        self.inner.renew(key, reservation, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-        response: &StoredResponse,
-    ) -> Result<(), crate::store::StoreError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.completes.fetch_add(1, SeqCst);
-        let uncommitted = self.uncommitted.load(SeqCst);
-        let complete = async {
-            if uncommitted {
-                Err(crate::store::StoreError::new(
-                    crate::store::StoreErrorKind::Uncommitted,
-                ))
-            } else {
-                self.inner.complete(key, reservation, response).await
-            }
-        };
-        self.maybe_hang("complete", complete).await
-    }
-
-    async fn release(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-    ) -> Result<(), crate::store::StoreError> {
-        self.inner.release(key, reservation).await
-    }
 
     /// What a transactional store attaches, its transaction, here the claim's key.
-    fn attach(&self, key: &str, _: &Reservation, extensions: &mut http::Extensions) {
+    fn attach(&self, key: &str, extensions: &mut http::Extensions) -> bool {
         extensions.insert(Attached(key.to_owned()));
+        true
     }
 }
 
@@ -284,60 +254,51 @@ async fn settled(labels: &Idempotent<Hanging>, key: &str, value: u32) -> Ran<u32
     }
 }
 
-#[tokio::test]
-async fn a_run_dropped_while_its_claim_is_in_flight_leaves_its_key_free() {
+/// Drops a run while its `call` hangs, before and after it took effect, and answers what a
+/// later run of the key gets, each time.
+async fn dropped_while_hanging(call: &'static str) -> Vec<Ran<u32>> {
     let store = Hanging::new();
-    // No take-over: only the settling of the dropped claim can free the key.
+    // No take-over: only the settling of the dropped call can free or complete the key.
     let labels = Idempotent::new(store.clone());
+    let mut later = Vec::new();
     for applied in [false, true] {
-        let key = format!("claim-{applied}");
-        store.hang("claim", applied);
+        let key = format!("{call}-{applied}");
+        store.hang(call, applied);
         let dropped = tokio::time::timeout(
             Duration::from_millis(50),
             labels.run(&key, fp(), |_| async { Ok::<_, ()>(1) }),
         )
         .await;
-        assert!(dropped.is_err(), "the claim hung");
-        assert_eq!(
-            settled(&labels, &key, 2).await,
-            Ran::Done(2),
-            "applied: {applied}"
-        );
+        assert!(dropped.is_err(), "the {call} hung");
+        later.push(settled(&labels, &key, 2).await);
     }
+    later
+}
+
+#[tokio::test]
+async fn a_run_dropped_while_its_claim_is_in_flight_leaves_its_key_free() {
+    assert_eq!(
+        dropped_while_hanging("claim").await,
+        [Ran::Done(2), Ran::Done(2)]
+    );
 }
 
 #[tokio::test]
 async fn a_run_dropped_while_its_complete_is_in_flight_gets_its_key_completed() {
-    let store = Hanging::new();
-    let labels = Idempotent::new(store.clone());
-    for applied in [false, true] {
-        let key = format!("complete-{applied}");
-        store.hang("complete", applied);
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(50),
-            labels.run(&key, fp(), |_| async { Ok::<_, ()>(1) }),
-        )
-        .await;
-        assert!(dropped.is_err(), "the complete hung");
-        assert_eq!(
-            settled(&labels, &key, 2).await,
-            Ran::Replayed(1),
-            "applied: {applied}"
-        );
-    }
+    assert_eq!(
+        dropped_while_hanging("complete").await,
+        [Ran::Replayed(1), Ran::Replayed(1)]
+    );
 }
 
-#[tokio::test]
-async fn a_run_whose_key_was_taken_over_meanwhile_is_unrecorded() {
-    let journal = Journal::new();
-    let store = RecordingStore::new(MemoryStore::new(), journal);
-    let lease = Duration::from_millis(60);
-    let labels = Idempotent::new(store.clone())
-        .lease(lease)
-        .take_over_abandoned();
-    // The first run's renewals fail: its lease lapses while its work runs, and a second run
-    // takes the key over and completes it.
-    store.fail("renew");
+/// A run of `k` on `labels`, spawned, whose work answers 1 once `finish` is notified; returned
+/// once its work started.
+async fn run_held<St: Store + Clone + 'static>(
+    labels: &Idempotent<St>,
+) -> (
+    tokio::task::JoinHandle<Result<Ran<i32>, RunError<()>>>,
+    Arc<tokio::sync::Notify>,
+) {
     let (started, finish) = (
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),
@@ -355,6 +316,21 @@ async fn a_run_whose_key_was_taken_over_meanwhile_is_unrecorded() {
         }
     });
     started.notified().await;
+    (first, finish)
+}
+
+#[tokio::test]
+async fn a_run_whose_key_was_taken_over_meanwhile_is_unrecorded() {
+    let journal = Journal::new();
+    let store = RecordingStore::new(MemoryStore::new(), journal);
+    let lease = Duration::from_millis(60);
+    let labels = Idempotent::new(store.clone())
+        .lease(lease)
+        .take_over_abandoned();
+    // The first run's renewals fail: its lease lapses while its work runs, and a second run
+    // takes the key over and completes it.
+    store.fail("renew");
+    let (first, finish) = run_held(&labels).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let second = loop {
         match labels.run("k", fp(), |_| async { Ok::<_, ()>(2) }).await {
@@ -375,23 +351,7 @@ async fn a_run_whose_key_was_taken_over_meanwhile_is_unrecorded() {
 #[tokio::test]
 async fn a_run_called_where_the_layers_client_left_still_waits() {
     let labels = Idempotent::new(MemoryStore::new()).pending_wait(Duration::from_secs(10));
-    let (started, finish) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let first = tokio::spawn({
-        let (labels, started, finish) = (labels.clone(), Arc::clone(&started), Arc::clone(&finish));
-        async move {
-            labels
-                .run("k", fp(), |_| async move {
-                    started.notify_one();
-                    finish.notified().await;
-                    Ok::<_, ()>(1)
-                })
-                .await
-        }
-    });
-    started.notified().await;
+    let (first, finish) = run_held(&labels).await;
     // A guarded handler whose client went away calls a run: the run is not the layer's.
     let waiting = tokio::spawn(crate::pipeline::CLIENT_LEFT.scope((), {
         let labels = labels.clone();
@@ -407,7 +367,7 @@ async fn a_run_called_where_the_layers_client_left_still_waits() {
 async fn a_dropped_complete_whose_transaction_ended_is_not_repeated() {
     use std::sync::atomic::Ordering::SeqCst;
     let store = Hanging::new();
-    store.uncommitted.store(true, SeqCst);
+    store.around.uncommitted.store(true, SeqCst);
     store.hang("complete", false);
     let labels = Idempotent::new(store.clone());
     let dropped = tokio::time::timeout(
@@ -418,7 +378,7 @@ async fn a_dropped_complete_whose_transaction_ended_is_not_repeated() {
     assert!(dropped.is_err(), "the complete hung");
     // The settling's first repetition answers that the transaction ended: it stops there.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while store.completes.load(SeqCst) < 2 {
+    while store.around.completes.load(SeqCst) < 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the complete was not repeated"
@@ -427,14 +387,14 @@ async fn a_dropped_complete_whose_transaction_ended_is_not_repeated() {
     }
     // Its next repetitions would come 100, 200 and 400 ms later.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(store.completes.load(SeqCst), 2);
+    assert_eq!(store.around.completes.load(SeqCst), 2);
 }
 
 #[tokio::test]
 async fn a_complete_that_did_not_commit_answers_store_unavailable() {
     use std::sync::atomic::Ordering::SeqCst;
     let store = Hanging::new();
-    store.uncommitted.store(true, SeqCst);
+    store.around.uncommitted.store(true, SeqCst);
     let labels = Idempotent::new(store.clone());
     let answer = labels.run("k", fp(), |_| async { Ok::<_, ()>(1) }).await;
     assert!(
@@ -442,7 +402,7 @@ async fn a_complete_that_did_not_commit_answers_store_unavailable() {
         "{answer:?}"
     );
     assert_eq!(
-        store.completes.load(SeqCst),
+        store.around.completes.load(SeqCst),
         1,
         "not settled: nothing to repeat"
     );

@@ -22,6 +22,8 @@
 //! default summaries, and the scrape on a port of its own:
 //!
 //! ```
+//! # #[cfg(feature = "metrics")] // the file also builds, silent, without the feature
+//! # mod example {
 //! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 //! use tower_idempotency::metrics::STORE_CALL_SECONDS;
 //! use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
@@ -39,9 +41,11 @@
 //!     .global_keys()
 //!     .metrics_label("payments");
 //! # drop(layer); Ok(()) }
+//! # }
+//! # fn main() {}
 //! ```
 
-use crate::Outcome;
+use crate::reply::Outcome;
 
 /// Guarded requests by outcome. A counter, labels `layer`, `outcome`, `status`.
 pub const REQUESTS: &str = "idempotency_requests_total";
@@ -63,6 +67,59 @@ pub const CLIENT_BUDGET_REFUSALS: &str = "idempotency_client_budget_refusals_tot
 /// The label a layer's series carry unless it is given one.
 pub const DEFAULT_LABEL: &str = "default";
 
+/// Describes every series of the table above to the installed recorder: its unit and what
+/// it counts, as exporters show them (Prometheus's `# HELP` lines, say). Call it once, after
+/// installing the recorder; a series reported without it is the same series, undescribed.
+///
+/// ```
+/// let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+/// let handle = recorder.handle();
+/// metrics::with_local_recorder(&recorder, || {
+///     tower_idempotency::metrics::describe();
+///     metrics::counter!(tower_idempotency::metrics::REQUESTS).increment(1);
+/// });
+/// assert!(handle.render().contains("# HELP idempotency_requests_total guarded requests"));
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "guarded requests, by outcome and status"
+    );
+    describe_histogram!(
+        STORE_CALL_SECONDS,
+        Unit::Seconds,
+        "the time of each store call of a request, by call"
+    );
+    describe_gauge!(
+        WAITING,
+        Unit::Count,
+        "requests waiting now for a pending key's first attempt"
+    );
+    describe_gauge!(
+        SETTLING,
+        Unit::Count,
+        "lost store answers being settled now"
+    );
+    describe_gauge!(
+        REDIS_SYNCING_PRIMARIES,
+        Unit::Count,
+        "Redis primaries whose replicas are all still syncing"
+    );
+    describe_counter!(
+        CLIENT_ATTEMPTS,
+        Unit::Count,
+        "attempts the client layer sent, by attempt (first or retry)"
+    );
+    describe_counter!(
+        CLIENT_BUDGET_REFUSALS,
+        Unit::Count,
+        "retries the client layer's budget refused"
+    );
+}
+
 /// A store call, as [`STORE_CALL_SECONDS`]'s `call` label names it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Call {
@@ -73,6 +130,7 @@ pub(crate) enum Call {
 }
 
 impl Call {
+    #[cfg(feature = "metrics")]
     fn as_str(self) -> &'static str {
         match self {
             Self::Claim => "claim",
@@ -83,15 +141,20 @@ impl Call {
     }
 }
 
-/// What one layer reports its series with: its label.
+/// What one layer reports its series with: its label. Without the feature it holds nothing,
+/// and each report below compiles to nothing: one file either way, no mirror to keep.
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
+    #[cfg(feature = "metrics")]
     layer: ::metrics::SharedString,
 }
 
+// Derivable only without the feature, where the struct holds nothing.
+#[allow(clippy::derivable_impls)]
 impl Default for Metrics {
     fn default() -> Self {
         Self {
+            #[cfg(feature = "metrics")]
             layer: ::metrics::SharedString::const_str(DEFAULT_LABEL),
         }
     }
@@ -99,6 +162,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The series of a layer labelled `layer`.
+    #[cfg(feature = "metrics")]
     pub(crate) fn new(layer: std::borrow::Cow<'static, str>) -> Self {
         let layer = match layer {
             std::borrow::Cow::Borrowed(layer) => ::metrics::SharedString::const_str(layer),
@@ -108,7 +172,9 @@ impl Metrics {
     }
 
     /// One guarded request answered with `outcome` and `status`.
+    #[inline(always)]
     pub(crate) fn outcome(&self, outcome: Outcome, status: http::StatusCode) {
+        #[cfg(feature = "metrics")]
         ::metrics::counter!(
             REQUESTS,
             "layer" => self.layer.clone(),
@@ -116,50 +182,54 @@ impl Metrics {
             "status" => status_label(status),
         )
         .increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (outcome, status);
     }
 
     /// `call` took from `started` until now.
+    #[inline(always)]
     pub(crate) fn store_call(&self, call: Call, started: Started) {
+        #[cfg(feature = "metrics")]
         ::metrics::histogram!(
             STORE_CALL_SECONDS,
             "layer" => self.layer.clone(),
             "call" => call.as_str(),
         )
-        .record(started.0.elapsed());
+        .record(started.at.elapsed());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (call, started);
     }
 
     /// `series`, a gauge, moves by `delta`.
+    #[inline(always)]
     pub(crate) fn gauge(&self, series: &'static str, delta: f64) {
+        #[cfg(feature = "metrics")]
         ::metrics::gauge!(series, "layer" => self.layer.clone()).increment(delta);
-    }
-
-    /// The client layer sent an attempt: a retry if `retry`, else its first.
-    #[cfg_attr(not(feature = "client"), allow(dead_code))]
-    pub(crate) fn attempt(&self, retry: bool) {
-        let attempt = if retry { "retry" } else { "first" };
-        ::metrics::counter!(CLIENT_ATTEMPTS, "layer" => self.layer.clone(), "attempt" => attempt)
-            .increment(1);
-    }
-
-    /// The client layer's budget refused a retry.
-    #[cfg_attr(not(feature = "client"), allow(dead_code))]
-    pub(crate) fn budget_refused(&self) {
-        ::metrics::counter!(CLIENT_BUDGET_REFUSALS, "layer" => self.layer.clone()).increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (series, delta);
     }
 }
 
-/// When a store call started.
+/// When a store call started; without the feature, no clock is read.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Started(std::time::Instant);
+pub(crate) struct Started {
+    #[cfg(feature = "metrics")]
+    at: std::time::Instant,
+}
 
 impl Started {
+    #[inline(always)]
     pub(crate) fn now() -> Self {
-        Self(std::time::Instant::now())
+        Self {
+            #[cfg(feature = "metrics")]
+            at: std::time::Instant::now(),
+        }
     }
 }
 
 /// `status` as a label value: the statuses the layer answers with, without an allocation;
 /// others written out.
+#[cfg(feature = "metrics")]
 fn status_label(status: http::StatusCode) -> ::metrics::SharedString {
     let known = match status.as_u16() {
         200 => "200",
@@ -182,4 +252,28 @@ fn status_label(status: http::StatusCode) -> ::metrics::SharedString {
         _ => return ::metrics::SharedString::from_owned(status.as_str().to_owned()),
     };
     ::metrics::SharedString::const_str(known)
+}
+
+#[cfg(test)]
+mod names {
+    /// The Redis store's crate names its gauge as this module does.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_store_reports_the_gauge_named_here() {
+        assert_eq!(
+            super::REDIS_SYNCING_PRIMARIES,
+            tower_idempotency_redis::REDIS_SYNCING_PRIMARIES
+        );
+    }
+
+    /// The client's crate names its counters as this module does.
+    #[cfg(feature = "client")]
+    #[test]
+    fn the_client_reports_the_counters_named_here() {
+        assert_eq!(super::CLIENT_ATTEMPTS, crate::client::CLIENT_ATTEMPTS);
+        assert_eq!(
+            super::CLIENT_BUDGET_REFUSALS,
+            crate::client::CLIENT_BUDGET_REFUSALS
+        );
+    }
 }

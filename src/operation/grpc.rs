@@ -11,8 +11,8 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::refusal;
-use crate::refusal::Rejection;
+use crate::rejection;
+use crate::rejection::Rejection;
 
 /// The content type of a gRPC call, with or without a `+proto`-style suffix.
 const GRPC: &str = "application/grpc";
@@ -34,12 +34,12 @@ const GRPC: &str = "application/grpc";
 ///
 /// A response over the [cap](crate::IdempotencyLayer::response_limit), 1 MiB by default, is
 /// given whole, but its record keeps no body and no trailers, as
-/// [`StoredResponses`](crate::StoredResponses#a-response-over-the-cap) describes: its replay
+/// [`StoredResponses`](crate::layer::StoredResponses#a-response-over-the-cap) describes: its replay
 /// has no `grpc-status`, which a gRPC client reads as a call that broke off. Set the cap above
 /// the largest message the service answers; tonic decodes at most 4 MiB by default.
 ///
 /// A gRPC error is an HTTP 200 whose status is in its trailers, so
-/// [`StoredResponses::Successful`](crate::StoredResponses::Successful) stores it as a success:
+/// [`StoredResponses::Successful`](crate::layer::StoredResponses::Successful) stores it as a success:
 /// keep the default, which stores every answer, or release a failed create yourself.
 ///
 /// The created response is the message and its trailers, `grpc-status` included. It is stored
@@ -51,7 +51,8 @@ const GRPC: &str = "application/grpc";
 /// gRPC. The inner service gets the [`IdempotencyKey`] in the request extensions.
 ///
 /// ```
-/// use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::operation::GrpcOperation;
 ///
 /// let operation = GrpcOperation::new().method("/labels.v1.Labels/CreateLabel");
 /// let layer = IdempotencyLayer::new(MemoryStore::new(), operation).global_keys();
@@ -131,7 +132,7 @@ impl GrpcOperation {
     /// operation; a compressed message comes as it was sent, to decompress or refuse.
     ///
     /// ```
-    /// use tower_idempotency::GrpcOperation;
+    /// use tower_idempotency::operation::GrpcOperation;
     /// use tower_idempotency::operation::GrpcCall;
     ///
     /// // The key must be the message's first bytes: a stand-in for decoding it.
@@ -281,11 +282,14 @@ impl Code {
 }
 
 /// The gRPC status code and message of a refusal: its row of the
-/// [refusal table](crate::refusal), the code read off the row's HTTP status, and any bad key or
+/// [refusal table](crate::rejection), the code read off the row's HTTP status, and any bad key or
 /// body `invalid_request`, since the key travels in metadata, beside the message.
 fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
     let declared = match rejection {
-        Rejection::InvalidKey => &refusal::INVALID_REQUEST,
+        Rejection::InvalidKey => &rejection::INVALID_REQUEST,
+        // Final, unlike a pending key's `409` (`ABORTED`, which clients retry): the operation
+        // may have happened, and no retry can succeed.
+        Rejection::KeyExpired => return (Code::FailedPrecondition, rejection::KEY_EXPIRED.code),
         other => other.declared(),
     };
     (code_of(declared.status), declared.code)
@@ -387,6 +391,7 @@ mod tests {
             ("13", "create_failed"),
             ("13", "response_too_large"),
             ("14", "outcome_unknown"),
+            ("9", "key_expired"),
         ];
         let expected: Vec<_> = expected
             .iter()

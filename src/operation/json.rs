@@ -14,7 +14,7 @@ use super::jcs::{self, Node, Pointer};
 use super::key::{is_key, key_in};
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed, media};
 use crate::outcome::Invalid;
-use crate::refusal::Rejection;
+use crate::rejection::Rejection;
 
 type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 
@@ -51,7 +51,7 @@ type Validate<T> = Arc<dyn Fn(&T) -> Result<(), Invalid> + Send + Sync>;
 /// use serde::Deserialize;
 /// use tower::{ServiceExt, service_fn};
 /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
-/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::layer::RequestBody;
 ///
 /// #[derive(Clone, Deserialize)]
 /// struct NewPayment { amount: u64, currency: String }
@@ -220,7 +220,8 @@ impl<T> JsonOperation<T> {
     /// the case's name; see [problem types](crate::problem#problem-types).
     ///
     /// ```
-    /// use tower_idempotency::{JsonOperation, Operation};
+    /// use tower_idempotency::JsonOperation;
+    /// use tower_idempotency::operation::Operation;
     /// use tower_idempotency::reply::Rejection;
     ///
     /// let operation = JsonOperation::new().problem_type_base("https://api.example.com/problems/");
@@ -286,8 +287,9 @@ impl<T> JsonOperation<T> {
     /// ```
     /// use http::{Request, Response};
     /// use tower::{Layer, ServiceExt, service_fn};
-    /// use tower_idempotency::body::RequestBody;
-    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+    /// use tower_idempotency::layer::RequestBody;
+    /// use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
+    /// use tower_idempotency::reply::Outcome;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let operation = JsonOperation::new().key_from("/idempotency_key")?;

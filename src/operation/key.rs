@@ -88,7 +88,7 @@ pub(crate) fn key_in(headers: &HeaderMap) -> Option<Cow<'_, str>> {
 /// it carries one valid key, refuse it otherwise.
 pub(crate) fn keyed_head(parts: &http::request::Parts) -> super::Head {
     if key_in(&parts.headers).is_none() {
-        super::Head::Reject(crate::refusal::Rejection::InvalidKey)
+        super::Head::Reject(crate::rejection::Rejection::InvalidKey)
     } else {
         super::Head::Guard
     }
@@ -99,8 +99,8 @@ pub(crate) fn keyed_head(parts: &http::request::Parts) -> super::Head {
 pub(crate) fn keyed<'a>(
     parts: &'a http::request::Parts,
     fingerprint: super::Fingerprint,
-) -> Result<super::Parsed<'a, IdempotencyKey>, crate::refusal::Rejection> {
-    let key = key_in(&parts.headers).ok_or(crate::refusal::Rejection::InvalidKey)?;
+) -> Result<super::Parsed<'a, IdempotencyKey>, crate::rejection::Rejection> {
+    let key = key_in(&parts.headers).ok_or(crate::rejection::Rejection::InvalidKey)?;
     Ok(super::Parsed {
         fingerprint,
         value: IdempotencyKey(key.clone().into_owned()),

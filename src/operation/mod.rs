@@ -59,7 +59,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, header};
 
-use crate::refusal::Rejection;
+use crate::rejection::Rejection;
 
 mod grpc;
 pub(crate) mod jcs;
@@ -161,6 +161,15 @@ pub trait Operation: Clone + Send + Sync + 'static {
     /// [`JsonOperation::typed`], says `true`.
     fn hands_over_value(&self) -> bool {
         false
+    }
+
+    /// Whether the layer advertises the store's replay window on this operation's answers
+    /// (the `Idempotency-TTL` header), unless it says otherwise
+    /// with [`IdempotencyLayer::window_header`](crate::IdempotencyLayer::window_header). `true`
+    /// by default; a contract that fixes its answers' headers, such as [`LabelContract`], says
+    /// `false`.
+    fn advertises_window(&self) -> bool {
+        true
     }
 }
 

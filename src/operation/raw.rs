@@ -10,7 +10,7 @@ use http::{HeaderValue, Method};
 use super::json::target;
 use super::key::{keyed, keyed_head};
 use super::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, media};
-use crate::refusal::Rejection;
+use crate::rejection::Rejection;
 
 /// A create endpoint whose body is any bytes: a form, an upload. The key is the
 /// `Idempotency-Key` header as for [`JsonOperation`](crate::JsonOperation); the fingerprint is
@@ -22,7 +22,8 @@ use crate::refusal::Rejection;
 ///
 /// ```
 /// use http::Method;
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore, RawOperation};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::operation::RawOperation;
 ///
 /// let operation = RawOperation::new()
 ///     .methods([Method::POST, Method::PUT])
@@ -64,7 +65,7 @@ impl RawOperation {
     /// [`JsonOperation::problem_type_base`](crate::JsonOperation::problem_type_base) does.
     ///
     /// ```
-    /// use tower_idempotency::{Operation, RawOperation};
+    /// use tower_idempotency::operation::{Operation, RawOperation};
     /// use tower_idempotency::reply::Rejection;
     ///
     /// let operation = RawOperation::new().problem_type_base("https://api.example.com/problems/");

@@ -57,13 +57,13 @@ use self::response::{Collected, Keep, collect, keep};
 pub(crate) use self::wait::CLIENT_LEFT;
 use crate::admission::{Admission, Admit};
 use crate::body::{self, Collector, ReadError, RequestBody, ResponseBody};
+use crate::config::Rules;
+use crate::config::{OtherPaths, Settings, StoredResponses};
 use crate::drain::InFlight;
 use crate::headers;
 use crate::operation::{Fingerprint, Head, IdempotencyKey, Operation, Parsed, is_key};
 use crate::reply::{self, IDEMPOTENT_REPLAYED, Outcome, Rejection};
-use crate::rules::Rules;
 use crate::scope::KeyBuf;
-use crate::settings::{OtherPaths, Settings, StoredResponses};
 use crate::store::{Reservation, Store, StoredResponse};
 
 /// Step 1: the path, the operation's checks of the head, and a declared length over the limit.
@@ -354,6 +354,15 @@ where
             }
         }
         async move {
+            // A retry past the window that would create (the store kept nothing of its key;
+            // one that kept a record replayed it before this): the key is released, nothing
+            // created.
+            if let Some(input) = &self.input
+                && settings.past_window(&input.parts.headers)
+            {
+                drop(self.input.take());
+                return Err((settings.refuse(Rejection::KeyExpired), Then::Release));
+            }
             let admitted = match &self.input {
                 Some(input) => admit(&self.admission, &input.value).await,
                 None => Err(Rejection::CreateFailed),
@@ -422,8 +431,8 @@ fn respond<O: Operation, P, B>(
     decided: Decided<Done<B, P>, Response<ResponseBody<B>>>,
     settings: &Settings<O>,
 ) -> Response<ResponseBody<B>> {
-    match decided {
-        Decided::Answered(answer) => answered(answer, settings),
+    let mut response = match decided {
+        Decided::Answered(answer) => return answered(answer, settings),
         Decided::Done(Done(collected, permit), outcome) => {
             drop(permit);
             match (outcome, collected) {
@@ -439,7 +448,9 @@ fn respond<O: Operation, P, B>(
             }
         }
         Decided::Unstored(response) => response,
-    }
+    };
+    settings.advertise(&mut response);
+    response
 }
 
 /// The reply to a claim that was not new: the replay, or the refusal.
@@ -455,6 +466,7 @@ fn answered<O: Operation, B>(
                     .headers_mut()
                     .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             }
+            settings.advertise(&mut response);
             return response;
         }
         Answered::Pending => Rejection::Pending,

@@ -21,13 +21,20 @@ pub(super) fn is_unknown(error: &StoreError) -> bool {
 
 /// When a call whose outcome is unknown is settled: soon after, then every second for about
 /// half a minute, so a store that recovers within that settles every key it was asked about
-/// within a second of recovering.
+/// within a second of recovering, then every five seconds until [`SETTLE_FOR`] has passed, so
+/// that a store away for longer (a failover on a loaded host, a restart) still leaves no key
+/// pending.
 pub(super) fn settle_delays() -> impl Iterator<Item = Duration> {
     [50, 100, 200, 400]
         .into_iter()
         .chain(std::iter::repeat_n(1_000, 30))
+        .chain(std::iter::repeat(5_000))
         .map(Duration::from_millis)
 }
+
+/// How long a settling tries, from its start, however long each try takes (a store cut off
+/// answers each only at its timeout): five minutes. A try is not started after it.
+pub(super) const SETTLE_FOR: Duration = Duration::from_secs(300);
 
 /// What a settling task does with a reservation whose call's answer was lost.
 pub(super) enum Settle {
@@ -54,8 +61,8 @@ pub(super) fn settle<St: Store>(
     what: Settle,
 ) {
     // A bound on the layer's tasks at once, so that a long outage under load cannot pile
-    // them up (each holds a key and maybe a response, and calls the store about once a
-    // second); one layer's outage takes no place of another's.
+    // them up (each holds a key and maybe a response, and calls the store every second or
+    // five, for up to five minutes); one layer's outage takes no place of another's.
     let Some(slot) = settling.enter_owned() else {
         tracing::error!("too many lost store answers being settled; this key may stay pending");
         return;
@@ -64,7 +71,12 @@ pub(super) fn settle<St: Store>(
     let settling = async move {
         let _slot = slot;
         let _held = held;
+        let deadline = tokio::time::Instant::now() + SETTLE_FOR;
         for delay in settle_delays() {
+            // No try starts past the deadline, and none is waited for past it.
+            if tokio::time::Instant::now() + delay > deadline {
+                break;
+            }
             tokio::time::sleep(delay).await;
             let result = match &what {
                 Settle::Claim(fingerprint) => {

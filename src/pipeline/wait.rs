@@ -7,10 +7,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use super::settle::{Pending, Unanswered, release};
+use crate::config::Rules;
 use crate::drain::Drain;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Call, Started};
-use crate::rules::Rules;
 use crate::store::{Claim, Reservation, Store, StoreError};
 
 tokio::task_local! {

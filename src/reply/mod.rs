@@ -7,8 +7,23 @@ use http::header::RETRY_AFTER;
 use crate::body::ResponseBody;
 use crate::operation::Operation;
 pub use crate::outcome::{Invalid, Outcome};
-pub use crate::refusal::Rejection;
-use crate::refusal::Retry;
+pub use crate::rejection::Rejection;
+use crate::rejection::Retry;
+
+/// The header that advertises how long a completed create is replayed, in whole seconds
+/// (rounded down, at least one), on every answer to a guarded request: `Idempotency-TTL: 86400` for the
+/// default 24 hours, the name the IETF draft's issue #49 proposes. The layer takes the window
+/// from its store ([`Store::replay_window`](crate::store::Store::replay_window)) and sends
+/// none when the store keeps records until they are forgotten; see
+/// [`IdempotencyLayer::window_header`](crate::IdempotencyLayer::window_header).
+pub const IDEMPOTENCY_TTL: http::HeaderName = http::HeaderName::from_static("idempotency-ttl");
+
+/// The header in which a retry says when its intent was first sent, an HTTP date (OASIS
+/// repeatable requests): the crate's client layer sends it on every retry, and the layer reads
+/// it when asked to refuse retries past the replay window
+/// ([`IdempotencyLayer::refuse_past_window`](crate::IdempotencyLayer::refuse_past_window)).
+pub const REPEATABILITY_FIRST_SENT: http::HeaderName =
+    http::HeaderName::from_static("repeatability-first-sent");
 
 /// The replay marker header, sent on replays only when
 /// [`IdempotencyLayer::mark_replays`](crate::IdempotencyLayer::mark_replays) is on:
@@ -16,18 +31,7 @@ use crate::refusal::Retry;
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
-/// The header of a stored response whose body was not kept, because the created response
-/// was over the cap ([`IdempotencyLayer::response_limit`](crate::IdempotencyLayer::response_limit)):
-/// `Idempotent-Body-Omitted: true`. The first client got the response whole; a retry gets its
-/// status and headers (`Location`, `ETag`, …), an empty body, and this header. The headers
-/// that describe the body (`Content-Length`, `Content-Encoding`, `Content-Range` and the
-/// digests) are not kept.
-///
-/// ```
-/// assert_eq!(tower_idempotency::reply::IDEMPOTENT_BODY_OMITTED, "idempotent-body-omitted");
-/// ```
-pub const IDEMPOTENT_BODY_OMITTED: http::HeaderName =
-    http::HeaderName::from_static("idempotent-body-omitted");
+pub use tower_idempotency_core::IDEMPOTENT_BODY_OMITTED;
 
 impl Rejection {
     /// The rejection as the response `operation` writes, with its outcome attached, and
@@ -212,7 +216,7 @@ mod tests {
         ];
         let mut table = String::from("| case | `grpc-status` | `grpc-message` |\n|---|---|---|\n");
         for rejection in Rejection::every() {
-            let response = crate::GrpcOperation::new().reply(&rejection);
+            let response = crate::operation::GrpcOperation::new().reply(&rejection);
             let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
             let status = header("grpc-status");
             let name = NAMES[status.parse::<usize>().unwrap()];

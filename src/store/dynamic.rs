@@ -151,6 +151,8 @@ trait ObjectStore: Send + Sync + 'static {
 
     fn release_undoes_create(&self) -> bool;
 
+    fn replay_window(&self) -> Option<Duration>;
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()>;
 }
 
@@ -273,6 +275,10 @@ impl<St: Store> ObjectStore for St {
         Store::release_undoes_create(self)
     }
 
+    fn replay_window(&self) -> Option<Duration> {
+        Store::replay_window(self)
+    }
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()> {
         Box::pin(Store::abandon(self, key, reservation))
     }
@@ -347,6 +353,10 @@ impl Store for DynStore {
 
     fn release_undoes_create(&self) -> bool {
         self.store.release_undoes_create()
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.store.replay_window()
     }
 
     fn abandon<'a>(

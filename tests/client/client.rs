@@ -11,8 +11,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::retry::budget::TpsBudget;
 use tower::{BoxError, Layer, ServiceExt, service_fn};
-use tower_idempotency::body::RequestBody;
 use tower_idempotency::client::{Attempts, ClientLayer};
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 /// A payment, as a client sends it: no key of its own.
@@ -601,4 +601,92 @@ impl<Res> tower::retry::Policy<Request<Full<Bytes>>, Res, BoxError> for Again {
         *clone.extensions_mut() = request.extensions().clone();
         Some(clone)
     }
+}
+
+/// A server that advertises a two-second replay window in its first answer (a `503` to retry),
+/// then loses every answer (the connection cut): the client sends no attempt two seconds or
+/// more after the first, gives up naming the window, and every retry says when the intent was
+/// first sent.
+#[tokio::test(start_paused = true)]
+pub(crate) async fn no_attempt_goes_past_the_window_the_server_advertised() {
+    use tower_idempotency::client::{GaveUp, Stop};
+    /// Each attempt: when it came, and the first-sent time it carried.
+    type Sent = Arc<Mutex<Vec<(tokio::time::Instant, Option<String>)>>>;
+    let sent: Sent = Arc::default();
+    let log = Arc::clone(&sent);
+    let server = service_fn(move |request: Request<Full<Bytes>>| {
+        let log = Arc::clone(&log);
+        async move {
+            let first_sent = request
+                .headers()
+                .get("repeatability-first-sent")
+                .map(|value| value.to_str().unwrap().to_owned());
+            let mut log = log.lock().unwrap();
+            log.push((tokio::time::Instant::now(), first_sent));
+            if log.len() > 1 {
+                return Err::<Response<Full<Bytes>>, BoxError>("the connection was cut".into());
+            }
+            let response = Response::builder()
+                .status(503)
+                .header("idempotency-ttl", "2")
+                .header("retry-after", "1")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            Ok(response)
+        }
+    });
+    let client = ClientLayer::new()
+        .max_attempts(1_000)
+        .backoff(Duration::from_millis(100), Duration::from_millis(300))
+        .layer(server);
+    let error = client.oneshot(intent(9)).await.unwrap_err();
+    let gave_up = error.downcast_ref::<GaveUp>().expect("the client gave up");
+    let window = Duration::from_secs(2);
+    assert_eq!(gave_up.stop, Stop::Lifetime { window });
+    assert!(
+        gave_up.to_string().contains("replay window of 2 s"),
+        "{gave_up}"
+    );
+    let sent = sent.lock().unwrap().clone();
+    assert!(sent.len() > 3, "retries were made: {}", sent.len());
+    let first = sent[0].0;
+    assert!(sent.iter().all(|(at, _)| *at - first < window), "{sent:?}");
+    assert_eq!(sent[0].1, None, "the first attempt is no retry");
+    let date = sent[1]
+        .1
+        .clone()
+        .expect("a retry says when the intent was first sent");
+    // An HTTP date: `Sat, 05 Dec 2026 13:30:00 GMT`.
+    assert!(date.len() == 29 && date.ends_with(" GMT"), "{date}");
+    assert!(
+        sent[1..]
+            .iter()
+            .all(|(_, said)| said.as_deref() == Some(date.as_str()))
+    );
+}
+
+/// A window known beforehand bounds the retries of a server that never answers.
+#[tokio::test(start_paused = true)]
+pub(crate) async fn a_window_set_beforehand_bounds_the_retries() {
+    use tower_idempotency::client::{GaveUp, Stop};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let server = service_fn(move |_: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Err::<Response<Full<Bytes>>, BoxError>("the connection was cut".into()) }
+    });
+    let window = Duration::from_secs(1);
+    let client = ClientLayer::new()
+        .max_attempts(1_000)
+        .replay_window(window)
+        .backoff(Duration::from_millis(50), Duration::from_millis(100))
+        .layer(server);
+    let started = tokio::time::Instant::now();
+    let error = client.oneshot(intent(10)).await.unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<GaveUp>().map(|gave_up| gave_up.stop),
+        Some(Stop::Lifetime { window })
+    );
+    assert!(started.elapsed() < window);
+    assert!(calls.load(Ordering::SeqCst) > 3);
 }

@@ -64,7 +64,7 @@ pub(crate) async fn losing_proxy(
 
 /// Serves `store` behind the server layer on loopback, a JSON create that counts its calls
 /// and answers `201`; returns the address and the count.
-pub(crate) async fn serve<St: tower_idempotency::Store>(
+pub(crate) async fn serve<St: tower_idempotency::store::Store>(
     store: St,
 ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let creates = Arc::new(AtomicUsize::new(0));
@@ -110,7 +110,7 @@ where
 /// End to end over loopback: the client layer on a hyper client, through a proxy that loses
 /// the replies of the first attempts after the server made them, to the server layer on
 /// `store`. Every intent gets its `201`, and the server creates once an intent.
-pub(crate) async fn lost_replies_end_to_end<St: tower_idempotency::Store>(store: St) {
+pub(crate) async fn lost_replies_end_to_end<St: tower_idempotency::store::Store>(store: St) {
     let intents: u32 = 12;
     let (server, creates) = serve(store).await;
     let (proxy, lost) = losing_proxy(server, intents as usize).await;

@@ -349,3 +349,71 @@ async fn reqwest_retry_outside_the_middleware_creates_once_an_intent() {
         "one create an intent"
     );
 }
+
+/// Through `reqwest`, a server that advertises a one-second window and keeps answering `503`:
+/// the middleware learns the window from the first answer and sends no attempt a second or
+/// more after the first (its cap of attempts would have gone on far longer), every retry
+/// saying when the intent was first sent.
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_sends_no_attempt_past_the_advertised_window() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<(std::time::Instant, bool)>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 8192];
+                loop {
+                    let Ok(read) = socket.read(&mut request).await else {
+                        return;
+                    };
+                    if read == 0 {
+                        return;
+                    }
+                    let head = String::from_utf8_lossy(&request[..read]).to_lowercase();
+                    let retry = head.contains("repeatability-first-sent:");
+                    log.lock().unwrap().push((std::time::Instant::now(), retry));
+                    let answer = "HTTP/1.1 503 Service Unavailable\r\nidempotency-ttl: 1\r\n\
+                                  retry-after: 0\r\ncontent-length: 0\r\n\r\n";
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let retries = ClientLayer::new()
+        .max_attempts(10_000)
+        .backoff(Duration::from_millis(20), Duration::from_millis(40))
+        .budget(TpsBudget::new(Duration::from_secs(10), 10_000, 1.0))
+        .reqwest_middleware();
+    let client = reqwest_middleware::ClientBuilder::new(http_client())
+        .with(retries)
+        .build();
+    let response = client
+        .post(format!("http://{addr}/payments"))
+        .header("content-type", "application/json")
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+        .expect("the last answer");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let attempts = response.extensions().get::<Attempts>().unwrap().0;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), attempts as usize);
+    assert!(attempts > 2, "retries were made: {attempts}");
+    assert!(
+        attempts < 100,
+        "stopped by the window, not the cap: {attempts}"
+    );
+    let first = seen[0].0;
+    assert!(
+        seen.iter()
+            .all(|(at, _)| at.duration_since(first) < Duration::from_secs(1))
+    );
+    assert!(!seen[0].1 && seen[1..].iter().all(|(_, retry)| *retry));
+}

@@ -22,12 +22,14 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::Idempotency;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::{Fingerprint, LabelOperation};
 use tower_idempotency::scope::GlobalKeys;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::{Claim, Lease, Reservation, StoreError, StoredResponse};
-use tower_idempotency::{Idempotency, IdempotencyLayer, MemoryStore, Store};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 pub use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
 
@@ -176,12 +178,12 @@ pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
-    pub outcome: Option<tower_idempotency::Outcome>,
+    pub outcome: Option<tower_idempotency::reply::Outcome>,
 }
 
 impl Reply {
     /// A response of the layer, its outcome read from its body.
-    pub async fn read<B>(response: Response<tower_idempotency::body::ResponseBody<B>>) -> Self
+    pub async fn read<B>(response: Response<tower_idempotency::layer::ResponseBody<B>>) -> Self
     where
         B: Body<Data = Bytes>,
         B::Error: std::fmt::Debug,
@@ -549,7 +551,7 @@ where
     S: tower::Service<
             Request<Chunks>,
             Response = http::Response<
-                tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+                tower_idempotency::layer::ResponseBody<http_body_util::Full<bytes::Bytes>>,
             >,
         > + Clone
         + Send
@@ -608,16 +610,27 @@ pub async fn claimed_again<St: Store>(store: &St, key: &str) -> &'static str {
     }
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) run with `args` on the label
+/// The operator's tool (`idempotency_keys`, the `idempotency-keys` crate's command, built by
+/// the workspace's tests) run with `args` on the label
 /// contract's endpoint (`--path /labels`) unless they name another path: its exit code, what it
 /// printed, and what it said on its error output.
-#[cfg(feature = "cli")]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 pub fn operator_tool(args: &[&str]) -> (Option<i32>, String, String) {
     operator_tool_with(args, &[])
 }
 
 /// [`operator_tool`] with more variables in its environment.
-#[cfg(feature = "cli")]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 pub fn operator_tool_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let labels: &[&str] = if args.contains(&"--path") {
         &[]
@@ -629,12 +642,17 @@ pub fn operator_tool_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, 
 }
 
 /// The operator's tool run with exactly `args`.
-#[cfg(feature = "cli")]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 pub fn operator_tool_as_given(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Option<i32>, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency_keys"))
+    let output = std::process::Command::new(operator_tool_path())
         .args(args)
         .envs(env.iter().copied())
         .output()
@@ -644,4 +662,28 @@ pub fn operator_tool_as_given(
         String::from_utf8(output.stdout).unwrap(),
         String::from_utf8(output.stderr).unwrap(),
     )
+}
+
+/// The operator's tool beside this test binary, as `cargo test --workspace` builds it (it is
+/// another crate's command, which a test of this one cannot name by `CARGO_BIN_EXE_`).
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+fn operator_tool_path() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target/<profile>/deps");
+    let tool = dir.join(format!("idempotency_keys{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        tool.exists(),
+        "{} is not built: run the store tests with `cargo test --workspace --all-features`, \
+         or build it first with `cargo build -p idempotency-keys`",
+        tool.display()
+    );
+    tool
 }

@@ -11,9 +11,12 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::ServiceExt;
 use tower_idempotency::admission::AlwaysAdmit;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::Idempotency;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::reply::Invalid;
-use tower_idempotency::{Idempotency, IdempotencyLayer, JsonOperation, Outcome, Store};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::store::Store;
+use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 use super::{Chunks, CreateError, Inner, Reply};
 
@@ -91,7 +94,7 @@ pub async fn send<S>(service: &S, request: Request<Chunks>) -> Reply
 where
     S: tower::Service<
             Request<Chunks>,
-            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::layer::ResponseBody<Full<Bytes>>>,
         > + Clone,
     S::Error: std::fmt::Debug,
 {
@@ -252,7 +255,7 @@ pub async fn generic_mode_survives_a_disconnect<St: Store>(store: St) {
 }
 
 /// `operation` on a fresh memory store (global keys) around a counting create.
-pub fn guarded<O: tower_idempotency::Operation>(
+pub fn guarded<O: tower_idempotency::operation::Operation>(
     operation: O,
 ) -> (
     PaymentService<tower_idempotency::MemoryStore, O>,
@@ -270,7 +273,7 @@ pub async fn outcome<S>(service: &S, request: Request<Chunks>) -> Option<Outcome
 where
     S: tower::Service<
             Request<Chunks>,
-            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::layer::ResponseBody<Full<Bytes>>>,
         > + Clone,
     S::Error: std::fmt::Debug,
 {

@@ -48,7 +48,7 @@ pub async fn crash_between_create_and_complete<St: Store>(
     );
     assert_eq!(
         first.outcome,
-        Some(tower_idempotency::Outcome::CompleteFailed)
+        Some(tower_idempotency::reply::Outcome::CompleteFailed)
     );
 
     restore();
@@ -58,7 +58,10 @@ pub async fn crash_between_create_and_complete<St: Store>(
         if reply.status == 409 {
             reply.exact(409, r#"{"error":"request_pending"}"#);
         } else {
-            assert_eq!(reply.outcome, Some(tower_idempotency::Outcome::Replay));
+            assert_eq!(
+                reply.outcome,
+                Some(tower_idempotency::reply::Outcome::Replay)
+            );
             assert_eq!(reply.body, first.body, "the first attempt's response");
         }
     };
@@ -373,7 +376,10 @@ pub async fn waiting_retries_get_the_first_attempts_bytes<St: Store>(
         assert!(completed.elapsed() < within, "{:?}", completed.elapsed());
         reply.is_created();
         assert_eq!(reply.body, first.body);
-        assert_eq!(reply.outcome, Some(tower_idempotency::Outcome::Replay));
+        assert_eq!(
+            reply.outcome,
+            Some(tower_idempotency::reply::Outcome::Replay)
+        );
     }
     assert_eq!(creates.load(Ordering::SeqCst), 1);
 }
@@ -422,7 +428,10 @@ pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
         let reply = waiter.await.unwrap();
         reply.is_created();
         assert_eq!(reply.body, first.body);
-        assert_eq!(reply.outcome, Some(tower_idempotency::Outcome::Replay));
+        assert_eq!(
+            reply.outcome,
+            Some(tower_idempotency::reply::Outcome::Replay)
+        );
     }
     assert_eq!(creates.load(Ordering::SeqCst), 1);
     wait_for(|| waited(&replica_a) == 0 && waited(&replica_b) == 0).await;
@@ -481,4 +490,43 @@ pub fn claims_meanwhile<St: Store>(store: St, claims: usize) -> tokio::task::Joi
         }
         answered
     })
+}
+
+/// On a store whose own changes wake its waiters (the memory, MySQL and SQLite stores): a
+/// waiter registered on a key (`waited` counts it) ends as soon as this process releases the
+/// key, not at the next poll, and leaves nothing once it ended.
+pub async fn a_local_change_wakes_its_waiters_at_once<St: Store>(
+    store: St,
+    waited: impl Fn(&St) -> usize,
+) {
+    let key = conformance::unique_key("woken");
+    let fingerprint = LabelContract::fingerprint(&key, "p");
+    let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await else {
+        panic!("a new claim")
+    };
+    let mut changed = std::pin::pin!(store.changed(&key));
+    let polled = futures_poll_once(changed.as_mut()).await;
+    assert!(polled.is_pending(), "nothing changed yet");
+    assert_eq!(waited(&store), 1);
+    store.release(&key, &reservation).await.unwrap();
+    // Polled at once, before the store's poll interval could have run out: only the wake of
+    // the release ends it. (A release slower than the interval proves nothing either way.)
+    let started = std::time::Instant::now();
+    let polled = futures_poll_once(changed.as_mut()).await;
+    if polled.is_pending() {
+        assert!(
+            started.elapsed() >= tower_idempotency::store::CHANGE_POLL_INTERVAL,
+            "the release woke the waiter"
+        );
+        changed.await;
+    }
+    assert_eq!(waited(&store), 0, "an ended wait leaves nothing");
+}
+
+/// Polls `future` once.
+async fn futures_poll_once<F: std::future::Future + Unpin>(
+    mut future: F,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx)))
+        .await
 }

@@ -12,8 +12,9 @@ use common::{Chunks, Trailing};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::body::RequestBody;
-use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore};
+use tower_idempotency::layer::RequestBody;
+use tower_idempotency::operation::GrpcOperation;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 const CREATE: &str = "/labels.v1.Labels/CreateLabel";
 
@@ -58,7 +59,7 @@ fn service_with(
     gate: Option<Arc<tokio::sync::Notify>>,
 ) -> impl tower::Service<
     Request<Chunks>,
-    Response = Response<tower_idempotency::body::ResponseBody<Trailing>>,
+    Response = Response<tower_idempotency::layer::ResponseBody<Trailing>>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone {

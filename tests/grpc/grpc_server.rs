@@ -13,9 +13,11 @@ use grpc_labels::{Labels, LabelsClient, UNKNOWN_PARCEL, operation, web};
 use tokio::sync::oneshot;
 use tonic::Code;
 use tower_idempotency::admission::{Admission, AlwaysAdmit, Refusal};
+use tower_idempotency::operation::GrpcOperation;
 use tower_idempotency::scope::GlobalKeys;
+use tower_idempotency::store::Store;
 use tower_idempotency::testing::{Journal, RecordingStore, ScriptedAdmission};
-use tower_idempotency::{GrpcOperation, IdempotencyLayer, MemoryStore, Store};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// A server on a free port, stopped when dropped.
 struct Server {

@@ -16,8 +16,9 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::layer::OtherPaths;
 use tower_idempotency::operation::LabelContract;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// The health service next to the JSON create route, as one router.
 async fn routes() -> Router {
@@ -67,7 +68,10 @@ async fn grpc_routes_pass_through_and_the_create_route_is_guarded() {
         .await
         .exact(201, CREATED_BODY);
     let replay = Reply::read(app.oneshot(create()).await.unwrap()).await;
-    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        replay.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     assert!(store.completed(&key_of(KEY)).is_some());
 }
 

@@ -8,9 +8,10 @@ use axum::routing::{get, post};
 use common::{BODY, CREATED_BODY, KEY, Reply, axum_create_label as create_label, key_of};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
+use tower_idempotency::layer::OtherPaths;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, OtherPaths};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 fn attempt() -> Request<Body> {
     Request::post("/labels")
@@ -37,7 +38,10 @@ async fn route_layer_guards_the_create_route_and_leaves_others_alone() {
     first.exact(201, CREATED_BODY);
     let replay = Reply::read_any(app.clone().oneshot(attempt()).await.unwrap()).await;
     replay.exact(201, CREATED_BODY);
-    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        replay.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     assert!(store.completed(&key_of(KEY)).is_some());
 
     let health = Reply::read_any(

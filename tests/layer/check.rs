@@ -97,6 +97,7 @@ async fn the_layer_passes_every_scenario() {
             "other_endpoint",
             "other_method",
             "retry_while_running",
+            "advertised_lifetime",
             "after_lifetime",
         ]
     );
@@ -134,7 +135,7 @@ async fn the_layer_passes_every_scenario() {
     );
     let json = report.to_json();
     assert_eq!(json["passed"], true);
-    assert_eq!(json["scenarios"].as_array().unwrap().len(), 10);
+    assert_eq!(json["scenarios"].as_array().unwrap().len(), 11);
     let first = &json["scenarios"][0];
     assert_eq!(first["name"], "create_then_replay");
     assert_eq!(first["verdict"], "pass");
@@ -676,4 +677,64 @@ async fn the_key_after_its_lifetime_is_created_anew_or_replayed() {
         assert_eq!(scenario.verdict, Verdict::Pass, "{report}");
         assert!(scenario.summary.contains(expected), "{report}");
     }
+}
+
+/// A late retry's refusal of the key as expired.
+const KEY_EXPIRED: &str = r#"{"type":"https://example.com/problems/key_expired"}"#;
+
+/// A late retry's refusal of its caller, whose token expired.
+const TOKEN_EXPIRED: &str = r#"{"error":"invalid_token","error_description":"The token expired"}"#;
+
+/// `after_lifetime` (100 ms) against a server that creates a key's first request and answers
+/// every later one with `status` and `body`.
+async fn after_lifetime_against(status: StatusCode, body: &'static str) -> Report {
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let router = axum::Router::new().route(
+        "/payments",
+        axum::routing::post(move |headers: http::HeaderMap, sent: Bytes| async move {
+            let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+            if !seen.lock().unwrap().insert(key.clone()) {
+                return (status, body).into_response();
+            }
+            let location = [(header::LOCATION, format!("/payments/{key}"))];
+            (StatusCode::CREATED, location, sent).into_response()
+        }),
+    );
+    let target = Target::new(Method::POST, serve(router).await)
+        .body(r#"{"amount":{{n}}}"#)
+        .after(Duration::from_millis(100))
+        .only(["after_lifetime"]);
+    run(&target, &tower_idempotency::check::client().unwrap()).await
+}
+
+/// `after_lifetime`: a server that refuses a key past its lifetime as expired passes (the create
+/// is not made twice), as does one that creates anew, with a note; `advertised_lifetime` reads
+/// the lifetime the layer advertises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_refused_as_expired_after_its_lifetime_passes_and_the_lifetime_is_read() {
+    let report = after_lifetime_against(StatusCode::CONFLICT, KEY_EXPIRED).await;
+    let scenario = &report.scenarios[0];
+    assert_eq!(scenario.verdict, Verdict::Pass, "{report}");
+    assert!(scenario.summary.contains("refused as expired"), "{report}");
+    // A late retry refused because the caller's token expired (401) says nothing of the key:
+    // not a pass.
+    let report = after_lifetime_against(StatusCode::UNAUTHORIZED, TOKEN_EXPIRED).await;
+    assert_eq!(report.scenarios[0].verdict, Verdict::Fail, "{report}");
+
+    let store = MemoryStore::builder()
+        .retention(Duration::from_secs(90))
+        .build();
+    let router = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(|body: Bytes| async move { (StatusCode::CREATED, body) }),
+        )
+        .layer(IdempotencyLayer::new(store, JsonOperation::new()).global_keys());
+    let target = Target::new(Method::POST, serve(router).await)
+        .body(r#"{"amount":{{n}}}"#)
+        .only(["advertised_lifetime"]);
+    let report = run(&target, &tower_idempotency::check::client().unwrap()).await;
+    let scenario = &report.scenarios[0];
+    assert_eq!(scenario.verdict, Verdict::Pass, "{report}");
+    assert!(scenario.summary.contains("90 s"), "{report}");
 }

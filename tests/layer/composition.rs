@@ -154,7 +154,7 @@ async fn compression_outside_the_layer_compresses_the_replay_too() {
 async fn the_operation_value_is_in_the_extensions_when_asked_for() {
     use common::{Chunks, CreateError, created_response, valid};
     use std::sync::Arc;
-    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::layer::RequestBody;
     for (insert, expected) in [
         (Some(true), Some(LabelOperation::new(KEY, "parcel-42"))),
         (Some(false), None),
@@ -190,7 +190,7 @@ async fn a_typed_json_body_is_handed_over_by_default_an_untyped_one_is_not() {
     use common::{Chunks, CreateError, created_response};
     use std::sync::Arc;
     use tower_idempotency::JsonOperation;
-    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::layer::RequestBody;
     use tower_idempotency::operation::Operation;
     #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
     struct Order {

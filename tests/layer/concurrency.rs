@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use tower_idempotency::MemoryStore;
 use tower_idempotency::operation::LabelContract;
-use tower_idempotency::{MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_identical_requests_create_once() {

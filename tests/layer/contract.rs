@@ -3,9 +3,9 @@
 use crate::common;
 
 use common::*;
-use tower_idempotency::Outcome;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
+use tower_idempotency::reply::Outcome;
 
 // §6: admission refuses, then proceeds, then replays.
 
@@ -493,7 +493,10 @@ async fn a_created_response_over_the_cap_is_given_whole_and_its_key_completed() 
     retry
         .header("idempotent-body-omitted", &["true"])
         .header("content-type", &["application/json"]);
-    assert_eq!(retry.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        retry.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     assert_eq!(rig.creates(), 1);
 }
 
@@ -566,8 +569,9 @@ async fn a_failed_release_still_replies_not_admitted() {
 
 #[tokio::test]
 async fn other_paths_can_pass_through_untouched() {
-    let rig =
-        Rig::with_layer(|layer| layer.other_paths(tower_idempotency::OtherPaths::PassThrough));
+    let rig = Rig::with_layer(|layer| {
+        layer.other_paths(tower_idempotency::layer::OtherPaths::PassThrough)
+    });
     let reply = rig
         .send_expecting(
             request("GET", "/health", None, None, "ping"),
@@ -605,7 +609,7 @@ async fn the_inner_service_gets_the_validated_body_and_the_operation() {
     let create = {
         let journal = journal.clone();
         tower::service_fn(
-            move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
+            move |request: http::Request<tower_idempotency::layer::RequestBody<Chunks>>| {
                 journal.record("create");
                 async move {
                     use http_body_util::BodyExt;

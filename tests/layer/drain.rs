@@ -11,14 +11,15 @@ use std::time::Duration;
 use common::payments::*;
 use common::*;
 use http::Method;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// A shutdown strands no key: 20 creates of two seconds each are in flight when the drain
 /// starts; each is answered by its create and completed, and a request arriving meanwhile is
 /// refused before its claim with `Retry-After`.
 #[tokio::test(start_paused = true)]
 async fn a_drain_completes_every_create_in_flight_and_refuses_new_claims() {
-    let drain = tower_idempotency::drain::Drain::new();
+    let drain = tower_idempotency::layer::Drain::new();
     let store = MemoryStore::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(store.clone(), payment_operation())
@@ -70,7 +71,7 @@ async fn a_drain_completes_every_create_in_flight_and_refuses_new_claims() {
 /// so a shutdown does not end the process with the key pending.
 #[tokio::test(start_paused = true)]
 async fn a_drain_waits_for_a_lost_complete_to_be_settled() {
-    let drain = tower_idempotency::drain::Drain::new();
+    let drain = tower_idempotency::layer::Drain::new();
     let store = RecordingStore::new(MemoryStore::new(), Journal::new());
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(store.clone(), payment_operation())
@@ -102,7 +103,7 @@ async fn a_drain_waits_for_a_lost_complete_to_be_settled() {
 /// pending at once), and never claims after the close.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_stops_waiting_when_the_drain_closes() {
-    let drain = tower_idempotency::drain::Drain::new();
+    let drain = tower_idempotency::layer::Drain::new();
     let creates = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(MemoryStore::new(), payment_operation())
         .global_keys()

@@ -17,16 +17,17 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Service as _, ServiceBuilder, ServiceExt};
 use tower_idempotency::admission::Refusal;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
+use tower_idempotency::reply::Outcome;
 use tower_idempotency::scope::GlobalKeys;
-use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 pub(crate) const BODY: &str = r#"{"amount":1250,"currency":"EUR"}"#;
 pub(crate) const CREATED: &str = r#"{"payment_id":"pay_1","amount":1250,"currency":"EUR"}"#;
 
 type Layer =
     IdempotencyLayer<RecordingStore, JsonOperation<NewPayment>, ScriptedAdmission, GlobalKeys>;
-type Service = tower_idempotency::Idempotency<
+type Service = tower_idempotency::layer::Idempotency<
     Inner,
     RecordingStore,
     JsonOperation<NewPayment>,
@@ -336,7 +337,7 @@ async fn a_path_restricts_the_layer_and_other_paths_get_a_404_problem_or_pass() 
         .await
         .problem(404, "not_found", None);
     let service = tower::Layer::layer(
-        &layer.other_paths(tower_idempotency::OtherPaths::PassThrough),
+        &layer.other_paths(tower_idempotency::layer::OtherPaths::PassThrough),
         payment_create(Arc::clone(&creates), Duration::ZERO),
     );
     let passed = send(&service, json_request("POST", "/other", None, "not json")).await;
@@ -519,7 +520,7 @@ async fn integers_past_two_to_the_53_keep_their_digits_and_the_media_type_is_fin
 /// `Successful` passed on unstored with the key released, so the retry creates anew.
 #[tokio::test]
 async fn a_failed_create_under_every_setting_error_answer_and_panic() {
-    use tower_idempotency::StoredResponses;
+    use tower_idempotency::layer::StoredResponses;
     let expected = [
         // (setting, path, first status, first outcome, retry status, retry outcome, creates)
         (

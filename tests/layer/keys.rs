@@ -11,7 +11,8 @@ use common::payments::*;
 use common::*;
 use http::Method;
 use tower_idempotency::admission::Refusal;
-use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 #[tokio::test]
 async fn quoted_and_bare_keys_name_one_operation_within_the_length_bounds() {
@@ -324,7 +325,7 @@ async fn the_ietf_cases_hold_with_the_key_in_the_body() {
         let inner = {
             let (gate, creates) = (Arc::clone(&gate), Arc::clone(&creates));
             Inner::new(tower::service_fn(
-                move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
+                move |request: http::Request<tower_idempotency::layer::RequestBody<Chunks>>| {
                     let (gate, creates) = (Arc::clone(&gate), Arc::clone(&creates));
                     async move {
                         let held = request.headers().contains_key("x-hold");
@@ -433,10 +434,10 @@ async fn every_operation_hands_the_validated_key_to_the_inner_service() {
     use bytes::Bytes;
     use http::{Request, Response};
     use http_body_util::Full;
-    use tower_idempotency::RawOperation;
-    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::layer::RequestBody;
     use tower_idempotency::operation::IdempotencyKey;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::operation::RawOperation;
 
     type Seen = Arc<std::sync::Mutex<Vec<Option<String>>>>;
     fn recording(seen: &Seen) -> Inner {

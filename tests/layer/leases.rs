@@ -126,8 +126,8 @@ async fn a_layer_that_allows_it_takes_over_an_abandoned_key_once() {
 /// complete changes nothing.
 #[tokio::test]
 async fn an_owner_whose_lease_lapsed_is_fenced_out() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Store;
     use tower_idempotency::store::{Claim, Reservation};
     let rig = rig(|layer| layer.lease(Duration::from_millis(60)).take_over_abandoned());
     rig.store.fail("renew");
@@ -145,7 +145,7 @@ async fn an_owner_whose_lease_lapsed_is_fenced_out() {
     let late = late.await.unwrap();
     assert_eq!(
         late.outcome,
-        Some(tower_idempotency::Outcome::CompleteFailed)
+        Some(tower_idempotency::reply::Outcome::CompleteFailed)
     );
     let renewals = rig.journal.take().iter().filter(|c| **c == "renew").count();
     assert_eq!(renewals, 1, "it stops at the first refused renewal");

@@ -22,3 +22,4 @@ mod resources;
 mod stored;
 mod tenants;
 mod trailers;
+mod window;

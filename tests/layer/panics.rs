@@ -11,10 +11,11 @@ use common::*;
 use http::Request;
 use tower::{Layer, ServiceExt};
 use tower_idempotency::admission::{Admit, ConcurrencyLimit, admit_fn};
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// A create that panics in its future for `parcel_id` "boom", in its `call` for "bang", and
 /// otherwise answers the label contract's 201 after `delay`.
@@ -118,7 +119,7 @@ where
     S: tower::Service<
             Request<Chunks>,
             Response = http::Response<
-                tower_idempotency::body::ResponseBody<http_body_util::Full<bytes::Bytes>>,
+                tower_idempotency::layer::ResponseBody<http_body_util::Full<bytes::Bytes>>,
             >,
         > + Clone,
     S::Error: std::fmt::Debug,

@@ -13,7 +13,8 @@ use tower::{Layer, ServiceExt};
 use tower_idempotency::admission::{Admit, Refusal, admit_fn};
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 fn rig(wait: Duration) -> Rig {
     let journal = Journal::default();
@@ -135,10 +136,10 @@ async fn beyond_the_cap_a_request_does_not_wait() {
 
 /// A waiting layer over `store` whose admission refuses the first attempt after 200 ms
 /// (releasing its key) and admits every later one; the creates counted.
-fn first_refused<St: tower_idempotency::Store>(
+fn first_refused<St: tower_idempotency::store::Store>(
     store: St,
 ) -> (
-    tower_idempotency::Idempotency<
+    tower_idempotency::layer::Idempotency<
         Inner,
         St,
         tower_idempotency::operation::LabelContract,
@@ -334,7 +335,7 @@ struct HoldingStore {
     hold: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl tower_idempotency::Store for HoldingStore {
+impl tower_idempotency::store::Store for HoldingStore {
     async fn claim_with(
         &self,
         key: &str,
@@ -420,7 +421,7 @@ async fn a_key_claimed_for_a_client_that_left_is_released() {
 #[derive(Clone, Default)]
 struct PollingStore(MemoryStore);
 
-impl tower_idempotency::Store for PollingStore {
+impl tower_idempotency::store::Store for PollingStore {
     async fn claim_with(
         &self,
         key: &str,
@@ -465,7 +466,7 @@ impl tower_idempotency::Store for PollingStore {
 /// and the waiter claimed back to back. The interval runs from its first poll.
 #[tokio::test]
 async fn the_default_poll_interval_runs_from_the_first_poll() {
-    use tower_idempotency::Store;
+    use tower_idempotency::store::Store;
     let store = PollingStore::default();
     let changed = store.changed("k");
     tokio::time::sleep(tower_idempotency::store::CHANGE_POLL_INTERVAL).await;

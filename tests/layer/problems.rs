@@ -162,15 +162,20 @@ async fn retry_after_of_a_pending_key_and_of_the_refusals_are_settings() {
     let fingerprint = {
         let op = payment_operation();
         let parts = post(Some(gate_key), BODY).into_parts().0;
-        tower_idempotency::Operation::parse(&op, &parts, &Bytes::from_static(BODY.as_bytes()))
-            .unwrap()
-            .fingerprint
+        tower_idempotency::operation::Operation::parse(
+            &op,
+            &parts,
+            &Bytes::from_static(BODY.as_bytes()),
+        )
+        .unwrap()
+        .fingerprint
     };
     // The key pending in `store`: claimed through it, never completed.
     let pending = |store: RecordingStore| {
         let (key, fingerprint) = (key.clone(), fingerprint);
         async move {
-            let claimed = tower_idempotency::Store::claim(store.inner(), &key, &fingerprint).await;
+            let claimed =
+                tower_idempotency::store::Store::claim(store.inner(), &key, &fingerprint).await;
             assert!(matches!(
                 claimed,
                 Ok(tower_idempotency::store::Claim::New(_))

@@ -11,9 +11,11 @@ use common::payments::*;
 use common::*;
 use http::{Method, Request, Response};
 use http_body_util::Full;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::IdempotencyKey;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome, RawOperation};
+use tower_idempotency::operation::RawOperation;
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[tokio::test]
 async fn a_raw_operation_fingerprints_the_exact_bytes_and_content_type() {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::*;
 use http_body::{Body, Frame, SizeHint};
 use tower::ServiceExt;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
@@ -61,7 +61,7 @@ fn create_service<B>(
     creates: Arc<AtomicUsize>,
 ) -> impl tower::Service<
     http::Request<B>,
-    Response = http::Response<tower_idempotency::body::ResponseBody<http_body_util::Full<Bytes>>>,
+    Response = http::Response<tower_idempotency::layer::ResponseBody<http_body_util::Full<Bytes>>>,
     Error = CreateError,
     Future: Send,
 > + Clone

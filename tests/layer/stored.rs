@@ -12,8 +12,10 @@ use common::payments::*;
 use common::*;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use tower_idempotency::body::RequestBody;
-use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome, StoredResponses};
+use tower_idempotency::layer::RequestBody;
+use tower_idempotency::layer::StoredResponses;
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 /// A created response over the cap is the create's answer, given whole; its retry gets its
 /// status and headers with no body, never a pending key nor a second create.
@@ -147,7 +149,7 @@ async fn a_response_within_the_default_cap_of_a_mebibyte_is_stored_whole() {
 #[tokio::test(start_paused = true)]
 async fn settling_stops_once_the_reservation_is_lost() {
     use tower_idempotency::store::Operator;
-    let drain = tower_idempotency::drain::Drain::new();
+    let drain = tower_idempotency::layer::Drain::new();
     let store = RecordingStore::new(MemoryStore::new(), Journal::new());
     let layer = IdempotencyLayer::new(store.clone(), payment_operation())
         .global_keys()
@@ -167,4 +169,113 @@ async fn settling_stops_once_the_reservation_is_lost() {
         "settled at its first try: {:?}",
         started.elapsed()
     );
+}
+
+/// A lost complete whose store stays away for two minutes, longer than a failover on a loaded
+/// host takes, is still settled once the store is back: the settling goes on trying, every
+/// five seconds after its first half minute, so the retry replays rather than finding the key
+/// pending for good.
+#[tokio::test(start_paused = true)]
+async fn a_lost_complete_is_settled_after_a_store_away_for_two_minutes() {
+    let store = RecordingStore::new(MemoryStore::new(), Journal::new());
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation()).global_keys();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    store.fail("complete");
+    let reply = send(&service, post(Some("away"), BODY)).await;
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    store.recover();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let retry = send(&service, post(Some("away"), BODY)).await;
+    assert_eq!(retry.outcome, Some(Outcome::Replay));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+/// The settling ends five minutes after it began: a store away for longer, even by half a
+/// second, leaves the key pending, to the operator, rather than a task that tries for ever.
+#[tokio::test(start_paused = true)]
+async fn a_lost_complete_is_left_to_the_operator_after_about_five_minutes() {
+    let store = RecordingStore::new(MemoryStore::new(), Journal::new());
+    let layer = IdempotencyLayer::new(store.clone(), payment_operation()).global_keys();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    store.fail("complete");
+    let reply = send(&service, post(Some("gone"), BODY)).await;
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    // Back half a second past the five minutes: the last try (at 295.75 s) found it away,
+    // and none is made after the deadline.
+    tokio::time::sleep(Duration::from_millis(300_500)).await;
+    store.recover();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let retry = send(&service, post(Some("gone"), BODY)).await;
+    assert_eq!(retry.outcome, Some(Outcome::Pending));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
+}
+
+/// A store whose complete answers only after ten seconds (a store cut off, each call
+/// answered at its timeout), failing while told to.
+#[derive(Clone)]
+struct SlowStore(RecordingStore);
+
+impl tower_idempotency::store::Store for SlowStore {
+    async fn claim_with(
+        &self,
+        key: &str,
+        fingerprint: &tower_idempotency::operation::Fingerprint,
+        reservation: tower_idempotency::store::Reservation,
+        lease: tower_idempotency::store::Lease,
+    ) -> Result<tower_idempotency::store::Claim, tower_idempotency::store::StoreError> {
+        self.0
+            .claim_with(key, fingerprint, reservation, lease)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::store::Reservation,
+        lease: Duration,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        self.0.renew(key, reservation, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::store::Reservation,
+        response: &tower_idempotency::store::StoredResponse,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        self.0.complete(key, reservation, response).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        reservation: &tower_idempotency::store::Reservation,
+    ) -> Result<(), tower_idempotency::store::StoreError> {
+        self.0.release(key, reservation).await
+    }
+}
+
+/// The settling's five minutes are a clock's, not a count of tries: with a store whose every
+/// call takes ten seconds, it still ends about five minutes after it began (a count would
+/// go on for twenty), leaving the key to the operator.
+#[tokio::test(start_paused = true)]
+async fn the_settling_ends_five_minutes_after_it_began_however_slow_the_store() {
+    let recording = RecordingStore::new(MemoryStore::new(), Journal::new());
+    let store = SlowStore(recording.clone());
+    let layer = IdempotencyLayer::new(store, payment_operation()).global_keys();
+    let creates = Arc::new(AtomicUsize::new(0));
+    let service = tower::Layer::layer(&layer, payment_create(Arc::clone(&creates), Duration::ZERO));
+    recording.fail("complete");
+    let reply = send(&service, post(Some("slow"), BODY)).await;
+    assert_eq!(reply.outcome, Some(Outcome::CompleteFailed));
+    tokio::time::sleep(Duration::from_secs(6 * 60)).await;
+    recording.recover();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let retry = send(&service, post(Some("slow"), BODY)).await;
+    assert_eq!(retry.outcome, Some(Outcome::Pending));
+    assert_eq!(creates.load(Ordering::SeqCst), 1);
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 use common::*;
 use tower::Layer;
 use tower_idempotency::operation::LabelContract;
+use tower_idempotency::reply::Outcome;
 use tower_idempotency::scope::store_key;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[derive(Clone)]
 struct Tenant(&'static str);
@@ -24,8 +25,11 @@ fn as_tenant(tenant: &'static str, mut request: http::Request<Chunks>) -> http::
 fn scoped(
     store: MemoryStore,
     creates: Arc<AtomicUsize>,
-) -> tower_idempotency::Idempotency<Inner, MemoryStore, tower_idempotency::operation::LabelContract>
-{
+) -> tower_idempotency::layer::Idempotency<
+    Inner,
+    MemoryStore,
+    tower_idempotency::operation::LabelContract,
+> {
     let inner = counting_service(store.clone(), creates, Duration::ZERO).into_inner();
     IdempotencyLayer::new(store, LabelContract)
         .scope(|parts: &http::request::Parts| {

@@ -11,9 +11,10 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::MemoryStore;
+use tower_idempotency::layer::Idempotency;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
-use tower_idempotency::{Idempotency, MemoryStore};
 
 fn grpc_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::new();

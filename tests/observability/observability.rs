@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, Once};
 
 use common::*;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::operation::LabelContract;
+use tower_idempotency::reply::Outcome;
 use tower_idempotency::scope::GlobalKeys;
-use tower_idempotency::{IdempotencyLayer, Outcome};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -156,7 +157,7 @@ async fn outcomes_seen_by_an_outer_layer(rig: &Rig) -> (Outcomes, Outcomes) {
     let seen = Arc::clone(&counted);
     let service = ServiceBuilder::new()
         .map_response(
-            move |response: http::Response<tower_idempotency::body::ResponseBody<_>>| {
+            move |response: http::Response<tower_idempotency::layer::ResponseBody<_>>| {
                 let mut seen = seen.lock().unwrap();
                 seen.0.push(response.body().outcome());
                 seen.1.push(response.extensions().get::<Outcome>().copied());
@@ -235,7 +236,7 @@ mod metrics {
     use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
     use tower::{BoxError, Layer, ServiceExt, service_fn};
     use tower_idempotency::admission::{Admit, Refusal, admit_fn};
-    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::layer::RequestBody;
     use tower_idempotency::metrics::{REQUESTS, STORE_CALL_SECONDS, WAITING};
     use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::payments::{json_request, payment_create, send};
 use proptest::prelude::*;
 use tower_idempotency::operation::canonical_json;
-use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore, Outcome};
+use tower_idempotency::reply::Outcome;
+use tower_idempotency::{IdempotencyLayer, JsonOperation, MemoryStore};
 
 /// A JSON value with unique member names.
 #[derive(Debug, Clone, PartialEq)]
@@ -285,7 +286,7 @@ proptest! {
 /// digested alone, their hexadecimal digests in order).
 #[test]
 fn json_fingerprints_are_stable_vectors() {
-    use tower_idempotency::Operation;
+    use tower_idempotency::operation::Operation;
     let (parts, ()) = http::Request::post("/p")
         .header("content-type", "application/json")
         .header("idempotency-key", "k")

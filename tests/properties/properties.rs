@@ -296,7 +296,7 @@ proptest! {
             let rig = {
                 let (creates, gate) = (Arc::clone(&creates), Arc::clone(&gate));
                 Rig::around(move |journal| {
-                    tower::service_fn(move |request: http::Request<tower_idempotency::body::RequestBody<Chunks>>| {
+                    tower::service_fn(move |request: http::Request<tower_idempotency::layer::RequestBody<Chunks>>| {
                         journal.record("create");
                         let n = creates.fetch_add(1, Ordering::SeqCst) + 1;
                         let (fails, held) = (request.headers().contains_key("x-fail"), request.headers().contains_key("x-hold"));

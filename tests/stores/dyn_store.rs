@@ -6,8 +6,9 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
+use tower_idempotency::MemoryStore;
 use tower_idempotency::store::DynStore;
-use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::store::Store;
 
 async fn make_store(retention: Option<Duration>) -> DynStore {
     DynStore::new(match retention {
@@ -52,7 +53,10 @@ async fn the_layer_over_a_dyn_store_creates_once_and_replays() {
     first.is_created();
     let replay = spawn_send(&service, operation("dyn", "p")).await.unwrap();
     assert_eq!(replay.body, first.body);
-    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        replay.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
 }
 
 /// The wrapped store is asked for `changed` when the wrapper is, not when it is first polled:
@@ -119,8 +123,8 @@ mod postgres {
 /// layer answers its replays with nothing allocated; a store that does not stays `None`.
 #[tokio::test]
 async fn a_claim_at_once_is_forwarded() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Store;
     use tower_idempotency::store::{Claim, Lease, Reservation};
     let fp = LabelContract::fingerprint("k", "p");
     let token = Reservation::generate();

@@ -1,4 +1,4 @@
-//! Every store against the public conformance suite and its own guarantees: memory, a third party's toy store, the boxed store, Redis and Redis Cluster, PostgreSQL and MySQL (plain and transactional), and SQLite. The service-backed ones run behind their features.
+//! Every store against the public conformance suite and its own guarantees: memory, the boxed store, Redis and Redis Cluster, PostgreSQL and MySQL (plain and transactional), and SQLite. The service-backed ones run behind their features.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,5 +18,5 @@ mod redis_store;
 mod redis_waiting;
 mod sqlite_store;
 mod sqlite_upkeep;
-mod toy_store;
+mod transactional_cases;
 mod transactional_runs;

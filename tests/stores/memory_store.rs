@@ -4,9 +4,10 @@ use crate::common;
 
 use std::time::Duration;
 
+use tower_idempotency::MemoryStore;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Purge;
-use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::store::Store;
 
 async fn make_store(retention: Option<Duration>) -> MemoryStore {
     match retention {

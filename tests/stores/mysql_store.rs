@@ -15,9 +15,9 @@ use common::servers::Proxy;
 use common::*;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::MySqlStore;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::mysql::sqlx;
 use tower_idempotency::store::{Claim, StoreErrorKind};
 
@@ -611,4 +611,37 @@ pub(crate) async fn a_lost_claim_queued_behind_a_rolled_back_insert_strands_no_k
         stranded += round.await.unwrap();
     }
     assert_eq!(stranded, 0, "keys left pending over 6 rounds");
+}
+
+/// Options are a value: a clone given another timeout makes its own pool, with that timeout as
+/// its connections' lock waits, and the store it was cloned from keeps its pool's (a setter once
+/// wrote a handle the clones shared).
+#[tokio::test]
+pub(crate) async fn new_options_leave_the_pool_of_the_stores_cloned_before_as_it_was() {
+    async fn lock_wait(store: &MySqlStore) -> u64 {
+        sqlx::query_scalar("SELECT @@session.innodb_lock_wait_timeout")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+    let first = MySqlStore::connect(&mysql_url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    let second = first.clone().timeout(Duration::from_secs(4));
+    assert_eq!(second.options().call_timeout(), Duration::from_secs(4));
+    assert_eq!(lock_wait(&second).await, 4);
+    assert_eq!(lock_wait(&first).await, 2);
+    let third = first.clone().keep_forever();
+    assert_eq!(third.options().retention_window(), None);
+    third.pool().close().await;
+    assert!(first.pool().is_closed(), "the same pool");
+}
+
+/// A release by this process wakes the waiters of its key at once, not at the next poll.
+#[tokio::test]
+pub(crate) async fn a_local_change_wakes_its_waiters_at_once() {
+    let store = make_store(None).await;
+    common::scenarios::a_local_change_wakes_its_waiters_at_once(store, MySqlStore::waited_keys)
+        .await;
 }

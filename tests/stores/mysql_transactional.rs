@@ -4,24 +4,23 @@
 #![cfg(feature = "mysql")]
 
 use crate::common;
+use crate::transactional_cases::{Create, TxDb, send, transactional_cases};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Chunks, Reply, operation};
+use common::Chunks;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
-use tower::{Layer, ServiceExt};
-use tower_idempotency::admission::{Admit, Refusal, admit_fn};
-use tower_idempotency::body::RequestBody;
+use tower::Layer;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
-use tower_idempotency::scope::store_key;
 use tower_idempotency::store::mysql::sqlx;
-use tower_idempotency::store::{MySqlStore, MySqlTransaction, Operator, TransactionalMySqlStore};
-use tower_idempotency::{Idempotency, IdempotencyLayer};
+use tower_idempotency::store::{MySqlStore, MySqlTransaction, TransactionalMySqlStore};
 
 fn mysql_url() -> String {
     std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
@@ -77,9 +76,24 @@ impl Db {
             labels,
         }
     }
+}
 
-    /// The label rows of `request_id`, committed.
-    pub(crate) async fn rows(&self, request_id: &str) -> i64 {
+impl TxDb for Db {
+    type Store = TransactionalMySqlStore;
+
+    async fn make(name: &str) -> Self {
+        Self::new(name).await
+    }
+
+    fn store(&self) -> &Self::Store {
+        &self.store
+    }
+
+    fn open_transactions(&self) -> usize {
+        self.store.open_transactions()
+    }
+
+    async fn rows(&self, request_id: &str) -> i64 {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT count(*) FROM {} WHERE request_id = ?",
             self.labels
@@ -91,47 +105,12 @@ impl Db {
         .get(0)
     }
 
-    /// Whether the record of `request_id` exists (committed).
-    async fn recorded(&self, request_id: &str) -> bool {
-        let key = store_key(None, &http::Method::POST, "/labels", request_id);
-        self.store.store().inspect(&key).await.unwrap().is_some()
-    }
-
-    /// Waits until a create holds a transaction open.
-    async fn one_open(&self, first: &tokio::task::JoinHandle<Reply>) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.store.open_transactions() == 0 {
-            assert!(!first.is_finished(), "the attempt ended before its create");
-            assert!(Instant::now() < deadline, "the attempt never claimed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// The layer over [`create`] on this store.
-    fn service(&self) -> Guarded {
-        tower::Layer::layer(
-            &IdempotencyLayer::new(self.store.clone(), LabelContract)
-                .global_keys()
-                // The create reads the operation from the request extensions.
-                .value_extension(true),
-            create(self.labels.clone()),
-        )
+    fn create(&self) -> Create {
+        create(self.labels.clone())
     }
 }
 
-/// The layer over [`create`].
-type Guarded = Idempotency<Create, TransactionalMySqlStore, LabelContract>;
-
-/// A create that inserts its label in the claim's transaction, in plain sqlx, then does what
-/// its parcel says: `ok`, `fail` (an error), `panic`, `bad-sql` (a failed statement, then 201
-/// all the same: MySQL rolls back the statement alone), `rollback` (a `ROLLBACK` of its own,
-/// then 201), `killed` (its connection killed by the server, then 201), `slow` (two seconds
-/// before inserting).
-type Create = tower::util::BoxCloneSyncService<
-    Request<RequestBody<Chunks>>,
-    Response<Full<Bytes>>,
-    std::io::Error,
->;
+transactional_cases!();
 
 fn create(labels: String) -> Create {
     let create = tower::service_fn(move |request: Request<RequestBody<Chunks>>| {
@@ -249,52 +228,6 @@ fn create(labels: String) -> Create {
     tower::util::BoxCloneSyncService::new(create)
 }
 
-async fn send<S>(service: &S, request_id: &str, parcel: &str) -> Reply
-where
-    S: tower::Service<
-            Request<Chunks>,
-            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
-            Error = std::io::Error,
-        > + Clone,
-{
-    let response = service
-        .clone()
-        .oneshot(operation(request_id, parcel))
-        .await
-        .unwrap();
-    Reply::read(response).await
-}
-
-#[tokio::test]
-async fn the_record_and_the_creates_row_commit_together_and_replay() {
-    let db = Db::new("commit").await;
-    let service = db.service();
-    let first = send(&service, "t-1", "ok").await;
-    assert_eq!(first.status, 201, "{:?}", first.body);
-    assert_eq!(db.rows("t-1").await, 1);
-    assert!(db.recorded("t-1").await);
-    let replay = send(&service, "t-1", "ok").await;
-    assert_eq!((replay.status, &replay.body), (first.status, &first.body));
-    assert_eq!(db.rows("t-1").await, 1);
-    assert_eq!(db.store.open_transactions(), 0);
-}
-
-#[tokio::test]
-async fn a_create_that_fails_or_panics_leaves_no_row_and_a_free_key() {
-    let db = Db::new("fail").await;
-    let service = db.service();
-    for (request_id, how) in [("f-1", "fail"), ("f-2", "panic")] {
-        let failed = send(&service, request_id, how).await;
-        assert_eq!(failed.status, 500, "{how}: {:?}", failed.body);
-        assert_eq!(db.rows(request_id).await, 0, "{how}: rolled back");
-        assert!(!db.recorded(request_id).await, "{how}: the key is free");
-        assert_eq!(db.store.open_transactions(), 0);
-    }
-    let retry = send(&service, "f-1", "ok").await;
-    assert_eq!(retry.status, 201);
-    assert_eq!(db.rows("f-1").await, 1);
-}
-
 /// A transaction that cannot commit its record (ended by the create's own `ROLLBACK`, or
 /// by the server killing its connection) is answered `503`, never `201`, and leaves nothing;
 /// the retry creates once.
@@ -328,64 +261,6 @@ async fn a_failed_statement_the_create_survives_commits_with_it() {
     assert_eq!(send(&service, "s-1", "bad-sql").await.status, 201);
     assert_eq!(db.rows("s-1").await, 1);
     assert!(db.recorded("s-1").await);
-}
-
-#[tokio::test]
-async fn an_admission_refusal_rolls_the_claim_back() {
-    let db = Db::new("admit").await;
-    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let flag = refuse.clone();
-    let admission = admit_fn(move |_: &LabelOperation| {
-        let refused = flag.load(std::sync::atomic::Ordering::SeqCst);
-        async move {
-            if refused {
-                Admit::Refuse(Refusal::TooManyRequests)
-            } else {
-                Admit::Proceed(())
-            }
-        }
-    });
-    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
-        .global_keys()
-        .value_extension(true)
-        .admission(admission)
-        .layer(create(db.labels.clone()));
-    let refused = send(&service, "a-1", "ok").await;
-    assert_eq!(refused.status, 429);
-    assert!(!db.recorded("a-1").await);
-    assert_eq!(db.store.open_transactions(), 0);
-    refuse.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(send(&service, "a-1", "ok").await.status, 201);
-}
-
-/// While the first attempt's transaction holds the key, a second is told `request_pending`
-/// at once (`FOR UPDATE NOWAIT`), not held on the open row; afterwards it replays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_attempt_while_the_first_is_open_is_pending_at_once() {
-    let db = Db::new("pending").await;
-    let service = db.service();
-    let first = {
-        let service = service.clone();
-        tokio::spawn(async move { send(&service, "p-1", "slow").await })
-    };
-    db.one_open(&first).await;
-    let asked = Instant::now();
-    let pending = send(&service, "p-1", "slow").await;
-    assert_eq!(pending.status, 409, "{:?}", pending.body);
-    assert!(
-        std::str::from_utf8(&pending.body)
-            .unwrap()
-            .contains("request_pending")
-    );
-    assert!(
-        asked.elapsed() < Duration::from_millis(900),
-        "not blocked on the open row"
-    );
-    let first = first.await.unwrap();
-    assert_eq!(first.status, 201);
-    let replay = send(&service, "p-1", "slow").await;
-    assert_eq!(replay.body, first.body);
-    assert_eq!(db.rows("p-1").await, 1);
 }
 
 /// Concurrent retries of keys under way and completed: one row per key answered, every answer
@@ -428,32 +303,6 @@ async fn concurrent_retries_make_one_row_per_key() {
         assert_eq!(db.rows(&request_id).await, 1, "{request_id}");
     }
     assert_eq!(db.store.open_transactions(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_replays_and_conflicts_of_a_completed_key_are_never_pending() {
-    let db = Db::new("replays").await;
-    let service = db.service();
-    let first = send(&service, "r-1", "ok").await;
-    assert_eq!(first.status, 201);
-    let replays: Vec<_> = (0..50)
-        .map(|i| {
-            let service = service.clone();
-            let parcel = if i % 5 == 0 { "other" } else { "ok" };
-            tokio::spawn(async move { (parcel, send(&service, "r-1", parcel).await) })
-        })
-        .collect();
-    for replay in replays {
-        let (parcel, reply) = replay.await.unwrap();
-        if parcel == "ok" {
-            assert_eq!((reply.status.as_u16(), &reply.body), (201, &first.body));
-        } else {
-            assert_eq!(
-                (reply.status.as_u16(), &reply.body[..]),
-                (409, &br#"{"error":"idempotency_conflict"}"#[..])
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,84 +480,4 @@ async fn a_pooled_session_comes_back_with_its_own_autocommit() {
         assert_eq!(autocommit, 0, "after {how}");
     }
     assert_eq!(db.rows("n-1").await, 1);
-}
-
-/// By default a handler that wrote its row in the claim's transaction and then answered a
-/// server error leaves nothing: the `500` is passed on unstored, the transaction rolled back,
-/// the key free (a retry runs the create again, and another payload may take the key); a
-/// client error commits with its row and is replayed. `StoredResponses::Every` keeps the
-/// `500` too, committed with its row.
-#[tokio::test]
-async fn a_server_error_rolls_back_by_default_and_every_keeps_it() {
-    use tower_idempotency::StoredResponses;
-
-    let db = Db::new("server_error").await;
-    let service = db.service();
-    for _ in 0..2 {
-        let failed = send(&service, "se-1", "server-error").await;
-        assert_eq!(failed.status, 500);
-        assert_eq!(failed.outcome, Some(tower_idempotency::Outcome::Unstored));
-        assert_eq!(db.rows("se-1").await, 0, "rolled back");
-    }
-    assert_eq!(
-        send(&service, "se-1", "ok").await.status,
-        201,
-        "the key is free"
-    );
-    assert_eq!(db.rows("se-1").await, 1);
-
-    let refused = send(&service, "ce-1", "client-error").await;
-    assert_eq!(refused.status, 422);
-    assert_eq!(db.rows("ce-1").await, 1, "committed with its answer");
-    let again = send(&service, "ce-1", "client-error").await;
-    assert_eq!(
-        (again.status, again.outcome),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Some(tower_idempotency::Outcome::Replay)
-        )
-    );
-    assert_eq!(db.rows("ce-1").await, 1);
-    assert_eq!(db.store.open_transactions(), 0);
-
-    let every = tower::Layer::layer(
-        &IdempotencyLayer::new(db.store.clone(), LabelContract)
-            .global_keys()
-            .value_extension(true)
-            .store_responses(StoredResponses::Every),
-        create(db.labels.clone()),
-    );
-    assert_eq!(send(&every, "se-2", "server-error").await.status, 500);
-    assert_eq!(db.rows("se-2").await, 1, "committed with its 500");
-    let replayed = send(&every, "se-2", "server-error").await;
-    assert_eq!(
-        (replayed.status, replayed.outcome),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Some(tower_idempotency::Outcome::Replay)
-        )
-    );
-}
-
-/// A create that answers over the response cap succeeded: it commits with its compact record,
-/// and its retry replays that (status, headers, no body), one row.
-#[tokio::test]
-async fn a_response_over_the_cap_commits_with_its_compact_record() {
-    let db = Db::new("cap").await;
-    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
-        .global_keys()
-        .value_extension(true)
-        .response_limit(4)
-        .layer(create(db.labels.clone()));
-    let over = send(&service, "c-1", "ok").await;
-    assert_eq!(over.status, 201, "{:?}", over.body);
-    assert_eq!(&over.body[..], br#"{"label_id":"label-c-1"}"#);
-    assert_eq!(db.rows("c-1").await, 1);
-    assert!(db.recorded("c-1").await);
-    assert_eq!(db.store.open_transactions(), 0);
-    let retry = send(&service, "c-1", "ok").await;
-    assert_eq!(retry.status, 201);
-    assert!(retry.body.is_empty());
-    assert_eq!(retry.headers["idempotent-body-omitted"], "true");
-    assert_eq!(db.rows("c-1").await, 1);
 }

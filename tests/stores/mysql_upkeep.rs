@@ -11,9 +11,9 @@ use std::time::Duration;
 use common::conformance::{awkward_response, unique_key};
 use common::*;
 
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::MySqlStore;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::mysql::sqlx;
 use tower_idempotency::store::{Claim, Purge};
 
@@ -223,10 +223,9 @@ async fn a_start_with_the_table_in_place_stalls_no_claim() {
     run(&mut holder, format!("DROP TABLE {table}")).await;
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) on a MySQL table: `purge` deletes
+/// The operator's tool (`idempotency_keys`) on a MySQL table: `purge` deletes
 /// the expired record only, `pending` lists a pending key (a long one as the digest it is
 /// kept as), `show`, `resolve` into a replay and `forget` act on it.
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn the_operators_tool_purges_lists_resolves_and_forgets() {
     let (table, store) = own_table("tool").await;

@@ -13,9 +13,9 @@ use common::conformance::{awkward_response, unique_key};
 use common::*;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Row as _};
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::PostgresStore;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{Claim, Purge, StoreErrorKind};
 
@@ -224,6 +224,80 @@ async fn a_start_with_a_change_waits_in_short_turns_and_then_makes_it() {
     writer.batch(format!("DROP TABLE {table}")).await;
 }
 
+/// A batch whose statement runs past the store's timeout is tried again smaller, and the purge
+/// finishes: here a trigger holds any statement that deletes more than 1,000 records for ten
+/// seconds, past the store's timeout (the server cancels it at its `statement_timeout`, which
+/// the store's own pool sets, and it deletes nothing), so the batches of 5,000, 2,500 and
+/// 1,250 time out and those of 625 go through. Before, the first batch's timeout failed the
+/// purge, every run, and nothing was ever purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_the_timeout_is_tried_again_smaller_and_the_purge_finishes() {
+    let (table, store, client) = own_table("purge_slow_batch", |store| {
+        store.timeout(Duration::from_millis(500))
+    })
+    .await;
+    client
+        .batch(format!(
+            "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
+             FROM generate_series(1, 3000) AS i; \
+             CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS $slow$ \
+             BEGIN IF (SELECT count(*) FROM gone) > 1000 THEN PERFORM pg_sleep(10); END IF; \
+             RETURN NULL; END $slow$; \
+             CREATE TRIGGER {table}_slow AFTER DELETE ON {table} \
+             REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {table}_slow()"
+        ))
+        .await;
+    let purged = store.purge_expired().await.expect("the purge finishes");
+    let left = client
+        .count(format!("SELECT count(*) FROM {table}"), None)
+        .await;
+    client
+        .batch(format!("DROP TABLE {table}; DROP FUNCTION {table}_slow()"))
+        .await;
+    assert_eq!(left, 0, "every expired record purged");
+    assert_eq!(
+        purged, 3000,
+        "each counted once, by the batches that went through"
+    );
+}
+
+/// A purge whose batch fails otherwise than by its time (here a trigger refuses every delete)
+/// fails at once, after one statement: only a batch that ran too long is tried again smaller.
+/// The statements are counted by a sequence the trigger advances, which the refusal does not
+/// roll back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_refused_otherwise_than_by_time_fails_after_one_statement() {
+    let (table, store, client) = own_table("purge_refused", |store| store).await;
+    client
+        .batch(format!(
+            "INSERT INTO {table} (key, fingerprint, response, expires_at) \
+             SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
+             FROM generate_series(1, 10) AS i; \
+             CREATE SEQUENCE {table}_calls; \
+             CREATE FUNCTION {table}_refuse() RETURNS trigger LANGUAGE plpgsql AS $refuse$ \
+             BEGIN PERFORM nextval('{table}_calls'); RAISE EXCEPTION 'refused'; END $refuse$; \
+             CREATE TRIGGER {table}_refuse BEFORE DELETE ON {table} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {table}_refuse()"
+        ))
+        .await;
+    let refused = store.purge_expired().await;
+    let calls = client
+        .count(
+            format!("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {table}_calls"),
+            None,
+        )
+        .await;
+    client
+        .batch(format!(
+            "DROP TABLE {table}; DROP FUNCTION {table}_refuse(); DROP SEQUENCE {table}_calls"
+        ))
+        .await;
+    let error = refused.expect_err("the purge is refused");
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert_eq!(calls, 1, "one statement, not tried again");
+}
+
 /// A backlog of expired records one statement cannot delete within the store's timeout: the
 /// purge finishes anyway (in batches), claims made while it runs keep answering within their
 /// timeout, and nothing pending and nothing unexpired is deleted. The timeout is thirty times
@@ -238,11 +312,13 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
             .batch(format!(
                 "INSERT INTO {table} (key, fingerprint, response, expires_at) \
                  SELECT 'expired-' || i, 'x', '\\x00', now() - interval '1 hour' \
-                 FROM generate_series(1, 5000) AS i; ANALYZE {table}"
+                 FROM generate_series(1, 4999) AS i; ANALYZE {table}"
             ))
             .await;
+        // One record fewer than a batch: the purge ends after its first statement, with no
+        // pause after it, so this is one batch's time.
         let started = std::time::Instant::now();
-        assert_eq!(store.purge_expired().await.unwrap(), 5000);
+        assert_eq!(store.purge_expired().await.unwrap(), 4999);
         let took = started.elapsed();
         client.batch(format!("DROP TABLE {table}")).await;
         took
@@ -356,10 +432,9 @@ async fn a_start_with_the_database_away_fails_at_once() {
     );
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) on PostgreSQL: `purge` deletes the
+/// The operator's tool (`idempotency_keys`) on PostgreSQL: `purge` deletes the
 /// expired records of its table and nothing else, and a store failure exits 3 with the
 /// database's own words, not only the driver's "db error".
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     let table = format!("tool_{}", std::process::id());
@@ -509,7 +584,6 @@ async fn sslmode_require_encrypts_the_stores_sessions() {
 /// tool, whose roots are the CA `SSL_CERT_FILE` names (in place of the system's, which on a
 /// machine whose server has a self-signed certificate may hold that certificate itself); the
 /// server's own certificate as the root verifies, as a control.
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn a_certificate_that_does_not_verify_fails_the_connect() {
     let tls = common::servers::TlsFiles::make();

@@ -16,9 +16,9 @@ use common::servers::Proxy;
 use common::*;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection as _, Row as _};
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::PostgresStore;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{Claim, Purge, StoreErrorKind};
 
@@ -196,7 +196,10 @@ pub(crate) async fn completed_and_pending_records_survive_a_new_pool() {
     let service = counting_service(store, Arc::clone(&creates), Duration::ZERO);
     let replay = send_to(&service, operation(&key, "parcel-42")).await;
     replay.is_created();
-    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        replay.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     send_to(&service, operation(&pending_key, "parcel-42"))
         .await
         .exact(409, r#"{"error":"request_pending"}"#);
@@ -828,4 +831,37 @@ pub(crate) async fn a_claim_delayed_past_its_settling_writes_nothing() {
         pending, 0,
         "the late claim wrote a reservation nobody holds"
     );
+}
+
+/// Options are a value: a clone given another timeout makes its own pool, with that timeout
+/// as its connections' `statement_timeout`, and the store it was cloned from keeps its pool and
+/// its connections' setting (a setter once wrote a handle the clones shared, so every store on
+/// the pool got the last timeout set).
+#[tokio::test]
+pub(crate) async fn new_options_leave_the_pool_of_the_stores_cloned_before_as_it_was() {
+    async fn statement_timeout(store: &PostgresStore) -> String {
+        let row = sqlx::query("SHOW statement_timeout")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        row.get(0)
+    }
+    let first = PostgresStore::connect(&database_url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    let options = tower_idempotency::store::StoreOptions::new()
+        .timeout(Duration::from_secs(3))
+        .keep_forever();
+    let second = first.clone().with_options(options);
+    assert_eq!(second.options(), options);
+    assert_eq!(first.options().call_timeout(), Duration::from_millis(500));
+    assert!(first.options().retention_window().is_some());
+    assert_eq!(statement_timeout(&second).await, "2400ms");
+    assert_eq!(statement_timeout(&first).await, "400ms");
+    // New options with the same timeout keep the pool, and its connections.
+    let third = first.clone().retention(Duration::from_secs(60));
+    assert_eq!(third.pool().size(), first.pool().size());
+    third.pool().close().await;
+    assert!(first.pool().is_closed(), "the same pool");
 }

@@ -4,29 +4,29 @@
 #![cfg(feature = "postgres")]
 
 use crate::common;
+use crate::transactional_cases::{Create, TxDb, send, transactional_cases};
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Chunks, Reply, operation};
+use common::{Chunks, operation};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row as _};
 use tower::{Layer, ServiceExt};
-use tower_idempotency::admission::{Admit, Refusal, admit_fn};
-use tower_idempotency::body::RequestBody;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::layer::RequestBody;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::operation::LabelOperation;
 use tower_idempotency::scope::store_key;
 use tower_idempotency::store::Claim;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::postgres::sqlx;
 use tower_idempotency::store::{
     Operator, PgTransaction, PostgresStore, TransactionalPostgresStore,
 };
-use tower_idempotency::{Idempotency, IdempotencyLayer, Store};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
@@ -68,25 +68,6 @@ impl Db {
         }
     }
 
-    /// The label rows of `request_id`.
-    pub(crate) async fn rows(&self, request_id: &str) -> i64 {
-        sqlx::query(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {} WHERE request_id = $1",
-            self.labels
-        )))
-        .bind(request_id)
-        .fetch_one(self.store.store().pool())
-        .await
-        .unwrap()
-        .get(0)
-    }
-
-    /// Whether the record of `request_id` exists (committed).
-    async fn recorded(&self, request_id: &str) -> bool {
-        let key = store_key(None, &http::Method::POST, "/labels", request_id);
-        self.store.store().inspect(&key).await.unwrap().is_some()
-    }
-
     /// Waits until the committed record of `request_id` is past its retention.
     async fn expired(&self, request_id: &str) {
         let key = store_key(None, &http::Method::POST, "/labels", request_id);
@@ -108,44 +89,41 @@ impl Db {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
 
-    /// Waits until a create holds a transaction open.
-    async fn one_open(&self, first: &tokio::task::JoinHandle<Reply>) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.store.open_transactions() == 0 {
-            assert!(!first.is_finished(), "the attempt ended before its create");
-            assert!(Instant::now() < deadline, "the attempt never claimed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+impl TxDb for Db {
+    type Store = TransactionalPostgresStore;
+
+    async fn make(name: &str) -> Self {
+        Self::new(name).await
     }
 
-    /// The layer over [`create`] on this store.
-    fn service(&self) -> Guarded {
-        tower::Layer::layer(
-            &tower_idempotency::IdempotencyLayer::new(
-                self.store.clone(),
-                tower_idempotency::operation::LabelContract,
-            )
-            .global_keys()
-            // The create reads the operation from the request extensions.
-            .value_extension(true),
-            create(self.labels.clone()),
-        )
+    fn store(&self) -> &Self::Store {
+        &self.store
+    }
+
+    fn open_transactions(&self) -> usize {
+        self.store.open_transactions()
+    }
+
+    async fn rows(&self, request_id: &str) -> i64 {
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {} WHERE request_id = $1",
+            self.labels
+        )))
+        .bind(request_id)
+        .fetch_one(self.store.store().pool())
+        .await
+        .unwrap()
+        .get(0)
+    }
+
+    fn create(&self) -> Create {
+        create(self.labels.clone())
     }
 }
 
-/// The layer over [`create`].
-type Guarded = Idempotency<Create, TransactionalPostgresStore, LabelContract>;
-
-/// A create that inserts its label in the claim's transaction, then does what its parcel
-/// says: `ok`, `fail` (an error), `panic`, `bad-sql` (a failed statement, then 201 all the
-/// same), `commit` (a `COMMIT` of its own, then 201), `slow` (two seconds before inserting).
-/// What [`create`] is, named.
-type Create = tower::util::BoxCloneSyncService<
-    Request<RequestBody<Chunks>>,
-    Response<Full<Bytes>>,
-    std::io::Error,
->;
+transactional_cases!();
 
 fn create(labels: String) -> Create {
     let create = tower::service_fn(move |request: Request<RequestBody<Chunks>>| {
@@ -223,53 +201,6 @@ fn create(labels: String) -> Create {
     tower::util::BoxCloneSyncService::new(create)
 }
 
-async fn send<S>(service: &S, request_id: &str, parcel: &str) -> Reply
-where
-    S: tower::Service<
-            Request<Chunks>,
-            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
-            Error = std::io::Error,
-        > + Clone,
-{
-    let response = service
-        .clone()
-        .oneshot(operation(request_id, parcel))
-        .await
-        .unwrap();
-    Reply::read(response).await
-}
-
-#[tokio::test]
-async fn the_record_and_the_creates_row_commit_together_and_replay() {
-    let db = Db::new("commit").await;
-    let service = db.service();
-    let first = send(&service, "t-1", "ok").await;
-    assert_eq!(first.status, 201, "{:?}", first.body);
-    assert_eq!(db.rows("t-1").await, 1);
-    assert!(db.recorded("t-1").await);
-    let replay = send(&service, "t-1", "ok").await;
-    assert_eq!((replay.status, &replay.body), (first.status, &first.body));
-    assert_eq!(db.rows("t-1").await, 1);
-    assert_eq!(db.store.open_transactions(), 0);
-}
-
-#[tokio::test]
-async fn a_create_that_fails_or_panics_leaves_no_row_and_a_free_key() {
-    let db = Db::new("fail").await;
-    let service = db.service();
-    for (request_id, how) in [("f-1", "fail"), ("f-2", "panic")] {
-        let failed = send(&service, request_id, how).await;
-        assert_eq!(failed.status, 500, "{how}: {:?}", failed.body);
-        assert_eq!(db.rows(request_id).await, 0, "{how}: rolled back");
-        assert!(!db.recorded(request_id).await, "{how}: the key is free");
-        assert_eq!(db.store.open_transactions(), 0);
-    }
-    // The same operation again (another parcel would conflict, were anything recorded).
-    let retry = send(&service, "f-1", "ok").await;
-    assert_eq!(retry.status, 201);
-    assert_eq!(db.rows("f-1").await, 1);
-}
-
 #[tokio::test]
 async fn a_transaction_that_cannot_commit_answers_503_and_leaves_nothing() {
     let db = Db::new("abort").await;
@@ -286,94 +217,6 @@ async fn a_transaction_that_cannot_commit_answers_503_and_leaves_nothing() {
     assert_eq!(db.rows("b-1").await, 0);
     assert!(!db.recorded("b-1").await);
     assert_eq!(send(&service, "b-1", "ok").await.status, 201);
-}
-
-#[tokio::test]
-async fn an_admission_refusal_rolls_the_claim_back() {
-    let db = Db::new("admit").await;
-    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let flag = refuse.clone();
-    let admission = admit_fn(move |_: &LabelOperation| {
-        let refused = flag.load(std::sync::atomic::Ordering::SeqCst);
-        async move {
-            if refused {
-                Admit::Refuse(Refusal::TooManyRequests)
-            } else {
-                Admit::Proceed(())
-            }
-        }
-    });
-    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
-        .global_keys()
-        .value_extension(true)
-        .admission(admission)
-        .layer(create(db.labels.clone()));
-    let refused = send(&service, "a-1", "ok").await;
-    assert_eq!(refused.status, 429);
-    assert!(!db.recorded("a-1").await);
-    assert_eq!(db.store.open_transactions(), 0);
-    refuse.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(send(&service, "a-1", "ok").await.status, 201);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_attempt_while_the_first_is_open_is_pending_at_once() {
-    let db = Db::new("pending").await;
-    let service = db.service();
-    let first = {
-        let service = service.clone();
-        tokio::spawn(async move { send(&service, "p-1", "slow").await })
-    };
-    // The first claims, then creates for two seconds in its open transaction.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while db.store.open_transactions() == 0 {
-        if first.is_finished() {
-            panic!(
-                "the first attempt ended before its create: {:?}",
-                first.await
-            );
-        }
-        assert!(Instant::now() < deadline, "the first attempt never claimed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let asked = Instant::now();
-    let pending = send(&service, "p-1", "slow").await;
-    assert_eq!(pending.status, 409, "{:?}", pending.body);
-    assert!(
-        std::str::from_utf8(&pending.body)
-            .unwrap()
-            .contains("request_pending")
-    );
-    assert!(
-        asked.elapsed() < Duration::from_millis(900),
-        "not blocked on the open row"
-    );
-    let first = first.await.unwrap();
-    assert_eq!(first.status, 201);
-    let replay = send(&service, "p-1", "slow").await;
-    assert_eq!(replay.body, first.body);
-    assert_eq!(db.rows("p-1").await, 1);
-}
-
-#[tokio::test]
-async fn a_response_over_the_cap_commits_with_its_compact_record() {
-    let db = Db::new("cap").await;
-    let service = IdempotencyLayer::new(db.store.clone(), LabelContract)
-        .global_keys()
-        .value_extension(true)
-        .response_limit(4)
-        .layer(create(db.labels.clone()));
-    let over = send(&service, "c-1", "ok").await;
-    assert_eq!(over.status, 201, "{:?}", over.body);
-    assert_eq!(&over.body[..], br#"{"label_id":"label-c-1"}"#);
-    assert_eq!(db.rows("c-1").await, 1);
-    assert!(db.recorded("c-1").await);
-    assert_eq!(db.store.open_transactions(), 0);
-    let retry = send(&service, "c-1", "ok").await;
-    assert_eq!(retry.status, 201);
-    assert!(retry.body.is_empty());
-    assert_eq!(retry.headers["idempotent-body-omitted"], "true");
-    assert_eq!(db.rows("c-1").await, 1);
 }
 
 /// A response body that panics when read.
@@ -425,32 +268,6 @@ async fn a_response_body_that_panics_rolls_back_and_frees_the_key() {
     assert_eq!(db.rows("z-1").await, 0);
     assert!(!db.recorded("z-1").await);
     assert_eq!(send(&db.service(), "z-1", "ok").await.status, 201);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_replays_and_conflicts_of_a_completed_key_are_never_pending() {
-    let db = Db::new("replays").await;
-    let service = db.service();
-    let first = send(&service, "r-1", "ok").await;
-    assert_eq!(first.status, 201);
-    let replays: Vec<_> = (0..50)
-        .map(|i| {
-            let service = service.clone();
-            let parcel = if i % 5 == 0 { "other" } else { "ok" };
-            tokio::spawn(async move { (parcel, send(&service, "r-1", parcel).await) })
-        })
-        .collect();
-    for replay in replays {
-        let (parcel, reply) = replay.await.unwrap();
-        if parcel == "ok" {
-            assert_eq!((reply.status.as_u16(), &reply.body), (201, &first.body));
-        } else {
-            assert_eq!(
-                (reply.status.as_u16(), &reply.body[..]),
-                (409, &br#"{"error":"idempotency_conflict"}"#[..])
-            );
-        }
-    }
 }
 
 #[tokio::test]
@@ -653,23 +470,22 @@ async fn retention_counts_from_the_complete_not_the_claim() {
     let retry = send(&service, "r-1", "slow").await;
     assert_eq!(retry.status, 201);
     assert_eq!(retry.body, first.body);
-    assert_eq!(retry.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        retry.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     assert_eq!(db.rows("r-1").await, 1);
 }
 
-/// By default a handler that wrote its row in the claim's transaction and then answered a
-/// server error leaves nothing: the `500` is passed on unstored, the transaction rolled back,
-/// the key free (a retry runs the create again, and another payload may take the key); a
-/// client error commits with its row and is replayed. `StoredResponses::Every` keeps the
-/// `500` too, committed with its row.
+/// The default of which responses are stored is the store's, through the wrappers that forward
+/// it too: a transactional store rolls a server error back, the plain one stores every answer.
 #[tokio::test]
-async fn a_server_error_rolls_back_by_default_and_every_keeps_it() {
-    use tower_idempotency::StoredResponses;
-
-    let db = Db::new("server_error").await;
-    // The default is the store's, through the wrappers that forward it too.
+async fn the_stored_responses_default_is_the_stores_through_its_wrappers() {
+    use tower_idempotency::layer::StoredResponses;
     use tower_idempotency::store::DynStore;
     use tower_idempotency::testing::{Journal, RecordingStore};
+
+    let db = Db::new("stored_default").await;
     let except = StoredResponses::ExceptServerErrors;
     assert_eq!(StoredResponses::default_for(&db.store), except);
     assert_eq!(
@@ -683,50 +499,5 @@ async fn a_server_error_rolls_back_by_default_and_every_keeps_it() {
     assert_eq!(
         StoredResponses::default_for(db.store.store()),
         StoredResponses::Every
-    );
-    let service = db.service();
-    for _ in 0..2 {
-        let failed = send(&service, "se-1", "server-error").await;
-        assert_eq!(failed.status, 500);
-        assert_eq!(failed.outcome, Some(tower_idempotency::Outcome::Unstored));
-        assert_eq!(db.rows("se-1").await, 0, "rolled back");
-    }
-    assert_eq!(
-        send(&service, "se-1", "ok").await.status,
-        201,
-        "the key is free"
-    );
-    assert_eq!(db.rows("se-1").await, 1);
-
-    let refused = send(&service, "ce-1", "client-error").await;
-    assert_eq!(refused.status, 422);
-    assert_eq!(db.rows("ce-1").await, 1, "committed with its answer");
-    let again = send(&service, "ce-1", "client-error").await;
-    assert_eq!(
-        (again.status, again.outcome),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Some(tower_idempotency::Outcome::Replay)
-        )
-    );
-    assert_eq!(db.rows("ce-1").await, 1);
-    assert_eq!(db.store.open_transactions(), 0);
-
-    let every = tower::Layer::layer(
-        &IdempotencyLayer::new(db.store.clone(), LabelContract)
-            .global_keys()
-            .value_extension(true)
-            .store_responses(StoredResponses::Every),
-        create(db.labels.clone()),
-    );
-    assert_eq!(send(&every, "se-2", "server-error").await.status, 500);
-    assert_eq!(db.rows("se-2").await, 1, "committed with its 500");
-    let replayed = send(&every, "se-2", "server-error").await;
-    assert_eq!(
-        (replayed.status, replayed.outcome),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Some(tower_idempotency::Outcome::Replay)
-        )
     );
 }

@@ -12,10 +12,10 @@ use common::conformance::{awkward_response, unique_key};
 use common::*;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::PostgresStore;
+use tower_idempotency::store::Store;
 use tower_idempotency::store::postgres::sqlx;
 
 /// `pending_wait` on this store: the waiting retries, on this replica and on another with its

@@ -3,16 +3,17 @@
 
 #[allow(unused_imports)]
 use crate::redis_store::*;
+use tower_idempotency::store::redis::redis;
 
 use crate::common;
 
 use std::time::Duration;
 
 use common::servers::RedisServer;
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
+use tower_idempotency::store::Store;
 
 /// `redis-cli -p port args…`'s output.
 fn cli(port: &str, args: &[&str]) -> String {

@@ -3,6 +3,7 @@
 #![cfg(feature = "redis")]
 
 use crate::common;
+use tower_idempotency::store::redis::redis;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,10 +11,10 @@ use std::time::Duration;
 
 use common::servers::{RedisServer, pause_redis};
 use common::*;
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
+use tower_idempotency::store::Store;
 
 pub(crate) fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -123,7 +124,10 @@ pub(crate) async fn completed_and_pending_records_survive_a_server_crash_and_res
 
     let replay = send_until_answered(&service, valid).await;
     replay.is_created();
-    assert_eq!(replay.outcome, Some(tower_idempotency::Outcome::Replay));
+    assert_eq!(
+        replay.outcome,
+        Some(tower_idempotency::reply::Outcome::Replay)
+    );
     send_to(&service, pending)
         .await
         .exact(409, r#"{"error":"request_pending"}"#);
@@ -201,7 +205,7 @@ impl CommandCounter {
     /// Asserts that `request` costs exactly `expected` commands.
     async fn expect<St: Store>(
         &mut self,
-        service: &tower_idempotency::Idempotency<
+        service: &tower_idempotency::layer::Idempotency<
             Inner,
             St,
             tower_idempotency::operation::LabelContract,
@@ -511,7 +515,7 @@ pub(crate) async fn only_failed_creates_leave_records_without_a_time_to_live_and
     let created = tower::Layer::layer(
         &layer,
         Inner::new(tower::service_fn(
-            |_: http::Request<tower_idempotency::body::RequestBody<Chunks>>| async {
+            |_: http::Request<tower_idempotency::layer::RequestBody<Chunks>>| async {
                 Ok::<_, CreateError>(created_response())
             },
         )),
@@ -519,7 +523,7 @@ pub(crate) async fn only_failed_creates_leave_records_without_a_time_to_live_and
     let failing = tower::Layer::layer(
         &layer,
         Inner::new(tower::service_fn(
-            |_: http::Request<tower_idempotency::body::RequestBody<Chunks>>| async {
+            |_: http::Request<tower_idempotency::layer::RequestBody<Chunks>>| async {
                 Err::<http::Response<http_body_util::Full<bytes::Bytes>>, _>(CreateError(
                     "the downstream is down",
                 ))
@@ -608,9 +612,8 @@ pub(crate) async fn only_failed_creates_leave_records_without_a_time_to_live_and
         .unwrap();
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) on Redis: `purge` has nothing to
+/// The operator's tool (`idempotency_keys`) on Redis: `purge` has nothing to
 /// do (Redis expires records by their time to live) and says so; `show` finds a record.
-#[cfg(feature = "cli")]
 #[tokio::test]
 pub(crate) async fn the_operators_tool_on_redis_purges_nothing_and_shows_a_record() {
     use tower_idempotency::store::Operator;

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use crate::redis_store::*;
+use tower_idempotency::store::redis::redis;
 
 use crate::common;
 
@@ -10,10 +11,10 @@ use std::time::Duration;
 
 use common::servers::RedisServer;
 use common::*;
-use tower_idempotency::Store;
 use tower_idempotency::operation::LabelContract;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::RedisStore;
+use tower_idempotency::store::Store;
 
 /// `pending_wait` on this store: the waiting retries, on this replica and on another with its
 /// own connections, are woken by the completion published on the store's channel (each makes

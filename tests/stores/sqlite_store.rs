@@ -93,8 +93,8 @@ mod on_the_applications_pool {
 /// stayed pending for good. The claim's write carries its deadline: it writes nothing after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn a_claim_whose_caller_gave_up_writes_nothing_after() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Store;
     use tower_idempotency::store::StoreErrorKind;
     let (dir, file) = fresh_file("late-claim");
     drop(SqliteStore::open(&file).await.unwrap());
@@ -132,9 +132,9 @@ pub(crate) async fn a_claim_whose_caller_gave_up_writes_nothing_after() {
 /// as separate processes have), released together: exactly one is new, over many keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn claims_from_separate_connections_give_exactly_one_new() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::Claim;
+    use tower_idempotency::store::Store;
     let stores = futures_stores(8).await;
     for round in 0..20 {
         let key = format!(
@@ -179,9 +179,9 @@ pub(crate) async fn futures_stores(n: usize) -> Vec<SqliteStore> {
 /// the store's thread panic, and every later call failed. Any timeout is accepted.
 #[tokio::test]
 pub(crate) async fn any_timeout_is_accepted() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::Claim;
+    use tower_idempotency::store::Store;
     let store = make_store(None).await.timeout(Duration::MAX);
     let key = tower_idempotency::store::Reservation::generate().to_string();
     assert!(matches!(
@@ -195,8 +195,8 @@ pub(crate) async fn any_timeout_is_accepted() {
 /// Found in review: a record the store cannot read is `Corrupt`, not `Unavailable`.
 #[tokio::test]
 pub(crate) async fn an_unreadable_record_is_corrupt() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Store;
     use tower_idempotency::store::StoreErrorKind;
     let store = make_store(None).await;
     let key = format!(
@@ -293,8 +293,8 @@ pub(crate) async fn journal_mode(file: &std::path::Path) -> String {
 /// again. A write whose commit fails is an error, and leaves no record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(crate) async fn a_claim_whose_commit_fails_is_an_error_not_new() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
+    use tower_idempotency::store::Store;
     use tower_idempotency::store::StoreErrorKind;
     let (dir, file) = fresh_file("commit-fails");
     let options = SqliteConnectOptions::new()
@@ -418,9 +418,9 @@ pub(crate) async fn a_run_dropped_mid_claim_on_a_shared_pool_strands_no_key() {
 /// pool closed while it waits fails the second release, which is not taken for done either.
 #[tokio::test]
 pub(crate) async fn a_settling_whose_release_fails_says_so() {
-    use tower_idempotency::Store;
     use tower_idempotency::operation::LabelContract;
     use tower_idempotency::store::Reservation;
+    use tower_idempotency::store::Store;
 
     let (dir, file) = fresh_file("settle-fails");
     drop(SqliteStore::open(&file).await.unwrap());
@@ -461,4 +461,45 @@ pub(crate) async fn a_settling_whose_release_fails_says_so() {
     let settled = settling.await.unwrap();
     assert!(settled.is_err(), "{settled:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Options are a value: a clone given another timeout makes its own pools, with that timeout
+/// as their connections' `busy_timeout`, and the store it was cloned from keeps its pools' (a
+/// setter once wrote a handle the clones shared).
+#[tokio::test]
+async fn new_options_leave_the_pools_of_the_stores_cloned_before_as_they_were() {
+    async fn busy_timeout(store: &SqliteStore) -> i64 {
+        sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+    let dir = fresh_dir("options");
+    let first = SqliteStore::open(dir.join("keys.db"))
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(700));
+    let second = first.clone().timeout(Duration::from_millis(2_500));
+    assert_eq!(
+        second.options().call_timeout(),
+        Duration::from_millis(2_500)
+    );
+    assert_eq!(busy_timeout(&second).await, 2_500);
+    assert_eq!(busy_timeout(&first).await, 700);
+    let third = first.clone().retention(Duration::from_secs(9));
+    assert_eq!(
+        third.options().retention_window(),
+        Some(Duration::from_secs(9))
+    );
+    third.pool().close().await;
+    assert!(first.pool().is_closed(), "the same pool");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A release by this process wakes the waiters of its key at once, not at the next poll.
+#[tokio::test]
+async fn a_local_change_wakes_its_waiters_at_once() {
+    let store = make_store(None).await;
+    common::scenarios::a_local_change_wakes_its_waiters_at_once(store, SqliteStore::waited_keys)
+        .await;
 }

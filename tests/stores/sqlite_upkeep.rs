@@ -27,9 +27,11 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
     let batch = {
         let (dir, file) = fresh_file("purge-baseline");
         let store = SqliteStore::open(&file).await.unwrap();
-        expire_rows(&file, 5_000).await;
+        // One record fewer than a batch: the purge ends after its first statement, with no
+        // pause after it, so this is one batch's time.
+        expire_rows(&file, 4_999).await;
         let started = std::time::Instant::now();
-        assert_eq!(store.purge_expired().await.unwrap(), 5_000);
+        assert_eq!(store.purge_expired().await.unwrap(), 4_999);
         let took = started.elapsed();
         let _ = std::fs::remove_dir_all(&dir);
         took
@@ -208,7 +210,6 @@ async fn expire_rows(file: &std::path::Path, count: i64) {
 
 /// The operator's tool on another application's SQLite file: refused as not a store's (exit
 /// 2), and the file left as it was: its journal mode kept, no table made.
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn the_operators_tool_leaves_another_applications_file_as_it_was() {
     let (dir, file) = fresh_file("foreign");
@@ -251,9 +252,8 @@ async fn the_operators_tool_leaves_another_applications_file_as_it_was() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The operator's tool (`idempotency_keys`, feature `cli`) on a SQLite file: its help, its
+/// The operator's tool (`idempotency_keys`) on a SQLite file: its help, its
 /// exit codes, and `purge`, which deletes the expired records and nothing else.
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     use tower_idempotency::store::{Claim, Store, StoredResponse};
@@ -261,10 +261,10 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     let (code, help, _) = tool(&["--help"]);
     assert_eq!(code, Some(0));
     for word in [
-        "show KEY",
-        "pending --older-than",
-        "forget KEY",
-        "resolve KEY",
+        "show",
+        "pending",
+        "forget",
+        "resolve",
         "purge",
         "EXIT CODES",
     ] {
@@ -272,7 +272,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     }
     let (code, _, usage) = tool(&["--store", "sqlite://x", "frobnicate"]);
     assert_eq!(code, Some(2), "a bad command line");
-    assert!(usage.contains("usage: idempotency_keys"), "{usage}");
+    assert!(usage.contains("Usage: idempotency_keys"), "{usage}");
     let (code, _, _) = tool(&["purge"]);
     assert_eq!(code, Some(2), "no store");
 
@@ -355,7 +355,6 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
 /// Every command of the operator's tool on a SQLite file, with the endpoint's flags: `show`
 /// of a completed and a pending key, `pending` by age and abandoned, `resolve` into a replay
 /// with its headers and retention, `forget`, and durations in every unit.
-#[cfg(feature = "cli")]
 #[tokio::test]
 async fn the_operators_tool_shows_lists_resolves_and_forgets() {
     use tower_idempotency::scope::store_key;
@@ -559,7 +558,6 @@ async fn the_operators_tool_shows_lists_resolves_and_forgets() {
 }
 
 /// A completed record of `key`, with the label contract's created response.
-#[cfg(feature = "cli")]
 async fn complete_new_at(
     store: &SqliteStore,
     key: &str,

@@ -4,10 +4,11 @@
 //! (each behind its feature).
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
+use crate::transactional_cases::TxDb as _;
 use std::future::Future;
 
-use tower_idempotency::Store;
 use tower_idempotency::idempotent::{self, Attempt, Failures, Idempotent, Ran, RunError};
+use tower_idempotency::store::Store;
 
 /// Each case on one store: `insert` writes the label row of a key in the attempt's
 /// transaction (and, given `"bad-sql"`, leaves the transaction unable to commit, where the
@@ -240,12 +241,12 @@ async fn a_run_whose_commit_goes_unanswered_is_unknown_and_its_retry_replays() {
 
 /// A response body that holds a transaction's connection while it streams (ten chunks of ten
 /// bytes), as a handler streaming rows from it would: the layer's complete cannot have it.
-pub(crate) struct HoldingBody<DB: sqlx_core::database::Database> {
+pub(crate) struct HoldingBody<DB: sqlx::Database> {
     pub(crate) connection: Option<tower_idempotency::store::SqlTransactionConnection<DB>>,
     pub(crate) left: usize,
 }
 
-impl<DB: sqlx_core::database::Database> http_body::Body for HoldingBody<DB> {
+impl<DB: sqlx::Database> http_body::Body for HoldingBody<DB> {
     type Data = bytes::Bytes;
     type Error = std::io::Error;
 
@@ -277,7 +278,7 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
     rows: impl AsyncFn(&str) -> i64,
 ) where
     St: Store + Clone,
-    DB: sqlx_core::database::Database,
+    DB: sqlx::Database,
     I: Fn(
             tower_idempotency::store::SqlTransaction<DB>,
             String,
@@ -290,7 +291,7 @@ pub(crate) async fn a_body_holding_the_connection<St, DB, I>(
 {
     use http::{Request, Response};
     use tower::ServiceExt;
-    use tower_idempotency::body::RequestBody;
+    use tower_idempotency::layer::RequestBody;
     use tower_idempotency::operation::{LabelContract, LabelOperation};
     use tower_idempotency::store::SqlTransaction;
 

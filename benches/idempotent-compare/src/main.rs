@@ -112,6 +112,11 @@ fn ours_floor() -> Bench {
     bench(layer.layer(Create))
 }
 
+/// The plain reference layer (`benches/common/reference.rs`): the least correct work.
+fn reference() -> Bench {
+    bench(common::reference::ReferenceLayer::default().layer(Create))
+}
+
 fn theirs() -> Bench {
     let store = idempotent::memory::MemoryStore::builder()
         .try_build()
@@ -142,6 +147,7 @@ fn latency(rounds: usize, per_round: usize) {
             "tower-idempotency on a store that keeps nothing (floor)",
             ours_floor,
         ),
+        ("plain reference layer", reference),
     ];
     // Within the runtime: a store may start a task of its own.
     let _entered = runtime.enter();
@@ -185,6 +191,11 @@ fn latency(rounds: usize, per_round: usize) {
         "\nidempotent 2.0 ÷ tower-idempotency: new {:.2}×, replay {:.2}×",
         new[2] / new[1],
         replay[2] / replay[1]
+    );
+    println!(
+        "tower-idempotency ÷ the plain reference layer: new {:.2}×, replay {:.2}×",
+        new[1] / new[5],
+        replay[1] / replay[5]
     );
 }
 
@@ -243,6 +254,7 @@ fn throughput(rounds: usize, per_task: usize) {
             .expect("idempotent's memory store");
         idempotent::middleware::IdempotencyLayer::new(store).layer(Create)
     });
+    let reference = common::reference::ReferenceLayer::default().layer(Create);
     let next = AtomicUsize::new(1 << 40);
     let batches = || -> Vec<Vec<Request<Full<Bytes>>>> {
         (0..tasks)
@@ -252,25 +264,35 @@ fn throughput(rounds: usize, per_task: usize) {
             })
             .collect()
     };
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 4];
     let rate = |elapsed: Duration| (tasks * per_task) as f64 / elapsed.as_secs_f64();
     for _ in 0..rounds {
         rates[0].push(rate(concurrently(&runtime, &bare, batches())));
         rates[1].push(rate(concurrently(&runtime, &ours, batches())));
         rates[2].push(rate(concurrently(&runtime, &theirs, batches())));
+        rates[3].push(rate(concurrently(&runtime, &reference, batches())));
     }
     println!("\n| contender | requests/s, 64 tasks on 2 workers, every request new | × bare |");
     println!("|---|---|---|");
     let rates: Vec<f64> = rates.into_iter().map(median).collect();
-    for (i, name) in ["bare service", "tower-idempotency", "idempotent 2.0"]
-        .iter()
-        .enumerate()
+    for (i, name) in [
+        "bare service",
+        "tower-idempotency",
+        "idempotent 2.0",
+        "plain reference layer",
+    ]
+    .iter()
+    .enumerate()
     {
         println!("| {name} | {:.0} | {:.2} |", rates[i], rates[i] / rates[0]);
     }
     println!(
         "\ntower-idempotency ÷ idempotent 2.0 throughput: {:.2}×",
         rates[1] / rates[2]
+    );
+    println!(
+        "tower-idempotency ÷ the plain reference layer throughput: {:.2}×",
+        rates[1] / rates[3]
     );
 }
 

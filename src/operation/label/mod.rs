@@ -39,8 +39,8 @@ use self::reader::Fields;
 pub use self::shared_str::SharedStr;
 use super::media;
 use super::{Fingerprint, Head, IDEMPOTENCY_KEY, Operation, Parsed};
-use crate::refusal;
-use crate::refusal::Rejection;
+use crate::rejection;
+use crate::rejection::Rejection;
 
 /// One create operation: the intent (`request_id`) and the object it acts on (`parcel_id`).
 ///
@@ -244,7 +244,7 @@ impl LabelOperation {
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
 /// use tower_idempotency::operation::LabelContract;
-/// use tower_idempotency::body::RequestBody;
+/// use tower_idempotency::layer::RequestBody;
 /// use tower_idempotency::operation::LabelOperation;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -339,9 +339,9 @@ impl Operation for LabelContract {
     /// the method allowed.
     fn reply(&self, rejection: &Rejection) -> Response<Bytes> {
         let declared = match rejection {
-            Rejection::InvalidKey => &refusal::INVALID_REQUEST,
+            Rejection::InvalidKey => &rejection::INVALID_REQUEST,
             // The contract has one answer for a store that failed it: `store_unavailable`.
-            Rejection::OutcomeUnknown => &refusal::STORE_UNAVAILABLE,
+            Rejection::OutcomeUnknown => &rejection::STORE_UNAVAILABLE,
             other => other.declared(),
         };
         let status = match rejection {
@@ -358,7 +358,7 @@ impl Operation for LabelContract {
         if let Rejection::MethodNotAllowed = rejection {
             headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
         }
-        if declared.retry == refusal::Retry::Refused {
+        if declared.retry == rejection::Retry::Refused {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
         }
         response
@@ -370,6 +370,12 @@ impl Operation for LabelContract {
 
     fn default_body_limit(&self) -> usize {
         4096
+    }
+
+    /// The contract fixes its answers' headers: no window is advertised unless the layer
+    /// asks.
+    fn advertises_window(&self) -> bool {
+        false
     }
 }
 

@@ -97,8 +97,8 @@ fn give(held: &AtomicUsize, max: Option<usize>, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Store;
     use crate::operation::LabelContract;
+    use crate::store::Store;
     use crate::store::memory::shard::{RECORD_BYTES, lock};
     use crate::store::{Claim, Operator, StoredResponse};
 

@@ -40,6 +40,25 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
+    /// Takes the retention of `options`, the type every store is configured with (a memory
+    /// store's calls never wait, so it has no use for the timeout).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::StoreOptions;
+    ///
+    /// let options = StoreOptions::new().retention(Duration::from_secs(90));
+    /// let store = MemoryStore::builder().options(options).build();
+    /// assert_eq!(store.retention_window(), Some(Duration::from_secs(90)));
+    /// let forever = MemoryStore::builder().options(options.keep_forever()).build();
+    /// assert_eq!(forever.retention_window(), None);
+    /// ```
+    pub fn options(mut self, options: crate::store::StoreOptions) -> Self {
+        self.retention = options.retention_window();
+        self
+    }
+
     /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
     /// pending records are kept however old they are. A zero window drops a record as it is
     /// completed, so every retry creates again: [`keep_forever`](Self::keep_forever) is the
@@ -90,7 +109,8 @@ impl MemoryStoreBuilder {
     /// forgets every key of a memory store). [`MemoryStore::len`] tells how full it is.
     ///
     /// ```
-    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::Store;
     /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::StoreErrorKind;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -127,7 +147,8 @@ impl MemoryStoreBuilder {
     /// the process's memory with them.
     ///
     /// ```
-    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::Store;
     /// use tower_idempotency::operation::Fingerprint;
     /// use tower_idempotency::store::StoreErrorKind;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

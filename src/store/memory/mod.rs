@@ -346,7 +346,8 @@ impl MemoryStore {
     /// Whether `key` is held by a pending reservation.
     ///
     /// ```
-    /// use tower_idempotency::{MemoryStore, Store};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::Store;
     /// use tower_idempotency::operation::Fingerprint;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = MemoryStore::new();
@@ -450,6 +451,10 @@ impl Purge for MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn replay_window(&self) -> Option<Duration> {
+        self.retention_window()
+    }
+
     async fn claim_with(
         &self,
         key: &str,

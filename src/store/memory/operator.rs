@@ -22,13 +22,13 @@ impl Operator for MemoryStore {
                     (RecordState::Completed, *at, status, false)
                 }
             };
-            RecordInfo {
+            RecordInfo::new(
                 state,
-                age: (since != Tick::NEVER).then(|| now.since(since)),
-                fingerprint: Fingerprint::from_sha256(record.fingerprint),
+                Fingerprint::from_sha256(record.fingerprint),
+                (since != Tick::NEVER).then(|| now.since(since)),
                 status,
                 abandoned,
-            }
+            )
         }))
     }
 

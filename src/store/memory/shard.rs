@@ -10,8 +10,8 @@ use hashbrown::HashTable;
 
 use super::SHARDS;
 use super::key::Probe;
-use crate::store::waiting::{self, WaiterMap};
 use crate::store::{Lease, Reservation, StoredResponse, codec};
+use tower_idempotency_core::backend::waiting::{self, WaiterMap};
 
 /// A moment, as nanoseconds since the store's epoch: half the size of an `Instant`, and
 /// enough for 584 years.

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{awkward_response, claim, claim_with, fp, new, new_with, unique_key};
-use crate::Store;
+use super::{awkward_response, claim, claim_with, create, fp, lapsed, new, new_with, unique_key};
+use crate::store::Store;
 use crate::store::{Claim, Lease, Reservation, StoreErrorKind};
 
 /// The four answers of a claim: new, then pending for the same operation, conflict for
@@ -136,14 +136,7 @@ pub async fn a_claim_with_the_same_token_is_new_again(store: impl Store) {
         Claim::Conflict
     );
     store.release(&key, &token).await.unwrap();
-    assert_eq!(
-        claim_with(&store, &key, "a", other, Lease::default()).await,
-        Claim::New(other)
-    );
-    store
-        .complete(&key, &other, &awkward_response())
-        .await
-        .unwrap();
+    create(&store, &key, other, Lease::default()).await;
     assert_eq!(
         claim_with(&store, &key, "a", other, Lease::default()).await,
         Claim::Replay(awkward_response()),
@@ -247,14 +240,7 @@ pub async fn concurrent_claims_of_one_key_give_exactly_one_new(store: impl Store
     for _ in 0..8 {
         assert_eq!(race(&store, &unique_key("race"), Lease::default()).await, 1);
     }
-    let key = unique_key("race-take-over");
-    let owner = Reservation::generate();
-    let short = Lease::new(Lease::MIN_DURATION).take_over_abandoned();
-    assert_eq!(
-        claim_with(&store, &key, "a", owner, short).await,
-        Claim::New(owner)
-    );
-    tokio::time::sleep(Lease::MIN_DURATION * 4).await;
+    let key = lapsed(&store, "race-take-over", Reservation::generate()).await;
     let take_over = Lease::default().take_over_abandoned();
     assert_eq!(race(&store, &key, take_over).await, 1, "one takes it over");
 }

@@ -18,14 +18,14 @@
 //! tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 //! ```
 //!
-//! `tests/stores/toy_store.rs` in the repository is a complete worked example: a store written with the
+//! The `examples/toy-store` crate in the repository is a complete worked example: a store written with the
 //! public API alone that passes the suite.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
-use crate::Store;
 use crate::operation::Fingerprint;
+use crate::store::Store;
 use crate::store::{Claim, Lease, Reservation, StoredResponse};
 
 mod claims;
@@ -77,6 +77,26 @@ pub(super) async fn new(store: &impl Store, key: &str, fingerprint: &Fingerprint
         Claim::New(reservation) => reservation,
         other => panic!("expected new, got {other:?}"),
     }
+}
+
+/// Claims `key` for the operation `"a"` under `owner`, a new claim, and completes it with
+/// [`awkward_response`].
+pub(super) async fn create(store: &impl Store, key: &str, owner: Reservation, lease: Lease) {
+    let claimed = claim_with(store, key, "a", owner, lease).await;
+    assert_eq!(claimed, Claim::New(owner));
+    let completed = store.complete(key, &owner, &awkward_response()).await;
+    completed.unwrap();
+}
+
+/// A new key named after `name`, claimed for the operation `"a"` by `owner` with the shortest
+/// lease, one its claimer lets be taken over, once that lease has lapsed.
+pub(super) async fn lapsed(store: &impl Store, name: &str, owner: Reservation) -> String {
+    let key = unique_key(name);
+    let lease = Lease::new(Lease::MIN_DURATION).take_over_abandoned();
+    let claimed = claim_with(store, &key, "a", owner, lease).await;
+    assert_eq!(claimed, Claim::New(owner));
+    tokio::time::sleep(Lease::MIN_DURATION * 4).await;
+    key
 }
 
 /// A claim of `key` for the operation `parcel`, with the caller's token and lease.

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::{awkward_response, claim, fp, new, unique_key};
-use crate::Store;
+use crate::store::Store;
 use crate::store::{Claim, Reservation, StoreErrorKind, StoredResponse};
 
 /// Any retention is accepted, the longest included: completing and replaying work.
@@ -191,6 +191,15 @@ pub async fn release_is_guarded_by_the_reservation(store: impl Store) {
 
 /// `store` drops completed records after `retention`; pending ones stay.
 pub async fn retention_drops_completed_records_only(store: impl Store, retention: Duration) {
+    // A store that advertises its replay window advertises this one (remote stores keep whole
+    // milliseconds).
+    if let Some(window) = store.replay_window() {
+        assert_eq!(
+            window.as_millis(),
+            retention.as_millis(),
+            "the replay window"
+        );
+    }
     let completed = unique_key("retention-completed");
     let pending = unique_key("retention-pending");
     let reservation = new(&store, &completed, &fp("a")).await;
@@ -281,7 +290,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
         }
     });
     let service = tower::Layer::layer(
-        &crate::IdempotencyLayer::new(store, crate::RawOperation::new()).global_keys(),
+        &crate::IdempotencyLayer::new(store, crate::operation::RawOperation::new()).global_keys(),
         create,
     );
     let key = HeaderValue::try_from(unique_key("over-cap")).expect("a key is a header value");
@@ -300,7 +309,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
     };
     let (first, outcome, body) = send().await;
     assert_eq!(first.status, StatusCode::CREATED);
-    assert_eq!(outcome, Some(crate::Outcome::Created));
+    assert_eq!(outcome, Some(crate::reply::Outcome::Created));
     assert_eq!(first.headers["location"], "/parcels/big");
     assert_eq!(first.headers["content-length"], "2097152");
     assert!(!first.headers.contains_key("idempotent-body-omitted"));
@@ -308,7 +317,7 @@ pub async fn a_response_over_the_cap_is_given_whole_and_its_retry_gets_its_head(
     assert!(body.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
 
     let (retry, outcome, body) = send().await;
-    assert_eq!(outcome, Some(crate::Outcome::Replay));
+    assert_eq!(outcome, Some(crate::reply::Outcome::Replay));
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(retry.headers["location"], "/parcels/big");
     assert_eq!(retry.headers["content-type"], "application/octet-stream");

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::unique_key;
-use crate::Store;
 use crate::idempotent::{Failures, Idempotent, Ran, RunError, fingerprint};
 use crate::operation::Fingerprint;
-use crate::store::{Claim, Lease, Reservation, StoreError, StoreErrorKind, StoredResponse};
+use crate::store::Store;
+use crate::store::{StoreError, StoreErrorKind};
+use crate::testing::wrapped::{Around, Wrapped};
 
 /// The fingerprint of a message sent to parcel `parcel`.
 fn message(parcel: &str) -> Fingerprint {
@@ -235,99 +236,36 @@ async fn on_fire() -> Result<String, String> {
 
 /// A store that loses the answer of the next call named: the call takes effect, its caller
 /// gets [`StoreErrorKind::Unavailable`].
-#[derive(Clone)]
-struct Losing<St> {
-    inner: St,
-    next: Arc<Mutex<Option<&'static str>>>,
-}
+type Losing<St> = Wrapped<St, Loses>;
+
+/// The call whose answer is lost next, if any.
+#[derive(Clone, Default)]
+struct Loses(Arc<Mutex<Option<&'static str>>>);
 
 impl<St> Losing<St> {
     fn new(inner: St) -> Self {
-        Self {
-            inner,
-            next: Arc::default(),
-        }
+        let around = Loses::default();
+        Self { inner, around }
     }
 
     fn lose(&self, call: &'static str) {
-        *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some(call);
+        *self.around.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(call);
     }
+}
 
-    /// `answer`, unless it is the answer to lose.
-    fn answer<T>(
-        &self,
+impl Around for Loses {
+    /// The call's answer, unless it is the answer to lose.
+    async fn around<'a, T: Send + 'a>(
+        &'a self,
         call: &'static str,
-        answer: Result<T, StoreError>,
+        run: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> Result<T, StoreError> {
-        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        let answer = run.await;
+        let mut next = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if *next == Some(call) {
             *next = None;
             return Err(StoreError::new(StoreErrorKind::Unavailable));
         }
         answer
-    }
-}
-
-impl<St: Store> Store for Losing<St> {
-    async fn claim_with(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        reservation: Reservation,
-        lease: Lease,
-    ) -> Result<Claim, StoreError> {
-        let answer = self
-            .inner
-            .claim_with(key, fingerprint, reservation, lease)
-            .await;
-        self.answer("claim", answer)
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.renew(key, reservation, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        reservation: &Reservation,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let answer = self.inner.complete(key, reservation, response).await;
-        self.answer("complete", answer)
-    }
-
-    async fn settle_claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        reservation: Reservation,
-    ) -> Result<(), StoreError> {
-        self.inner.settle_claim(key, fingerprint, reservation).await
-    }
-
-    fn changed<'a>(&'a self, key: &'a str) -> impl Future<Output = ()> + Send + 'a {
-        self.inner.changed(key)
-    }
-
-    async fn release(&self, key: &str, reservation: &Reservation) -> Result<(), StoreError> {
-        self.inner.release(key, reservation).await
-    }
-
-    fn attach(&self, key: &str, reservation: &Reservation, extensions: &mut http::Extensions) {
-        self.inner.attach(key, reservation, extensions);
-    }
-
-    fn release_undoes_create(&self) -> bool {
-        self.inner.release_undoes_create()
-    }
-
-    async fn abandon(&self, key: &str, reservation: &Reservation) {
-        self.inner.abandon(key, reservation).await;
     }
 }

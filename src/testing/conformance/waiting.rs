@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
 use super::{awkward_response, fp, new, unique_key};
-use crate::Store;
+use crate::store::Store;
 use crate::store::{Claim, Operator};
 
 /// `changed` waits while nothing changes (it does not end at once), and a change wakes every
@@ -65,7 +65,7 @@ pub async fn changed_sees_a_change_made_before_its_first_poll<St: Store>(store: 
 
 /// A `POST /parcels` with the key `key` and any body, as [`RawOperation`] takes it.
 ///
-/// [`RawOperation`]: crate::RawOperation
+/// [`RawOperation`]: crate::operation::RawOperation
 fn create_request(key: &str) -> http::Request<http_body_util::Full<Bytes>> {
     let mut request =
         http::Request::new(http_body_util::Full::new(Bytes::from_static(b"parcel-42")));
@@ -119,7 +119,8 @@ pub async fn a_wait_runs_out_and_without_it_the_409_is_immediate<St: Store>(stor
 
     use tower::{Layer, ServiceExt};
 
-    use crate::{IdempotencyLayer, RawOperation};
+    use crate::IdempotencyLayer;
+    use crate::operation::RawOperation;
 
     let creates = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&creates);
