@@ -281,7 +281,10 @@ fn answered<St: Store>(
                 error = &error as &dyn std::error::Error,
                 "claim failed; nothing created"
             );
-            if is_unknown(&error) {
+            // A claim no replica confirmed was undone on the primary alone: a replica that
+            // holds the claim may be promoted before the undo reaches it, so it is settled as
+            // a lost claim is (the settling waits for a replica).
+            if is_unknown(&error) || error.kind() == StoreErrorKind::Unreplicated {
                 settle(
                     &rules.settling,
                     store.clone(),

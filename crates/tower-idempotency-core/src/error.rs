@@ -48,8 +48,10 @@ pub enum StoreErrorKind {
     ConnectionHeld,
     /// A claim no replica confirmed in time (a Redis store's
     /// [replica wait](https://docs.rs/tower-idempotency/latest/tower_idempotency/store/redis/struct.RedisStore.html#method.wait_for_replicas) fell short): a new claim
-    /// was released again, a replay not served. The layer answers `503 store_unavailable`;
-    /// there is nothing to settle.
+    /// was released again on the primary, a replay not served. The layer answers
+    /// `503 store_unavailable` and settles the claim as a lost one
+    /// ([`Store::settle_claim`](crate::Store::settle_claim)): a replica may hold the claim
+    /// without its undo, and be promoted.
     Unreplicated,
 }
 

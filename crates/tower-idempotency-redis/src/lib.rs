@@ -241,7 +241,10 @@ impl RedisStore {
     ///
     /// - a new claim is released again at once and the layer answers `503 store_unavailable`
     ///   (nothing created); a replay is not served (`503`); both are
-    ///   [`Unreplicated`](StoreErrorKind::Unreplicated);
+    ///   [`Unreplicated`](StoreErrorKind::Unreplicated); the layer settles such a claim as
+    ///   it settles a lost one (a replica may hold the claim and be promoted before the
+    ///   undo reaches it), its settling waited for too unless the primary has no replica
+    ///   online;
     /// - a complete is `Unavailable`, an unknown outcome: the layer's rule for a complete
     ///   that fails after the create applies (the client gets the create's response, the
     ///   outcome `complete_failed`), and the layer repeats the complete, waited for too,
@@ -915,7 +918,14 @@ impl Store for RedisStore {
         });
         let (answer, acknowledged) = settle.await?;
         match answer {
-            Value::Int(0 | 1) => self.replicated(&record, (), acknowledged).await,
+            // An undo stands on a primary with no replica online, whatever the wait asked: a
+            // replica that comes online later copies it, and no replica that lacks it can be
+            // promoted meanwhile. (A strict wait with too few replicas would otherwise keep
+            // every settling of a claim it refused trying for minutes.)
+            Value::Int(0 | 1) => match self.replicated(&record, (), acknowledged).await {
+                Err(short) if !self.none_online(&record).await => Err(short),
+                _ => Ok(()),
+            },
             _ => Err(StoreError::new(StoreErrorKind::Corrupt)),
         }
     }

@@ -193,6 +193,19 @@ pub async fn lost_run_answers_are_settled(store: impl Store) {
         until_not_pending(|| counted(&labels, &key, "parcel-42", &runs, "label-3")).await;
     assert_eq!(replayed.unwrap(), Ran::Replayed("label-2".to_owned()));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // A claim no replica confirmed in time: the store undid it on the primary, but a replica
+    // may hold it, and be promoted; it is settled as a lost claim is (the key free again).
+    let key = unique_key("run-unreplicated-claim");
+    losing.lose_as("claim", StoreErrorKind::Unreplicated);
+    let refused = counted(&labels, &key, "parcel-42", &runs, "label-4").await;
+    assert!(
+        matches!(refused, Err(RunError::StoreUnavailable)),
+        "{refused:?}"
+    );
+    let settled = until_not_pending(|| counted(&labels, &key, "parcel-42", &runs, "label-4")).await;
+    assert_eq!(settled.unwrap(), Ran::Done("label-4".to_owned()));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
 /// Work that fails or panics answers so; under [`Failures::Keep`] its key stays pending, under
@@ -235,12 +248,12 @@ async fn on_fire() -> Result<String, String> {
 }
 
 /// A store that loses the answer of the next call named: the call takes effect, its caller
-/// gets [`StoreErrorKind::Unavailable`].
+/// gets [`StoreErrorKind::Unavailable`] (or the kind given).
 type Losing<St> = Wrapped<St, Loses>;
 
-/// The call whose answer is lost next, if any.
+/// The call whose answer is lost next, if any, and the error its caller gets.
 #[derive(Clone, Default)]
-struct Loses(Arc<Mutex<Option<&'static str>>>);
+struct Loses(Arc<Mutex<Option<(&'static str, StoreErrorKind)>>>);
 
 impl<St> Losing<St> {
     fn new(inner: St) -> Self {
@@ -249,7 +262,11 @@ impl<St> Losing<St> {
     }
 
     fn lose(&self, call: &'static str) {
-        *self.around.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(call);
+        self.lose_as(call, StoreErrorKind::Unavailable);
+    }
+
+    fn lose_as(&self, call: &'static str, kind: StoreErrorKind) {
+        *self.around.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((call, kind));
     }
 }
 
@@ -262,9 +279,11 @@ impl Around for Loses {
     ) -> Result<T, StoreError> {
         let answer = run.await;
         let mut next = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if *next == Some(call) {
+        if let Some((lost, kind)) = *next
+            && lost == call
+        {
             *next = None;
-            return Err(StoreError::new(StoreErrorKind::Unavailable));
+            return Err(StoreError::new(kind));
         }
         answer
     }
