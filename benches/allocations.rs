@@ -178,19 +178,30 @@ fn resident() -> Option<usize> {
     Some(pages * 4096)
 }
 
+/// The label contract's layer over `store`, around the bench's create.
+fn labels(
+    store: MemoryStore,
+) -> tower_idempotency::layer::Idempotency<
+    Create,
+    MemoryStore,
+    tower_idempotency::operation::LabelContract,
+> {
+    tower::Layer::layer(
+        &tower_idempotency::IdempotencyLayer::new(
+            store,
+            tower_idempotency::operation::LabelContract,
+        )
+        .global_keys(),
+        Create,
+    )
+}
+
 /// The bytes each of `n` completed keys holds in a memory store, through the layer, beyond
 /// the stored response's own bytes (status, header names and values, body).
 fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
     // Unbounded: `n` may be the default bound or more.
     let store = MemoryStore::builder().unbounded().build();
-    let service = tower::Layer::layer(
-        &tower_idempotency::IdempotencyLayer::new(
-            store.clone(),
-            tower_idempotency::operation::LabelContract,
-        )
-        .global_keys(),
-        Create,
-    );
+    let service = labels(store.clone());
     let keys: Vec<String> = (0..n).map(|i| format!("label-req-{i:08}")).collect();
     let sample = runtime.block_on(async {
         let response = Create
@@ -228,6 +239,76 @@ fn memory_per_key(runtime: &tokio::runtime::Runtime, n: usize) {
         rss.map_or("?".to_owned(), |rss| rss.to_string()),
     );
     drop(keys);
+}
+
+/// The bytes each of `n` keys holds in a memory store once its replay window passed and it is
+/// a tombstone, beside the bytes it held completed, in one run: the same keys through the
+/// layer, then the store's purge, which turns every completed record into its tombstone.
+fn memory_per_tombstone(runtime: &tokio::runtime::Runtime, n: usize) {
+    let store = MemoryStore::builder()
+        .unbounded()
+        // Long enough that no claim of the run finds a record past it.
+        .retention(std::time::Duration::from_secs(5))
+        .tombstones(std::time::Duration::from_secs(24 * 3600))
+        .build();
+    let service = labels(store.clone());
+    let keys: Vec<String> = (0..n).map(|i| format!("label-req-{i:08}")).collect();
+    let live = LIVE.load(Ordering::Relaxed);
+    for key in &keys {
+        count(runtime, &service, valid(key));
+    }
+    let completed = LIVE.load(Ordering::Relaxed) - live;
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    runtime.block_on(async {
+        use tower_idempotency::store::Purge as _;
+        store.purge_expired().await.unwrap();
+    });
+    let buried = LIVE.load(Ordering::Relaxed) - live;
+    assert_eq!(store.len(), n);
+    println!(
+        "{n:>9} keys: {} bytes a key allocated completed, {} as a tombstone ({:.2}x)",
+        completed / n,
+        buried / n,
+        buried as f64 / completed as f64,
+    );
+    drop(keys);
+    // The creates' cost while every claim's sweep buries what passed a 1 ms window, against
+    // the same store dropping it: rounds of each in turn, the median of each.
+    let churn = |tombstones: std::time::Duration| {
+        let store = MemoryStore::builder()
+            .unbounded()
+            .retention(std::time::Duration::from_millis(1))
+            .tombstones(tombstones)
+            .build();
+        labels(store)
+    };
+    let (buried, dropped) = (
+        churn(std::time::Duration::from_secs(3600)),
+        churn(std::time::Duration::ZERO),
+    );
+    let round = |service: &_, round: usize| {
+        let requests: Vec<_> = (0..n / 10)
+            .map(|i| valid(&format!("churn-{round}-{i:08}")))
+            .collect();
+        let started = std::time::Instant::now();
+        for request in requests {
+            count(runtime, service, request);
+        }
+        started.elapsed().as_nanos() as f64 / (n / 10) as f64
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..7 {
+        with.push(round(&buried, i));
+        without.push(round(&dropped, i));
+    }
+    with.sort_by(f64::total_cmp);
+    without.sort_by(f64::total_cmp);
+    println!(
+        "creates under churn (1 ms window): {:.0} ns each burying, {:.0} ns dropping ({:.2}x)",
+        with[3],
+        without[3],
+        with[3] / without[3]
+    );
 }
 
 fn main() {
@@ -279,6 +360,12 @@ fn main() {
         && memory == "memory"
     {
         memory_per_key(&runtime, n.parse().expect("a count"));
+        return;
+    }
+    if let [tombstones, n] = args.as_slice()
+        && tombstones == "tombstones"
+    {
+        memory_per_tombstone(&runtime, n.parse().expect("a count"));
         return;
     }
     if let [path, n] = args.as_slice() {
@@ -364,4 +451,6 @@ fn main() {
     axum_rows(&runtime);
     println!("memory per completed key (memory store, no retention)");
     memory_per_key(&runtime, 100_000);
+    println!("memory per key completed, then as a tombstone (memory store)");
+    memory_per_tombstone(&runtime, 100_000);
 }

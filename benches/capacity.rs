@@ -192,6 +192,7 @@ fn claim_name(claim: &Claim) -> &'static str {
         Claim::Replay(_) => "replay",
         Claim::Pending => "pending",
         Claim::Conflict => "conflict",
+        Claim::Expired(_) => "expired",
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --example grpc_label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|postgres://…|sqlite://PATH]
+//!     [--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|postgres://…|sqlite://PATH]
 //! cargo run --example grpc_label_server -- client [--addr HOST:PORT] [--key KEY]
 //!     [--request-id ID] [--parcel-id ID] [--web]
 //! ```
@@ -23,7 +23,7 @@ use grpc_labels::{Labels, LabelsClient, operation, web};
 use tower_idempotency::IdempotencyLayer;
 
 const USAGE: &str = "usage: grpc_label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
+[--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
        grpc_label_server client [--addr HOST:PORT] [--key KEY] [--request-id ID] \
 [--parcel-id ID] [--web]";
 
@@ -52,7 +52,10 @@ async fn main() {
         }
     };
     // The key is the request's own id, shared by every client: the label contract's global keys.
-    let layer = IdempotencyLayer::new(store, operation()).global_keys();
+    // The label contract's keys are new past their window, as the HTTP label server's.
+    let layer = IdempotencyLayer::new(store, operation())
+        .global_keys()
+        .answer_expired(false);
     let layer = common::with_wait_and_drain(layer, options.pending_wait);
     let listener = match tokio::net::TcpListener::bind(options.addr).await {
         Ok(listener) => listener,

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example label_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N]
+//!     [--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N]
 //!     [--metrics HOST:PORT (with --features metrics)]
 //!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|mysql://…|sqlite://PATH]
 //!     [--transactional (with postgres://… or mysql://…)]
@@ -47,7 +47,7 @@ use tower_idempotency::store::mysql::sqlx;
 use tower_idempotency::store::postgres::sqlx;
 
 const USAGE: &str = "usage: label_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
+[--admit-rate N] [--max-in-flight N] [--lease-ms N] [--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
 [--metrics HOST:PORT (with --features metrics)] \
 [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|mysql://…|sqlite://PATH] \
 [--transactional (with postgres://… or mysql://…: the create's row in the claim's transaction)]";

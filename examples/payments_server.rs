@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example payments_server -- [--addr HOST:PORT] [--create-delay-ms N]
-//!     [--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N]
+//!     [--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N]
 //!     [--metrics HOST:PORT (with --features metrics)]
 //!     [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]
 //! ```
@@ -38,7 +38,7 @@ use tower_idempotency::store::DynStore;
 use tower_idempotency::{IdempotencyLayer, JsonOperation};
 
 const USAGE: &str = "usage: payments_server [--addr HOST:PORT] [--create-delay-ms N] \
-[--pending-wait-ms N] [--retention-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
+[--pending-wait-ms N] [--retention-s N] [--tombstone-s N] [--purge-every-s N] [--max-records N] [--drain-s N] [--wait-for-replicas N] \
 [--metrics HOST:PORT (with --features metrics)] [--store memory|redis://…|redis-cluster://HOST:PORT,…|postgres://…|sqlite://PATH]";
 
 /// The body of `POST /payments`.

@@ -214,6 +214,9 @@ pub(crate) struct Config {
     /// The header that advertises the store's replay window: `None` as the operation says
     /// ([`Operation::advertises_window`]), `Some(None)` none, `Some(Some(name))` this one.
     pub(crate) window_header: Option<Option<HeaderName>>,
+    /// Whether a key the store remembers past its replay window is answered expired: `None`
+    /// as the operation says ([`Operation::answers_expired`]).
+    pub(crate) answer_expired: Option<bool>,
 }
 
 impl Default for Config {
@@ -239,6 +242,7 @@ impl Default for Config {
             pending_retry_after: DEFAULT_PENDING_RETRY_AFTER,
             window_header: None,
             refuse_past_window: false,
+            answer_expired: None,
         }
     }
 }
@@ -332,6 +336,13 @@ impl<O: Operation> Settings<O> {
             PathSetting::Any => None,
             PathSetting::Exact(path) => Some(path.clone()),
         };
+        let mut options = config.decision.clone();
+        if !config
+            .answer_expired
+            .unwrap_or_else(|| operation.answers_expired())
+        {
+            options.lease = options.lease.forget_expired();
+        }
         Self {
             path,
             body_limit: config
@@ -341,7 +352,7 @@ impl<O: Operation> Settings<O> {
                 .value_extension
                 .unwrap_or_else(|| operation.hands_over_value()),
             rules: Rules {
-                options: config.decision.clone(),
+                options,
                 metrics: config.metrics.clone(),
                 drain: config.drain.clone(),
                 watch_client: true,

@@ -417,6 +417,28 @@ impl<St, O, A, K> IdempotencyLayer<St, O, A, K> {
         self
     }
 
+    /// Whether a key whose replay window passed, and which the store still remembers (its
+    /// [`Tombstone`](crate::store::Tombstone), kept for the store's
+    /// [tombstone window](crate::store::StoreOptions::tombstones)), is answered *key expired*
+    /// (`409`, problem type `key_expired` with the members `completed_at` and `location`, no
+    /// `Retry-After`: final) rather than created again. As the operation says by default
+    /// ([`Operation::answers_expired`]): `true`,
+    /// except for the label contract, whose keys are new past their window. With `false`,
+    /// a claim treats the tombstone as no record and creates.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::operation::LabelContract;
+    ///
+    /// // The label contract, answering `{"error":"key_expired"}` for a key it remembers.
+    /// let layer = IdempotencyLayer::new(MemoryStore::new(), LabelContract).answer_expired(true);
+    /// # drop(layer);
+    /// ```
+    pub fn answer_expired(mut self, answer: bool) -> Self {
+        self.config.answer_expired = Some(answer);
+        self
+    }
+
     /// Adds `Idempotent-Replayed: true` to every replayed response. Off by default: the
     /// contract replays the stored headers exactly, and the marker is one header more.
     ///

@@ -30,6 +30,7 @@ use http::{HeaderValue, Response};
 use crate::outcome::Invalid;
 use crate::rejection::Rejection;
 use crate::rejection::default_base;
+use crate::store::Tombstone;
 
 /// The media type of every problem reply.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -71,6 +72,7 @@ pub(crate) fn reply(rejection: &Rejection) -> Response<Bytes> {
     let declared = rejection.declared();
     let body = match rejection {
         Rejection::InvalidRequest(why) => invalid(why),
+        Rejection::KeyExpired(Some(tombstone)) => expired(tombstone),
         _ => Bytes::from_static(declared.problem),
     };
     let mut response = Response::new(body);
@@ -107,6 +109,32 @@ fn invalid(why: &Invalid) -> Bytes {
     ))
 }
 
+/// The expired key's problem with what the store remembers of its operation: when it
+/// completed (`completed_at`, an HTTP date, as the crate's other times on the wire) and the
+/// created resource (`location`, when it had one that is text).
+fn expired(tombstone: &Tombstone) -> Bytes {
+    let declared = crate::rejection::KEY_EXPIRED.problem;
+    // The row's body without its closing brace, then the members.
+    let open = &declared[..declared.len() - 1];
+    let completed_at = httpdate::fmt_http_date(tombstone.completed_at());
+    let location = tombstone
+        .location()
+        .and_then(|location| {
+            // Serialising a string cannot fail.
+            let text = serde_json::to_string(location.to_str().ok()?).unwrap_or_default();
+            Some(format!(r#","location":{text}"#))
+        })
+        .unwrap_or_default();
+    let mut body = Vec::with_capacity(open.len() + 64 + location.len());
+    body.extend_from_slice(open);
+    body.extend_from_slice(br#","completed_at":""#);
+    body.extend_from_slice(completed_at.as_bytes());
+    body.push(b'"');
+    body.extend_from_slice(location.as_bytes());
+    body.push(b'}');
+    Bytes::from(body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +152,27 @@ mod tests {
 
     /// The problem types are a contract with clients: each is pinned here, and the default
     /// base is the address of this module's page, so moving the module fails this test.
+    /// An expired key's problem carries what the store remembers as members, at any time a
+    /// tombstone holds (the latest included: an HTTP date's last year), and a `Location` that
+    /// is not text is left out.
+    #[test]
+    fn an_expired_keys_problem_says_when_and_where() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let location = HeaderValue::from_static("/payments/7");
+        let tombstone = Tombstone::new(at, http::StatusCode::CREATED, Some(location));
+        let body = expired(&tombstone);
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["completed_at"], "Tue, 14 Nov 2023 22:13:20 GMT");
+        assert_eq!(problem["location"], "/payments/7");
+        assert_eq!(problem["status"], 409);
+        let far = std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(u32::MAX) * 100);
+        let binary = HeaderValue::from_bytes(b"/caf\xe9").unwrap();
+        let late = Tombstone::new(far, http::StatusCode::CREATED, Some(binary));
+        let problem: serde_json::Value = serde_json::from_slice(&expired(&late)).unwrap();
+        assert_eq!(problem["completed_at"], "Fri, 31 Dec 9999 23:59:59 GMT");
+        assert!(problem.get("location").is_none(), "{problem}");
+    }
+
     #[test]
     fn problem_types_do_not_change() {
         let page = "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#";

@@ -67,10 +67,14 @@ pub enum Rejection {
     ResponseTooLarge,
     /// The create's transaction may or may not have committed: its `COMMIT` went unanswered.
     OutcomeUnknown,
-    /// The key's replay window has passed: the operation may have taken effect, and is not
-    /// created again (a retry whose first attempt is older than the window, see
+    /// The key's replay window has passed: the operation took effect, or may have, and is not
+    /// created again. With what the store remembers of it (its
+    /// [`Tombstone`](crate::store::Tombstone): when it completed, its `Location`), which the
+    /// problem details carry as the members `completed_at` (an HTTP date) and `location`; or
+    /// `None` for a retry whose first attempt is older than the window and of which the store
+    /// kept nothing (see
     /// [`IdempotencyLayer::refuse_past_window`](crate::IdempotencyLayer::refuse_past_window)).
-    KeyExpired,
+    KeyExpired(Option<crate::store::Tombstone>),
 }
 
 impl Rejection {
@@ -96,7 +100,7 @@ impl Rejection {
             Self::StoreUnavailable => Outcome::StoreUnavailable,
             Self::CreateFailed | Self::ResponseTooLarge => Outcome::CreateFailed,
             Self::OutcomeUnknown => Outcome::Unknown,
-            Self::KeyExpired => Outcome::Expired,
+            Self::KeyExpired(_) => Outcome::Expired,
             _ => Outcome::Rejected(status),
         }
     }
@@ -120,7 +124,7 @@ impl Rejection {
             Self::CreateFailed,
             Self::ResponseTooLarge,
             Self::OutcomeUnknown,
-            Self::KeyExpired,
+            Self::KeyExpired(None),
         ]
     }
 }
@@ -304,7 +308,7 @@ impl Rejection {
             Self::CreateFailed => &CREATE_FAILED,
             Self::ResponseTooLarge => &RESPONSE_TOO_LARGE,
             Self::OutcomeUnknown => &OUTCOME_UNKNOWN,
-            Self::KeyExpired => &KEY_EXPIRED,
+            Self::KeyExpired(_) => &KEY_EXPIRED,
         }
     }
 }

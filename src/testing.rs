@@ -206,6 +206,10 @@ impl<St: Store> Store for RecordingStore<St> {
         self.inner.replay_window()
     }
 
+    fn tombstone_window(&self) -> Option<Duration> {
+        self.inner.tombstone_window()
+    }
+
     async fn abandon(&self, key: &str, reservation: &Reservation) {
         self.journal.record("abandon");
         self.inner.abandon(key, reservation).await;

@@ -30,6 +30,10 @@ pub struct Options {
     /// `--retention-s N`: how long a completed key replays; 0 keeps every key for good.
     /// Default 86400, a day, the stores' own default.
     pub retention: Option<Duration>,
+    /// `--tombstone-s N`: how long a completed key is remembered past its replay window,
+    /// answered "expired" rather than created again; 0 remembers none. Default 604800, a
+    /// week, the stores' own default (kept so far by the memory store).
+    pub tombstones: Duration,
     /// `--purge-every-s N`: how often a durable store (PostgreSQL, SQLite) deletes its
     /// expired records; 0 never. Default 3600, an hour.
     pub purge_every: Option<Duration>,
@@ -62,6 +66,7 @@ impl Options {
             store: "memory".to_owned(),
             pending_wait: None,
             retention: Some(tower_idempotency::store::DEFAULT_RETENTION),
+            tombstones: tower_idempotency::store::DEFAULT_TOMBSTONES,
             purge_every: Some(Duration::from_secs(3600)),
             max_records: Some(tower_idempotency::store::DEFAULT_MAX_RECORDS),
             metrics: None,
@@ -90,6 +95,9 @@ impl Options {
                 "--retention-s" => {
                     let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
                     options.retention = (seconds > 0).then(|| Duration::from_secs(seconds));
+                }
+                "--tombstone-s" => {
+                    options.tombstones = Duration::from_secs(value.parse().map_err(|e| bad(&e))?);
                 }
                 "--purge-every-s" => {
                     let seconds: u64 = value.parse().map_err(|e| bad(&e))?;
@@ -418,7 +426,8 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             Some(max) => MemoryStore::builder().max_records(max),
             None => MemoryStore::builder().unbounded(),
         };
-        return Ok(DynStore::new(retained!(store, retention).build()));
+        let store = retained!(store, retention).tombstones(options.tombstones);
+        return Ok(DynStore::new(store.build()));
     }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]

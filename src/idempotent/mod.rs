@@ -418,6 +418,7 @@ where
                 .map_err(RunError::Undecodable),
             Decided::Answered(Answered::Pending) => Err(RunError::Pending),
             Decided::Answered(Answered::Conflict) => Err(RunError::Conflict),
+            Decided::Answered(Answered::Expired(tombstone)) => Err(RunError::Expired(tombstone)),
             Decided::Answered(Answered::StoreUnavailable) => Err(RunError::StoreUnavailable),
             // A transaction that did not commit: the work's writes went with it.
             Decided::Done(_, Outcome::StoreUnavailable) => Err(RunError::StoreUnavailable),

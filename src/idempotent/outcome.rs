@@ -67,6 +67,10 @@ pub enum RunError<E> {
     InvalidKey,
     /// The key belongs to a run with another fingerprint: another operation under the same key.
     Conflict,
+    /// The key's run completed and the store's replay window passed: its value is gone, and
+    /// what the store remembers of it is this [`Tombstone`](crate::store::Tombstone). The
+    /// work ran once, and does not run again under this key (final: not transient).
+    Expired(crate::store::Tombstone),
     /// Another attempt holds the key and runs the work (or ran it and failed, under
     /// [`Failures::Keep`]); with a [pending wait](super::Idempotent::pending_wait), it did not
     /// finish within it.
@@ -111,6 +115,9 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
         match self {
             Self::InvalidKey => f.write_str("the key is not 1 to 255 visible ASCII characters"),
             Self::Conflict => f.write_str("the key was used with another fingerprint"),
+            Self::Expired(_) => f.write_str(
+                "the key's run completed and its replay window passed: it is not run again",
+            ),
             Self::Pending => f.write_str("another attempt holds the key"),
             Self::StoreUnavailable => f.write_str("the store is unavailable; nothing was done"),
             Self::Unknown => f.write_str(

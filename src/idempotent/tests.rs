@@ -35,6 +35,33 @@ async fn a_bad_key_never_reaches_the_store() {
     assert_eq!(answer.unwrap(), Ran::Done(1));
 }
 
+/// Past its replay window, a run the store remembers is refused as expired with its
+/// tombstone (final: not transient), and its work does not run again.
+#[tokio::test]
+async fn a_run_past_its_window_is_expired_and_does_not_run_again() {
+    let retention = Duration::from_millis(100);
+    let store = MemoryStore::builder()
+        .retention(retention)
+        .tombstones(Duration::from_secs(60))
+        .build();
+    let labels = Idempotent::new(store);
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let work = |_| async {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok::<_, ()>(7)
+    };
+    let started = tokio::time::Instant::now();
+    assert_eq!(labels.run("k", fp(), work).await.unwrap(), Ran::Done(7));
+    tokio::time::sleep_until(started + retention + Duration::from_millis(50)).await;
+    let late = labels.run("k", fp(), work).await;
+    let Err(RunError::Expired(tombstone)) = &late else {
+        panic!("expired, not {late:?}");
+    };
+    assert_eq!(tombstone.status(), http::StatusCode::OK);
+    assert!(!late.as_ref().unwrap_err().is_transient());
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn a_value_that_cannot_be_stored_keeps_its_key_and_one_that_cannot_be_read_is_an_error() {
     let labels = Idempotent::new(MemoryStore::new()).on_failure(Failures::Release);

@@ -289,7 +289,7 @@ fn grpc_status(rejection: &Rejection) -> (Code, &'static str) {
         Rejection::InvalidKey => &rejection::INVALID_REQUEST,
         // Final, unlike a pending key's `409` (`ABORTED`, which clients retry): the operation
         // may have happened, and no retry can succeed.
-        Rejection::KeyExpired => return (Code::FailedPrecondition, rejection::KEY_EXPIRED.code),
+        Rejection::KeyExpired(_) => return (Code::FailedPrecondition, rejection::KEY_EXPIRED.code),
         other => other.declared(),
     };
     (code_of(declared.status), declared.code)

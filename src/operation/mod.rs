@@ -171,6 +171,16 @@ pub trait Operation: Clone + Send + Sync + 'static {
     fn advertises_window(&self) -> bool {
         true
     }
+
+    /// Whether a key whose replay window passed, and which the store remembers (its
+    /// [`Tombstone`](crate::store::Tombstone)), is answered *key expired* rather than created
+    /// again, unless the layer says otherwise with
+    /// [`IdempotencyLayer::answer_expired`](crate::IdempotencyLayer::answer_expired). `true`
+    /// by default; a contract that treats a key past its window as new, such as
+    /// [`LabelContract`], says `false`.
+    fn answers_expired(&self) -> bool {
+        true
+    }
 }
 
 /// What [`Operation::head`] decided.

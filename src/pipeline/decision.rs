@@ -14,7 +14,9 @@ use crate::metrics::{Call, Started};
 use crate::operation::Fingerprint;
 use crate::reply::Outcome;
 use crate::scope::KeyBuf;
-use crate::store::{Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse};
+use crate::store::{
+    Claim, Reservation, Store, StoreError, StoreErrorKind, StoredResponse, Tombstone,
+};
 use crate::tally::Tally;
 
 /// A claim's answer when it is not a new claim: no work runs.
@@ -26,6 +28,8 @@ pub(crate) enum Answered {
     Pending,
     /// The key belongs to another fingerprint.
     Conflict,
+    /// The key's operation completed and its replay window passed: what the store remembers.
+    Expired(Tombstone),
     /// The store failed to answer; nothing ran (a lost claim is settled).
     StoreUnavailable,
 }
@@ -276,6 +280,7 @@ fn answered<St: Store>(
         Ok(Claim::Replay(stored)) => Err(Answered::Replay(stored)),
         Ok(Claim::Pending) => Err(Answered::Pending),
         Ok(Claim::Conflict) => Err(Answered::Conflict),
+        Ok(Claim::Expired(tombstone)) => Err(Answered::Expired(tombstone)),
         Err(error) => {
             tracing::warn!(
                 error = &error as &dyn std::error::Error,

@@ -361,7 +361,7 @@ where
                 && settings.past_window(&input.parts.headers)
             {
                 drop(self.input.take());
-                return Err((settings.refuse(Rejection::KeyExpired), Then::Release));
+                return Err((settings.refuse(Rejection::KeyExpired(None)), Then::Release));
             }
             let admitted = match &self.input {
                 Some(input) => admit(&self.admission, &input.value).await,
@@ -471,6 +471,7 @@ fn answered<O: Operation, B>(
         }
         Answered::Pending => Rejection::Pending,
         Answered::Conflict => Rejection::Conflict,
+        Answered::Expired(tombstone) => Rejection::KeyExpired(Some(tombstone)),
         Answered::StoreUnavailable => Rejection::StoreUnavailable,
     };
     settings.refuse(rejection)

@@ -64,6 +64,16 @@ pub(crate) struct RetryAfter {
 
 /// The table of `operation`'s replies in Markdown, as the docs show it: the body whole, or
 /// for a problem its `type` fragment and title.
+/// A refusal's name in the reply tables: what it carries named, not shown.
+#[cfg(test)]
+pub(crate) fn case_name(rejection: &Rejection) -> String {
+    match rejection {
+        Rejection::InvalidRequest(_) => "InvalidRequest(detail)".to_owned(),
+        Rejection::KeyExpired(_) => "KeyExpired(tombstone)".to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn table(operation: &impl Operation) -> String {
     use std::fmt::Write;
@@ -78,10 +88,7 @@ pub(crate) fn table(operation: &impl Operation) -> String {
     };
     for rejection in Rejection::every() {
         let response = operation.reply(&rejection);
-        let case = match &rejection {
-            Rejection::InvalidRequest(_) => "InvalidRequest(detail)".to_owned(),
-            other => format!("{other:?}"),
-        };
+        let case = case_name(&rejection);
         let headers: Vec<String> = response
             .headers()
             .iter()
@@ -220,10 +227,7 @@ mod tests {
             let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
             let status = header("grpc-status");
             let name = NAMES[status.parse::<usize>().unwrap()];
-            let case = match &rejection {
-                Rejection::InvalidRequest(_) => "InvalidRequest(detail)".to_owned(),
-                other => format!("{other:?}"),
-            };
+            let case = case_name(&rejection);
             // Writing into a String cannot fail.
             let _ = writeln!(
                 table,

@@ -153,6 +153,8 @@ trait ObjectStore: Send + Sync + 'static {
 
     fn replay_window(&self) -> Option<Duration>;
 
+    fn tombstone_window(&self) -> Option<Duration>;
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()>;
 }
 
@@ -279,6 +281,10 @@ impl<St: Store> ObjectStore for St {
         Store::replay_window(self)
     }
 
+    fn tombstone_window(&self) -> Option<Duration> {
+        Store::tombstone_window(self)
+    }
+
     fn abandon<'a>(&'a self, key: &'a str, reservation: &'a Reservation) -> Call<'a, ()> {
         Box::pin(Store::abandon(self, key, reservation))
     }
@@ -357,6 +363,10 @@ impl Store for DynStore {
 
     fn replay_window(&self) -> Option<Duration> {
         self.store.replay_window()
+    }
+
+    fn tombstone_window(&self) -> Option<Duration> {
+        self.store.tombstone_window()
     }
 
     fn abandon<'a>(

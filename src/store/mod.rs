@@ -59,9 +59,10 @@ pub use tower_idempotency_sqlx::sqlite;
 use tower_idempotency_core::backend::waiting;
 use tower_idempotency_core::codec;
 pub use tower_idempotency_core::{
-    Answer, CHANGE_POLL_INTERVAL, Claim, DEFAULT_RETENTION, DEFAULT_TIMEOUT, Decision, Found,
-    Lease, MAX_RETENTION, Operator, Purge, Purger, RecordInfo, RecordState, Reservation, Store,
-    StoreError, StoreErrorKind, StoreOptions, StoredResponse, Write, decide,
+    Answer, CHANGE_POLL_INTERVAL, Claim, DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_TOMBSTONES,
+    Decision, Found, Lease, MAX_RETENTION, Operator, Purge, Purger, RecordInfo, RecordState,
+    Reservation, Store, StoreError, StoreErrorKind, StoreOptions, StoredResponse, Tombstone, Write,
+    decide,
 };
 
 #[cfg(feature = "redis")]

@@ -97,6 +97,10 @@ impl<St: Store, A: Around> Store for Wrapped<St, A> {
         self.inner.replay_window()
     }
 
+    fn tombstone_window(&self) -> Option<Duration> {
+        self.inner.tombstone_window()
+    }
+
     async fn abandon(&self, key: &str, reservation: &Reservation) {
         self.inner.abandon(key, reservation).await;
     }

@@ -645,16 +645,32 @@ async fn over_tls_with_a_ca_of_its_own() {
     );
 }
 
-/// `after_lifetime`: a key kept for a second is forgotten 1.5 s later (created anew); one kept
-/// longer still replays; both are what a client may rely on.
+/// `after_lifetime`: a key kept for a second is refused as expired 1.5 s later while its
+/// tombstone is kept (the default), and forgotten (created anew) without tombstones; one kept
+/// longer still replays; each is what a client may rely on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_key_after_its_lifetime_is_created_anew_or_replayed() {
-    for (retention, expected) in [
-        (Duration::from_secs(1), "forgotten"),
-        (Duration::from_secs(3600), "still replays"),
+async fn the_key_after_its_lifetime_is_refused_created_anew_or_replayed() {
+    let second = Duration::from_secs(1);
+    for (store, expected) in [
+        (
+            MemoryStore::builder().retention(second).build(),
+            "refused as expired",
+        ),
+        (
+            MemoryStore::builder()
+                .retention(second)
+                .tombstones(Duration::ZERO)
+                .build(),
+            "forgotten",
+        ),
+        (
+            MemoryStore::builder()
+                .retention(Duration::from_secs(3600))
+                .build(),
+            "still replays",
+        ),
     ] {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let store = MemoryStore::builder().retention(retention).build();
         let router = axum::Router::new()
             .route(
                 "/payments",

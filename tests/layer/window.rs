@@ -237,3 +237,108 @@ async fn a_retry_whose_first_attempt_is_past_the_window_is_refused_as_expired() 
     assert_eq!(reply.status, 201);
     assert_eq!(created.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A store with a replay window of `retention` and a tombstone window of `tombstones`.
+fn remembering(retention: Duration, tombstones: Duration) -> MemoryStore {
+    MemoryStore::builder()
+        .retention(retention)
+        .tombstones(tombstones)
+        .build()
+}
+
+/// Past its replay window, within its tombstone's, a key the store remembers is refused as
+/// expired: `409`, its own problem type, the create's `Location` and completion time as
+/// members, no `Retry-After`, nothing created; another body is `422` as before; a new key
+/// still creates; past the tombstone window the key creates anew.
+#[tokio::test]
+async fn a_key_past_its_window_is_refused_as_expired_until_its_tombstone_ends() {
+    let (retention, tombstones) = (Duration::from_millis(300), Duration::from_secs(2));
+    let (service, creates) = payments(remembering(retention, tombstones), Duration::ZERO);
+    let started = std::time::Instant::now();
+    let before = std::time::SystemTime::now();
+    let first = send(
+        &service,
+        json_request("POST", "/payments", Some("t-1"), BODY),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    let location = first.headers["location"].to_str().unwrap().to_owned();
+    tokio::time::sleep_until((started + retention + Duration::from_millis(50)).into()).await;
+
+    let late = send(
+        &service,
+        json_request("POST", "/payments", Some("t-1"), BODY),
+    )
+    .await;
+    assert_eq!(late.status, 409, "{:?}", late.body);
+    assert_eq!(
+        late.outcome,
+        Some(tower_idempotency::reply::Outcome::Expired)
+    );
+    assert_eq!(late.headers["content-type"], "application/problem+json");
+    assert!(!late.headers.contains_key("retry-after"), "final");
+    let problem: serde_json::Value = serde_json::from_slice(&late.body).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://docs.rs/tower-idempotency/latest/tower_idempotency/problem/index.html#key_expired"
+    );
+    assert_eq!(problem["status"], 409);
+    assert_eq!(problem["location"], location.as_str());
+    let completed = httpdate::parse_http_date(problem["completed_at"].as_str().unwrap()).unwrap();
+    let second = Duration::from_secs(1);
+    assert!(
+        completed + second >= before && completed <= std::time::SystemTime::now(),
+        "{problem}"
+    );
+    let other = send(
+        &service,
+        json_request("POST", "/payments", Some("t-1"), OTHER),
+    )
+    .await;
+    assert_eq!(other.status, 422, "{:?}", other.body);
+    let fresh = send(
+        &service,
+        json_request("POST", "/payments", Some("t-2"), BODY),
+    )
+    .await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(creates.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    tokio::time::sleep_until((started + retention + tombstones + Duration::from_millis(50)).into())
+        .await;
+    let anew = send(
+        &service,
+        json_request("POST", "/payments", Some("t-1"), BODY),
+    )
+    .await;
+    assert_eq!(anew.status, 201, "past the tombstone: created anew");
+    assert_eq!(creates.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// The label contract knows no expired key: past its window a key it remembers is created
+/// anew, its bytes as ever; asked, the layer answers `{"error":"key_expired"}` instead.
+#[tokio::test]
+async fn the_label_contract_creates_past_the_window_unless_asked_to_answer_expired() {
+    let retention = Duration::from_millis(200);
+    let store = remembering(retention, Duration::from_secs(60));
+    let (service, creates) = labels_over(store.clone(), None);
+    let started = std::time::Instant::now();
+    for key in ["l-1", "l-2"] {
+        let first = send_to(&service, operation(key, "parcel-1")).await;
+        assert_eq!(first.status, 201);
+    }
+    tokio::time::sleep_until((started + retention + Duration::from_millis(50)).into()).await;
+    let again = send_to(&service, operation("l-1", "parcel-1")).await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert_eq!(creates.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+    let layer = IdempotencyLayer::new(store, LabelContract)
+        .global_keys()
+        .answer_expired(true);
+    let asked = layer.layer(timed_create(Journal::new(), Arc::clone(&creates)));
+    let refused = send_to(&asked, operation("l-2", "parcel-1")).await;
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.body, r#"{"error":"key_expired"}"#);
+    assert!(!refused.headers.contains_key("retry-after"));
+    assert_eq!(creates.load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -18,9 +18,23 @@ async fn make_store(retention: Option<Duration>) -> MemoryStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(100));
 
+async fn make_with(options: tower_idempotency::store::StoreOptions) -> MemoryStore {
+    MemoryStore::builder().options(options).build()
+}
+
+tower_idempotency::tombstone_conformance!(
+    make_with,
+    retention = Duration::from_millis(200),
+    tombstones = Duration::from_secs(2),
+);
+
 #[tokio::test]
 async fn purge_drops_expired_completed_records_and_keeps_pending_ones() {
-    let store = MemoryStore::with_retention(Duration::from_millis(20));
+    let store = MemoryStore::builder()
+        .retention(Duration::from_millis(20))
+        // No tombstones: the record itself goes at its expiry.
+        .tombstones(Duration::ZERO)
+        .build();
     let fp = LabelContract::fingerprint("a", "b");
     let tower_idempotency::store::Claim::New(reservation) = store.claim("done", &fp).await.unwrap()
     else {
@@ -50,6 +64,7 @@ async fn a_bounded_store_refuses_new_keys_when_full_and_makes_room_again() {
     use common::*;
     let store = MemoryStore::builder()
         .retention(Duration::from_millis(50))
+        .tombstones(Duration::ZERO)
         .max_records(2)
         .build();
     let creates = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -133,7 +148,11 @@ async fn a_full_store_purges_expired_records_of_every_shard_before_refusing() {
 /// queue, so records expire without `purge_expired` and without a scan of the shard.
 #[tokio::test]
 async fn claims_drop_expired_records_as_they_go() {
-    let store = MemoryStore::with_retention(Duration::from_millis(30));
+    let store = MemoryStore::builder()
+        .retention(Duration::from_millis(30))
+        // No tombstones: the record itself goes at its expiry.
+        .tombstones(Duration::ZERO)
+        .build();
     let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();
     for i in 0..64 {
@@ -162,7 +181,11 @@ async fn claims_drop_expired_records_as_they_go() {
 #[tokio::test]
 async fn a_record_completed_again_expires_from_its_last_completion() {
     use tower_idempotency::store::Operator;
-    let store = MemoryStore::with_retention(Duration::from_millis(150));
+    let store = MemoryStore::builder()
+        .retention(Duration::from_millis(150))
+        // No tombstones: the record itself goes at its expiry.
+        .tombstones(Duration::ZERO)
+        .build();
     let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();
     let complete = |store: MemoryStore| {
@@ -196,7 +219,11 @@ async fn a_record_completed_again_expires_from_its_last_completion() {
 /// same: the claim treats it as absent.
 #[tokio::test]
 async fn an_expired_record_not_yet_dropped_is_absent_to_a_claim() {
-    let store = MemoryStore::with_retention(Duration::from_millis(30));
+    let store = MemoryStore::builder()
+        .retention(Duration::from_millis(30))
+        // No tombstones: the record itself goes at its expiry.
+        .tombstones(Duration::ZERO)
+        .build();
     assert!(store.is_empty());
     let fp = LabelContract::fingerprint("x", "p");
     let response = common::conformance::awkward_response();

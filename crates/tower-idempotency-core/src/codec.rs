@@ -190,10 +190,100 @@ pub fn decode(mut bytes: Bytes) -> Result<StoredResponse, StoreError> {
     Ok(StoredResponse::new(status, headers, body).with_trailers(trailers))
 }
 
+/// The [`Tombstone`](crate::Tombstone) of the response `encoded` holds, completed at
+/// `completed_at`: its status and its first `Location`, read in place (no header map is
+/// built), for a store that turns its encoded responses into tombstones.
+///
+/// ```
+/// use std::time::UNIX_EPOCH;
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use tower_idempotency_core::{StoredResponse, Tombstone, codec};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("location", HeaderValue::from_static("/payments/7"));
+/// let response = StoredResponse::new(StatusCode::CREATED, headers, "{}".into());
+/// let read = codec::tombstone(&codec::encode(&response), UNIX_EPOCH).unwrap();
+/// assert_eq!(read, Tombstone::of(&response, UNIX_EPOCH));
+/// ```
+///
+/// # Errors
+///
+/// [`StoreErrorKind::Corrupt`] for a head that is malformed (the body is not read); it never
+/// panics.
+pub fn tombstone(
+    encoded: &[u8],
+    completed_at: std::time::SystemTime,
+) -> Result<crate::Tombstone, StoreError> {
+    let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
+    let mut bytes = encoded;
+    if bytes.remaining() < 5 {
+        return Err(corrupt());
+    }
+    let version = bytes.get_u8();
+    if version != VERSION && version != WITH_TRAILERS {
+        return Err(corrupt());
+    }
+    let status = StatusCode::from_u16(bytes.get_u16()).map_err(|_| corrupt())?;
+    let mut location = None;
+    for _ in 0..bytes.get_u16() {
+        if bytes.remaining() < 2 {
+            return Err(corrupt());
+        }
+        let name_len = usize::from(bytes.get_u16());
+        if bytes.remaining() < name_len + 4 {
+            return Err(corrupt());
+        }
+        let (name, rest) = bytes.split_at(name_len);
+        bytes = rest;
+        let value_len = bytes.get_u32() as usize;
+        if bytes.remaining() < value_len {
+            return Err(corrupt());
+        }
+        let (value, rest) = bytes.split_at(value_len);
+        bytes = rest;
+        if location.is_none() && name.eq_ignore_ascii_case(b"location") {
+            location = Some(HeaderValue::from_bytes(value).map_err(|_| corrupt())?);
+        }
+    }
+    Ok(crate::Tombstone::new(completed_at, status, location))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::header;
+
+    /// A tombstone read in place is the one the decoded response makes, for every shape of
+    /// response; a malformed head is corrupt.
+    #[test]
+    fn a_tombstone_read_in_place_is_the_decoded_responses() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_234);
+        let mut headers = sample().headers().clone();
+        headers.append(header::LOCATION, HeaderValue::from_static("/first"));
+        headers.append(header::LOCATION, HeaderValue::from_static("/second"));
+        let located = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"{}"));
+        let trailed = located.clone().with_trailers(HeaderMap::new());
+        for response in [sample(), located, trailed] {
+            let encoded = encode(&response);
+            assert_eq!(
+                tombstone(&encoded, at).unwrap(),
+                crate::Tombstone::of(&response, at)
+            );
+            // Cut anywhere in its head: corrupt, never a panic.
+            let head = encoded.len() - response.body().len();
+            for cut in 0..head.min(encoded.len()) {
+                if let Ok(read) = tombstone(&encoded[..cut], at) {
+                    // Only a cut after every header reads: the same answer.
+                    assert_eq!(read, crate::Tombstone::of(&response, at), "cut {cut}");
+                }
+            }
+        }
+        assert!(
+            tombstone(b"\x03\0\xc9\0\0", at).is_err(),
+            "an unknown version"
+        );
+        assert!(tombstone(b"\x01\0\0\0\0", at).is_err(), "no status");
+    }
 
     fn sample() -> StoredResponse {
         let mut headers = HeaderMap::new();

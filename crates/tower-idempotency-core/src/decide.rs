@@ -16,7 +16,7 @@
 //! use std::time::{Duration, Instant};
 //! use tower_idempotency_core::Fingerprint;
 //! use tower_idempotency_core::{
-//!     Claim, Decision, Found, Lease, Reservation, StoreError, StoredResponse, decide,
+//!     Claim, Decision, Found, Lease, Reservation, StoreError, StoredResponse, Tombstone, decide,
 //! };
 //!
 //! enum State {
@@ -57,8 +57,11 @@
 //!             records.insert(key.to_owned(), Record { fingerprint: *fingerprint, state });
 //!             Ok(Claim::New(reservation))
 //!         }
-//!         // It keeps `StoredResponse`s: nothing to decode.
-//!         Decision::Answer(answer) => answer.claim(reservation, Ok),
+//!         // It keeps `StoredResponse`s: nothing to decode. It keeps no tombstones (it never
+//!         // finds `Found::Expired`); one that does reads its own here.
+//!         Decision::Answer(answer) => answer.claim(reservation, Ok, |response| {
+//!             Ok(Tombstone::of(&response, std::time::SystemTime::now()))
+//!         }),
 //!     }
 //! }
 //!
@@ -70,7 +73,7 @@
 //! assert!(matches!(again, Ok(Claim::Pending)));
 //! ```
 
-use super::{Claim, Lease, Reservation, StoreError, StoredResponse};
+use super::{Claim, Lease, Reservation, StoreError, StoredResponse, Tombstone};
 
 /// A key's record as a claim finds it, in the terms the decision needs.
 ///
@@ -94,10 +97,21 @@ pub enum Found<R> {
     Completed {
         /// The record's fingerprint is the claim's.
         same_fingerprint: bool,
-        /// Past the store's retention: it counts as absent.
+        /// Past the store's retention, and past its tombstone window if it keeps tombstones:
+        /// it counts as absent. (Past the retention and within the tombstone window, a store
+        /// reports [`Found::Expired`] instead.)
         expired: bool,
         /// The stored response.
         response: R,
+    },
+    /// Completed, its replay window passed and its tombstone window not: the store remembers
+    /// the operation (its [`Tombstone`](crate::Tombstone)), not its response.
+    Expired {
+        /// The record's fingerprint is the claim's.
+        same_fingerprint: bool,
+        /// What the store keeps to answer with: the tombstone, in whatever form the store
+        /// keeps it (or the response it is made from, not yet dropped).
+        tombstone: R,
     },
 }
 
@@ -132,13 +146,17 @@ pub enum Answer<R> {
     Pending,
     /// Completed: [`Claim::Replay`] with this response.
     Replay(R),
+    /// Completed and past its replay window: [`Claim::Expired`] with this tombstone.
+    Expired(R),
 }
 
 /// The claim's decision on the record it found (`None`: no record), for a claim under `lease`.
 ///
-/// In this order: a completed record past its retention is absent; another fingerprint is a
-/// conflict, whatever the record's state; then the claim's own reservation, a replay, a
-/// take-over when both the record's claimer and this claim allow it, and otherwise pending.
+/// In this order: a completed record past its retention (and its tombstone window) is absent,
+/// as is a tombstone when the claim [forgets expired](Lease::forget_expired) operations;
+/// another fingerprint is a conflict, whatever the record's state; then the claim's own
+/// reservation, a replay, an expired operation, a take-over when both the record's claimer
+/// and this claim allow it, and otherwise pending.
 ///
 /// ```
 /// use tower_idempotency_core::{Answer, Decision, Found, Lease, Write, decide};
@@ -154,6 +172,9 @@ pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
         None | Some(Found::Completed { expired: true, .. }) => {
             return Decision::Write(Write::Reserve);
         }
+        Some(Found::Expired { .. }) if lease.forgets_expired() => {
+            return Decision::Write(Write::Reserve);
+        }
         Some(
             Found::Pending {
                 same_fingerprint: false,
@@ -162,10 +183,15 @@ pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
             | Found::Completed {
                 same_fingerprint: false,
                 ..
+            }
+            | Found::Expired {
+                same_fingerprint: false,
+                ..
             },
         ) => Answer::Conflict,
         Some(Found::Pending { mine: true, .. }) => Answer::Mine,
         Some(Found::Completed { response, .. }) => Answer::Replay(response),
+        Some(Found::Expired { tombstone, .. }) => Answer::Expired(tombstone),
         Some(Found::Pending {
             abandoned: true, ..
         }) if lease.takes_over() => return Decision::Write(Write::TakeOver),
@@ -176,25 +202,29 @@ pub fn decide<R>(found: Option<Found<R>>, lease: Lease) -> Decision<R> {
 
 impl<R> Answer<R> {
     /// The claim's answer: `reservation` for [`Mine`](Answer::Mine), the response read with
-    /// `decode` for a replay: [`StoredResponse::from_bytes`] for a store that keeps bytes,
-    /// `Ok` for one that keeps [`StoredResponse`]s.
+    /// `decode` for a replay ([`StoredResponse::from_bytes`] for a store that keeps bytes,
+    /// `Ok` for one that keeps [`StoredResponse`]s), the tombstone read with `tombstone` for
+    /// an expired operation ([`Tombstone::from_bytes`] for a store that keeps bytes).
     ///
     /// ```
-    /// use tower_idempotency_core::{Answer, Claim, Reservation, StoredResponse};
+    /// use tower_idempotency_core::{Answer, Claim, Reservation, StoredResponse, Tombstone};
     ///
-    /// let mine = Answer::<bytes::Bytes>::Mine.claim(Reservation::generate(), StoredResponse::from_bytes);
+    /// let bytes = |b: bytes::Bytes| Tombstone::from_bytes(&b);
+    /// let mine = Answer::Mine.claim(Reservation::generate(), StoredResponse::from_bytes, bytes);
     /// assert!(matches!(mine, Ok(Claim::New(_))));
     /// ```
     pub fn claim(
         self,
         reservation: Reservation,
         decode: impl FnOnce(R) -> Result<StoredResponse, StoreError>,
+        tombstone: impl FnOnce(R) -> Result<Tombstone, StoreError>,
     ) -> Result<Claim, StoreError> {
         match self {
             Self::Mine => Ok(Claim::New(reservation)),
             Self::Conflict => Ok(Claim::Conflict),
             Self::Pending => Ok(Claim::Pending),
             Self::Replay(response) => decode(response).map(Claim::Replay),
+            Self::Expired(kept) => tombstone(kept).map(Claim::Expired),
         }
     }
 }
@@ -216,6 +246,13 @@ mod tests {
             same_fingerprint,
             expired,
             response: 7,
+        })
+    }
+
+    fn expired(same_fingerprint: bool) -> Option<Found<u8>> {
+        Some(Found::Expired {
+            same_fingerprint,
+            tombstone: 9,
         })
     }
 
@@ -274,24 +311,59 @@ mod tests {
     }
 
     #[test]
+    fn a_tombstone_answers_expired_unless_the_claim_forgets_it() {
+        for lease in [Lease::default(), Lease::default().take_over_abandoned()] {
+            assert_eq!(decide(expired(true), lease), answer(Answer::Expired(9)));
+            assert_eq!(decide(expired(false), lease), answer(Answer::Conflict));
+            let forgetting = lease.forget_expired();
+            assert_eq!(decide(expired(true), forgetting), RESERVE);
+            assert_eq!(decide(expired(false), forgetting), RESERVE);
+            // Forgetting tombstones changes nothing else.
+            assert_eq!(
+                decide(completed(true, false), forgetting),
+                answer(Answer::Replay(7))
+            );
+            assert_eq!(
+                decide(completed(false, false), forgetting),
+                answer(Answer::Conflict)
+            );
+            assert_eq!(
+                decide(pending(true, false, false), forgetting),
+                answer(Answer::Pending)
+            );
+        }
+    }
+
+    #[test]
     fn each_answer_is_its_claim() {
         let reservation = Reservation::generate();
         let decode = |_: u8| Err(StoreError::new(super::super::StoreErrorKind::Corrupt));
+        let stone = Tombstone::new(std::time::UNIX_EPOCH, http::StatusCode::CREATED, None);
+        let tombstone = |kept: u8| {
+            assert_eq!(kept, 9);
+            Ok(stone.clone())
+        };
         assert!(matches!(
-            Answer::Mine.claim(reservation, decode),
+            Answer::Mine.claim(reservation, decode, tombstone),
             Ok(Claim::New(r)) if r == reservation
         ));
         assert!(matches!(
-            Answer::Conflict.claim(reservation, decode),
+            Answer::Conflict.claim(reservation, decode, tombstone),
             Ok(Claim::Conflict)
         ));
         assert!(matches!(
-            Answer::Pending.claim(reservation, decode),
+            Answer::Pending.claim(reservation, decode, tombstone),
             Ok(Claim::Pending)
         ));
         assert!(matches!(
-            Answer::Replay(7).claim(reservation, decode),
+            Answer::Replay(7).claim(reservation, decode, tombstone),
             Err(e) if e.kind() == super::super::StoreErrorKind::Corrupt
         ));
+        assert_eq!(
+            Answer::Expired(9)
+                .claim(reservation, decode, tombstone)
+                .unwrap(),
+            Claim::Expired(stone.clone())
+        );
     }
 }

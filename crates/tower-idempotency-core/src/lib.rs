@@ -94,6 +94,7 @@ mod options;
 mod purge;
 mod reservation;
 mod response;
+mod tombstone;
 
 pub use self::decide::{Answer, Decision, Found, Write, decide};
 pub use self::error::{StoreError, StoreErrorKind};
@@ -103,6 +104,7 @@ pub use self::options::StoreOptions;
 pub use self::purge::{Purge, Purger};
 pub use self::reservation::{Claim, Lease, Reservation};
 pub use self::response::{IDEMPOTENT_BODY_OMITTED, StoredResponse};
+pub use self::tombstone::Tombstone;
 
 /// The default time a remote store call may take before it fails with
 /// [`StoreErrorKind::Timeout`].
@@ -122,6 +124,14 @@ pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_sec
 /// `Duration::MAX`) is clamped to it, since backends cannot add more to the current time.
 pub const MAX_RETENTION: std::time::Duration =
     std::time::Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// How long a store that keeps tombstones remembers a completed operation past its replay
+/// window unless told otherwise ([`StoreOptions::tombstones`]): seven days, so that a retry
+/// that comes back a week after the create (a device back online, a queue backlog drained,
+/// an agent resumed) is answered "expired" rather than created again, at about a hundred
+/// bytes a key.
+pub const DEFAULT_TOMBSTONES: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 60 * 60);
 
 /// The registry the layer claims keys in.
 ///
@@ -334,6 +344,27 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// assert_eq!(MemoryStore::builder().keep_forever().build().replay_window(), None);
     /// ```
     fn replay_window(&self) -> Option<Duration> {
+        None
+    }
+
+    /// How long the store remembers a completed operation once its replay window passed (its
+    /// [`Tombstone`]), answering a claim with the same fingerprint [`Claim::Expired`]: `None`
+    /// when it keeps no tombstones, or does not say (the default). A store that wraps another
+    /// must forward it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::store::StoreOptions;
+    /// use tower_idempotency_core::Store;
+    ///
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let store = MemoryStore::builder().options(StoreOptions::new().tombstones(day)).build();
+    /// assert_eq!(store.tombstone_window(), Some(day));
+    /// let none = StoreOptions::new().tombstones(Duration::ZERO);
+    /// assert_eq!(MemoryStore::builder().options(none).build().tombstone_window(), None);
+    /// ```
+    fn tombstone_window(&self) -> Option<Duration> {
         None
     }
 

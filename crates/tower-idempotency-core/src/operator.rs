@@ -91,14 +91,18 @@ pub enum RecordState {
     Pending,
     /// Completed: its response is stored and replayed.
     Completed,
+    /// Completed, its replay window passed: only its [`Tombstone`](crate::Tombstone) is kept,
+    /// and a retry is answered expired until the tombstone window ends.
+    Expired,
 }
 
 impl RecordState {
-    /// `pending` or `completed`.
+    /// `pending`, `completed` or `expired`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Completed => "completed",
+            Self::Expired => "expired",
         }
     }
 }
@@ -155,6 +159,8 @@ impl RecordInfo {
     /// let info = RecordInfo::new(RecordState::Completed, fp, None, None, false);
     /// assert_eq!((info.state, info.status), (RecordState::Completed, None));
     /// assert!(RecordInfo::new(RecordState::Pending, fp, None, None, true).abandoned);
+    /// let expired = RecordInfo::new(RecordState::Expired, fp, None, None, false);
+    /// assert_eq!(expired.state, RecordState::Expired);
     /// ```
     pub fn new(
         state: RecordState,
@@ -165,7 +171,8 @@ impl RecordInfo {
     ) -> Self {
         match state {
             RecordState::Pending => Self::pending(fingerprint, age, abandoned),
-            RecordState::Completed => Self {
+            RecordState::Completed | RecordState::Expired => Self {
+                state,
                 status,
                 ..Self::completed(fingerprint, age, StatusCode::OK)
             },

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::retention_millis;
-use crate::{DEFAULT_RETENTION, DEFAULT_TIMEOUT};
+use crate::{DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_TOMBSTONES};
 
 /// What every store is configured with: how long a completed record is replayed, and how long
 /// one store call may take. One value type for every store, built once and handed to each
@@ -36,15 +36,53 @@ use crate::{DEFAULT_RETENTION, DEFAULT_TIMEOUT};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
     retention: Option<Duration>,
+    tombstones: Duration,
     timeout: Duration,
 }
 
 impl StoreOptions {
-    /// The defaults: [`DEFAULT_RETENTION`] (24 hours) and [`DEFAULT_TIMEOUT`] (one second).
+    /// The defaults: [`DEFAULT_RETENTION`] (24 hours), [`DEFAULT_TOMBSTONES`] (seven days)
+    /// and [`DEFAULT_TIMEOUT`] (one second).
     pub const fn new() -> Self {
         Self {
             retention: Some(DEFAULT_RETENTION),
+            tombstones: DEFAULT_TOMBSTONES,
             timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Once a completed record's replay window passed, the store keeps its
+    /// [`Tombstone`](crate::Tombstone) (when it completed, its status and `Location`, about a
+    /// hundred bytes with the key) for `tombstones` more, and answers a claim with the same
+    /// fingerprint [`Claim::Expired`](crate::Claim::Expired) rather than create again; past
+    /// that, the key is new. `Duration::ZERO` keeps none: a key past its replay window is new
+    /// at once. Default [`DEFAULT_TOMBSTONES`]. Stores that keep tombstones say so with
+    /// [`Store::tombstone_window`](crate::Store::tombstone_window) (so far the memory store;
+    /// the others keep none yet).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency_core::{DEFAULT_TOMBSTONES, StoreOptions};
+    ///
+    /// assert_eq!(StoreOptions::new().tombstone_window(), Some(DEFAULT_TOMBSTONES));
+    /// let off = StoreOptions::new().tombstones(Duration::ZERO);
+    /// assert_eq!(off.tombstone_window(), None);
+    /// // Records kept for good are never tombstoned.
+    /// assert_eq!(StoreOptions::new().keep_forever().tombstone_window(), None);
+    /// ```
+    #[must_use]
+    pub const fn tombstones(mut self, tombstones: Duration) -> Self {
+        self.tombstones = tombstones;
+        self
+    }
+
+    /// How long a completed operation is remembered once its replay window passed; `None`
+    /// when it is not (no tombstones, or records kept for good).
+    pub const fn tombstone_window(&self) -> Option<Duration> {
+        if self.retention.is_none() || self.tombstones.is_zero() {
+            None
+        } else {
+            Some(self.tombstones)
         }
     }
 
@@ -113,6 +151,11 @@ mod tests {
         assert_eq!(timed.call_timeout(), Duration::from_secs(7));
         let again = base.keep_forever().retention(Duration::from_secs(1));
         assert_eq!(again.retention_window(), Some(Duration::from_secs(1)));
+        let stones = base.tombstones(Duration::from_secs(9));
+        assert_eq!(stones.tombstone_window(), Some(Duration::from_secs(9)));
+        assert_eq!(stones.retention_window(), Some(DEFAULT_RETENTION));
+        assert_eq!(stones.call_timeout(), DEFAULT_TIMEOUT);
+        assert_eq!(timed.tombstone_window(), Some(DEFAULT_TOMBSTONES));
     }
 
     #[test]

@@ -29,6 +29,7 @@ use super::StoredResponse;
 pub struct Lease {
     duration: Duration,
     take_over: bool,
+    forget_expired: bool,
 }
 
 impl Lease {
@@ -44,6 +45,7 @@ impl Lease {
         Self {
             duration: duration.max(Self::MIN_DURATION),
             take_over: false,
+            forget_expired: false,
         }
     }
 
@@ -51,6 +53,27 @@ impl Lease {
     pub fn take_over_abandoned(mut self) -> Self {
         self.take_over = true;
         self
+    }
+
+    /// Lets the claim create anew on a key whose replay window passed: its tombstone counts
+    /// as no record, as if the store kept none. For a contract that treats a key past its
+    /// window as new (the label contract); by default a claim is answered
+    /// [`Claim::Expired`].
+    ///
+    /// ```
+    /// use tower_idempotency_core::Lease;
+    ///
+    /// assert!(Lease::default().forget_expired().forgets_expired());
+    /// assert!(!Lease::default().forgets_expired());
+    /// ```
+    pub fn forget_expired(mut self) -> Self {
+        self.forget_expired = true;
+        self
+    }
+
+    /// Whether the claim creates anew on a key whose replay window passed.
+    pub fn forgets_expired(&self) -> bool {
+        self.forget_expired
     }
 
     /// How long a reservation counts as in progress without a renewal.
@@ -81,6 +104,11 @@ pub enum Claim {
     Replay(StoredResponse),
     /// The key belongs to a different operation (another fingerprint).
     Conflict,
+    /// The operation completed and its replay window passed: the store no longer holds its
+    /// response, only its [`Tombstone`](crate::Tombstone). It took effect, and is not
+    /// created again (unless the claim's lease [forgets expired](Lease::forget_expired)
+    /// operations).
+    Expired(crate::Tombstone),
 }
 
 /// The token of one pending reservation, handed out with [`Claim::New`].

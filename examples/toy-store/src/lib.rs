@@ -150,7 +150,13 @@ impl Store for ToyStore {
                 records.insert(key.to_owned(), fresh);
                 Ok(Claim::New(reservation))
             }
-            Decision::Answer(answer) => answer.claim(reservation, StoredResponse::from_bytes),
+            Decision::Answer(answer) => answer.claim(
+                reservation,
+                StoredResponse::from_bytes,
+                |kept: tower_idempotency_core::bytes::Bytes| {
+                    tower_idempotency_core::Tombstone::from_bytes(&kept)
+                },
+            ),
         }
     }
 

@@ -377,6 +377,12 @@ impl Operation for LabelContract {
     fn advertises_window(&self) -> bool {
         false
     }
+
+    /// The contract knows no expired key: past its replay window a key is new, whatever
+    /// the store remembers, unless the layer asks.
+    fn answers_expired(&self) -> bool {
+        false
+    }
 }
 
 /// Label contract §2 step 6: exactly one `Idempotency-Key` header, equal to `request_id`; the key,

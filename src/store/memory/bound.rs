@@ -103,47 +103,93 @@ mod tests {
     use crate::store::{Claim, Operator, StoredResponse};
 
     /// Claims, completes of every size (in a claim's room, past it, past the room's
-    /// kilobyte), releases, forgets, take-overs of expired keys and expiries racing on four
-    /// threads: the bytes counted are those the records take, exactly, at the end; and a
-    /// claim past the bound is refused, room given back lets it in.
+    /// kilobyte, and a few bytes, smaller than its tombstone), releases, forgets, take-overs
+    /// of expired keys and expiries racing on four threads, with tombstones and without (and
+    /// claims that write over a tombstone, and purges beside): the bytes counted are those the
+    /// records take, exactly, at the end; and a claim past the bound is refused, room given
+    /// back lets it in.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_bytes_counted_are_the_records_bytes_under_racing_calls() {
+        use crate::store::{Lease, Purge as _, Reservation};
+        for tombstones in [
+            std::time::Duration::from_millis(3),
+            std::time::Duration::ZERO,
+        ] {
+            let store = MemoryStore::builder()
+                .retention(std::time::Duration::from_millis(2))
+                .tombstones(tombstones)
+                .max_bytes(usize::MAX / 2)
+                .build();
+            let tasks: Vec<_> = (0..4)
+                .map(|task| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        for i in 0..2_000usize {
+                            // A small key space: keys come back, expired or pending.
+                            let key = format!("k{}", (i * 7 + task) % 300);
+                            let fingerprint = LabelContract::fingerprint(&key, "p");
+                            // Every other claim writes over a tombstone.
+                            let lease = match i % 2 {
+                                0 => Lease::default().forget_expired(),
+                                _ => Lease::default(),
+                            };
+                            let claimed = store
+                                .claim_with(&key, &fingerprint, Reservation::generate(), lease)
+                                .await;
+                            let Ok(Claim::New(reservation)) = claimed else {
+                                if i % 97 == 0 {
+                                    drop(store.purge_expired().await);
+                                }
+                                continue;
+                            };
+                            match i % 5 {
+                                0 => drop(store.release(&key, &reservation).await),
+                                1 => drop(store.forget(&key).await),
+                                size => {
+                                    let len = match size {
+                                        2 => i % 4,
+                                        _ => (size - 1) * 900 + i % 50,
+                                    };
+                                    let response = StoredResponse::new(
+                                        http::StatusCode::CREATED,
+                                        http::HeaderMap::new(),
+                                        bytes::Bytes::from(vec![b'x'; len]),
+                                    );
+                                    drop(store.complete(&key, &reservation, &response).await);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            assert_eq!(
+                store.held_bytes(),
+                shard_records_bytes(&store),
+                "tombstones {tombstones:?}"
+            );
+            assert_eq!(
+                store.shared.records.load(Ordering::Acquire),
+                store.len(),
+                "tombstones {tombstones:?}"
+            );
+        }
         let store = MemoryStore::builder()
             .retention(std::time::Duration::from_millis(2))
             .max_bytes(usize::MAX / 2)
             .build();
-        let tasks: Vec<_> = (0..4)
-            .map(|task| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    for i in 0..2_000usize {
-                        // A small key space: keys come back, expired or pending.
-                        let key = format!("k{}", (i * 7 + task) % 300);
-                        let fingerprint = LabelContract::fingerprint(&key, "p");
-                        let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await
-                        else {
-                            continue;
-                        };
-                        match i % 5 {
-                            0 => drop(store.release(&key, &reservation).await),
-                            1 => drop(store.forget(&key).await),
-                            size => {
-                                let body = vec![b'x'; (size - 1) * 900 + i % 50];
-                                let response = StoredResponse::new(
-                                    http::StatusCode::CREATED,
-                                    http::HeaderMap::new(),
-                                    bytes::Bytes::from(body),
-                                );
-                                drop(store.complete(&key, &reservation, &response).await);
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        let fingerprint = LabelContract::fingerprint("k", "p");
+        let Ok(Claim::New(reservation)) = store.claim("k", &fingerprint).await else {
+            panic!("new")
+        };
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            "x".into(),
+        );
+        store.complete("k", &reservation, &response).await.unwrap();
         assert!(store.held_bytes() > 0);
         assert_eq!(store.held_bytes(), shard_records_bytes(&store));
 
@@ -165,6 +211,52 @@ mod tests {
             store.claim("b", &fingerprint).await,
             Ok(Claim::New(_))
         ));
+    }
+
+    /// A store full of tombstones drops one for each new key, the oldest of the key's shard
+    /// or else of another shard, and no more: the other tombstones still answer expired.
+    #[tokio::test]
+    async fn a_full_store_drops_one_tombstone_a_new_key() {
+        let retention = std::time::Duration::from_millis(20);
+        let store = MemoryStore::builder()
+            .retention(retention)
+            .tombstones(std::time::Duration::from_secs(600))
+            .max_records(3)
+            .build();
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            "x".into(),
+        );
+        let keys = ["a", "b", "c"];
+        for key in keys {
+            let fingerprint = LabelContract::fingerprint(key, "p");
+            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
+                panic!("room for three")
+            };
+            store.complete(key, &reservation, &response).await.unwrap();
+        }
+        std::thread::sleep(retention * 2);
+        for (i, new) in ["d", "e"].into_iter().enumerate() {
+            let fingerprint = LabelContract::fingerprint(new, "p");
+            let claimed = store.claim(new, &fingerprint).await;
+            assert!(matches!(claimed, Ok(Claim::New(_))), "{new}: {claimed:?}");
+            assert_eq!(store.len(), 3, "one tombstone dropped for {new}");
+            let expired = keys
+                .iter()
+                .filter(|key| {
+                    let (probe, shard) = store.locked(key);
+                    shard.get(probe).is_some_and(|r| r.tombstone().is_some())
+                })
+                .count();
+            assert_eq!(expired, 2 - i, "the others kept after {new}");
+            assert_eq!(store.held_bytes(), shard_records_bytes(&store));
+        }
+        // Pending keys hold the rest: nothing left to drop, a new key is refused.
+        let fingerprint = LabelContract::fingerprint("f", "p");
+        store.claim("f", &fingerprint).await.unwrap();
+        let refused = store.claim("g", &fingerprint).await.unwrap_err();
+        assert_eq!(refused.kind(), StoreErrorKind::CapacityExceeded);
     }
 
     /// A full store drops the expired records of every shard before it refuses, and gives
@@ -215,10 +307,8 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
             let fingerprint = LabelContract::fingerprint("ninth", "p");
-            assert!(matches!(
-                store.claim("ninth", &fingerprint).await,
-                Ok(Claim::New(_))
-            ));
+            let ninth = store.claim("ninth", &fingerprint).await;
+            assert!(matches!(ninth, Ok(Claim::New(_))), "{ninth:?}");
             assert_eq!(store.held_bytes(), shard_records_bytes(&store));
         }
     }

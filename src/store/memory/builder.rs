@@ -23,6 +23,7 @@ use crate::store::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_RETENTION};
 #[must_use = "a builder does nothing until it is built"]
 pub struct MemoryStoreBuilder {
     retention: Option<Duration>,
+    tombstones: Option<Duration>,
     max_records: Option<usize>,
     max_bytes: Option<usize>,
     room: usize,
@@ -32,6 +33,7 @@ impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
             retention: Some(DEFAULT_RETENTION),
+            tombstones: Some(crate::store::DEFAULT_TOMBSTONES),
             max_records: Some(DEFAULT_MAX_RECORDS),
             max_bytes: Some(DEFAULT_MAX_BYTES),
             room: 0,
@@ -40,8 +42,8 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// Takes the retention of `options`, the type every store is configured with (a memory
-    /// store's calls never wait, so it has no use for the timeout).
+    /// Takes the retention and the tombstone window of `options`, the type every store is
+    /// configured with (a memory store's calls never wait, so it has no use for the timeout).
     ///
     /// ```
     /// use std::time::Duration;
@@ -56,11 +58,13 @@ impl MemoryStoreBuilder {
     /// ```
     pub fn options(mut self, options: crate::store::StoreOptions) -> Self {
         self.retention = options.retention_window();
+        self.tombstones = options.tombstone_window();
         self
     }
 
-    /// Drops completed records older than `retention` (default [`DEFAULT_RETENTION`]);
-    /// pending records are kept however old they are. A zero window drops a record as it is
+    /// Replays completed records for `retention` (default [`DEFAULT_RETENTION`]), then keeps
+    /// their [tombstones](Self::tombstones) for the tombstone window; pending records are kept
+    /// however old they are. A zero window drops a record as it is
     /// completed, so every retry creates again: [`keep_forever`](Self::keep_forever) is the
     /// setting for records that never expire.
     ///
@@ -89,6 +93,32 @@ impl MemoryStoreBuilder {
     /// ```
     pub fn keep_forever(mut self) -> Self {
         self.retention = None;
+        self
+    }
+
+    /// Once a completed record's retention passed, keeps its
+    /// [`Tombstone`](crate::store::Tombstone) for `tombstones` more (default
+    /// [`DEFAULT_TOMBSTONES`](crate::store::DEFAULT_TOMBSTONES), seven days): a retry with the
+    /// same fingerprint is answered *key expired* rather than created again.
+    /// `Duration::ZERO` keeps none. A tombstone is the key and about a dozen bytes more
+    /// (with the create's `Location`), in an allocation of its own, and takes a place under
+    /// the store's [bounds](Self::max_records) as a record does: a full store drops a
+    /// tombstone (the oldest of the new key's shard, else of another shard) for each claim it
+    /// would refuse, so tombstones never cost a create; a store that runs full of them keeps
+    /// them for less than their window. Size the bound for the keys of both windows (a
+    /// million records hold a week and a day of keys at 1.4 new keys a second).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().tombstones(Duration::from_secs(3600)).build();
+    /// assert_eq!(store.tombstone_window(), Some(Duration::from_secs(3600)));
+    /// let none = MemoryStore::builder().tombstones(Duration::ZERO).build();
+    /// assert_eq!(none.tombstone_window(), None);
+    /// ```
+    pub fn tombstones(mut self, tombstones: Duration) -> Self {
+        self.tombstones = (!tombstones.is_zero()).then_some(tombstones);
         self
     }
 
@@ -227,7 +257,12 @@ impl MemoryStoreBuilder {
     ///
     /// If the room [reserved](Self::reserve) cannot be had.
     pub fn build(self) -> MemoryStore {
-        let store = MemoryStore::build(self.retention, self.max_records, self.max_bytes);
+        let store = MemoryStore::build(
+            self.retention,
+            self.tombstones,
+            self.max_records,
+            self.max_bytes,
+        );
         store.reserve_room(self.room);
         store
     }

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
 
 mod bound;
 mod builder;
@@ -16,12 +18,12 @@ mod shard;
 
 pub use self::builder::MemoryStoreBuilder;
 use self::key::Probe;
-use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Tick, lock};
+use self::shard::{LARGEST_IN_PLACE, Record, Shard, State, Swept, Tick, Windows, lock};
 use super::codec;
 use super::waiting::{self, WaiterMap, Waiters};
 use super::{
     Answer, Claim, Decision, Found, Lease, Purge, Reservation, Store, StoreError, StoreErrorKind,
-    StoredResponse, decide,
+    StoredResponse, Tombstone, decide,
 };
 use crate::fingerprint::Fingerprint;
 
@@ -55,9 +57,13 @@ const SWEEP_WHEN_FULL: usize = 64;
 ///
 /// Pending records never expire. *Completed* records older than the retention window
 /// ([`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION), 24 hours, unless
-/// [`MemoryStore::with_retention`] sets another or [`MemoryStoreBuilder::keep_forever`] none) are
-/// dropped, so a long-running process does not grow with every key it ever saw; a retry after that
-/// is a new operation. Expiry is amortised: each shard keeps its completed records in completion
+/// [`MemoryStore::with_retention`] sets another or [`MemoryStoreBuilder::keep_forever`] none) give
+/// their response up, and are kept as a [`Tombstone`] (when the operation completed, its status
+/// and `Location`) for the tombstone window
+/// ([`DEFAULT_TOMBSTONES`](crate::store::DEFAULT_TOMBSTONES), seven days, unless
+/// [`MemoryStoreBuilder::tombstones`] sets another or none), during which a retry is answered
+/// *expired*; then dropped, so a long-running process does not grow with every key it ever saw;
+/// a retry after that is a new operation. Expiry is amortised: each shard keeps its completed records in completion
 /// order, and every claim drops the few oldest that expired, so no claim ever scans a shard.
 ///
 /// ```
@@ -81,6 +87,9 @@ struct Shared {
     /// table never hashes a key again.
     hasher: RandomState,
     retention: Option<Duration>,
+    /// How long a completed record is remembered as a tombstone once its retention passed
+    /// (only with a retention).
+    tombstones: Option<Duration>,
     /// The most records held at once, if bounded.
     max_records: Option<usize>,
     /// Records held, pending and completed (kept only when bounded).
@@ -95,6 +104,8 @@ struct Shared {
     response_room: AtomicUsize,
     /// The moment every [`Tick`] counts from.
     epoch: Instant,
+    /// The time of day at [`epoch`](Self::epoch): a tombstone's completion time.
+    wall: SystemTime,
     /// How far a test moved this store's clock on, in nanoseconds.
     #[cfg(test)]
     skew: std::sync::atomic::AtomicU64,
@@ -118,7 +129,8 @@ impl MemoryStore {
         Self::builder().build()
     }
 
-    /// An empty store that drops completed records older than `retention`: the same as
+    /// An empty store that replays completed records for `retention`, then keeps their
+    /// tombstones for the default tombstone window: the same as
     /// `MemoryStore::builder().retention(retention).build()`.
     ///
     /// Pending records are kept however old they are.
@@ -153,8 +165,15 @@ impl MemoryStore {
         self.shared.retention
     }
 
+    /// How long a completed operation is remembered once its replay window passed, `None`
+    /// when it is not.
+    pub fn tombstone_window(&self) -> Option<Duration> {
+        self.shared.tombstones
+    }
+
     fn build(
         retention: Option<Duration>,
+        tombstones: Option<Duration>,
         max_records: Option<usize>,
         max_bytes: Option<usize>,
     ) -> Self {
@@ -164,12 +183,14 @@ impl MemoryStore {
                 shards,
                 hasher: RandomState::new(),
                 retention,
+                tombstones: tombstones.filter(|_| retention.is_some()),
                 max_records,
                 records: AtomicUsize::new(0),
                 max_bytes,
                 bytes: AtomicUsize::new(0),
                 response_room: AtomicUsize::new(0),
                 epoch: Instant::now(),
+                wall: SystemTime::now(),
                 #[cfg(test)]
                 skew: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -190,15 +211,24 @@ impl MemoryStore {
         let mut clock = None;
         let mut now = || *clock.get_or_insert_with(|| self.now());
         let (probe, mut shard) = self.locked(key);
-        if let Some(retention) = self.shared.retention {
-            let (dropped, bytes) = shard.sweep(now(), retention, SWEEP_PER_CLAIM);
-            self.give_room(dropped, bytes);
+        let windows = self.windows();
+        if let Some(windows) = windows {
+            let swept = shard.sweep(now(), windows, |at| self.wall(at), SWEEP_PER_CLAIM);
+            self.give_swept(swept);
         }
-        let retention = self.shared.retention;
         let Some(record) = shard.get_mut(probe) else {
             let room = self.shared.response_room.load(Ordering::Relaxed);
             let record = Record::pending(probe, fingerprint, reservation, now(), lease, room);
-            self.take_room(record.bytes())?;
+            if let Err(full) = self.take_room(record.bytes()) {
+                // Full: what is remembered last goes first, this shard's oldest tombstone,
+                // under the lock held already.
+                let dropped = shard.drop_oldest_tombstone(SWEEP_WHEN_FULL);
+                self.give_swept(dropped);
+                if dropped.dropped == 0 {
+                    return Err(full);
+                }
+                self.take_room(record.bytes())?;
+            }
             shard.insert(record);
             return Ok(Claim::New(reservation));
         };
@@ -215,27 +245,73 @@ impl MemoryStore {
                 // The clock only when the lease decides.
                 abandoned: *take_over && lease.takes_over() && now() >= *until,
             },
-            State::Completed { .. } => Found::Completed {
-                same_fingerprint,
-                expired: retention.is_some_and(|r| record.is_expired(now(), r)),
-                response: (),
-            },
+            State::Completed { at, .. } | State::Tombstone { at, .. } => {
+                let buried = matches!(record.state, State::Tombstone { .. });
+                // Not yet swept: where its windows say it is.
+                match windows.map(|windows| (windows, now().since(*at))) {
+                    Some((windows, age)) if age >= windows.remembered() => Found::Completed {
+                        same_fingerprint,
+                        expired: true,
+                        response: (),
+                    },
+                    Some((windows, age))
+                        if buried || (age >= windows.retention && windows.tombstones.is_some()) =>
+                    {
+                        Found::Expired {
+                            same_fingerprint,
+                            tombstone: (),
+                        }
+                    }
+                    windows => Found::Completed {
+                        same_fingerprint,
+                        expired: windows.is_some_and(|(windows, age)| age >= windows.retention),
+                        response: (),
+                    },
+                }
+            }
         };
-        let stored = match decide(Some(found), lease) {
+        let kept = match decide(Some(found), lease) {
             Decision::Write(_) => {
                 let before = record.bytes();
                 record.reclaim(fingerprint, reservation, now(), lease);
                 self.resize(before, record.bytes());
                 return Ok(Claim::New(reservation));
             }
-            Decision::Answer(Answer::Replay(())) => record.response().unwrap_or_default(),
+            Decision::Answer(Answer::Replay(())) => {
+                Kept::Response(record.response().unwrap_or_default())
+            }
+            Decision::Answer(Answer::Expired(())) => match (&record.state, record.tombstone()) {
+                (_, Some(tombstone)) => Kept::Tombstone(tombstone),
+                (State::Completed { at, .. }, None) => {
+                    Kept::Buried(record.response().unwrap_or_default(), self.wall(*at))
+                }
+                // Only completed records and tombstones are found expired.
+                _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
+            },
             Decision::Answer(Answer::Mine) => return Ok(Claim::New(reservation)),
             Decision::Answer(Answer::Conflict) => return Ok(Claim::Conflict),
             Decision::Answer(Answer::Pending) => return Ok(Claim::Pending),
         };
         drop(shard);
         // Decoded outside the lock: the shard waits for nobody's header map.
-        Ok(Claim::Replay(codec::decode(stored)?))
+        match kept {
+            Kept::Response(stored) => Ok(Claim::Replay(codec::decode(stored)?)),
+            Kept::Tombstone(bytes) => Ok(Claim::Expired(Tombstone::from_bytes(&bytes)?)),
+            Kept::Buried(stored, at) => Ok(Claim::Expired(codec::tombstone(&stored, at)?)),
+        }
+    }
+
+    /// The replay window and the tombstone window, with a retention.
+    fn windows(&self) -> Option<Windows> {
+        self.shared.retention.map(|retention| Windows {
+            retention,
+            tombstones: self.shared.tombstones,
+        })
+    }
+
+    /// The time of day at `tick`.
+    fn wall(&self, tick: Tick) -> SystemTime {
+        self.shared.wall + Duration::from_nanos(tick.0)
     }
 
     /// The claim; when the store is full, once more after dropping expired records of every
@@ -252,7 +328,17 @@ impl MemoryStore {
                 // Tried again whatever this sweep dropped: another claim's sweep, a release
                 // or a forget may have made room meanwhile.
                 self.sweep_every_shard(SWEEP_WHEN_FULL);
-                self.decide(key, fingerprint, reservation, lease)
+                match self.decide(key, fingerprint, reservation, lease) {
+                    // Still full, and no tombstone in its own shard: one of another shard's
+                    // goes, the oldest there, before a claim is refused.
+                    Err(full) if full.kind() == StoreErrorKind::CapacityExceeded => {
+                        if self.drop_a_tombstone() == 0 {
+                            return Err(full);
+                        }
+                        self.decide(key, fingerprint, reservation, lease)
+                    }
+                    claimed => claimed,
+                }
             }
             claimed => claimed,
         }
@@ -280,7 +366,7 @@ impl MemoryStore {
             State::Pending {
                 reservation: held, ..
             } => reservation.is_none_or(|r| r == *held),
-            State::Completed { .. } => false,
+            State::Completed { .. } | State::Tombstone { .. } => false,
         };
         if !owned {
             return Err(StoreError::new(StoreErrorKind::ReservationLost));
@@ -377,18 +463,47 @@ impl MemoryStore {
     /// Drops the expired records of every shard, looking at `limit` entries of each expiry
     /// queue at most, and returns how many it dropped.
     fn sweep_every_shard(&self, limit: usize) -> usize {
-        let Some(retention) = self.shared.retention else {
+        let Some(windows) = self.windows() else {
             return 0;
         };
         let now = self.now();
-        let dropped = self
+        let wall = |at| self.wall(at);
+        // Each shard's counts given while its lock is held: a call on a record it changed
+        // (a forget) counts from what the sweep made of it.
+        let swept = self
             .shared
             .shards
             .iter()
-            .map(|shard| lock(shard).sweep(now, retention, limit))
-            .fold((0, 0), |(records, bytes), (r, b)| (records + r, bytes + b));
-        self.give_room(dropped.0, dropped.1);
-        dropped.0
+            .map(|shard| {
+                let mut shard = lock(shard);
+                let swept = shard.sweep(now, windows, wall, limit);
+                self.give_swept(swept);
+                swept
+            })
+            .fold(Swept::default(), Swept::add);
+        swept.dropped
+    }
+
+    /// Drops one tombstone, the oldest of the first shard that has one, whatever its window,
+    /// and returns how many it dropped (one, or none).
+    fn drop_a_tombstone(&self) -> usize {
+        for shard in &self.shared.shards {
+            let mut shard = lock(shard);
+            let dropped = shard.drop_oldest_tombstone(SWEEP_WHEN_FULL);
+            self.give_swept(dropped);
+            if dropped.dropped > 0 {
+                return dropped.dropped;
+            }
+        }
+        0
+    }
+
+    /// Counts what a sweep did: what its tombstones took beyond the records they replaced
+    /// first, then the room of what it dropped given back (so the count never goes below
+    /// what the records take).
+    fn give_swept(&self, swept: Swept) {
+        self.resize(0, swept.grown);
+        self.give_room(swept.dropped, swept.freed);
     }
 
     /// `key` with its hash: one keyed hash for the whole call.
@@ -415,6 +530,17 @@ impl MemoryStore {
         let probe = self.probe(key);
         (probe, lock(self.shard_of(probe)))
     }
+}
+
+/// What a claim answers with, read under the lock and decoded after it.
+enum Kept {
+    /// A completed record's response: a replay.
+    Response(Bytes),
+    /// A tombstone's bytes: expired.
+    Tombstone(Bytes),
+    /// The response of a record past its replay window not yet buried, and when it
+    /// completed: expired.
+    Buried(Bytes, SystemTime),
 }
 
 impl Default for MemoryStore {
@@ -453,6 +579,10 @@ impl Purge for MemoryStore {
 impl Store for MemoryStore {
     fn replay_window(&self) -> Option<Duration> {
         self.retention_window()
+    }
+
+    fn tombstone_window(&self) -> Option<Duration> {
+        MemoryStore::tombstone_window(self)
     }
 
     async fn claim_with(
@@ -594,7 +724,9 @@ mod tests {
             let (probe, shard) = store.locked(key);
             match &shard.get(probe).expect("a record").state {
                 State::Pending { data, .. } => (data.as_ptr(), data.capacity()),
-                State::Completed { data, .. } => (data.as_ptr(), data.len()),
+                State::Completed { data, .. } | State::Tombstone { data, .. } => {
+                    (data.as_ptr(), data.len())
+                }
             }
         };
         for (key, room) in [("a", 0), ("b", needed)] {
@@ -636,7 +768,8 @@ mod tests {
     }
 
     /// A new store keeps a completed record for the default window: a claim within it
-    /// replays, one past it is new; a store told to keep records forever replays years later.
+    /// replays, one past it is expired until the default tombstone window passed too, then
+    /// new; a store told to keep records forever replays years later.
     #[tokio::test]
     async fn a_new_store_keeps_a_completed_record_for_the_default_window() {
         let fingerprint = crate::operation::LabelContract::fingerprint("k", "p");
@@ -674,9 +807,35 @@ mod tests {
                     Ok(Claim::Replay(_))
                 ));
             } else {
+                // Past the window, within the tombstones': expired, what it was remembered.
+                let Ok(Claim::Expired(tombstone)) = past else {
+                    panic!("past the window: expired, not {past:?}");
+                };
+                assert_eq!(tombstone.status(), http::StatusCode::CREATED);
+                let completed = store.shared.wall;
+                let off = tombstone
+                    .completed_at()
+                    .duration_since(completed)
+                    .unwrap_or_else(|early| early.duration());
                 assert!(
-                    matches!(past, Ok(Claim::New(_))),
-                    "past the window: a new operation"
+                    off < Duration::from_secs(5),
+                    "completed {off:?} from the start"
+                );
+                let other = crate::operation::LabelContract::fingerprint("k", "q");
+                assert!(matches!(
+                    store.claim("k", &other).await,
+                    Ok(Claim::Conflict)
+                ));
+                // Past both windows: a new operation.
+                skew(
+                    &store,
+                    crate::store::DEFAULT_RETENTION
+                        + crate::store::DEFAULT_TOMBSTONES
+                        + Duration::from_secs(1),
+                );
+                assert!(
+                    matches!(store.claim("k", &fingerprint).await, Ok(Claim::New(_))),
+                    "past the tombstone's window: a new operation"
                 );
             }
         }

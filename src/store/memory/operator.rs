@@ -5,7 +5,9 @@ use std::time::Duration;
 use super::MemoryStore;
 use super::shard::{State, Tick, lock};
 use crate::fingerprint::Fingerprint;
-use crate::store::{Operator, RecordInfo, RecordState, StoreError, StoredResponse, codec};
+use crate::store::{
+    Operator, RecordInfo, RecordState, StoreError, StoredResponse, Tombstone, codec,
+};
 
 impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -20,6 +22,11 @@ impl Operator for MemoryStore {
                     let response = record.response().unwrap_or_default();
                     let status = codec::decode(response).ok().map(|r| r.status());
                     (RecordState::Completed, *at, status, false)
+                }
+                State::Tombstone { at, .. } => {
+                    let tombstone = record.tombstone().unwrap_or_default();
+                    let status = Tombstone::from_bytes(&tombstone).ok().map(|t| t.status());
+                    (RecordState::Expired, *at, status, false)
                 }
             };
             RecordInfo::new(

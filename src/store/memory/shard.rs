@@ -42,6 +42,9 @@ pub(super) struct Shard {
     /// completed, with when, by their key's hash. An entry whose record was completed again,
     /// taken over or forgotten since is stale, and skipped.
     pub(super) expiry: VecDeque<(Tick, u64)>,
+    /// With a tombstone window: the tombstones of this shard in the order their records were
+    /// completed, with when, by their key's hash; stale entries are skipped as above.
+    pub(super) tombstones: VecDeque<(Tick, u64)>,
     /// Requests waiting for a pending key of this shard to change, by key: woken and
     /// removed when it does; removed by the last waiter that gives up.
     pub(super) waiters: WaiterMap,
@@ -104,6 +107,49 @@ pub(super) enum State {
         /// and not taken.
         slack: u8,
     },
+    /// Completed, its replay window passed: the key, then its
+    /// [`Tombstone`](crate::store::Tombstone)'s bytes, in one allocation of their size.
+    Tombstone {
+        data: Bytes,
+        /// When it was completed.
+        at: Tick,
+    },
+}
+
+/// What a sweep did to the bounds' counts: records dropped, and the bytes freed and grown
+/// ([`Record::bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Swept {
+    pub(super) dropped: usize,
+    pub(super) freed: usize,
+    pub(super) grown: usize,
+}
+
+impl Swept {
+    /// Both sweeps' counts.
+    pub(super) fn add(self, other: Self) -> Self {
+        Self {
+            dropped: self.dropped + other.dropped,
+            freed: self.freed + other.freed,
+            grown: self.grown + other.grown,
+        }
+    }
+}
+
+/// How long a shard keeps what: the store's replay window, and its tombstone window after it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Windows {
+    pub(super) retention: Duration,
+    pub(super) tombstones: Option<Duration>,
+}
+
+impl Windows {
+    /// How long after its completion a record is remembered at all: its replay window, and its
+    /// tombstone window after it.
+    pub(super) fn remembered(self) -> Duration {
+        self.retention
+            .saturating_add(self.tombstones.unwrap_or(Duration::ZERO))
+    }
 }
 
 /// The records one shard makes room for, of `records` spread over the shards: none for none;
@@ -154,14 +200,21 @@ impl Shard {
         }
     }
 
-    /// Drops the expired records at the front of the expiry queue, looking at `limit` entries
-    /// at most, and returns how many records it dropped and the [bytes](Record::bytes) they
-    /// took.
-    pub(super) fn sweep(&mut self, now: Tick, retention: Duration, limit: usize) -> (usize, usize) {
-        let (mut dropped, mut bytes) = (0, 0);
+    /// Ends the replay window of the records at the front of the expiry queue whose window
+    /// passed (each becomes a tombstone with a tombstone window, else goes), then drops the
+    /// tombstones at the front of their queue whose window passed too, looking at `limit`
+    /// entries of each queue at most. `wall` is the time of day of a moment.
+    pub(super) fn sweep(
+        &mut self,
+        now: Tick,
+        windows: Windows,
+        wall: impl Fn(Tick) -> std::time::SystemTime,
+        limit: usize,
+    ) -> Swept {
+        let mut swept = Swept::default();
         for _ in 0..limit {
             match self.expiry.front() {
-                Some((at, _)) if now.since(*at) >= retention => {}
+                Some((at, _)) if now.since(*at) >= windows.retention => {}
                 _ => break,
             }
             let Some((at, hash)) = self.expiry.pop_front() else {
@@ -173,13 +226,72 @@ impl Shard {
                 record.hash == hash
                     && matches!(record.state, State::Completed { at: completed, .. } if completed == at)
             };
-            if let Ok(entry) = self.records.find_entry(hash, completed_then) {
-                bytes += entry.get().bytes();
+            let Ok(mut entry) = self.records.find_entry(hash, completed_then) else {
+                continue;
+            };
+            let before = entry.get().bytes();
+            let remembered = windows.tombstones.is_some() && now.since(at) < windows.remembered();
+            if remembered && entry.get_mut().bury(wall(at)) {
+                // A tombstone is smaller than its record, unless the response was smaller
+                // than the tombstone's dozen bytes.
+                let after = entry.get().bytes();
+                swept.freed += before.saturating_sub(after);
+                swept.grown += after.saturating_sub(before);
+                self.tombstones.push_back((at, hash));
+            } else {
+                swept.freed += before;
+                swept.dropped += 1;
                 entry.remove();
-                dropped += 1;
             }
         }
-        (dropped, bytes)
+        for _ in 0..limit {
+            match self.tombstones.front() {
+                Some((at, _)) if now.since(*at) >= windows.remembered() => {}
+                _ => break,
+            }
+            let Some((at, hash)) = self.tombstones.pop_front() else {
+                break;
+            };
+            swept = swept.add(self.drop_tombstone(at, hash));
+        }
+        swept
+    }
+
+    /// Drops the oldest tombstone, whatever its window, looking at `limit` entries of its
+    /// queue at most (stale ones skipped): a full store makes room for a new claim from what
+    /// it remembers last, one tombstone a claim.
+    pub(super) fn drop_oldest_tombstone(&mut self, limit: usize) -> Swept {
+        for _ in 0..limit {
+            let Some((at, hash)) = self.tombstones.pop_front() else {
+                break;
+            };
+            let swept = self.drop_tombstone(at, hash);
+            if swept.dropped > 0 {
+                return swept;
+            }
+        }
+        Swept::default()
+    }
+
+    /// Drops the tombstone of the record completed at `at` with the key hash `hash`, unless the
+    /// key was claimed or forgotten since.
+    fn drop_tombstone(&mut self, at: Tick, hash: u64) -> Swept {
+        let buried_then = |record: &Record| {
+            record.hash == hash
+                && matches!(record.state, State::Tombstone { at: buried, .. } if buried == at)
+        };
+        match self.records.find_entry(hash, buried_then) {
+            Ok(entry) => {
+                let freed = entry.get().bytes();
+                entry.remove();
+                Swept {
+                    dropped: 1,
+                    freed,
+                    grown: 0,
+                }
+            }
+            Err(_) => Swept::default(),
+        }
     }
 }
 
@@ -245,8 +357,8 @@ impl Record {
         };
         let mut data = match std::mem::replace(&mut self.state, placeholder) {
             State::Pending { data, .. } => data,
-            // The response left in it is no longer read: only the key is kept.
-            State::Completed { data, .. } => data
+            // The response or tombstone left in it is no longer read: only the key is kept.
+            State::Completed { data, .. } | State::Tombstone { data, .. } => data
                 .try_into_mut()
                 .unwrap_or_else(|shared| BytesMut::from(&shared[..self.key_len])),
         };
@@ -311,9 +423,40 @@ impl Record {
     pub(super) fn key(&self) -> &[u8] {
         let data = match &self.state {
             State::Pending { data, .. } => &data[..],
-            State::Completed { data, .. } => &data[..],
+            State::Completed { data, .. } | State::Tombstone { data, .. } => &data[..],
         };
         &data[..self.key_len]
+    }
+
+    /// Turns a completed record into its tombstone, completed at `completed_at`: the key and
+    /// the tombstone's bytes in an allocation of their size, the response gone (a replay that
+    /// shares it keeps its own bytes). Whether it did: a record that is not completed, or
+    /// whose response does not read back, is left as it is.
+    pub(super) fn bury(&mut self, completed_at: std::time::SystemTime) -> bool {
+        let State::Completed { at, .. } = self.state else {
+            return false;
+        };
+        // Read in place: no header map is built under the shard's lock.
+        let response = self.response().unwrap_or_default();
+        let Ok(tombstone) = codec::tombstone(&response, completed_at) else {
+            return false;
+        };
+        let mut data = BytesMut::with_capacity(self.key_len + tombstone.encoded_len());
+        data.put_slice(self.key());
+        tombstone.encode_into(&mut data);
+        self.state = State::Tombstone {
+            data: data.freeze(),
+            at,
+        };
+        true
+    }
+
+    /// The tombstone's bytes of a record whose replay window passed.
+    pub(super) fn tombstone(&self) -> Option<Bytes> {
+        match &self.state {
+            State::Tombstone { data, .. } => Some(data.slice(self.key_len..)),
+            _ => None,
+        }
     }
 
     /// The bytes this record takes, as a memory store's byte bound counts them: its data (the
@@ -322,7 +465,7 @@ impl Record {
     pub(super) fn bytes(&self) -> usize {
         let data = match &self.state {
             State::Pending { data, .. } => data.capacity(),
-            State::Completed { data, .. } => data.len(),
+            State::Completed { data, .. } | State::Tombstone { data, .. } => data.len(),
         };
         data.saturating_add(RECORD_BYTES)
     }
@@ -338,12 +481,8 @@ impl Record {
             State::Completed { data, slack, .. } => {
                 Some(data.slice(self.key_len..data.len().saturating_sub(usize::from(*slack))))
             }
-            State::Pending { .. } => None,
+            State::Pending { .. } | State::Tombstone { .. } => None,
         }
-    }
-
-    pub(super) fn is_expired(&self, now: Tick, retention: Duration) -> bool {
-        matches!(self.state, State::Completed { at, .. } if at != Tick::NEVER && now.since(at) >= retention)
     }
 }
 

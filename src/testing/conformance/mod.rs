@@ -32,12 +32,14 @@ mod claims;
 mod operator;
 mod records;
 mod run;
+mod tombstones;
 mod waiting;
 
 pub use self::claims::*;
 pub use self::operator::*;
 pub use self::records::*;
 pub use self::run::*;
+pub use self::tombstones::*;
 pub use self::waiting::*;
 
 /// A key no other test (or earlier run) uses.
@@ -321,5 +323,59 @@ macro_rules! store_conformance {
             async fn changed_waits_and_wakes_every_waiter() {
                 suite::changed_waits_and_wakes_every_waiter($make(::core::option::Option::None).await).await;
             }
+    };
+}
+
+/// Instantiates the [conformance suite](crate::testing::conformance)'s tombstone properties
+/// for a store that keeps tombstones ([`Store::tombstone_window`](crate::store::Store::tombstone_window)):
+/// one `#[tokio::test]` per property, in a module `tombstone_conformance`.
+///
+/// `$make` is an `async fn(StoreOptions) -> St` where `St:`
+/// [`Operator`](crate::store::Operator) `+` [`Purge`](crate::store::Purge), the store built
+/// with those options; `retention = …` and `tombstones = …` are the windows the properties
+/// give it: the retention long enough for a round trip to the store, the tombstone window
+/// long enough for 16 concurrent claims besides, both short enough to wait for.
+///
+/// ```ignore
+/// tower_idempotency::tombstone_conformance!(
+///     make_store,
+///     retention = Duration::from_millis(200),
+///     tombstones = Duration::from_secs(2),
+/// );
+/// ```
+#[macro_export]
+macro_rules! tombstone_conformance {
+    ($make:path, retention = $retention:expr, tombstones = $tombstones:expr $(,)?) => {
+        mod tombstone_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::testing::conformance as suite;
+
+            fn options() -> $crate::store::StoreOptions {
+                $crate::store::StoreOptions::new()
+                    .retention($retention)
+                    .tombstones($tombstones)
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_expired_key_is_refused_until_its_tombstone_ends() {
+                suite::an_expired_key_is_refused_until_its_tombstone_ends(
+                    $make(options()).await,
+                    $retention,
+                    $tombstones,
+                )
+                .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn purge_keeps_tombstones_until_their_window_ends() {
+                suite::purge_keeps_tombstones_until_their_window_ends(
+                    $make(options()).await,
+                    $retention,
+                    $tombstones,
+                )
+                .await;
+            }
+        }
     };
 }

@@ -35,7 +35,13 @@ impl MySqlStore {
                 continue;
             };
             let write = match decide(Some(found(&row, token, fingerprint)?), lease) {
-                Decision::Answer(answer) => return answer.claim(reservation, decode),
+                Decision::Answer(answer) => {
+                    return answer.claim(
+                        reservation,
+                        decode,
+                        tower_idempotency_core::Tombstone::from_bytes,
+                    );
+                }
                 Decision::Write(write) => write,
             };
             let taking = taking_over(&self.sql, write, key, fingerprint, token, lease);

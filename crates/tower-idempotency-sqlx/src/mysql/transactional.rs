@@ -234,7 +234,13 @@ impl TransactionalMySqlStore {
                     }
                 }
                 Some(row) => match decide(Some(found(row, token, fingerprint)?), lease) {
-                    Decision::Answer(answer) => return answer.claim(reservation, decode),
+                    Decision::Answer(answer) => {
+                        return answer.claim(
+                            reservation,
+                            decode,
+                            tower_idempotency_core::Tombstone::from_bytes,
+                        );
+                    }
                     Decision::Write(write) => write,
                 },
             };

@@ -122,7 +122,11 @@ impl PostgresStore {
             }
             Decision::Answer(answer) => {
                 let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
-                Pass::Answer(answer.claim(reservation, decode)?)
+                Pass::Answer(answer.claim(
+                    reservation,
+                    decode,
+                    tower_idempotency_core::Tombstone::from_bytes,
+                )?)
             }
         })
     }

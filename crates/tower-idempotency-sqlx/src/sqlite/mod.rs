@@ -345,7 +345,9 @@ impl Dialect for SqliteStore {
                 let decision = decide(found(row, now, fingerprint, &token), lease);
                 if let Decision::Answer(answer) = decision {
                     let decode = |response: Vec<u8>| codec::decode(Bytes::from(response));
-                    return answer.claim(reservation, decode);
+                    return answer.claim(reservation, decode, |kept: Vec<u8>| {
+                        tower_idempotency_core::Tombstone::from_bytes(&kept)
+                    });
                 }
                 // Absent, expired or to be taken over: written in one statement that checks
                 // the same again under the file's write lock, and the caller's deadline.
