@@ -215,31 +215,23 @@ pub fn tombstone(
     completed_at: std::time::SystemTime,
 ) -> Result<crate::Tombstone, StoreError> {
     let corrupt = || StoreError::new(StoreErrorKind::Corrupt);
-    let mut bytes = encoded;
-    if bytes.remaining() < 5 {
-        return Err(corrupt());
-    }
-    let version = bytes.get_u8();
+    // Each field split off the front, checked: no length is trusted before it is there.
+    let (head, mut bytes) = encoded.split_first_chunk::<5>().ok_or_else(corrupt)?;
+    let [version, status_high, status_low, count_high, count_low] = *head;
     if version != VERSION && version != WITH_TRAILERS {
         return Err(corrupt());
     }
-    let status = StatusCode::from_u16(bytes.get_u16()).map_err(|_| corrupt())?;
+    let status = u16::from_be_bytes([status_high, status_low]);
+    let status = StatusCode::from_u16(status).map_err(|_| corrupt())?;
     let mut location = None;
-    for _ in 0..bytes.get_u16() {
-        if bytes.remaining() < 2 {
-            return Err(corrupt());
-        }
-        let name_len = usize::from(bytes.get_u16());
-        if bytes.remaining() < name_len + 4 {
-            return Err(corrupt());
-        }
-        let (name, rest) = bytes.split_at(name_len);
-        bytes = rest;
-        let value_len = bytes.get_u32() as usize;
-        if bytes.remaining() < value_len {
-            return Err(corrupt());
-        }
-        let (value, rest) = bytes.split_at(value_len);
+    for _ in 0..u16::from_be_bytes([count_high, count_low]) {
+        let (name_len, rest) = bytes.split_first_chunk::<2>().ok_or_else(corrupt)?;
+        let (name, rest) = rest
+            .split_at_checked(usize::from(u16::from_be_bytes(*name_len)))
+            .ok_or_else(corrupt)?;
+        let (value_len, rest) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        let value_len = usize::try_from(u32::from_be_bytes(*value_len)).map_err(|_| corrupt())?;
+        let (value, rest) = rest.split_at_checked(value_len).ok_or_else(corrupt)?;
         bytes = rest;
         if location.is_none() && name.eq_ignore_ascii_case(b"location") {
             location = Some(HeaderValue::from_bytes(value).map_err(|_| corrupt())?);
@@ -263,7 +255,12 @@ mod tests {
         headers.append(header::LOCATION, HeaderValue::from_static("/second"));
         let located = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"{}"));
         let trailed = located.clone().with_trailers(HeaderMap::new());
-        for response in [sample(), located, trailed] {
+        // The head alone, every field ending where the bytes end.
+        let bare = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new());
+        let mut last = HeaderMap::new();
+        last.insert(header::LOCATION, HeaderValue::from_static("/at-the-end"));
+        let last = StoredResponse::new(StatusCode::CREATED, last, Bytes::new());
+        for response in [sample(), located, trailed, bare, last] {
             let encoded = encode(&response);
             assert_eq!(
                 tombstone(&encoded, at).unwrap(),

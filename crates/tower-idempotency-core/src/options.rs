@@ -156,6 +156,9 @@ mod tests {
         assert_eq!(stones.retention_window(), Some(DEFAULT_RETENTION));
         assert_eq!(stones.call_timeout(), DEFAULT_TIMEOUT);
         assert_eq!(timed.tombstone_window(), Some(DEFAULT_TOMBSTONES));
+        // None without a replay window, or without tombstones, and only then.
+        assert_eq!(stones.keep_forever().tombstone_window(), None);
+        assert_eq!(base.tombstones(Duration::ZERO).tombstone_window(), None);
     }
 
     #[test]

@@ -59,8 +59,7 @@ impl Tombstone {
         location: Option<HeaderValue>,
     ) -> Self {
         Self {
-            completed: (millis_since_epoch(completed_at).min(MAX_MS) << 16)
-                | u64::from(status.as_u16()),
+            completed: packed(millis_since_epoch(completed_at).min(MAX_MS), status),
             location: location.map_or_else(Bytes::new, |location| {
                 Bytes::copy_from_slice(location.as_bytes())
             }),
@@ -134,10 +133,16 @@ impl Tombstone {
             return Err(corrupt());
         }
         Ok(Self {
-            completed: (millis << 16) | u64::from(status.as_u16()),
+            completed: packed(millis, status),
             location,
         })
     }
+}
+
+/// A completion time (at most [`MAX_MS`]) and a status in one word: the time's 48 bits, then
+/// the status's 16.
+fn packed(millis: u64, status: StatusCode) -> u64 {
+    (millis << 16) + u64::from(status.as_u16())
 }
 
 /// Whole milliseconds since the Unix epoch; zero before it.
@@ -163,6 +168,10 @@ mod tests {
                 10 + tombstone.location().map_or(0, |l| l.len())
             );
             assert_eq!(tombstone.location(), location_given(&bytes));
+            assert_eq!(bytes.len(), tombstone.encoded_len());
+            let mut after = BytesMut::from(&b"key"[..]);
+            tombstone.encode_into(&mut after);
+            assert_eq!(&after[3..], &bytes[..]);
             assert_eq!(Tombstone::from_bytes(&bytes).unwrap(), tombstone);
         }
         // Kept to the millisecond; before the epoch is the epoch.
