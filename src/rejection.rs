@@ -280,10 +280,14 @@ declare! {
         "The create's commit went unanswered: whether it took effect is unknown. Retry after the delay with the same key; it replays the response if it did, and creates if not.",
         Refused;
     /// The key's replay window has passed: the first attempt with it, sent longer ago than
-    /// the store replays a completed create, may have taken effect, so the layer creates
+    /// the store replays a completed create, took effect (or may have), so the layer creates
     /// nothing again. Final: no `Retry-After`, and a retry with the same key gets the same
-    /// answer. A client that knows the first attempt never took effect sends a new request
-    /// under a new key.
+    /// answer. When the store remembers the operation (its tombstone), the problem carries
+    /// `completed_at`, when it completed, as an HTTP date, and `location`, the created
+    /// resource's `Location`, left out when the create had none (or one that is not text):
+    /// `{…,"completed_at":"Tue, 14 Nov 2023 22:13:20 GMT","location":"/payments/7"}`. A client
+    /// fetches the resource there; one that knows the first attempt never took effect sends a
+    /// new request under a new key.
     KEY_EXPIRED: "key_expired", "Idempotency-Key expired", 409 CONFLICT,
         "The key's replay window has passed: its first request may have taken effect, and is not created again.",
         Never;

@@ -128,8 +128,8 @@ pub const MAX_RETENTION: std::time::Duration =
 /// How long a store that keeps tombstones remembers a completed operation past its replay
 /// window unless told otherwise ([`StoreOptions::tombstones`]): seven days, so that a retry
 /// that comes back a week after the create (a device back online, a queue backlog drained,
-/// an agent resumed) is answered "expired" rather than created again, at about a hundred
-/// bytes a key.
+/// an agent resumed) is answered "expired" rather than created again, at the key and a dozen
+/// bytes more (with the create's `Location`) a tombstone.
 pub const DEFAULT_TOMBSTONES: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 60 * 60);
 

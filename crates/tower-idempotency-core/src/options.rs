@@ -52,8 +52,8 @@ impl StoreOptions {
     }
 
     /// Once a completed record's replay window passed, the store keeps its
-    /// [`Tombstone`](crate::Tombstone) (when it completed, its status and `Location`, about a
-    /// hundred bytes with the key) for `tombstones` more, and answers a claim with the same
+    /// [`Tombstone`](crate::Tombstone) (when it completed, its status and `Location`: the key
+    /// and a dozen bytes more) for `tombstones` more, and answers a claim with the same
     /// fingerprint [`Claim::Expired`](crate::Claim::Expired) rather than create again; past
     /// that, the key is new. `Duration::ZERO` keeps none: a key past its replay window is new
     /// at once. Default [`DEFAULT_TOMBSTONES`]. Stores that keep tombstones say so with

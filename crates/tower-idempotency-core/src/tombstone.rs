@@ -18,6 +18,8 @@ use super::{StoreError, StoreErrorKind, StoredResponse};
 ///
 /// A store keeps it beside the key's digest and the fingerprint, in place of the response; a
 /// store that keeps bytes keeps [`to_bytes`](Self::to_bytes) (ten bytes and the `Location`).
+/// An application names it `tower_idempotency::store::Tombstone`; the function API's
+/// `RunError::Expired` carries one too (a run's status is `200`, with no `Location`).
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};

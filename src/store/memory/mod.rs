@@ -112,8 +112,10 @@ struct Shared {
 }
 
 impl MemoryStore {
-    /// An empty store that drops completed records after
-    /// [`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION) (24 hours), bounded by
+    /// An empty store that replays completed records for
+    /// [`DEFAULT_RETENTION`](crate::store::DEFAULT_RETENTION) (24 hours), then keeps their
+    /// tombstones for [`DEFAULT_TOMBSTONES`](crate::store::DEFAULT_TOMBSTONES) (seven days),
+    /// bounded by
     /// [`DEFAULT_MAX_RECORDS`](crate::store::DEFAULT_MAX_RECORDS) and
     /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES). Retention is the
     /// store's, as on every store: [`with_retention`](Self::with_retention) sets another
@@ -246,7 +248,6 @@ impl MemoryStore {
                 abandoned: *take_over && lease.takes_over() && now() >= *until,
             },
             State::Completed { at, .. } | State::Tombstone { at, .. } => {
-                let buried = matches!(record.state, State::Tombstone { .. });
                 // Not yet swept: where its windows say it is.
                 match windows.map(|windows| (windows, now().since(*at))) {
                     Some((windows, age)) if age >= windows.remembered() => Found::Completed {
@@ -254,8 +255,10 @@ impl MemoryStore {
                         expired: true,
                         response: (),
                     },
+                    // A tombstone is past its retention, with a tombstone window, as is
+                    // every record found so.
                     Some((windows, age))
-                        if buried || (age >= windows.retention && windows.tombstones.is_some()) =>
+                        if age >= windows.retention && windows.tombstones.is_some() =>
                     {
                         Found::Expired {
                             same_fingerprint,
@@ -705,6 +708,160 @@ mod tests {
             (unbounded.record_bound(), unbounded.byte_bound()),
             (None, None)
         );
+        // Tombstones: the default, another window, none; none without a retention.
+        assert_eq!(
+            MemoryStore::new().tombstone_window(),
+            Some(crate::store::DEFAULT_TOMBSTONES)
+        );
+        let kept = MemoryStore::builder().tombstones(hour).build();
+        assert_eq!(Store::tombstone_window(&kept), Some(hour));
+        assert_eq!(
+            MemoryStore::builder()
+                .tombstones(Duration::ZERO)
+                .build()
+                .tombstone_window(),
+            None
+        );
+        assert_eq!(
+            MemoryStore::builder()
+                .keep_forever()
+                .build()
+                .tombstone_window(),
+            None
+        );
+    }
+
+    /// A completed record no sweep has reached yet (five older ones of its shard ahead of it
+    /// in its queue, more than a claim's sweep looks at) is decided by its own windows: past
+    /// the replay window, expired; past the tombstone window too, new.
+    #[tokio::test]
+    async fn a_record_no_sweep_reached_is_decided_by_its_windows() {
+        let (retention, tombstones) = (Duration::from_secs(60), Duration::from_secs(600));
+        let store = MemoryStore::builder()
+            .retention(retention)
+            .tombstones(tombstones)
+            .build();
+        let key = "k";
+        let ahead = same_shard(&store, key, 2 * SWEEP_PER_CLAIM + 1);
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+        );
+        // Completed an hour into the store's life: its tombstone says so.
+        let hour = Duration::from_secs(3600);
+        skew(&store, hour);
+        for other in ahead.iter().map(String::as_str).chain([key]) {
+            let fingerprint = crate::operation::LabelContract::fingerprint(other, "p");
+            let Ok(Claim::New(reservation)) = store.claim(other, &fingerprint).await else {
+                panic!("new");
+            };
+            store
+                .complete(other, &reservation, &response)
+                .await
+                .unwrap();
+        }
+        let fingerprint = crate::operation::LabelContract::fingerprint(key, "p");
+        skew(&store, hour + retention + Duration::from_secs(1));
+        let past = store.claim(key, &fingerprint).await;
+        let Ok(Claim::Expired(tombstone)) = past else {
+            panic!("expired, not {past:?}");
+        };
+        let completed = store.shared.wall + hour;
+        let off = tombstone
+            .completed_at()
+            .duration_since(completed)
+            .unwrap_or_else(|early| early.duration());
+        assert!(
+            off < Duration::from_secs(5),
+            "completed {off:?} from its time"
+        );
+        assert!(
+            store.completed(key).is_some(),
+            "not swept yet: still completed"
+        );
+        skew(
+            &store,
+            hour + retention + tombstones + Duration::from_secs(1),
+        );
+        let forgotten = store.claim(key, &fingerprint).await;
+        assert!(matches!(forgotten, Ok(Claim::New(_))), "{forgotten:?}");
+    }
+
+    /// A key claimed anew before any sweep reached its old completion keeps its new pending
+    /// record when the sweep gets there: the queue's entry for the old completion is stale.
+    #[tokio::test]
+    async fn a_stale_expiry_entry_leaves_the_record_claimed_in_its_place() {
+        let retention = Duration::from_secs(60);
+        for tombstones in [Duration::ZERO, Duration::from_secs(600)] {
+            let store = MemoryStore::builder()
+                .retention(retention)
+                .tombstones(tombstones)
+                .build();
+            let key = "k";
+            let ahead = same_shard(&store, key, 2 * SWEEP_PER_CLAIM + 1);
+            let response = StoredResponse::new(
+                http::StatusCode::CREATED,
+                http::HeaderMap::new(),
+                bytes::Bytes::from_static(b"{}"),
+            );
+            for other in ahead.iter().map(String::as_str).chain([key]) {
+                let fingerprint = crate::operation::LabelContract::fingerprint(other, "p");
+                let Ok(Claim::New(reservation)) = store.claim(other, &fingerprint).await else {
+                    panic!("new");
+                };
+                store
+                    .complete(other, &reservation, &response)
+                    .await
+                    .unwrap();
+            }
+            skew(&store, retention + Duration::from_secs(1));
+            // Past its window, not yet swept: claimed anew in place (a tombstone forgotten).
+            let fingerprint = crate::operation::LabelContract::fingerprint(key, "p");
+            let lease = Lease::default().forget_expired();
+            let again = store
+                .claim_with(key, &fingerprint, Reservation::generate(), lease)
+                .await;
+            assert!(matches!(again, Ok(Claim::New(_))), "{again:?}");
+            // Sweeps reach its old entry.
+            store.sweep_every_shard(usize::MAX);
+            assert!(store.is_pending(key), "tombstones {tombstones:?}");
+        }
+        // The same for a tombstone's entry: buried, claimed anew, then its window passes.
+        let store = MemoryStore::builder()
+            .retention(retention)
+            .tombstones(retention)
+            .build();
+        let fingerprint = crate::operation::LabelContract::fingerprint("t", "p");
+        let Ok(Claim::New(reservation)) = store.claim("t", &fingerprint).await else {
+            panic!("new");
+        };
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+        );
+        store.complete("t", &reservation, &response).await.unwrap();
+        skew(&store, retention + Duration::from_secs(1));
+        store.sweep_every_shard(usize::MAX);
+        let lease = Lease::default().forget_expired();
+        let again = store
+            .claim_with("t", &fingerprint, Reservation::generate(), lease)
+            .await;
+        assert!(matches!(again, Ok(Claim::New(_))), "{again:?}");
+        skew(&store, 3 * retention);
+        store.sweep_every_shard(usize::MAX);
+        assert!(store.is_pending("t"), "the tombstone's stale entry left it");
+    }
+
+    /// `n` keys of the same shard as `key`.
+    fn same_shard(store: &MemoryStore, key: &str, n: usize) -> Vec<String> {
+        let shard = std::ptr::from_ref(store.shard(key));
+        (0..)
+            .map(|i| format!("ahead-{i}"))
+            .filter(|other| std::ptr::eq(store.shard(other), shard))
+            .take(n)
+            .collect()
     }
 
     /// A claim makes room after its key for a response as large as the last one completed:
