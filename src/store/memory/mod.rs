@@ -786,6 +786,49 @@ mod tests {
         );
         let forgotten = store.claim(key, &fingerprint).await;
         assert!(matches!(forgotten, Ok(Claim::New(_))), "{forgotten:?}");
+        // Every tombstone past its window goes at the next sweep: the key's new claim is
+        // all that is left.
+        store.sweep_every_shard(usize::MAX);
+        assert_eq!(store.len(), 1);
+    }
+
+    /// A full store looks past the stale entries of its tombstone queue (keys claimed anew
+    /// since they were buried) for a tombstone to drop, rather than refuse.
+    #[tokio::test]
+    async fn a_full_store_finds_a_tombstone_behind_stale_entries() {
+        let retention = Duration::from_secs(60);
+        let store = MemoryStore::builder()
+            .retention(retention)
+            .tombstones(Duration::from_secs(600))
+            .max_records(4)
+            .build();
+        let keys = same_shard(&store, "b", 3);
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+        );
+        let fingerprint = |key: &str| crate::operation::LabelContract::fingerprint(key, "p");
+        for key in keys.iter().map(String::as_str).chain(["b"]) {
+            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint(key)).await else {
+                panic!("new");
+            };
+            store.complete(key, &reservation, &response).await.unwrap();
+        }
+        skew(&store, retention + Duration::from_secs(1));
+        store.sweep_every_shard(usize::MAX);
+        // Claimed anew in place: their tombstones' entries, ahead of b's, are stale.
+        let lease = Lease::default().forget_expired();
+        for key in &keys {
+            let again = store
+                .claim_with(key, &fingerprint(key), Reservation::generate(), lease)
+                .await;
+            assert!(matches!(again, Ok(Claim::New(_))), "{again:?}");
+        }
+        let new = store.claim("c", &fingerprint("c")).await;
+        assert!(matches!(new, Ok(Claim::New(_))), "{new:?}");
+        assert!(store.completed("b").is_none());
+        assert_eq!(store.len(), 4);
     }
 
     /// A key claimed anew before any sweep reached its old completion keeps its new pending
