@@ -743,39 +743,17 @@ mod tests {
             .build();
         let key = "k";
         let ahead = same_shard(&store, key, 2 * SWEEP_PER_CLAIM + 1);
-        let response = StoredResponse::new(
-            http::StatusCode::CREATED,
-            http::HeaderMap::new(),
-            bytes::Bytes::from_static(b"{}"),
-        );
         // Completed an hour into the store's life: its tombstone says so.
         let hour = Duration::from_secs(3600);
         skew(&store, hour);
-        for other in ahead.iter().map(String::as_str).chain([key]) {
-            let fingerprint = crate::operation::LabelContract::fingerprint(other, "p");
-            let Ok(Claim::New(reservation)) = store.claim(other, &fingerprint).await else {
-                panic!("new");
-            };
-            store
-                .complete(other, &reservation, &response)
-                .await
-                .unwrap();
-        }
+        complete_each(&store, ahead.iter().map(String::as_str).chain([key])).await;
         let fingerprint = crate::operation::LabelContract::fingerprint(key, "p");
         skew(&store, hour + retention + Duration::from_secs(1));
         let past = store.claim(key, &fingerprint).await;
         let Ok(Claim::Expired(tombstone)) = past else {
             panic!("expired, not {past:?}");
         };
-        let completed = store.shared.wall + hour;
-        let off = tombstone
-            .completed_at()
-            .duration_since(completed)
-            .unwrap_or_else(|early| early.duration());
-        assert!(
-            off < Duration::from_secs(5),
-            "completed {off:?} from its time"
-        );
+        completed_near(&tombstone, store.shared.wall + hour);
         assert!(
             store.completed(key).is_some(),
             "not swept yet: still completed"
@@ -803,18 +781,8 @@ mod tests {
             .max_records(4)
             .build();
         let keys = same_shard(&store, "b", 3);
-        let response = StoredResponse::new(
-            http::StatusCode::CREATED,
-            http::HeaderMap::new(),
-            bytes::Bytes::from_static(b"{}"),
-        );
         let fingerprint = |key: &str| crate::operation::LabelContract::fingerprint(key, "p");
-        for key in keys.iter().map(String::as_str).chain(["b"]) {
-            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint(key)).await else {
-                panic!("new");
-            };
-            store.complete(key, &reservation, &response).await.unwrap();
-        }
+        complete_each(&store, keys.iter().map(String::as_str).chain(["b"])).await;
         skew(&store, retention + Duration::from_secs(1));
         store.sweep_every_shard(usize::MAX);
         // Claimed anew in place: their tombstones' entries, ahead of b's, are stale.
@@ -843,21 +811,7 @@ mod tests {
                 .build();
             let key = "k";
             let ahead = same_shard(&store, key, 2 * SWEEP_PER_CLAIM + 1);
-            let response = StoredResponse::new(
-                http::StatusCode::CREATED,
-                http::HeaderMap::new(),
-                bytes::Bytes::from_static(b"{}"),
-            );
-            for other in ahead.iter().map(String::as_str).chain([key]) {
-                let fingerprint = crate::operation::LabelContract::fingerprint(other, "p");
-                let Ok(Claim::New(reservation)) = store.claim(other, &fingerprint).await else {
-                    panic!("new");
-                };
-                store
-                    .complete(other, &reservation, &response)
-                    .await
-                    .unwrap();
-            }
+            complete_each(&store, ahead.iter().map(String::as_str).chain([key])).await;
             skew(&store, retention + Duration::from_secs(1));
             // Past its window, not yet swept: claimed anew in place (a tombstone forgotten).
             let fingerprint = crate::operation::LabelContract::fingerprint(key, "p");
@@ -876,15 +830,7 @@ mod tests {
             .tombstones(retention)
             .build();
         let fingerprint = crate::operation::LabelContract::fingerprint("t", "p");
-        let Ok(Claim::New(reservation)) = store.claim("t", &fingerprint).await else {
-            panic!("new");
-        };
-        let response = StoredResponse::new(
-            http::StatusCode::CREATED,
-            http::HeaderMap::new(),
-            bytes::Bytes::from_static(b"{}"),
-        );
-        store.complete("t", &reservation, &response).await.unwrap();
+        complete_each(&store, ["t"]).await;
         skew(&store, retention + Duration::from_secs(1));
         store.sweep_every_shard(usize::MAX);
         let lease = Lease::default().forget_expired();
@@ -895,6 +841,34 @@ mod tests {
         skew(&store, 3 * retention);
         store.sweep_every_shard(usize::MAX);
         assert!(store.is_pending("t"), "the tombstone's stale entry left it");
+    }
+
+    /// Asserts that `tombstone` says it completed within a few seconds of `at`.
+    fn completed_near(tombstone: &Tombstone, at: SystemTime) {
+        let off = tombstone
+            .completed_at()
+            .duration_since(at)
+            .unwrap_or_else(|early| early.duration());
+        assert!(
+            off < Duration::from_secs(5),
+            "completed {off:?} from {at:?}"
+        );
+    }
+
+    /// Claims and completes each of `keys`, with a small `201`.
+    async fn complete_each(store: &MemoryStore, keys: impl IntoIterator<Item = &str>) {
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+        );
+        for key in keys {
+            let fingerprint = crate::operation::LabelContract::fingerprint(key, "p");
+            let Ok(Claim::New(reservation)) = store.claim(key, &fingerprint).await else {
+                panic!("{key}: new");
+            };
+            store.complete(key, &reservation, &response).await.unwrap();
+        }
     }
 
     /// `n` keys of the same shard as `key`.
@@ -1012,15 +986,7 @@ mod tests {
                     panic!("past the window: expired, not {past:?}");
                 };
                 assert_eq!(tombstone.status(), http::StatusCode::CREATED);
-                let completed = store.shared.wall;
-                let off = tombstone
-                    .completed_at()
-                    .duration_since(completed)
-                    .unwrap_or_else(|early| early.duration());
-                assert!(
-                    off < Duration::from_secs(5),
-                    "completed {off:?} from the start"
-                );
+                completed_near(&tombstone, store.shared.wall);
                 let other = crate::operation::LabelContract::fingerprint("k", "q");
                 assert!(matches!(
                     store.claim("k", &other).await,
