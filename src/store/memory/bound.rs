@@ -242,11 +242,13 @@ mod tests {
             let claimed = store.claim(new, &fingerprint).await;
             assert!(matches!(claimed, Ok(Claim::New(_))), "{new}: {claimed:?}");
             assert_eq!(store.len(), 3, "one tombstone dropped for {new}");
+            // Kept: a tombstone, or a completed record past its window no sweep reached yet
+            // (which shards the keys fall in varies by store): each answers expired.
             let expired = keys
                 .iter()
                 .filter(|key| {
                     let (probe, shard) = store.locked(key);
-                    shard.get(probe).is_some_and(|r| r.tombstone().is_some())
+                    shard.get(probe).is_some()
                 })
                 .count();
             assert_eq!(expired, 2 - i, "the others kept after {new}");
