@@ -5,7 +5,13 @@
 //! cargo bench --all-features --bench capacity -- [--records N] [--body-bytes B]
 //!     [--tasks C] [--seconds S] [--pool P] [--rounds R] [--expired E]
 //!     [--stores memory,redis,redis-replicated,redis-cluster,postgres,mysql,sqlite]
+//!     [--tombstones]
 //! ```
+//!
+//! `--tombstones` measures only what tombstones cost each SQL store wanted
+//! (`capacity/tombstones.rs`): bytes a record with and without its tombstone, bytes a
+//! tombstone once the purge dropped its response, creates a second with and without, turn by
+//! turn.
 //!
 //! `redis-replicated` and `redis-cluster` start their own servers on free ports (a primary
 //! and its replica; a cluster of three primaries with a replica each, needing `redis-server`
@@ -40,6 +46,8 @@ mod common;
 mod plain;
 #[path = "capacity/servers.rs"]
 mod servers;
+#[path = "capacity/tombstones.rs"]
+mod tombstones;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,6 +80,8 @@ struct Options {
     /// Expired records added in bulk before a SQL store's purge, beside the filled ones.
     expired: usize,
     stores: Vec<String>,
+    /// Measure only what tombstones cost the SQL stores (`--tombstones`).
+    tombstones: bool,
 }
 
 fn options() -> Options {
@@ -83,6 +93,7 @@ fn options() -> Options {
         pool: 16,
         rounds: 3,
         expired: 0,
+        tombstones: false,
         stores: [
             "memory",
             "redis",
@@ -97,6 +108,10 @@ fn options() -> Options {
     };
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     while let Some(flag) = args.next() {
+        if flag == "--tombstones" {
+            options.tombstones = true;
+            continue;
+        }
         let value = args.next().unwrap_or_default();
         let number = || value.parse::<usize>().expect("a number");
         match flag.as_str() {
@@ -434,6 +449,172 @@ async fn redis_throughput(
     }
 }
 
+/// What tombstones cost each SQL store wanted (see `tombstones`): on two tables (files) of the
+/// run's own, one keeping tombstones (the default) and one keeping none, removed at the end.
+async fn tombstone_costs(
+    options: &Options,
+    run: u64,
+    response: &StoredResponse,
+) -> Vec<tombstones::Costs> {
+    let wanted = |name: &str| options.stores.iter().any(|s| s == name);
+    let retention = Duration::from_secs(3600);
+    let mut costs = Vec::new();
+    if wanted("postgres") {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or("postgres://postgres@127.0.0.1:5432/test".into());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(options.pool as u32)
+            .test_before_acquire(false)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL");
+        let table = |on: bool| format!("tombstones_{}_{on}", run % 1_000_000_000);
+        let store = |on: bool| {
+            let store = PostgresStore::new(pool.clone())
+                .table(&table(on))
+                .expect("a table name")
+                .retention(retention);
+            if on { store } else { store.tombstones(Duration::ZERO) }
+        };
+        let (off, on) = (store(false), store(true));
+        off.migrate().await.expect("the table");
+        on.migrate().await.expect("the table");
+        let sql = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+        let measure = async |on: bool| {
+            let table = table(on);
+            sql(format!("VACUUM FULL {table}"))
+                .execute(&pool)
+                .await
+                .expect("VACUUM FULL");
+            let row = sql(format!(
+                "SELECT pg_total_relation_size('{table}'::regclass), \
+                 (SELECT count(*) FROM {table})"
+            ))
+            .fetch_one(&pool)
+            .await
+            .expect("the size");
+            (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 1))
+        };
+        let expire = async || {
+            sql(format!(
+                "UPDATE {} SET expires_at = now() - interval '1 hour' \
+                 WHERE expires_at IS NOT NULL",
+                table(true)
+            ))
+            .execute(&pool)
+            .await
+            .expect("the records expired");
+        };
+        costs.push(
+            tombstones::costs("PostgreSQL", off, on, run, options, response, measure, expire).await,
+        );
+        for on in [false, true] {
+            sql(format!("DROP TABLE {}", table(on)))
+                .execute(&pool)
+                .await
+                .expect("DROP TABLE");
+        }
+    }
+    if wanted("mysql") {
+        let url = std::env::var("MYSQL_URL").unwrap_or("mysql://root@127.0.0.1:3306/test".into());
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(options.pool as u32)
+            .test_before_acquire(false)
+            .connect(&url)
+            .await
+            .expect("MySQL");
+        let table = |on: bool| format!("tombstones_{}_{on}", run % 1_000_000_000);
+        let store = |on: bool| {
+            let store = MySqlStore::new(pool.clone())
+                .table(&table(on))
+                .expect("a table name")
+                .retention(retention);
+            if on { store } else { store.tombstones(Duration::ZERO) }
+        };
+        let (off, on) = (store(false), store(true));
+        off.migrate().await.expect("the table");
+        on.migrate().await.expect("the table");
+        let sql = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+        // Rebuilt, and InnoDB's own count of its pages brought up to date.
+        let measure = async |on: bool| {
+            let table = table(on);
+            for statement in [format!("OPTIMIZE TABLE {table}"), format!("ANALYZE TABLE {table}")]
+            {
+                sql(statement).execute(&pool).await.expect("OPTIMIZE");
+            }
+            let row = sql(format!(
+                "SELECT CAST(data_length + index_length AS SIGNED), \
+                 (SELECT count(*) FROM {table}) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ))
+            .fetch_one(&pool)
+            .await
+            .expect("the size");
+            (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 1))
+        };
+        let expire = async || {
+            sql(format!(
+                "UPDATE {} SET expires_at = 1 WHERE expires_at IS NOT NULL",
+                table(true)
+            ))
+            .execute(&pool)
+            .await
+            .expect("the records expired");
+        };
+        costs.push(
+            tombstones::costs("MySQL", off, on, run, options, response, measure, expire).await,
+        );
+        for on in [false, true] {
+            sql(format!("DROP TABLE {}", table(on)))
+                .execute(&pool)
+                .await
+                .expect("DROP TABLE");
+        }
+    }
+    if wanted("sqlite") {
+        use tower_idempotency::store::sqlite::sqlx as sqlite;
+        let dir = std::env::temp_dir().join(format!("tower-idempotency-tombstones-{run}"));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let file = |on: bool| dir.join(format!("records-{on}.sqlite3"));
+        let store = async |on: bool| {
+            let store = SqliteStore::open(file(on))
+                .await
+                .expect("the SQLite file")
+                .retention(retention);
+            if on { store } else { store.tombstones(Duration::ZERO) }
+        };
+        let (off, on) = (store(false).await, store(true).await);
+        let pools = (off.pool().clone(), on.pool().clone());
+        let measure = async |on: bool| {
+            use sqlite::Executor as _;
+            let pool = if on { &pools.1 } else { &pools.0 };
+            pool.execute("VACUUM").await.expect("VACUUM");
+            pool.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                .await
+                .expect("a checkpoint");
+            let rows: i64 = sqlite::query_scalar("SELECT count(*) FROM idempotency_records")
+                .fetch_one(pool)
+                .await
+                .expect("the rows");
+            let bytes = std::fs::metadata(file(on)).expect("the file").len() as i64;
+            (bytes, rows)
+        };
+        let expire = async || {
+            sqlite::query(
+                "UPDATE idempotency_records SET expires_at = 0 WHERE expires_at IS NOT NULL",
+            )
+            .execute(&pools.1)
+            .await
+            .expect("the records expired");
+        };
+        costs.push(
+            tombstones::costs("SQLite", off, on, run, options, response, measure, expire).await,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    costs
+}
+
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -574,6 +755,11 @@ fn main() {
     let records = options.records;
     let mut rows = Vec::new();
     let wanted = |name: &str| options.stores.iter().any(|s| s == name);
+    if options.tombstones {
+        let costs = runtime.block_on(tombstone_costs(&options, run, &response));
+        tombstones::print(&costs, &options);
+        return;
+    }
     runtime.block_on(async {
         if wanted("memory") {
             let store = MemoryStore::builder().unbounded().build();

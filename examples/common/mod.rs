@@ -32,7 +32,7 @@ pub struct Options {
     pub retention: Option<Duration>,
     /// `--tombstone-s N`: how long a completed key is remembered past its replay window,
     /// answered "expired" rather than created again; 0 remembers none. Default 604800, a
-    /// week, the stores' own default (kept so far by the memory store).
+    /// week, the stores' own default (kept by the memory and SQL stores; Redis next).
     pub tombstones: Duration,
     /// `--purge-every-s N`: how often a durable store (PostgreSQL, SQLite) deletes its
     /// expired records; 0 never. Default 3600, an hour.
@@ -331,7 +331,7 @@ async fn open_transactional_postgres(options: &Options) -> Result<DynStore, Stri
         let store = PostgresStore::connect(url)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let store = retained!(store, retention);
+        let store = retained!(store, retention).tombstones(options.tombstones);
         store.migrate().await.map_err(|e| format!("{e:#}"))?;
         // Under a lock, so that replicas starting together create it once.
         tower_idempotency::store::postgres::sqlx::raw_sql(
@@ -366,7 +366,7 @@ async fn open_transactional_mysql(options: &Options) -> Result<DynStore, String>
         let store = MySqlStore::connect(url)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let store = retained!(store, retention);
+        let store = retained!(store, retention).tombstones(options.tombstones);
         store.migrate().await.map_err(|e| format!("{e:#}"))?;
         store
             .pool()
@@ -470,7 +470,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let store = tower_idempotency::store::PostgresStore::connect(url)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let store = retained!(store, retention);
+            let store = retained!(store, retention).tombstones(options.tombstones);
             store.migrate().await.map_err(|e| format!("{e:#}"))?;
             keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
@@ -484,7 +484,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let store = tower_idempotency::store::MySqlStore::connect(url)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let store = retained!(store, retention);
+            let store = retained!(store, retention).tombstones(options.tombstones);
             store.migrate().await.map_err(|e| format!("{e:#}"))?;
             keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
@@ -498,7 +498,7 @@ pub async fn open_store(options: &Options) -> Result<DynStore, String> {
             let store = tower_idempotency::store::SqliteStore::open(path)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let store = retained!(store, retention);
+            let store = retained!(store, retention).tombstones(options.tombstones);
             keep_purging(options, || store.purge_every(every(options)));
             return Ok(DynStore::new(store));
         }

@@ -606,6 +606,7 @@ pub async fn claimed_again<St: Store>(store: &St, key: &str) -> &'static str {
     {
         tower_idempotency::store::Claim::Replay(_) => "replay",
         tower_idempotency::store::Claim::New(_) => "new",
+        tower_idempotency::store::Claim::Expired(_) => "expired",
         _ => "other",
     }
 }

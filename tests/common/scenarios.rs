@@ -438,7 +438,7 @@ pub async fn fifty_waiters_on_two_replicas<St: Store + Clone>(
 }
 
 /// Under a steady stream of 400 completed keys through `store` (one every few milliseconds),
-/// a purger with a short retention holds the store steady: in the last quarter of the stream
+/// a purger with a short retention (and tombstone window) holds the store steady: in the last quarter of the stream
 /// `count` (the records it holds) stays under half the stream, and once the stream stops the
 /// store empties of them.
 pub async fn purger_holds_steady<St, F, Fut>(store: &St, count: F)

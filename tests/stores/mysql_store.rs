@@ -49,6 +49,34 @@ pub(crate) async fn make_store(retention: Option<Duration>) -> MySqlStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 
+async fn make_with(options: tower_idempotency::store::StoreOptions) -> MySqlStore {
+    make_store(None)
+        .await
+        .with_options(options.timeout(Duration::from_secs(5)))
+}
+
+tower_idempotency::tombstone_conformance!(
+    make_with,
+    retention = Duration::from_millis(300),
+    tombstones = Duration::from_secs(3),
+);
+
+/// The transactional mode keeps tombstones as the plain store does: a claim in its own
+/// transaction finds the tombstone and answers expired, never a new claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn the_transactional_store_refuses_an_expired_key_until_its_tombstone_ends() {
+    let options = tower_idempotency::store::StoreOptions::new()
+        .retention(Duration::from_millis(300))
+        .tombstones(Duration::from_secs(3));
+    let store = tower_idempotency::store::TransactionalMySqlStore::new(make_with(options).await);
+    tower_idempotency::testing::conformance::an_expired_key_is_refused_until_its_tombstone_ends(
+        store,
+        Duration::from_millis(300),
+        Duration::from_secs(3),
+    )
+    .await;
+}
+
 /// The whole suite again on the application's own pool, as it is (no session setting of the
 /// store's), in a table of its own.
 mod on_the_applications_pool {

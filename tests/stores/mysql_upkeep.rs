@@ -19,7 +19,9 @@ use tower_idempotency::store::{Claim, Purge};
 
 #[tokio::test]
 async fn purge_deletes_expired_completed_records_only() {
-    let store = make_store(Some(Duration::from_millis(50))).await;
+    let store = make_store(Some(Duration::from_millis(50)))
+        .await
+        .tombstones(Duration::ZERO);
     let done = unique_key("purge-done");
     let open = unique_key("purge-open");
     let fp = LabelContract::fingerprint("x", "y");
@@ -75,12 +77,14 @@ async fn a_purge_held_up_on_a_row_stalls_no_claim() {
     .await;
     let purging = store.clone().timeout(Duration::from_secs(60));
     let purge = tokio::spawn(async move { purging.purge_expired().await });
-    // The purge's batch is under way (the server lists its statement) and cannot end before
+    // The purge's batch (its tombstones', or its deletion's) is under way (the server lists
+    // its statement) and cannot end before
     // the held row is given back.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while count(
         "SELECT count(*) FROM information_schema.processlist \
-         WHERE info LIKE 'DELETE FROM `tower_idempotency_purge_beside_claims`%'"
+         WHERE info LIKE 'DELETE FROM `tower_idempotency_purge_beside_claims`%' \
+         OR info LIKE 'UPDATE `tower_idempotency_purge_beside_claims`%'"
             .to_owned(),
     )
     .await
@@ -191,7 +195,8 @@ async fn the_purger_keeps_a_table_at_a_steady_size() {
         .table(&table)
         .unwrap()
         .timeout(Duration::from_secs(5))
-        .retention(Duration::from_millis(100));
+        .retention(Duration::from_millis(100))
+        .tombstones(Duration::from_millis(100));
     let counted = table.clone();
     let rows = move || count(format!("SELECT count(*) FROM {counted}"));
     let purger = store.purge_every(Duration::from_millis(50)).unwrap();
@@ -240,7 +245,7 @@ async fn the_operators_tool_purges_lists_resolves_and_forgets() {
     store.claim(&key(&long), &fp).await.unwrap();
     run(
         &mut session().await,
-        format!("UPDATE {table} SET expires_at = 1 WHERE `key` = 'old'"),
+        format!("UPDATE {table} SET expires_at = 1, tombstone_until = 1 WHERE `key` = 'old'"),
     )
     .await;
     let url = mysql_url();

@@ -389,7 +389,9 @@ async fn a_purge_finishes_at_any_backlog_and_claims_keep_answering() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purger_keeps_a_table_at_a_steady_size() {
     let (table, store, client) = own_table("purger", |store| {
-        store.retention(Duration::from_millis(100))
+        store
+            .retention(Duration::from_millis(100))
+            .tombstones(Duration::from_millis(100))
     })
     .await;
     let count = || client.count(format!("SELECT count(*) FROM {table}"), None);
@@ -452,7 +454,8 @@ async fn the_operators_tool_purges_a_table_and_says_why_it_failed() {
     let client = Session::open().await;
     client
         .batch(format!(
-            "UPDATE {table} SET expires_at = now() - interval '1 hour' WHERE key = 'old'"
+            "UPDATE {table} SET expires_at = now() - interval '1 hour', \
+             tombstone_until = now() - interval '1 hour' WHERE key = 'old'"
         ))
         .await;
     let tool = common::operator_tool;

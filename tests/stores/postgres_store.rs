@@ -47,6 +47,34 @@ pub(crate) async fn make_store(retention: Option<Duration>) -> PostgresStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(300));
 
+async fn make_with(options: tower_idempotency::store::StoreOptions) -> PostgresStore {
+    make_store(None)
+        .await
+        .with_options(options.timeout(Duration::from_secs(5)))
+}
+
+tower_idempotency::tombstone_conformance!(
+    make_with,
+    retention = Duration::from_millis(300),
+    tombstones = Duration::from_secs(3),
+);
+
+/// The transactional mode keeps tombstones as the plain store does: a claim in its own
+/// transaction finds the tombstone and answers expired, never a new claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) async fn the_transactional_store_refuses_an_expired_key_until_its_tombstone_ends() {
+    let options = tower_idempotency::store::StoreOptions::new()
+        .retention(Duration::from_millis(300))
+        .tombstones(Duration::from_secs(3));
+    let store = tower_idempotency::store::TransactionalPostgresStore::new(make_with(options).await);
+    tower_idempotency::testing::conformance::an_expired_key_is_refused_until_its_tombstone_ends(
+        store,
+        Duration::from_millis(300),
+        Duration::from_secs(3),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 pub(crate) async fn the_generic_json_operation_creates_once_for_a_thousand_identical_requests() {
     payments::generic_mode_creates_once(make_store(None).await, 1000).await;
@@ -336,7 +364,9 @@ pub(crate) async fn transactional_round_trips_new_four_replay_three() {
 
 #[tokio::test]
 pub(crate) async fn purge_deletes_expired_completed_records_only() {
-    let store = make_store(Some(Duration::from_millis(50))).await;
+    let store = make_store(Some(Duration::from_millis(50)))
+        .await
+        .tombstones(Duration::ZERO);
     let done = unique_key("purge-done");
     let open = unique_key("purge-open");
     let fp = LabelContract::fingerprint("x", "y");
@@ -546,6 +576,31 @@ pub(crate) async fn a_completed_record_lives_for_the_default_window() {
     assert_eq!(claimed_again(&store, &key).await, "replay");
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE {TABLE} SET expires_at = expires_at - interval '24 hours 1 second' WHERE key = $1"
+    )))
+    .bind(&key)
+    .execute(&mut *session.connection().await)
+    .await
+    .unwrap();
+    assert_eq!(
+        claimed_again(&store, &key).await,
+        "expired",
+        "its tombstone kept for the default window after"
+    );
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT EXTRACT(EPOCH FROM tombstone_until - now())::float8 FROM {TABLE} WHERE key = $1"
+    )))
+    .bind(&key)
+    .fetch_one(&mut *session.connection().await)
+    .await
+    .unwrap();
+    let remembered: f64 = row.get(0);
+    let until = window + tower_idempotency::store::DEFAULT_TOMBSTONES.as_secs_f64();
+    assert!(
+        remembered > until - 60.0 && remembered <= until,
+        "{remembered}"
+    );
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {TABLE} SET tombstone_until = expires_at WHERE key = $1"
     )))
     .bind(&key)
     .execute(&mut *session.connection().await)

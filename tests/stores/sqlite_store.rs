@@ -61,6 +61,17 @@ pub(crate) async fn make_store(retention: Option<Duration>) -> SqliteStore {
 
 tower_idempotency::store_conformance!(make_store, retention = Duration::from_millis(200));
 
+async fn make_with(options: tower_idempotency::store::StoreOptions) -> SqliteStore {
+    let store = SqliteStore::open(path()).await.expect("the SQLite file");
+    store.with_options(options)
+}
+
+tower_idempotency::tombstone_conformance!(
+    make_with,
+    retention = Duration::from_millis(300),
+    tombstones = Duration::from_secs(3),
+);
+
 /// The whole suite again on the application's own pool (its sqlx, not the store's
 /// re-export): several connections, the pool's settings as they are.
 mod on_the_applications_pool {
@@ -226,7 +237,7 @@ pub(crate) async fn an_unreadable_record_is_corrupt() {
 #[tokio::test]
 pub(crate) async fn a_completed_record_lives_for_the_default_window() {
     use common::{claimed_again, complete_new};
-    use tower_idempotency::store::DEFAULT_RETENTION;
+    use tower_idempotency::store::{DEFAULT_RETENTION, DEFAULT_TOMBSTONES};
     let store = SqliteStore::open(path()).await.expect("the SQLite file");
     let window = i64::try_from(DEFAULT_RETENTION.as_millis()).unwrap();
     let expiry = async |key: &str| -> (Option<i64>, i64) {
@@ -255,6 +266,28 @@ pub(crate) async fn a_completed_record_lives_for_the_default_window() {
     .execute(&mut connect(path()).await)
     .await
     .unwrap();
+    assert_eq!(
+        claimed_again(&store, &key).await,
+        "expired",
+        "its tombstone kept for the default window after"
+    );
+    let remembered: i64 = sqlx::query_scalar(
+        "SELECT tombstone_until - expires_at FROM idempotency_records WHERE key = ?1",
+    )
+    .bind(&key)
+    .fetch_one(&mut connect(path()).await)
+    .await
+    .unwrap();
+    let tombstones = i64::try_from(DEFAULT_TOMBSTONES.as_millis()).unwrap();
+    assert!(
+        (tombstones + window + 1000 - remembered).abs() < 60_000,
+        "{remembered}"
+    );
+    sqlx::query("UPDATE idempotency_records SET tombstone_until = expires_at WHERE key = ?1")
+        .bind(&key)
+        .execute(&mut connect(path()).await)
+        .await
+        .unwrap();
     assert_eq!(claimed_again(&store, &key).await, "new");
 
     let forever = store.keep_forever();

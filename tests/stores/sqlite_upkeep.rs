@@ -104,7 +104,8 @@ async fn the_purger_keeps_a_file_at_a_steady_size() {
     let store = SqliteStore::open(&file)
         .await
         .unwrap()
-        .retention(Duration::from_millis(100));
+        .retention(Duration::from_millis(100))
+        .tombstones(Duration::from_millis(100));
     let count = || {
         let file = file.clone();
         async move {
@@ -294,7 +295,7 @@ async fn the_operators_tool_purges_and_keeps_its_exit_codes() {
     }
     let mut connection = connect(&file).await;
     connection
-        .execute("UPDATE idempotency_records SET expires_at = 0 WHERE key LIKE 'old-%'")
+        .execute("UPDATE idempotency_records SET expires_at = 0, tombstone_until = 0 WHERE key LIKE 'old-%'")
         .await
         .unwrap();
     let (code, out, _) = tool(&["--store", &url, "purge"]);

@@ -57,8 +57,8 @@ impl StoreOptions {
     /// fingerprint [`Claim::Expired`](crate::Claim::Expired) rather than create again; past
     /// that, the key is new. `Duration::ZERO` keeps none: a key past its replay window is new
     /// at once. Default [`DEFAULT_TOMBSTONES`]. Stores that keep tombstones say so with
-    /// [`Store::tombstone_window`](crate::Store::tombstone_window) (so far the memory store;
-    /// the others keep none yet).
+    /// [`Store::tombstone_window`](crate::Store::tombstone_window) (the memory store and
+    /// the SQL stores; Redis keeps none yet).
     ///
     /// ```
     /// use std::time::Duration;

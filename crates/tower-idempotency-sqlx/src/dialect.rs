@@ -13,7 +13,8 @@ use tower_idempotency_core::CHANGE_POLL_INTERVAL;
 use tower_idempotency_core::backend::waiting::{self, WaiterMap, Waiters as _};
 
 use tower_idempotency_core::{
-    Claim, Fingerprint, Lease, RecordInfo, Reservation, StoreError, StoreErrorKind, StoreOptions,
+    Claim, Fingerprint, Found, Lease, RecordInfo, Reservation, StoreError, StoreErrorKind,
+    StoreOptions,
 };
 
 use crate::pooled::{Connections, on_connection};
@@ -48,6 +49,110 @@ pub(crate) fn millis(duration: Duration) -> i64 {
 pub(crate) fn age_millis(age: Duration) -> i64 {
     let age = age.min(tower_idempotency_core::MAX_RETENTION);
     i64::try_from(age.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What a complete writes: the encoded response and, on a store that keeps tombstones, the
+/// tombstone it leaves once its replay window passed.
+pub(crate) struct Completion {
+    /// The response, encoded.
+    pub(crate) response: bytes::Bytes,
+    /// The tombstone's bytes (its completion time, status and `Location`), or `None` on a
+    /// store that keeps no tombstones (or keeps records for good).
+    pub(crate) tombstone: Option<bytes::Bytes>,
+    /// Milliseconds from the complete to the end of the tombstone's window (the retention and
+    /// the tombstone window after it); `0` with no tombstone.
+    pub(crate) tombstone_ms: i64,
+}
+
+impl Completion {
+    /// What completing with `response` writes on a store of `options`, completed now.
+    pub(crate) fn new(
+        options: &StoreOptions,
+        response: &tower_idempotency_core::StoredResponse,
+    ) -> Self {
+        let encoded = tower_idempotency_core::codec::encode(response);
+        let Some(tombstones) = options.tombstone_window() else {
+            return Self {
+                response: encoded,
+                tombstone: None,
+                tombstone_ms: 0,
+            };
+        };
+        let tombstone =
+            tower_idempotency_core::Tombstone::of(response, std::time::SystemTime::now());
+        let retention_ms = i64::try_from(options.retention_ms()).unwrap_or(i64::MAX);
+        Self {
+            response: encoded,
+            tombstone: Some(tombstone.to_bytes()),
+            tombstone_ms: retention_ms.saturating_add(millis(tombstones)),
+        }
+    }
+
+    /// The tombstone's bytes as a statement binds them.
+    pub(crate) fn tombstone(&self) -> Option<&[u8]> {
+        self.tombstone.as_deref()
+    }
+}
+
+/// A completed record as a claim reads it, in the terms of the claim's decision; `None` when
+/// the record holds neither a response nor a tombstone (a pending one).
+///
+/// A record keeps its response for its replay window (`expired`: past it) and its tombstone
+/// until the end of the tombstone's (`remembered`: not past it). The purge drops the response
+/// of a record past its replay window and within its tombstone's (buried: no response), and
+/// deletes a record past both.
+pub(crate) fn completed<R>(
+    same_fingerprint: bool,
+    response: Option<R>,
+    tombstone: Option<R>,
+    expired: bool,
+    remembered: bool,
+) -> Option<Found<R>> {
+    Some(match (response, tombstone) {
+        (Some(response), _) if !expired => Found::Completed {
+            same_fingerprint,
+            expired: false,
+            response,
+        },
+        (_, Some(tombstone)) if remembered => Found::Expired {
+            same_fingerprint,
+            tombstone,
+        },
+        // Past both windows: absent.
+        (Some(gone), _) | (None, Some(gone)) => Found::Completed {
+            same_fingerprint,
+            expired: true,
+            response: gone,
+        },
+        (None, None) => return None,
+    })
+}
+
+/// The operator's view of a record past its replay window, remembered by its `tombstone`.
+pub(crate) fn expired_info(
+    fingerprint: Fingerprint,
+    age: Option<Duration>,
+    tombstone: &[u8],
+) -> Result<RecordInfo, StoreError> {
+    let status = tower_idempotency_core::Tombstone::from_bytes(tombstone)?.status();
+    Ok(RecordInfo::new(
+        tower_idempotency_core::RecordState::Expired,
+        fingerprint,
+        age,
+        Some(status),
+        false,
+    ))
+}
+
+/// The lease a claim decides with on the committed record while another transaction holds
+/// the key: no take-over, and expired operations forgotten as the claim's own `lease` says.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn while_held(lease: Lease) -> Lease {
+    if lease.forgets_expired() {
+        Lease::default().forget_expired()
+    } else {
+        Lease::default()
+    }
 }
 
 /// A claim as a dialect takes it: the key as the layer made it, and what the caller claims it
@@ -183,6 +288,9 @@ impl LocalWaiters {
 /// What a SQL store does its own way. The keys it is given are the layer's; a dialect keeps
 /// them as its table does (the digest of a long one, on a server's table).
 pub(crate) trait Dialect {
+    /// The store's options.
+    fn store_options(&self) -> &StoreOptions;
+
     /// The claim, one atomic step of the database.
     async fn claim(&self, claiming: Claiming<'_>) -> Result<Claim, StoreError>;
 
@@ -190,8 +298,13 @@ pub(crate) trait Dialect {
     async fn renew_rows(&self, key: &str, token: &Token, lease: Duration) -> Rows;
 
     /// Completes `key`'s record pending under `token`, or whichever is pending when there is
-    /// none (an operator's resolve), with the encoded `response`.
-    async fn complete_rows(&self, key: &str, token: Option<&Token>, response: &[u8]) -> Rows;
+    /// none (an operator's resolve), with `completion`.
+    async fn complete_rows(
+        &self,
+        key: &str,
+        token: Option<&Token>,
+        completion: &Completion,
+    ) -> Rows;
 
     /// Deletes `key`'s record pending under `token`.
     async fn release_rows(&self, key: &str, token: &Token) -> Rows;
@@ -312,6 +425,10 @@ macro_rules! sql_store {
             fn replay_window(&self) -> Option<::std::time::Duration> {
                 self.options().retention_window()
             }
+
+            fn tombstone_window(&self) -> Option<::std::time::Duration> {
+                self.options().tombstone_window()
+            }
         }
 
         impl ::tower_idempotency_core::Operator for $store {
@@ -363,8 +480,8 @@ pub(crate) async fn store_response(
     token: Option<&Token>,
     response: &tower_idempotency_core::StoredResponse,
 ) -> Result<(), StoreError> {
-    let encoded = tower_idempotency_core::codec::encode(response);
-    guarded(store.complete_rows(key, token, &encoded).await?)?;
+    let completion = Completion::new(store.store_options(), response);
+    guarded(store.complete_rows(key, token, &completion).await?)?;
     store.wake(key);
     Ok(())
 }
@@ -419,6 +536,20 @@ macro_rules! options_methods {
         /// clamped. Shorthand for [`StoreOptions::retention`](tower_idempotency_core::StoreOptions::retention).
         pub fn retention(self, retention: ::std::time::Duration) -> Self {
             let options = self.base.options.retention(retention);
+            self.with_options(options)
+        }
+
+        /// Remembers a completed record for `tombstones` past its replay window: its
+        /// tombstone (when it completed, its status and `Location`) answers a retry with the
+        /// same fingerprint as expired ([`Claim::Expired`](tower_idempotency_core::Claim::Expired))
+        /// rather than letting it create again; past that, the key is new. The purge drops the
+        /// response at the end of the replay window and deletes the record at the end of its
+        /// tombstone's. Default:
+        /// [`DEFAULT_TOMBSTONES`](tower_idempotency_core::DEFAULT_TOMBSTONES), seven days;
+        /// `Duration::ZERO` keeps none. Shorthand for
+        /// [`StoreOptions::tombstones`](tower_idempotency_core::StoreOptions::tombstones).
+        pub fn tombstones(self, tombstones: ::std::time::Duration) -> Self {
+            let options = self.base.options.tombstones(tombstones);
             self.with_options(options)
         }
 

@@ -2,6 +2,7 @@
 //! take-over it may call for.
 
 use super::*;
+use crate::dialect::completed;
 use tower_idempotency_core::Write;
 
 impl MySqlStore {
@@ -111,7 +112,8 @@ pub(super) fn taking_over<'q>(
             .bind(&token[..])
             .bind(lease_ms)
             .bind(lease.takes_over())
-            .bind(key),
+            .bind(key)
+            .bind(lease.forgets_expired()),
         Write::TakeOver => sqlx::query(sql.take_over_abandoned.clone())
             .bind(&token[..])
             .bind(lease_ms)
@@ -127,7 +129,7 @@ pub(super) fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
 }
 
 /// What a claim's read of the record says: its token, fingerprint and response, whether it
-/// expired, and whether it was abandoned.
+/// expired, whether it was abandoned, its tombstone and whether that is remembered still.
 pub(super) fn found<'r>(
     row: &'r MySqlRow,
     token: &[u8; 16],
@@ -137,13 +139,13 @@ pub(super) fn found<'r>(
     let stored_fingerprint: &[u8] = row.try_get(1).map_err(corrupt)?;
     let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
     let same_fingerprint = stored_fingerprint == fingerprint.as_bytes();
-    Ok(match response {
-        Some(response) => Found::Completed {
-            same_fingerprint,
-            expired: row.try_get::<i64, _>(3).map_err(corrupt)? != 0,
-            response,
-        },
-        None => Found::Pending {
+    let expired = row.try_get::<i64, _>(3).map_err(corrupt)? != 0;
+    let tombstone: Option<&[u8]> = row.try_get(5).map_err(corrupt)?;
+    let remembered = row.try_get::<i64, _>(6).map_err(corrupt)? != 0;
+    let completed = completed(same_fingerprint, response, tombstone, expired, remembered);
+    Ok(match (stored_token, completed) {
+        (None, Some(completed)) => completed,
+        _ => Found::Pending {
             same_fingerprint,
             mine: stored_token == Some(&token[..]),
             abandoned: row.try_get::<i64, _>(4).map_err(corrupt)? != 0,

@@ -13,7 +13,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _};
 
 use crate::dialect::{
-    Base, Claiming, Dialect, LocalWaiters, Rows, Token, millis, options_methods, sql_store,
+    Base, Claiming, Completion, Dialect, LocalWaiters, Rows, Token, millis, options_methods,
+    sql_store,
 };
 use crate::pacing::Pacing;
 use crate::pooled::{Connections, Open, OwnSession, on_connection, table_key, valid_table};
@@ -300,8 +301,9 @@ impl MySqlStore {
 
     /// The DDL that makes the table `table` and its expiry index, for the migration tool you
     /// run yourself (sqlx-migrate, refinery, Flyway, Atlas): what [`migrate`](Self::migrate)
-    /// makes on a new database. For the default table it is the file
-    /// `migrations/mysql/0001_idempotency_records.sql` shipped with the crate.
+    /// makes on a new database. For the default table it is the files
+    /// `migrations/mysql/0001_idempotency_records.sql` and
+    /// `0002_tombstones.sql` shipped with the crate, one after the other (less their comments).
     ///
     /// ```
     /// # #[cfg(feature = "mysql")] {
@@ -343,9 +345,37 @@ impl MySqlStore {
                     .await
                     .map_err(unavailable)?;
             }
+            // Each column of a later release the table lacks, added (MySQL has no `ADD
+            // COLUMN IF NOT EXISTS`): an addition that fails because another replica's made
+            // it since the look is done.
+            for (column, add) in &self.sql.later_columns {
+                if self.has_column(connection, column).await? {
+                    continue;
+                }
+                if let Err(error) = connection.execute(add.clone()).await
+                    && !self.has_column(connection, column).await?
+                {
+                    return Err(unavailable(error));
+                }
+            }
             Ok(())
         })
         .await
+    }
+
+    /// Whether the table has `column`.
+    async fn has_column(
+        &self,
+        connection: &mut MySqlConnection,
+        column: &str,
+    ) -> Result<bool, StoreError> {
+        let columns: Vec<Vec<u8>> = sqlx::query_scalar(self.sql.columns.clone())
+            .fetch_all(connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(columns
+            .iter()
+            .any(|name| name.eq_ignore_ascii_case(column.as_bytes())))
     }
 
     /// How many keys requests of this process wait on now
@@ -432,33 +462,71 @@ impl Purge for MySqlStore {
         // A batch past the timeout fails the purge, unlike on the other stores (`paced`):
         // MySQL goes on with a statement whose client gave up, holding its rows, so a smaller
         // batch sent after it would wait for them and time out in turn.
-        let mut pacing = Pacing::new(PURGE_BATCH);
-        loop {
-            let asked = pacing.batch();
-            let batch = i64::try_from(asked).unwrap_or(i64::MAX);
-            let started = std::time::Instant::now();
-            let delete = sqlx::query(self.sql.purge.clone()).bind(batch);
-            let deleted = within(timeout, async {
-                delete
-                    .execute(session.connection())
-                    .await
-                    .map_err(unavailable)
-            })
-            .await?
-            .rows_affected();
-            *purged += deleted;
-            if deleted < asked {
-                return Ok(());
-            }
-            // The claims beside it get four times the batch's time (see `Pacing`).
-            tokio::time::sleep(pacing.pause(started.elapsed())).await;
+        if self.base.options.tombstone_window().is_some() {
+            // First the records past their replay window become their tombstones (see
+            // `Sql::bury`), then the records past both windows go.
+            let buried = &mut 0;
+            paced_on(&mut session, &self.sql.bury, timeout, buried).await?;
         }
+        paced_on(&mut session, &self.sql.purge, timeout, purged).await
     }
+}
+
+/// Runs `statement` (a purge's step, given its batch's size) on `session` in paced batches
+/// until one changes fewer records than it asked for, adding each batch's records to `done`.
+async fn paced_on(
+    session: &mut OwnSession<sqlx::MySql>,
+    statement: &sqlx::SqlStr,
+    timeout: Duration,
+    done: &mut u64,
+) -> Result<(), StoreError> {
+    let mut pacing = Pacing::new(PURGE_BATCH);
+    loop {
+        let asked = pacing.batch();
+        let batch = i64::try_from(asked).unwrap_or(i64::MAX);
+        let started = std::time::Instant::now();
+        let delete = sqlx::query(statement.clone()).bind(batch);
+        let changed = within(timeout, async {
+            delete
+                .execute(session.connection())
+                .await
+                .map_err(unavailable)
+        })
+        .await?
+        .rows_affected();
+        *done += changed;
+        if changed < asked {
+            return Ok(());
+        }
+        // The claims beside it get four times the batch's time (see `Pacing`).
+        tokio::time::sleep(pacing.pause(started.elapsed())).await;
+    }
+}
+
+/// `complete` (the statement that completes a record, or resolves it) with `completion`'s
+/// values bound, up to the key: the response, the retention, the tombstone and how long it is
+/// kept.
+pub(super) fn bind_completion<'q>(
+    complete: Query<'q>,
+    completion: &'q Completion,
+    retention_ms: i64,
+) -> Query<'q> {
+    complete
+        .bind(&completion.response[..])
+        .bind(retention_ms)
+        .bind(retention_ms)
+        .bind(completion.tombstone())
+        .bind(completion.tombstone_ms)
+        .bind(completion.tombstone_ms)
 }
 
 sql_store!(MySqlStore);
 
 impl Dialect for MySqlStore {
+    fn store_options(&self) -> &tower_idempotency_core::StoreOptions {
+        &self.base.options
+    }
+
     async fn claim(&self, claiming: Claiming<'_>) -> Result<Claim, StoreError> {
         let claim =
             async |connection: &mut MySqlConnection| self.claim_on(connection, claiming).await;
@@ -473,17 +541,22 @@ impl Dialect for MySqlStore {
         self.execute(renew).await
     }
 
-    async fn complete_rows(&self, key: &str, token: Option<&Token>, response: &[u8]) -> Rows {
+    async fn complete_rows(
+        &self,
+        key: &str,
+        token: Option<&Token>,
+        completion: &Completion,
+    ) -> Rows {
         let statement = match token {
             Some(_) => &self.sql.complete,
             None => &self.sql.resolve,
         };
-        let retention_ms = self.base.retention_ms();
-        let complete = sqlx::query(statement.clone())
-            .bind(response)
-            .bind(retention_ms)
-            .bind(retention_ms)
-            .bind(&*table_key(key));
+        let complete = bind_completion(
+            sqlx::query(statement.clone()),
+            completion,
+            self.base.retention_ms(),
+        )
+        .bind(&*table_key(key));
         let complete = match token {
             Some(token) => complete.bind(&token[..]),
             None => complete,
@@ -547,7 +620,10 @@ mod tests {
     /// The migration file shipped for the default table is the DDL `schema` gives.
     #[test]
     fn the_shipped_migration_is_the_schema_of_the_default_table() {
-        let shipped = include_str!("../../migrations/mysql/0001_idempotency_records.sql");
+        let shipped = concat!(
+            include_str!("../../migrations/mysql/0001_idempotency_records.sql"),
+            include_str!("../../migrations/mysql/0002_tombstones.sql")
+        );
         let body: String = shipped
             .lines()
             .filter(|line| !line.starts_with("--"))

@@ -1,7 +1,7 @@
 //! The operator's view of a MySQL store's records.
 
 use super::*;
-use crate::dialect::View;
+use crate::dialect::{View, expired_info};
 
 impl View for MySqlStore {
     async fn inspect_record(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -14,14 +14,27 @@ impl View for MySqlStore {
         let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
         let age: i64 = row.try_get(3).map_err(corrupt)?;
         let abandoned = row.try_get::<i64, _>(4).map_err(corrupt)? != 0;
-        let status = match response {
-            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
-            None => None,
-        };
+        let tombstone: Option<&[u8]> = row.try_get(5).map_err(corrupt)?;
+        let expired = row.try_get::<i64, _>(6).map_err(corrupt)? != 0;
+        let remembered = row.try_get::<i64, _>(7).map_err(corrupt)? != 0;
         let fingerprint = std::str::from_utf8(fingerprint)
             .ok()
             .and_then(Fingerprint::parse)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
+        let age = u64::try_from(age).ok().map(Duration::from_millis);
+        match (pending, response, tombstone) {
+            (false, None, Some(tombstone)) => {
+                return expired_info(fingerprint, age, tombstone).map(Some);
+            }
+            (false, Some(_), Some(tombstone)) if expired && remembered => {
+                return expired_info(fingerprint, age, tombstone).map(Some);
+            }
+            _ => {}
+        }
+        let status = match response {
+            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
+            None => None,
+        };
         Ok(Some(RecordInfo::new(
             if pending {
                 RecordState::Pending
@@ -29,7 +42,7 @@ impl View for MySqlStore {
                 RecordState::Completed
             },
             fingerprint,
-            u64::try_from(age).ok().map(Duration::from_millis),
+            age,
             status,
             abandoned,
         )))

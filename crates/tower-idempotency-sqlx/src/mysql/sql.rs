@@ -33,6 +33,9 @@ pub(super) struct Sql {
     pub(super) resolve: SqlStr,
     pub(super) forget: SqlStr,
     pub(super) purge: SqlStr,
+    pub(super) bury: SqlStr,
+    pub(super) columns: SqlStr,
+    pub(super) later_columns: [(&'static str, SqlStr); 2],
     pub(super) exists: SqlStr,
     pub(super) create: SqlStr,
 }
@@ -57,14 +60,16 @@ impl Sql {
             // expired, and whether it is pending with its lease lapsed and open to a take-over.
             read: statement(format!(
                 "SELECT token, fingerprint, response, COALESCE(expires_at <= {NOW_MS}, 0), \
-                 COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0) \
+                 COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0), \
+                 tombstone, COALESCE(tombstone_until > {NOW_MS}, 0) \
                  FROM {quoted} WHERE `key` = ?"
             )),
             // The transactional claim's read: the record under its row lock, or an error at
             // once where another transaction holds it.
             read_locked: statement(format!(
                 "SELECT token, fingerprint, response, COALESCE(expires_at <= {NOW_MS}, 0), \
-                 COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0) \
+                 COALESCE(token IS NOT NULL AND take_over AND lease_until <= {NOW_MS}, 0), \
+                 tombstone, COALESCE(tombstone_until > {NOW_MS}, 0) \
                  FROM {quoted} WHERE `key` = ? FOR UPDATE NOWAIT"
             )),
             // The transactional claim's insert: a duplicate is an error, not ignored (another
@@ -75,10 +80,15 @@ impl Sql {
             insert_nowait: statement(format!(
                 "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {insert_locked}"
             )),
+            // Over a completed record past its replay window, and past its tombstone's unless
+            // the claim forgets expired operations (the last `?`).
             take_over: statement(format!(
                 "UPDATE {quoted} SET fingerprint = ?, token = ?, response = NULL, \
                  expires_at = NULL, changed_at = {NOW_MS}, lease_until = {NOW_MS} + ?, \
-                 take_over = ? WHERE `key` = ? AND expires_at <= {NOW_MS}"
+                 take_over = ?, tombstone = NULL, tombstone_until = NULL \
+                 WHERE `key` = ? AND token IS NULL \
+                 AND (response IS NULL OR expires_at <= {NOW_MS}) \
+                 AND (? OR tombstone_until IS NULL OR tombstone_until <= {NOW_MS})"
             )),
             take_over_abandoned: statement(format!(
                 "UPDATE {quoted} SET token = ?, changed_at = {NOW_MS}, \
@@ -88,9 +98,12 @@ impl Sql {
             renew: statement(format!(
                 "UPDATE {quoted} SET lease_until = {NOW_MS} + ? WHERE `key` = ? AND token = ?"
             )),
+            // The response, its retention (twice), its tombstone and how long that is kept
+            // (twice), the key and the token.
             complete: statement(format!(
                 "UPDATE {quoted} SET response = ?, token = NULL, lease_until = NULL, \
-                 changed_at = {NOW_MS}, expires_at = IF(? > 0, {NOW_MS} + ?, NULL) \
+                 changed_at = {NOW_MS}, expires_at = IF(? > 0, {NOW_MS} + ?, NULL), \
+                 tombstone = ?, tombstone_until = IF(? > 0, {NOW_MS} + ?, NULL) \
                  WHERE `key` = ? AND token = ?"
             )),
             release: statement(format!(
@@ -104,7 +117,8 @@ impl Sql {
             )),
             inspect: statement(format!(
                 "SELECT fingerprint, token IS NOT NULL, response, {NOW_MS} - changed_at, \
-                 token IS NOT NULL AND COALESCE(lease_until <= {NOW_MS}, 0) \
+                 token IS NOT NULL AND COALESCE(lease_until <= {NOW_MS}, 0), tombstone, \
+                 COALESCE(expires_at <= {NOW_MS}, 0), COALESCE(tombstone_until > {NOW_MS}, 0) \
                  FROM {quoted} WHERE `key` = ?"
             )),
             pending: statement(format!(
@@ -113,30 +127,72 @@ impl Sql {
             )),
             resolve: statement(format!(
                 "UPDATE {quoted} SET response = ?, token = NULL, lease_until = NULL, \
-                 changed_at = {NOW_MS}, expires_at = IF(? > 0, {NOW_MS} + ?, NULL) \
+                 changed_at = {NOW_MS}, expires_at = IF(? > 0, {NOW_MS} + ?, NULL), \
+                 tombstone = ?, tombstone_until = IF(? > 0, {NOW_MS} + ?, NULL) \
                  WHERE `key` = ? AND token IS NOT NULL"
             )),
             forget: statement(format!("DELETE FROM {quoted} WHERE `key` = ?")),
             // One batch of at most `?` expired records, oldest first, by the expiry index.
             purge: statement(format!(
-                "DELETE FROM {quoted} WHERE expires_at <= {NOW_MS} ORDER BY expires_at LIMIT ?"
+                "DELETE FROM {quoted} WHERE expires_at <= {NOW_MS} \
+                 AND (tombstone_until IS NULL OR tombstone_until <= {NOW_MS}) \
+                 ORDER BY expires_at LIMIT ?"
             )),
+            // One batch of at most `?` records past their replay window made their tombstones:
+            // the response dropped, the expiry moved to the tombstone's end (where the expiry
+            // index finds them again, and not before). One past both windows too, deleted by
+            // the purge's next step.
+            bury: statement(format!(
+                "UPDATE {quoted} SET response = NULL, expires_at = tombstone_until \
+                 WHERE expires_at <= {NOW_MS} AND response IS NOT NULL \
+                 AND tombstone_until IS NOT NULL ORDER BY expires_at LIMIT ?"
+            )),
+            // The columns of later releases the table has.
+            columns: statement(format!(
+                "SELECT column_name FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            )),
+            later_columns: LATER_COLUMNS.map(|(column, kind)| {
+                (
+                    column,
+                    statement(format!("ALTER TABLE {quoted} ADD COLUMN {column} {kind}")),
+                )
+            }),
             // Looked up first, so that a start with the table in place runs no DDL (which
             // would wait for the metadata lock of every open transaction on the table).
             exists: statement(format!(
                 "SELECT COUNT(*) FROM information_schema.tables \
                  WHERE table_schema = DATABASE() AND table_name = '{table}'"
             )),
-            create: statement(schema(table)),
+            create: statement(create(table)),
         }
     }
 }
 
-/// The DDL of a new table `table` and its expiry index: the same as the migration file
-/// shipped for the default table. The key and the fingerprint are bytes, compared exactly
-/// (a character column would compare them under a collation, `A` equal to `a`); times are
-/// milliseconds since 1970 on the server's clock.
+/// The columns of later releases, each with its type, as `migrate` adds it to a table made
+/// before (the shipped migration `0002_tombstones.sql`).
+const LATER_COLUMNS: [(&str, &str); 2] = [
+    ("tombstone", "LONGBLOB NULL"),
+    ("tombstone_until", "BIGINT NULL"),
+];
+
+/// The DDL of a new table `table`, its expiry index and its columns of later releases: the
+/// same as the migration files shipped for the default table, one after the other. The key
+/// and the fingerprint are bytes, compared exactly (a character column would compare them
+/// under a collation, `A` equal to `a`); times are milliseconds since 1970 on the server's
+/// clock.
 pub(super) fn schema(table: &str) -> String {
+    let mut schema = create(table);
+    for (column, kind) in LATER_COLUMNS {
+        schema.push_str(&format!(
+            "ALTER TABLE `{table}` ADD COLUMN {column} {kind};\n"
+        ));
+    }
+    schema
+}
+
+/// The table `table` and its expiry index as the first release made them.
+fn create(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS `{table}` (\n\
          \x20   `key` VARBINARY(600) NOT NULL PRIMARY KEY,\n\

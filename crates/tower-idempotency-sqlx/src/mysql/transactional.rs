@@ -8,7 +8,7 @@ use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
 
 use super::claim::{Bound, decode, found, taking_over};
 use super::{CLAIM_ATTEMPTS, MySqlStore, Query, unavailable};
-use crate::dialect::{Claiming, Token};
+use crate::dialect::{Claiming, Completion, Token};
 use crate::pooled::{Open, OpenTransactions, SqlTransaction, SqlTransactionConnection};
 use tower_idempotency_core::{Answer, Claim, Decision, Lease, StoreError, StoreErrorKind, decide};
 
@@ -155,15 +155,20 @@ fn duplicate(error: &sqlx::Error) -> bool {
 
 /// What the committed record answers while another transaction holds the key: a replay or a
 /// conflict if one is there within its retention, pending otherwise.
-fn committed(row: Option<MySqlRow>, fingerprint: &str) -> Result<Claim, StoreError> {
+fn committed(row: Option<MySqlRow>, fingerprint: &str, lease: Lease) -> Result<Claim, StoreError> {
     let found = row
         .as_ref()
         .map(|row| found(row, &[0; 16], fingerprint))
         .transpose()?;
     // No token is the caller's, and no take-over while another transaction holds the key.
-    match decide(found, Lease::default()) {
+    match decide(found, crate::dialect::while_held(lease)) {
         Decision::Answer(Answer::Conflict) => Ok(Claim::Conflict),
         Decision::Answer(Answer::Replay(response)) => decode(response).map(Claim::Replay),
+        // Remembered past its window: the transaction holding the key cannot create it again
+        // (a claim that forgets expired operations finds it absent).
+        Decision::Answer(Answer::Expired(tombstone)) => {
+            tower_idempotency_core::Tombstone::from_bytes(tombstone).map(Claim::Expired)
+        }
         _ => Ok(Claim::Pending),
     }
 }
@@ -215,7 +220,7 @@ impl TransactionalMySqlStore {
                 Ok(row) => row,
                 // Another transaction holds the key: its create is in flight.
                 Err(error) if lock_not_had(&error) => {
-                    return self.in_flight(connection, key, fingerprint).await;
+                    return self.in_flight(connection, key, fingerprint, lease).await;
                 }
                 Err(error) => return Err(unavailable(error)),
             };
@@ -228,7 +233,7 @@ impl TransactionalMySqlStore {
                         Err(error) if duplicate(&error) => continue,
                         // Inserted by another claim since the read, its create in flight.
                         Err(error) if lock_not_had(&error) => {
-                            return self.in_flight(connection, key, fingerprint).await;
+                            return self.in_flight(connection, key, fingerprint, lease).await;
                         }
                         Err(error) => return Err(unavailable(error)),
                     }
@@ -262,13 +267,14 @@ impl TransactionalMySqlStore {
         connection: &mut MySqlConnection,
         key: &str,
         fingerprint: &str,
+        lease: Lease,
     ) -> Result<Claim, StoreError> {
         let row = sqlx::query(self.store.sql.read.clone())
             .bind(key)
             .fetch_optional(connection)
             .await
             .map_err(unavailable)?;
-        committed(row, fingerprint)
+        committed(row, fingerprint, lease)
     }
 
     /// Begins a claim's transaction (one round trip; see [`BEGIN`]).
@@ -278,12 +284,15 @@ impl TransactionalMySqlStore {
     }
 
     /// The statement that stores the response in the claim's transaction.
-    fn completing<'q>(&'q self, key: &'q str, token: &'q Token, response: &'q [u8]) -> Query<'q> {
+    fn completing<'q>(
+        &'q self,
+        key: &'q str,
+        token: &'q Token,
+        completion: &'q Completion,
+    ) -> Query<'q> {
         let retention = self.store.base.retention_ms();
-        sqlx::query(self.store.sql.complete.clone())
-            .bind(response)
-            .bind(retention)
-            .bind(retention)
+        let complete = sqlx::query(self.store.sql.complete.clone());
+        super::bind_completion(complete, completion, retention)
             .bind(key)
             .bind(&token[..])
     }

@@ -78,8 +78,8 @@ macro_rules! transactional_store {
             ) -> Result<(), ::tower_idempotency_core::StoreError> {
                 let key = &*$crate::pooled::table_key(key);
                 let token = $crate::dialect::token(reservation);
-                let encoded = ::tower_idempotency_core::codec::encode(response);
-                let complete = self.completing(key, &token, &encoded);
+                let completion = $crate::dialect::Completion::new(&self.store.base.options, response);
+                let complete = self.completing(key, &token, &completion);
                 let timeout = self.store.base.timeout();
                 let run = async |connection: &mut _| {
                     let done = complete.execute(connection).await?;
@@ -162,6 +162,11 @@ macro_rules! transactional_calls {
         /// The plain store's retention.
         fn replay_window(&self) -> Option<::std::time::Duration> {
             self.store.options().retention_window()
+        }
+
+        /// The plain store's tombstone window.
+        fn tombstone_window(&self) -> Option<::std::time::Duration> {
+            self.store.options().tombstone_window()
         }
 
         /// Rolls back: the create's writes with the claim, so the key is free again.

@@ -1,15 +1,16 @@
 //! The claim: its statement's passes, the record each found, and the decision on it.
 
 use super::*;
+use crate::dialect::completed;
 use tower_idempotency_core::{Answer, Write};
 
 /// What one pass of a claim found, from the row its statement returned.
 pub(super) enum Pass {
     /// The claim's answer.
     Answer(Claim),
-    /// A record to take over, with this statement; then the key is the caller's, or another
-    /// pass looks again.
-    TakeOver(sqlx::SqlStr),
+    /// A record to take over, as this write; then the key is the caller's, or another pass
+    /// looks again.
+    TakeOver(Write),
     /// No record, though the insert did nothing: another claim committed the key in between.
     Again,
 }
@@ -63,7 +64,7 @@ impl PostgresStore {
             })
             .await?;
             if let (None, Some(row)) = (lock, &row)
-                && let Ok(server) = row.try_get::<i64, _>(5)
+                && let Ok(server) = row.try_get::<i64, _>(7)
             {
                 self.clock.sample(sent, clock::now_us(), server);
             }
@@ -74,16 +75,25 @@ impl PostgresStore {
                     if row.try_get::<bool, _>(0).map_err(corrupt)? {
                         self.pass(&row, 1, &token, &fingerprint, lease)?
                     } else {
-                        Pass::Answer(committed(&row, &fingerprint)?)
+                        Pass::Answer(committed(&row, &fingerprint, lease)?)
                     }
                 }
             };
             match pass {
                 Pass::Answer(claim) => return Ok(claim),
                 Pass::Again => {}
-                Pass::TakeOver(sql) => {
+                Pass::TakeOver(write) => {
                     let deadline = self.clock.deadline(clock::now_us(), timeout);
-                    let query = bound(&sql).bind(in_time_ms).bind(deadline);
+                    let query = match write {
+                        // Past its retention: absent, to be written over.
+                        Write::Reserve => bound(&self.sql.take_over)
+                            .bind(in_time_ms)
+                            .bind(deadline)
+                            .bind(lease.forgets_expired()),
+                        Write::TakeOver => bound(&self.sql.take_over_abandoned)
+                            .bind(in_time_ms)
+                            .bind(deadline),
+                    };
                     let taken = within(timeout, async {
                         query
                             .execute(&mut *connection)
@@ -115,11 +125,7 @@ impl PostgresStore {
             return Ok(Pass::Again);
         };
         Ok(match decide(Some(found), lease) {
-            // Past its retention: absent, to be written over.
-            Decision::Write(Write::Reserve) => Pass::TakeOver(self.sql.take_over.clone()),
-            Decision::Write(Write::TakeOver) => {
-                Pass::TakeOver(self.sql.take_over_abandoned.clone())
-            }
+            Decision::Write(write) => Pass::TakeOver(write),
             Decision::Answer(answer) => {
                 let reservation = Reservation::from_u128(u128::from_be_bytes(*token));
                 Pass::Answer(answer.claim(
@@ -133,8 +139,9 @@ impl PostgresStore {
 }
 
 /// A claim's row, its columns from `first` on: the token, fingerprint and response of the
-/// record, whether it expired, and whether it was abandoned; `None` when there is no record
-/// (the fingerprint NULL, as in the transactional claim's row).
+/// record, whether it expired, whether it was abandoned, its tombstone and whether that is
+/// remembered still; `None` when there is no record (the fingerprint NULL, as in the
+/// transactional claim's row).
 fn found<'r>(
     row: &'r PgRow,
     first: usize,
@@ -148,13 +155,13 @@ fn found<'r>(
     };
     let same_fingerprint = stored_fingerprint == fingerprint;
     let response: Option<&[u8]> = row.try_get(first + 2).map_err(corrupt)?;
-    Ok(Some(match response {
-        Some(response) => Found::Completed {
-            same_fingerprint,
-            expired: row.try_get(first + 3).map_err(corrupt)?,
-            response,
-        },
-        None => Found::Pending {
+    let expired = row.try_get(first + 3).map_err(corrupt)?;
+    let tombstone: Option<&[u8]> = row.try_get(first + 5).map_err(corrupt)?;
+    let remembered = row.try_get(first + 6).map_err(corrupt)?;
+    let completed = completed(same_fingerprint, response, tombstone, expired, remembered);
+    Ok(Some(match (stored_token, completed) {
+        (None, Some(completed)) => completed,
+        _ => Found::Pending {
             same_fingerprint,
             mine: stored_token == Some(&token[..]),
             abandoned: row.try_get(first + 4).map_err(corrupt)?,
@@ -171,12 +178,17 @@ fn decode(response: &[u8]) -> Result<StoredResponse, StoreError> {
 /// within its retention, pending otherwise. Past its retention, the record is absent: the
 /// transaction holding the key is creating it again, so neither its old response nor its old
 /// fingerprint answers.
-fn committed(row: &PgRow, fingerprint: &str) -> Result<Claim, StoreError> {
+fn committed(row: &PgRow, fingerprint: &str, lease: Lease) -> Result<Claim, StoreError> {
     // No token is the caller's, and no take-over while another transaction holds the key.
     let found = found(row, 1, &[0; 16], fingerprint)?;
-    match decide(found, Lease::default()) {
+    match decide(found, crate::dialect::while_held(lease)) {
         Decision::Answer(Answer::Conflict) => Ok(Claim::Conflict),
         Decision::Answer(Answer::Replay(response)) => decode(response).map(Claim::Replay),
+        // Remembered past its window: the transaction holding the key cannot create it again
+        // (a claim that forgets expired operations finds it absent).
+        Decision::Answer(Answer::Expired(tombstone)) => {
+            tower_idempotency_core::Tombstone::from_bytes(tombstone).map(Claim::Expired)
+        }
         _ => Ok(Claim::Pending),
     }
 }

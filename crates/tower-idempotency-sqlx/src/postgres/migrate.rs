@@ -233,7 +233,10 @@ mod tests {
     /// one `migrate` makes on a new database (the store's tests run against both).
     #[test]
     fn the_shipped_migration_is_the_schema_of_the_default_table() {
-        let shipped = include_str!("../../migrations/postgres/0001_idempotency_records.sql");
+        let shipped = concat!(
+            include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
+            include_str!("../../migrations/postgres/0002_tombstones.sql")
+        );
         let body: String = shipped
             .lines()
             .filter(|line| !line.starts_with("--"))

@@ -15,7 +15,8 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _, Row as _, SqlSafeStr a
 
 use crate::dialect::deleting;
 use crate::dialect::{
-    Base, Claiming, Dialect, LocalWaiters, Rows, Token, millis, options_methods, sql_store,
+    Base, Claiming, Completion, Dialect, LocalWaiters, Rows, Token, millis, options_methods,
+    sql_store,
 };
 use crate::pooled::Open;
 pub(super) use crate::pooled::{Connections, table_key, valid_table};
@@ -305,8 +306,9 @@ impl PostgresStore {
 
     /// The DDL that makes the table `table` and its expiry index, for the migration tool you
     /// run yourself (sqlx-migrate, refinery, Flyway, Atlas): what [`migrate`](Self::migrate)
-    /// makes on a new database. For the default table it is the file
-    /// `migrations/postgres/0001_idempotency_records.sql` shipped with the crate.
+    /// makes on a new database. For the default table it is the files
+    /// `migrations/postgres/0001_idempotency_records.sql` and
+    /// `0002_tombstones.sql` shipped with the crate, one after the other (less their comments).
     ///
     /// ```
     /// # #[cfg(feature = "postgres")] {
@@ -532,11 +534,23 @@ impl Purge for PostgresStore {
         // run if it is undone.
         let timed_out =
             |error: &StoreError| error.kind() == StoreErrorKind::Timeout || cancelled(error);
-        let purge = deleting::<sqlx::Postgres, _>(|connection, batch| {
-            let statement = sqlx::query(self.sql.purge.clone()).bind(batch);
-            Box::pin(async move { Ok(statement.execute(connection).await?.rows_affected()) })
-        });
+        let batches = |statement: &sqlx::SqlStr| {
+            let statement = statement.clone();
+            deleting::<sqlx::Postgres, _>(move |connection, batch| {
+                let statement = sqlx::query(statement.clone()).bind(batch);
+                Box::pin(async move { Ok(statement.execute(connection).await?.rows_affected()) })
+            })
+        };
         let base = &self.base;
+        if base.options.tombstone_window().is_some() {
+            // First the records past their replay window become their tombstones (see
+            // `Sql::bury`), then the records past both windows go.
+            let buried = &mut 0;
+            let bury = batches(&self.sql.bury);
+            base.purge_paced(buried, PURGE_BATCH, unavailable, &timed_out, bury)
+                .await?;
+        }
+        let purge = batches(&self.sql.purge);
         base.purge_paced(purged, PURGE_BATCH, unavailable, timed_out, purge)
             .await
     }
@@ -556,6 +570,10 @@ fn cancelled(error: &StoreError) -> bool {
 sql_store!(PostgresStore);
 
 impl Dialect for PostgresStore {
+    fn store_options(&self) -> &tower_idempotency_core::StoreOptions {
+        &self.base.options
+    }
+
     async fn claim(&self, claiming: Claiming<'_>) -> Result<Claim, StoreError> {
         let connections = &self.base.connections;
         let mut connection = within(self.base.timeout(), connections.take()).await?;
@@ -579,7 +597,12 @@ impl Dialect for PostgresStore {
         self.execute(renew).await
     }
 
-    async fn complete_rows(&self, key: &str, token: Option<&Token>, response: &[u8]) -> Rows {
+    async fn complete_rows(
+        &self,
+        key: &str,
+        token: Option<&Token>,
+        completion: &Completion,
+    ) -> Rows {
         let key = &*table_key(key);
         let complete = match token {
             Some(token) => sqlx::query(self.sql.complete.clone())
@@ -587,7 +610,11 @@ impl Dialect for PostgresStore {
                 .bind(&token[..]),
             None => sqlx::query(self.sql.resolve.clone()).bind(key),
         };
-        let complete = complete.bind(response).bind(self.base.retention_ms());
+        let complete = complete
+            .bind(&completion.response[..])
+            .bind(self.base.retention_ms())
+            .bind(completion.tombstone())
+            .bind(completion.tombstone_ms);
         self.change(complete, key).await
     }
 

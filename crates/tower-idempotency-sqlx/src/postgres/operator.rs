@@ -11,7 +11,7 @@ use tower_idempotency_core::{RecordInfo, RecordState, StoreError, StoreErrorKind
 
 use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _};
 
-use crate::dialect::View;
+use crate::dialect::{View, expired_info};
 
 use super::{PostgresStore, begin_on, corrupt, statement_timeout_ms, table_key, unavailable};
 
@@ -27,6 +27,21 @@ impl View for PostgresStore {
         let response: Option<&[u8]> = row.try_get(2).map_err(corrupt)?;
         let age: i64 = row.try_get(3).map_err(corrupt)?;
         let abandoned: bool = row.try_get(4).map_err(corrupt)?;
+        let tombstone: Option<&[u8]> = row.try_get(5).map_err(corrupt)?;
+        let expired: bool = row.try_get(6).map_err(corrupt)?;
+        let remembered: bool = row.try_get(7).map_err(corrupt)?;
+        let fingerprint = Fingerprint::parse(fingerprint)
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
+        let age = u64::try_from(age).ok().map(Duration::from_millis);
+        match (pending, response, tombstone) {
+            (false, None, Some(tombstone)) => {
+                return expired_info(fingerprint, age, tombstone).map(Some);
+            }
+            (false, Some(_), Some(tombstone)) if expired && remembered => {
+                return expired_info(fingerprint, age, tombstone).map(Some);
+            }
+            _ => {}
+        }
         let status = match response {
             Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
             None => None,
@@ -37,9 +52,8 @@ impl View for PostgresStore {
             } else {
                 RecordState::Completed
             },
-            Fingerprint::parse(fingerprint)
-                .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?,
-            u64::try_from(age).ok().map(Duration::from_millis),
+            fingerprint,
+            age,
             status,
             abandoned,
         )))

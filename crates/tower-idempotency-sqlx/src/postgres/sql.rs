@@ -31,6 +31,7 @@ pub(super) struct Sql {
     pub(super) announce: SqlStr,
     pub(super) channel: String,
     pub(super) purge: SqlStr,
+    pub(super) bury: SqlStr,
     pub(super) migrate: SqlStr,
     pub(super) expiry_index: SqlStr,
     pub(super) lock_for_index: SqlStr,
@@ -66,11 +67,14 @@ impl Sql {
         // the moment of the complete inside a transaction that began with the claim (its
         // `now()` is the claim's, so the retention would count from the claim and a create as
         // long as the window would commit a record expired already).
+        // Its tombstone ($5) is kept until $6 milliseconds after it completed, if it has one.
         let complete = |clock: &str| {
             format!(
                 "UPDATE {quoted} SET response = $3, token = NULL, lease_until = NULL, \
                  changed_at = {clock}, expires_at = CASE \
-                 WHEN $4::bigint > 0 THEN {clock} + $4::bigint * interval '1 millisecond' END \
+                 WHEN $4::bigint > 0 THEN {clock} + $4::bigint * interval '1 millisecond' END, \
+                 tombstone = $5, tombstone_until = CASE \
+                 WHEN $6::bigint > 0 THEN {clock} + $6::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token = $2"
             )
         };
@@ -82,18 +86,24 @@ impl Sql {
                  INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
                  VALUES ($1, $2, $3, {lease}, $5, false) \
                  ON CONFLICT (key) DO NOTHING \
-                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed) \
-                 SELECT token, fingerprint, response, expired, lapsed, {server_now} \
-                 FROM inserted WHERE {in_time} \
+                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed, \
+                 NULL::bytea AS tombstone, false AS remembered) \
+                 SELECT token, fingerprint, response, expired, lapsed, tombstone, remembered, \
+                 {server_now} FROM inserted WHERE {in_time} \
                  UNION ALL \
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
-                 COALESCE(lease_until <= now() AND take_over, false), {server_now} \
+                 COALESCE(lease_until <= now() AND take_over, false), tombstone, \
+                 COALESCE(tombstone_until > now(), false), {server_now} \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)"
             )),
+            // Over a completed record past its replay window, and past its tombstone's unless
+            // the claim forgets expired operations ($8).
             take_over: statement(taken_in_time(format!(
                 "UPDATE {quoted} SET fingerprint = $2, token = $3, response = NULL, expires_at = NULL, \
-                 changed_at = now(), lease_until = {lease}, take_over = $5, waited = false \
-                 WHERE key = $1 AND expires_at <= now()"
+                 changed_at = now(), lease_until = {lease}, take_over = $5, waited = false, \
+                 tombstone = NULL, tombstone_until = NULL \
+                 WHERE key = $1 AND token IS NULL AND (response IS NULL OR expires_at <= now()) \
+                 AND ($8 OR COALESCE(tombstone_until <= now(), true))"
             ))),
             take_over_abandoned: statement(taken_in_time(format!(
                 "UPDATE {quoted} SET token = $3, changed_at = now(), lease_until = {lease}, \
@@ -134,8 +144,20 @@ impl Sql {
             // as they are picked: a join on the key would scan the whole table for each batch.
             purge: statement(format!(
                 "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
-                 WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 \
-                 FOR UPDATE SKIP LOCKED))"
+                 WHERE expires_at <= now() \
+                 AND (tombstone_until IS NULL OR tombstone_until <= now()) \
+                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))"
+            )),
+            // One batch of at most $1 records past their replay window made their tombstones:
+            // the response dropped, the expiry moved to the tombstone's end (where the expiry
+            // index finds them again, and not before). One past both windows too, deleted by
+            // the purge's next step.
+            bury: statement(format!(
+                "UPDATE {quoted} SET response = NULL, expires_at = tombstone_until \
+                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
+                 WHERE expires_at <= now() AND response IS NOT NULL \
+                 AND tombstone_until IS NOT NULL \
+                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))"
             )),
             // Every change is made only if the catalog says it is missing, so that a start with
             // nothing to change takes no lock on the table that would wait for a writing
@@ -173,6 +195,16 @@ impl Sql {
                  AND NOT attisdropped) THEN \
                  ALTER TABLE {quoted} ADD COLUMN waited boolean NOT NULL DEFAULT false; \
                  END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'tombstone' \
+                 AND NOT attisdropped) THEN \
+                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS tombstone bytea; \
+                 END IF; \
+                 IF NOT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass('{quoted}') AND attname = 'tombstone_until' \
+                 AND NOT attisdropped) THEN \
+                 ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS tombstone_until timestamptz; \
+                 END IF; \
                  END $migrate$;"
             )),
             // The expiry index: whether it is there and valid (a build that was interrupted
@@ -201,7 +233,8 @@ impl Sql {
             inspect: statement(format!(
                 "SELECT fingerprint, token IS NOT NULL, response, \
                  (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
-                 token IS NOT NULL AND COALESCE(lease_until <= now(), false) \
+                 token IS NOT NULL AND COALESCE(lease_until <= now(), false), tombstone, \
+                 COALESCE(expires_at <= now(), false), COALESCE(tombstone_until > now(), false) \
                  FROM {quoted} WHERE key = $1"
             )),
             // The claim of the transactional mode, in the claim's transaction: first the key's
@@ -215,15 +248,19 @@ impl Sql {
                  INSERT INTO {quoted} (key, fingerprint, token, lease_until, take_over, waited) \
                  SELECT $1, $2, $3, {lease}, $5, false FROM locked WHERE locked \
                  ON CONFLICT (key) DO NOTHING \
-                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed), \
+                 RETURNING token, fingerprint, response, false AS expired, false AS lapsed, \
+                 NULL::bytea AS tombstone, false AS remembered), \
                  found AS (\
-                 SELECT token, fingerprint, response, expired, lapsed FROM inserted \
+                 SELECT token, fingerprint, response, expired, lapsed, tombstone, remembered \
+                 FROM inserted \
                  UNION ALL \
                  SELECT token, fingerprint, response, COALESCE(expires_at <= now(), false), \
-                 COALESCE(lease_until <= now() AND take_over, false) \
+                 COALESCE(lease_until <= now() AND take_over, false), tombstone, \
+                 COALESCE(tombstone_until > now(), false) \
                  FROM {quoted} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM inserted)) \
                  SELECT locked.locked, found.token, found.fingerprint, found.response, \
-                 found.expired, found.lapsed FROM locked LEFT JOIN found ON true"
+                 found.expired, found.lapsed, found.tombstone, found.remembered \
+                 FROM locked LEFT JOIN found ON true"
             )),
             pending: statement(format!(
                 "SELECT key FROM {quoted} WHERE token IS NOT NULL \
@@ -232,7 +269,9 @@ impl Sql {
             resolve: statement(announced(format!(
                 "UPDATE {quoted} SET response = $2, token = NULL, lease_until = NULL, changed_at = now(), \
                  expires_at = CASE WHEN $3::bigint > 0 \
-                 THEN now() + $3::bigint * interval '1 millisecond' END \
+                 THEN now() + $3::bigint * interval '1 millisecond' END, tombstone = $4, \
+                 tombstone_until = CASE WHEN $5::bigint > 0 \
+                 THEN now() + $5::bigint * interval '1 millisecond' END \
                  WHERE key = $1 AND token IS NOT NULL"
             ))),
             forget: statement(announced(format!("DELETE FROM {quoted} WHERE key = $1"))),
@@ -240,8 +279,9 @@ impl Sql {
     }
 }
 
-/// The DDL of a new table `table` and its expiry index, as [`migrate`] makes them: the same as
-/// the migration file shipped for the default table.
+/// The DDL of a new table `table`, its expiry index and its columns of later releases, as
+/// [`migrate`] makes them: the same as the migration files shipped for the default table, one
+/// after the other (less their comments).
 ///
 /// [`migrate`]: super::PostgresStore::migrate
 pub(super) fn schema(table: &str) -> String {
@@ -258,6 +298,8 @@ pub(super) fn schema(table: &str) -> String {
          \x20   waited boolean NOT NULL DEFAULT false\n\
          );\n\
          CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON \"{table}\" (expires_at)\n\
-         \x20   WHERE expires_at IS NOT NULL;\n"
+         \x20   WHERE expires_at IS NOT NULL;\n\
+         ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS tombstone bytea;\n\
+         ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS tombstone_until timestamptz;\n"
     )
 }

@@ -8,7 +8,7 @@ use sqlx::postgres::Postgres;
 use sqlx::{AssertSqlSafe, SqlSafeStr as _};
 
 use super::{PostgresStore, Query, server_side};
-use crate::dialect::{Claiming, Token};
+use crate::dialect::{Claiming, Completion, Token};
 use crate::pooled::{Open, OpenTransactions, SqlTransaction, SqlTransactionConnection};
 use sqlx::postgres::PgConnection;
 use tower_idempotency_core::{Claim, StoreError};
@@ -149,12 +149,19 @@ impl TransactionalPostgresStore {
     /// The statement that completes the record in the claim's own transaction only: a failed
     /// statement of the create's aborted it (the update fails), and a `COMMIT` sent by the
     /// create ended it (the update finds no record of this transaction's).
-    fn completing<'q>(&'q self, key: &'q str, token: &'q Token, response: &'q [u8]) -> Query<'q> {
+    fn completing<'q>(
+        &'q self,
+        key: &'q str,
+        token: &'q Token,
+        completion: &'q Completion,
+    ) -> Query<'q> {
         sqlx::query(self.store.sql.complete_in_transaction.clone())
             .bind(key)
             .bind(&token[..])
-            .bind(response)
+            .bind(&completion.response[..])
             .bind(self.store.base.retention_ms())
+            .bind(completion.tombstone())
+            .bind(completion.tombstone_ms)
     }
 }
 

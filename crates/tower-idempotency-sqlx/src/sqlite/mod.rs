@@ -18,7 +18,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection as _, Executor as _};
 
 use crate::dialect::{
-    Base, Claiming, Dialect, LocalWaiters, Rows, Token, millis, options_methods, sql_store,
+    Base, Claiming, Completion, Dialect, LocalWaiters, Rows, Token, completed, millis,
+    options_methods, sql_store,
 };
 use crate::pooled::{Connections, on_connection};
 use tower_idempotency_core::Purge;
@@ -32,7 +33,6 @@ mod open;
 mod operator;
 mod purge;
 
-use self::open::present;
 pub use self::purge::PURGE_BATCH;
 
 /// A registry in one SQLite file: it survives restarts, and every process of the host that
@@ -97,11 +97,12 @@ pub struct SqliteStore {
 }
 
 const SELECT: &str = "SELECT fingerprint, token, response, lease_until, take_over, expires_at, \
-    changed_at FROM idempotency_records WHERE key = ?1";
+    changed_at, tombstone, tombstone_until FROM idempotency_records WHERE key = ?1";
 
-/// The claim's write: the caller's pending reservation, over an absent record, an expired
-/// one, or an abandoned reservation the caller may take over; only while the caller's
-/// deadline (`?7`) is ahead on SQLite's clock, read under the write lock. One row changed: the
+/// The claim's write: the caller's pending reservation, over an absent record, a completed
+/// one past its replay window (and its tombstone's, unless the claim forgets expired
+/// operations, `?9`), or an abandoned reservation the caller may take over; only while the
+/// caller's deadline (`?7`) is ahead on SQLite's clock, read under the write lock. One row changed: the
 /// key is the caller's. Run to its end, not read for a returned row: in autocommit SQLite
 /// commits when the statement ends, and a commit that fails (a reader holding a
 /// rollback-journal file, a full disk) rolls the write back, which only the statement's own
@@ -112,9 +113,11 @@ const RESERVE: &str = "INSERT INTO idempotency_records \
     WHERE CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) < ?7 \
     ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
     token = excluded.token, response = NULL, lease_until = excluded.lease_until, \
-    take_over = excluded.take_over, changed_at = excluded.changed_at, expires_at = NULL \
-    WHERE (response IS NOT NULL AND expires_at <= ?6) \
-    OR (response IS NULL AND take_over AND ?8 AND fingerprint = excluded.fingerprint \
+    take_over = excluded.take_over, changed_at = excluded.changed_at, expires_at = NULL, \
+    tombstone = NULL, tombstone_until = NULL \
+    WHERE (token IS NULL AND (response IS NULL OR expires_at <= ?6) \
+    AND (?9 OR tombstone_until IS NULL OR tombstone_until <= ?6)) \
+    OR (token IS NOT NULL AND take_over AND ?8 AND fingerprint = excluded.fingerprint \
     AND (lease_until IS NULL OR lease_until <= ?6) AND token IS NOT ?3)";
 
 /// Passes of a claim's read and write before it gives up: each pass that writes nothing
@@ -125,7 +128,7 @@ const CLAIM_ATTEMPTS: usize = 4;
 const READERS: u32 = 4;
 
 /// A record as a claim reads it: fingerprint, token, response, lease_until, take_over,
-/// expires_at, changed_at.
+/// expires_at, changed_at, tombstone, tombstone_until.
 type Row = (
     String,
     Option<Vec<u8>>,
@@ -134,6 +137,8 @@ type Row = (
     bool,
     Option<i64>,
     i64,
+    Option<Vec<u8>>,
+    Option<i64>,
 );
 
 /// The record a claim read, as the claim's decision takes it.
@@ -143,15 +148,17 @@ fn found(
     fingerprint: &str,
     token: &[u8; 16],
 ) -> Option<Found<Vec<u8>>> {
-    let (stored_fingerprint, stored_token, response, lease_until, take_over, expires_at, _) = row?;
+    let row = row?;
+    let (stored_fingerprint, stored_token, response, lease_until, take_over, expires_at, _) =
+        (row.0, row.1, row.2, row.3, row.4, row.5, row.6);
+    let (tombstone, tombstone_until) = (row.7, row.8);
     let same_fingerprint = stored_fingerprint == fingerprint;
-    Some(match response {
-        Some(response) => Found::Completed {
-            same_fingerprint,
-            expired: expires_at.is_some_and(|at| at <= now),
-            response,
-        },
-        None => Found::Pending {
+    let expired = expires_at.is_some_and(|at| at <= now);
+    let remembered = tombstone_until.is_some_and(|until| until > now);
+    let completed = completed(same_fingerprint, response, tombstone, expired, remembered);
+    Some(match (stored_token, completed) {
+        (None, Some(completed)) => completed,
+        (stored_token, _) => Found::Pending {
             same_fingerprint,
             mine: stored_token.is_some_and(|stored| stored[..] == token[..]),
             abandoned: take_over && lease_until.is_none_or(|until| until <= now),
@@ -240,22 +247,17 @@ impl SqliteStore {
         }
     }
 
-    /// Makes the store's table and its expiry index, each if it is missing
-    /// ([`SCHEMA`](Self::SCHEMA)), leaving the file's journal mode as it is. Idempotent, and
-    /// a file that has both takes no write lock.
+    /// Makes the store's table and its expiry index, each if it is missing, and adds the
+    /// columns of later releases to a table made before ([`SCHEMA`](Self::SCHEMA)), leaving
+    /// the file's journal mode as it is. Idempotent, and a file that has them all takes no
+    /// write lock.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] if the file cannot be written.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut connection = self.pool().acquire().await.map_err(unavailable)?;
-        if present(&mut connection).await.map_err(unavailable)? < 2 {
-            connection
-                .execute(Self::SCHEMA)
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
+        open::make_table(&mut connection).await.map_err(unavailable)
     }
 
     /// The pool the store runs on: the application's, or its own.
@@ -322,6 +324,10 @@ impl std::fmt::Debug for SqliteStore {
 sql_store!(SqliteStore);
 
 impl Dialect for SqliteStore {
+    fn store_options(&self) -> &tower_idempotency_core::StoreOptions {
+        &self.base.options
+    }
+
     async fn claim(&self, claiming: Claiming<'_>) -> Result<Claim, StoreError> {
         let Claiming {
             key,
@@ -362,6 +368,7 @@ impl Dialect for SqliteStore {
                             .bind(now)
                             .bind(deadline)
                             .bind(lease.takes_over())
+                            .bind(lease.forgets_expired())
                             .execute(connection)
                             .await
                             .map(|done| done.rows_affected())
@@ -395,21 +402,31 @@ impl Dialect for SqliteStore {
         .await
     }
 
-    async fn complete_rows(&self, key: &str, token: Option<&Token>, response: &[u8]) -> Rows {
+    async fn complete_rows(
+        &self,
+        key: &str,
+        token: Option<&Token>,
+        completion: &Completion,
+    ) -> Rows {
         let now = now_millis();
         let retention_ms = self.base.retention_ms();
         let expires = (retention_ms > 0).then(|| now.saturating_add(retention_ms));
+        let remembered =
+            (completion.tombstone_ms > 0).then(|| now.saturating_add(completion.tombstone_ms));
         self.call(async |connection| {
             sqlx::query(
                 "UPDATE idempotency_records SET response = ?3, token = NULL, \
-                 lease_until = NULL, changed_at = ?4, expires_at = ?5 \
+                 lease_until = NULL, changed_at = ?4, expires_at = ?5, tombstone = ?6, \
+                 tombstone_until = ?7 \
                  WHERE key = ?1 AND token IS NOT NULL AND (?2 IS NULL OR token = ?2)",
             )
             .bind(key)
             .bind(token.map(|token| &token[..]))
-            .bind(response)
+            .bind(&completion.response[..])
             .bind(now)
             .bind(expires)
+            .bind(completion.tombstone())
+            .bind(remembered)
             .execute(connection)
             .await
             .map(|done| done.rows_affected())
@@ -485,9 +502,14 @@ mod tests {
         );
     }
 
-    /// The shipped migration is the schema the store makes.
+    /// The shipped migrations are the schema the store makes: the table, its index, and each
+    /// later column as the store adds it to a table made before.
     #[test]
     fn the_shipped_migration_makes_the_table_and_its_index() {
+        for (column, add) in open::LATER_COLUMNS {
+            assert!(add.contains(column));
+            assert!(SqliteStore::SCHEMA.contains(add), "{add}");
+        }
         assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
         assert!(
             SqliteStore::SCHEMA

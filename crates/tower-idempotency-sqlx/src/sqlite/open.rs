@@ -18,11 +18,55 @@ async fn prepare(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
             .execute(&mut *connection)
             .await?;
     }
+    make_table(connection).await
+}
+
+/// The table, its expiry index and its columns of later releases, each made only if missing:
+/// a file that has them all takes no write lock.
+pub(super) async fn make_table(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     if present(connection).await? < 2 {
-        connection.execute(SqliteStore::SCHEMA).await?;
+        connection.execute(TABLE).await?;
+    }
+    for (column, add) in LATER_COLUMNS {
+        if !has_column(connection, column).await? {
+            // Another process may have added it since the look: then it is there.
+            if let Err(error) = connection.execute(add).await
+                && !has_column(connection, column).await?
+            {
+                return Err(error);
+            }
+        }
     }
     Ok(())
 }
+
+/// Whether the table has `column`.
+async fn has_column(connection: &mut SqliteConnection, column: &str) -> Result<bool, sqlx::Error> {
+    let found: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pragma_table_info('idempotency_records') WHERE name = ?1",
+    )
+    .bind(column)
+    .fetch_one(connection)
+    .await?;
+    Ok(found > 0)
+}
+
+/// The table and its expiry index as the first release made them (the shipped migration
+/// `0001_idempotency_records.sql`).
+const TABLE: &str = include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
+
+/// The columns of later releases, each with the statement that adds it (the shipped migration
+/// `0002_tombstones.sql`, a statement a line).
+pub(super) const LATER_COLUMNS: [(&str, &str); 2] = [
+    (
+        "tombstone",
+        "ALTER TABLE idempotency_records ADD COLUMN tombstone BLOB;",
+    ),
+    (
+        "tombstone_until",
+        "ALTER TABLE idempotency_records ADD COLUMN tombstone_until INTEGER;",
+    ),
+];
 
 /// How many of the table and its expiry index the file holds.
 pub(super) async fn present(connection: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
@@ -62,8 +106,10 @@ pub(super) fn busy_millis(timeout: Duration) -> u64 {
 
 impl SqliteStore {
     /// The DDL of the store's table and its expiry index, for the migration tool you run
-    /// yourself: the file `migrations/sqlite/0001_idempotency_records.sql` shipped with the
-    /// crate, what [`open`](Self::open) and [`migrate`](Self::migrate) make.
+    /// yourself: the files `migrations/sqlite/0001_idempotency_records.sql` and
+    /// `0002_tombstones.sql` shipped with the crate, one after the other, what
+    /// [`open`](Self::open) and [`migrate`](Self::migrate) make on a new file. (On a table the
+    /// first made, they add the second's columns.)
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -72,8 +118,10 @@ impl SqliteStore {
     /// assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
     /// # }
     /// ```
-    pub const SCHEMA: &'static str =
-        include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
+    pub const SCHEMA: &'static str = concat!(
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql"),
+        include_str!("../../migrations/sqlite/0002_tombstones.sql")
+    );
 
     /// Opens (or creates) the store in the file at `path`, in WAL mode with
     /// `synchronous = FULL`, and creates its table if it is missing. The store's own pool

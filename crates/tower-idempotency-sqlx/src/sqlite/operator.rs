@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::dialect::View;
+use crate::dialect::expired_info;
 use tower_idempotency_core::Fingerprint;
 
 impl View for SqliteStore {
@@ -9,26 +10,33 @@ impl View for SqliteStore {
         let row = self
             .look(async |connection| read(connection, key).await)
             .await?;
-        let Some((fingerprint, _, response, lease_until, _, _, changed_at)) = row else {
+        let Some(row) = row else {
             return Ok(None);
         };
+        let (fingerprint, token, response, lease_until, changed_at) =
+            (row.0, row.1, row.2, row.3, row.6);
         let now = now_millis();
         let fingerprint = Fingerprint::parse(&fingerprint)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
         let age = u64::try_from(now.saturating_sub(changed_at))
             .ok()
             .map(Duration::from_millis);
-        Ok(Some(match response {
-            Some(response) => RecordInfo::completed(
-                fingerprint,
-                age,
-                codec::decode(Bytes::from(response))?.status(),
-            ),
-            None => RecordInfo::pending(
-                fingerprint,
-                age,
-                lease_until.is_some_and(|until| until <= now),
-            ),
+        if token.is_some() {
+            let abandoned = lease_until.is_some_and(|until| until <= now);
+            return Ok(Some(RecordInfo::pending(fingerprint, age, abandoned)));
+        }
+        let expired = row.5.is_some_and(|at| at <= now);
+        let remembered = row.8.is_some_and(|until| until > now);
+        Ok(Some(match (response, row.7) {
+            (None, Some(tombstone)) => expired_info(fingerprint, age, &tombstone)?,
+            (Some(_), Some(tombstone)) if expired && remembered => {
+                expired_info(fingerprint, age, &tombstone)?
+            }
+            (Some(response), _) => {
+                let status = codec::decode(Bytes::from(response))?.status();
+                RecordInfo::completed(fingerprint, age, status)
+            }
+            (None, None) => RecordInfo::pending(fingerprint, age, false),
         }))
     }
 

@@ -10,7 +10,9 @@ use crate::dialect::deleting;
 /// that ran past the store's timeout.
 pub const PURGE_BATCH: u64 = 5_000;
 
-/// In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index, each one
+/// Records past their replay window and within their tombstone's become tombstones (their
+/// response dropped); records past both are deleted. Each step in batches of at most
+/// [`PURGE_BATCH`] records, oldest first by the expiry index, each one
 /// statement well within the store's timeout, until none is left. So it finishes at any
 /// backlog, and the claims of every process of the host take their turns at the file's write
 /// lock between its batches, which pause four times a batch's time. One process of the host
@@ -37,16 +39,37 @@ impl Purge for SqliteStore {
         // timeout is tried again halved; one given up on still runs to its end, before the
         // write connection is had again.
         let timed_out = |error: &StoreError| error.kind() == StoreErrorKind::Timeout;
+        let base = &self.base;
+        if base.options.tombstone_window().is_some() {
+            // First the records past their replay window become their tombstones: the
+            // response dropped, the expiry moved to the tombstone's end (so the expiry index
+            // finds them again then, and never before). One past both windows too, deleted
+            // in the next step.
+            let bury = deleting::<Sqlite, _>(|connection, batch| {
+                let statement = sqlx::query(
+                    "UPDATE idempotency_records SET response = NULL, \
+                     expires_at = tombstone_until WHERE key IN (SELECT key \
+                     FROM idempotency_records WHERE expires_at <= ?1 \
+                     AND response IS NOT NULL AND tombstone_until IS NOT NULL \
+                     ORDER BY expires_at LIMIT ?2)",
+                );
+                let done = statement.bind(now_millis()).bind(batch).execute(connection);
+                Box::pin(async move { Ok(done.await?.rows_affected()) })
+            });
+            let buried = &mut 0;
+            base.purge_paced(buried, PURGE_BATCH, unavailable, timed_out, bury)
+                .await?;
+        }
         let purge = deleting::<Sqlite, _>(|connection, batch| {
             let statement = sqlx::query(
                 "DELETE FROM idempotency_records WHERE key IN (SELECT key \
                  FROM idempotency_records WHERE expires_at <= ?1 \
+                 AND (tombstone_until IS NULL OR tombstone_until <= ?1) \
                  ORDER BY expires_at LIMIT ?2)",
             );
             let done = statement.bind(now_millis()).bind(batch).execute(connection);
             Box::pin(async move { Ok(done.await?.rows_affected()) })
         });
-        let base = &self.base;
         base.purge_paced(purged, PURGE_BATCH, unavailable, timed_out, purge)
             .await
     }
