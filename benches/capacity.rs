@@ -474,7 +474,11 @@ async fn tombstone_costs(
                 .table(&table(on))
                 .expect("a table name")
                 .retention(retention);
-            if on { store } else { store.tombstones(Duration::ZERO) }
+            if on {
+                store
+            } else {
+                store.tombstones(Duration::ZERO)
+            }
         };
         let (off, on) = (store(false), store(true));
         off.migrate().await.expect("the table");
@@ -506,7 +510,16 @@ async fn tombstone_costs(
             .expect("the records expired");
         };
         costs.push(
-            tombstones::costs("PostgreSQL", off, on, run, options, response, measure, expire).await,
+            tombstones::costs(
+                "PostgreSQL",
+                (off, on),
+                run,
+                options,
+                response,
+                measure,
+                expire,
+            )
+            .await,
         );
         for on in [false, true] {
             sql(format!("DROP TABLE {}", table(on)))
@@ -529,7 +542,11 @@ async fn tombstone_costs(
                 .table(&table(on))
                 .expect("a table name")
                 .retention(retention);
-            if on { store } else { store.tombstones(Duration::ZERO) }
+            if on {
+                store
+            } else {
+                store.tombstones(Duration::ZERO)
+            }
         };
         let (off, on) = (store(false), store(true));
         off.migrate().await.expect("the table");
@@ -538,8 +555,10 @@ async fn tombstone_costs(
         // Rebuilt, and InnoDB's own count of its pages brought up to date.
         let measure = async |on: bool| {
             let table = table(on);
-            for statement in [format!("OPTIMIZE TABLE {table}"), format!("ANALYZE TABLE {table}")]
-            {
+            for statement in [
+                format!("OPTIMIZE TABLE {table}"),
+                format!("ANALYZE TABLE {table}"),
+            ] {
                 sql(statement).execute(&pool).await.expect("OPTIMIZE");
             }
             let row = sql(format!(
@@ -562,7 +581,7 @@ async fn tombstone_costs(
             .expect("the records expired");
         };
         costs.push(
-            tombstones::costs("MySQL", off, on, run, options, response, measure, expire).await,
+            tombstones::costs("MySQL", (off, on), run, options, response, measure, expire).await,
         );
         for on in [false, true] {
             sql(format!("DROP TABLE {}", table(on)))
@@ -581,7 +600,11 @@ async fn tombstone_costs(
                 .await
                 .expect("the SQLite file")
                 .retention(retention);
-            if on { store } else { store.tombstones(Duration::ZERO) }
+            if on {
+                store
+            } else {
+                store.tombstones(Duration::ZERO)
+            }
         };
         let (off, on) = (store(false).await, store(true).await);
         let pools = (off.pool().clone(), on.pool().clone());
@@ -608,7 +631,7 @@ async fn tombstone_costs(
             .expect("the records expired");
         };
         costs.push(
-            tombstones::costs("SQLite", off, on, run, options, response, measure, expire).await,
+            tombstones::costs("SQLite", (off, on), run, options, response, measure, expire).await,
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

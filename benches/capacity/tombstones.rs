@@ -28,8 +28,7 @@ pub(crate) type Measured = (i64, i64);
 /// table, `measure(false)` `off`'s.
 pub(crate) async fn costs<St: Store + Purge + Clone + 'static>(
     name: &str,
-    off: St,
-    on: St,
+    (off, on): (St, St),
     run: u64,
     options: &Options,
     response: &StoredResponse,

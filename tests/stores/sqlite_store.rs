@@ -536,3 +536,81 @@ async fn a_local_change_wakes_its_waiters_at_once() {
     common::scenarios::a_local_change_wakes_its_waiters_at_once(store, SqliteStore::waited_keys)
         .await;
 }
+
+/// Found in review: a store that keeps no tombstones ignores one a record holds (written by a
+/// store that keeps them, on the same file): past its replay window the key is new there, as
+/// its options say, not refused as expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_tombstones_ignores_the_ones_a_record_holds() {
+    use common::{claimed_again, complete_new};
+    use tower_idempotency::store::{Claim, Store, StoreOptions};
+    let retention = Duration::from_millis(200);
+    let keeping = make_with(
+        StoreOptions::new()
+            .retention(retention)
+            .tombstones(Duration::from_secs(60)),
+    )
+    .await;
+    let ignoring = make_with(
+        StoreOptions::new()
+            .retention(retention)
+            .tombstones(Duration::ZERO),
+    )
+    .await;
+    let key = format!(
+        "ignored-tombstone-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    let started = std::time::Instant::now();
+    complete_new(&keeping, &key).await;
+    tokio::time::sleep_until((started + retention + Duration::from_millis(50)).into()).await;
+    assert_eq!(claimed_again(&keeping, &key).await, "expired");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint(&key, "p");
+    assert!(matches!(
+        ignoring.claim(&key, &fingerprint).await.unwrap(),
+        Claim::New(_)
+    ));
+}
+
+/// Found in review: one purge handles records to bury and records to delete however they
+/// interleave in the expiry index, each batch reading at most a batch of it: every record
+/// past both windows is deleted, every one within its tombstone's kept as a tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_purge_buries_and_deletes_records_however_they_interleave() {
+    use common::{claimed_again, complete_new};
+    use tower_idempotency::store::Purge;
+    let (dir, file) = fresh_file("interleaved");
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .retention(Duration::from_secs(3600));
+    let keys: Vec<String> = (0..300).map(|i| format!("interleaved-{i}")).collect();
+    for key in &keys {
+        complete_new(&store, key).await;
+    }
+    // Every record past its replay window, interleaved in the index: the even ones past their
+    // tombstone's too.
+    sqlx::query(
+        "UPDATE idempotency_records SET expires_at = 1000 + CAST(substr(key, 13) AS INTEGER), \
+         tombstone_until = CASE WHEN CAST(substr(key, 13) AS INTEGER) % 2 = 0 THEN 1 \
+         ELSE tombstone_until END",
+    )
+    .execute(&mut connect(&file).await)
+    .await
+    .unwrap();
+    let purged = store.purge_expired().await.unwrap();
+    assert_eq!(purged, 300, "150 buried and 150 deleted");
+    let left: Vec<(String, Option<Vec<u8>>)> =
+        sqlx::query_as("SELECT key, response FROM idempotency_records ORDER BY key")
+            .fetch_all(&mut connect(&file).await)
+            .await
+            .unwrap();
+    assert_eq!(left.len(), 150);
+    for (key, response) in &left {
+        let i: usize = key["interleaved-".len()..].parse().unwrap();
+        assert_eq!(i % 2, 1, "{key}: only the remembered ones are left");
+        assert_eq!(*response, None, "{key}: its response dropped");
+        assert_eq!(claimed_again(&store, key).await, "expired");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -144,6 +144,17 @@ pub(crate) fn expired_info(
     ))
 }
 
+/// The lease a claim runs under on a store of `options`: a store that keeps no tombstones
+/// forgets any a record holds (written by another replica, or an earlier setting), so that a
+/// key past its replay window is new there, as its options say.
+pub(crate) fn lease_on(options: &StoreOptions, lease: Lease) -> Lease {
+    if options.tombstone_window().is_none() {
+        lease.forget_expired()
+    } else {
+        lease
+    }
+}
+
 /// The lease a claim decides with on the committed record while another transaction holds
 /// the key: no take-over, and expired operations forgotten as the claim's own `lease` says.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -15,7 +15,8 @@ impl MySqlStore {
     ) -> Result<Claim, StoreError> {
         let bound = Bound::new(claiming);
         let (key, fingerprint, token) = (bound.key(), bound.fingerprint(), &bound.token);
-        let (reservation, lease) = (claiming.reservation, claiming.lease);
+        let reservation = claiming.reservation;
+        let lease = crate::dialect::lease_on(&self.base.options, claiming.lease);
         for _ in 0..CLAIM_ATTEMPTS {
             let inserted = bound
                 .insert(&self.sql.insert)

@@ -462,44 +462,30 @@ impl Purge for MySqlStore {
         // A batch past the timeout fails the purge, unlike on the other stores (`paced`):
         // MySQL goes on with a statement whose client gave up, holding its rows, so a smaller
         // batch sent after it would wait for them and time out in turn.
-        if self.base.options.tombstone_window().is_some() {
-            // First the records past their replay window become their tombstones (see
-            // `Sql::bury`), then the records past both windows go.
-            let buried = &mut 0;
-            paced_on(&mut session, &self.sql.bury, timeout, buried).await?;
+        let mut pacing = Pacing::new(PURGE_BATCH);
+        loop {
+            let asked = pacing.batch();
+            let batch = i64::try_from(asked).unwrap_or(i64::MAX);
+            let started = std::time::Instant::now();
+            // Its tombstones first, then its deletions (see `Sql::bury`).
+            let mut changed = 0;
+            for statement in [&self.sql.bury, &self.sql.purge] {
+                let step = sqlx::query(statement.clone()).bind(batch);
+                changed += within(timeout, async {
+                    step.execute(session.connection())
+                        .await
+                        .map_err(unavailable)
+                })
+                .await?
+                .rows_affected();
+            }
+            *purged += changed;
+            if changed < asked {
+                return Ok(());
+            }
+            // The claims beside it get four times the batch's time (see `Pacing`).
+            tokio::time::sleep(pacing.pause(started.elapsed())).await;
         }
-        paced_on(&mut session, &self.sql.purge, timeout, purged).await
-    }
-}
-
-/// Runs `statement` (a purge's step, given its batch's size) on `session` in paced batches
-/// until one changes fewer records than it asked for, adding each batch's records to `done`.
-async fn paced_on(
-    session: &mut OwnSession<sqlx::MySql>,
-    statement: &sqlx::SqlStr,
-    timeout: Duration,
-    done: &mut u64,
-) -> Result<(), StoreError> {
-    let mut pacing = Pacing::new(PURGE_BATCH);
-    loop {
-        let asked = pacing.batch();
-        let batch = i64::try_from(asked).unwrap_or(i64::MAX);
-        let started = std::time::Instant::now();
-        let delete = sqlx::query(statement.clone()).bind(batch);
-        let changed = within(timeout, async {
-            delete
-                .execute(session.connection())
-                .await
-                .map_err(unavailable)
-        })
-        .await?
-        .rows_affected();
-        *done += changed;
-        if changed < asked {
-            return Ok(());
-        }
-        // The claims beside it get four times the batch's time (see `Pacing`).
-        tokio::time::sleep(pacing.pause(started.elapsed())).await;
     }
 }
 
@@ -617,19 +603,29 @@ impl Dialect for MySqlStore {
 mod tests {
     use super::*;
 
-    /// The migration file shipped for the default table is the DDL `schema` gives.
+    /// The migration files shipped for the default table make what `schema` gives: the
+    /// first its table less the later columns, the second those columns.
     #[test]
     fn the_shipped_migration_is_the_schema_of_the_default_table() {
-        let shipped = concat!(
-            include_str!("../../migrations/mysql/0001_idempotency_records.sql"),
-            include_str!("../../migrations/mysql/0002_tombstones.sql")
-        );
-        let body: String = shipped
+        let first = include_str!("../../migrations/mysql/0001_idempotency_records.sql");
+        let later = include_str!("../../migrations/mysql/0002_tombstones.sql");
+        let body: String = first
             .lines()
             .filter(|line| !line.starts_with("--"))
             .map(|line| format!("{line}\n"))
             .collect();
-        assert_eq!(body, MySqlStore::schema(MySqlStore::DEFAULT_TABLE).unwrap());
+        let schema = MySqlStore::schema(MySqlStore::DEFAULT_TABLE).unwrap();
+        let mut without = schema.clone();
+        for (column, kind) in sql::LATER_COLUMNS {
+            let line = format!("    {column} {kind},\n");
+            assert!(schema.contains(&line), "{line}");
+            without = without.replace(&line, "");
+            assert!(
+                later.contains(&format!("ADD COLUMN {column} {kind};")),
+                "{column}"
+            );
+        }
+        assert_eq!(body, without);
         assert_eq!(
             MySqlStore::schema("bad`name").unwrap_err().kind(),
             StoreErrorKind::InvalidConfig

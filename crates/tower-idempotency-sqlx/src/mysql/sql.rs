@@ -133,19 +133,25 @@ impl Sql {
             )),
             forget: statement(format!("DELETE FROM {quoted} WHERE `key` = ?")),
             // One batch of at most `?` expired records, oldest first, by the expiry index.
-            purge: statement(format!(
-                "DELETE FROM {quoted} WHERE expires_at <= {NOW_MS} \
-                 AND (tombstone_until IS NULL OR tombstone_until <= {NOW_MS}) \
-                 ORDER BY expires_at LIMIT ?"
-            )),
-            // One batch of at most `?` records past their replay window made their tombstones:
-            // the response dropped, the expiry moved to the tombstone's end (where the expiry
-            // index finds them again, and not before). One past both windows too, deleted by
-            // the purge's next step.
+            // One batch's two steps, each on the first `?` records past their expiry, oldest
+            // first by the expiry index (a derived table: MySQL takes no `LIMIT` in an `IN`
+            // subquery): those within their tombstone's window lose their response and have
+            // their expiry moved to the tombstone's end (where the index finds them again,
+            // and not before); then those past their tombstone's window, or with none, are
+            // deleted. Each reads at most a batch of the index, whatever mix it holds.
             bury: statement(format!(
-                "UPDATE {quoted} SET response = NULL, expires_at = tombstone_until \
-                 WHERE expires_at <= {NOW_MS} AND response IS NOT NULL \
-                 AND tombstone_until IS NOT NULL ORDER BY expires_at LIMIT ?"
+                "UPDATE {quoted} JOIN (SELECT `key` FROM (SELECT `key` FROM {quoted} \
+                 WHERE expires_at <= {NOW_MS} ORDER BY expires_at LIMIT ?) AS firsts) \
+                 AS picked USING (`key`) \
+                 SET response = NULL, expires_at = tombstone_until \
+                 WHERE expires_at <= {NOW_MS} AND tombstone_until > {NOW_MS}"
+            )),
+            purge: statement(format!(
+                "DELETE {quoted} FROM {quoted} JOIN (SELECT `key` FROM (SELECT `key` \
+                 FROM {quoted} WHERE expires_at <= {NOW_MS} ORDER BY expires_at LIMIT ?) \
+                 AS firsts) AS picked USING (`key`) \
+                 WHERE expires_at <= {NOW_MS} \
+                 AND (tombstone_until IS NULL OR tombstone_until <= {NOW_MS})"
             )),
             // The columns of later releases the table has.
             columns: statement(format!(
@@ -164,35 +170,29 @@ impl Sql {
                 "SELECT COUNT(*) FROM information_schema.tables \
                  WHERE table_schema = DATABASE() AND table_name = '{table}'"
             )),
-            create: statement(create(table)),
+            create: statement(schema(table)),
         }
     }
 }
 
 /// The columns of later releases, each with its type, as `migrate` adds it to a table made
 /// before (the shipped migration `0002_tombstones.sql`).
-const LATER_COLUMNS: [(&str, &str); 2] = [
+pub(super) const LATER_COLUMNS: [(&str, &str); 2] = [
     ("tombstone", "LONGBLOB NULL"),
     ("tombstone_until", "BIGINT NULL"),
 ];
 
-/// The DDL of a new table `table`, its expiry index and its columns of later releases: the
-/// same as the migration files shipped for the default table, one after the other. The key
-/// and the fingerprint are bytes, compared exactly (a character column would compare them
-/// under a collation, `A` equal to `a`); times are milliseconds since 1970 on the server's
-/// clock.
+/// The DDL of a new table `table` with every column and its expiry index, safe to run again:
+/// the migration files shipped for the default table make the same, the first the table as
+/// the first release made it and the second its later columns (what `migrate` adds to a table
+/// made before). The key and the fingerprint are bytes, compared exactly (a character column
+/// would compare them under a collation, `A` equal to `a`); times are milliseconds since 1970
+/// on the server's clock.
 pub(super) fn schema(table: &str) -> String {
-    let mut schema = create(table);
+    let mut columns = String::new();
     for (column, kind) in LATER_COLUMNS {
-        schema.push_str(&format!(
-            "ALTER TABLE `{table}` ADD COLUMN {column} {kind};\n"
-        ));
+        columns.push_str(&format!("\x20   {column} {kind},\n"));
     }
-    schema
-}
-
-/// The table `table` and its expiry index as the first release made them.
-fn create(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS `{table}` (\n\
          \x20   `key` VARBINARY(600) NOT NULL PRIMARY KEY,\n\
@@ -203,6 +203,7 @@ fn create(table: &str) -> String {
          \x20   changed_at BIGINT NOT NULL,\n\
          \x20   lease_until BIGINT NULL,\n\
          \x20   take_over BOOLEAN NOT NULL DEFAULT FALSE,\n\
+         {columns}\
          \x20   INDEX `{table}_expires_at` (expires_at)\n\
          ) ENGINE = InnoDB;\n"
     )

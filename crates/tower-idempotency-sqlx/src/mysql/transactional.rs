@@ -193,7 +193,8 @@ impl TransactionalMySqlStore {
         let sql = &self.store.sql;
         let bound = Bound::new(claiming);
         let (key, fingerprint, token) = (bound.key(), bound.fingerprint(), &bound.token);
-        let (reservation, lease) = (claiming.reservation, claiming.lease);
+        let reservation = claiming.reservation;
+        let lease = crate::dialect::lease_on(&self.store.base.options, claiming.lease);
         let mariadb = *self
             .mariadb
             .get_or_try_init(|| async {

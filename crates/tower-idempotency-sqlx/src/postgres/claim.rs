@@ -27,7 +27,8 @@ impl PostgresStore {
         claiming: Claiming<'_>,
         lock: Option<i64>,
     ) -> Result<Claim, StoreError> {
-        let (reservation, lease) = (claiming.reservation, claiming.lease);
+        let reservation = claiming.reservation;
+        let lease = crate::dialect::lease_on(&self.base.options, claiming.lease);
         let key = &*table_key(claiming.key);
         let fingerprint = claiming.fingerprint.to_hex();
         let token = reservation.as_u128().to_be_bytes();

@@ -534,23 +534,14 @@ impl Purge for PostgresStore {
         // run if it is undone.
         let timed_out =
             |error: &StoreError| error.kind() == StoreErrorKind::Timeout || cancelled(error);
-        let batches = |statement: &sqlx::SqlStr| {
-            let statement = statement.clone();
-            deleting::<sqlx::Postgres, _>(move |connection, batch| {
-                let statement = sqlx::query(statement.clone()).bind(batch);
-                Box::pin(async move { Ok(statement.execute(connection).await?.rows_affected()) })
+        let purge = deleting::<sqlx::Postgres, _>(|connection, batch| {
+            let statement = sqlx::query_scalar::<_, i64>(self.sql.purge.clone()).bind(batch);
+            Box::pin(async move {
+                let changed = statement.fetch_one(connection).await?;
+                Ok(u64::try_from(changed).unwrap_or(0))
             })
-        };
+        });
         let base = &self.base;
-        if base.options.tombstone_window().is_some() {
-            // First the records past their replay window become their tombstones (see
-            // `Sql::bury`), then the records past both windows go.
-            let buried = &mut 0;
-            let bury = batches(&self.sql.bury);
-            base.purge_paced(buried, PURGE_BATCH, unavailable, &timed_out, bury)
-                .await?;
-        }
-        let purge = batches(&self.sql.purge);
         base.purge_paced(purged, PURGE_BATCH, unavailable, timed_out, purge)
             .await
     }

@@ -31,7 +31,6 @@ pub(super) struct Sql {
     pub(super) announce: SqlStr,
     pub(super) channel: String,
     pub(super) purge: SqlStr,
-    pub(super) bury: SqlStr,
     pub(super) migrate: SqlStr,
     pub(super) expiry_index: SqlStr,
     pub(super) lock_for_index: SqlStr,
@@ -142,22 +141,22 @@ impl Sql {
             // One batch of at most $1 expired records, oldest first, by the expiry index; rows
             // another session holds are skipped (their turn comes). By their row ids, locked
             // as they are picked: a join on the key would scan the whole table for each batch.
+            // One batch: the first $1 records past their expiry, oldest first by the expiry
+            // index; each one within its tombstone's window loses its response and has its
+            // expiry moved to the tombstone's end (where the index finds it again, and not
+            // before), every other one is deleted. Its answer: the records it changed. Rows
+            // another session holds are skipped (their turn comes). By their row ids, locked
+            // as they are picked: a join on the key would scan the whole table for each batch.
             purge: statement(format!(
-                "DELETE FROM {quoted} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
-                 WHERE expires_at <= now() \
-                 AND (tombstone_until IS NULL OR tombstone_until <= now()) \
-                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))"
-            )),
-            // One batch of at most $1 records past their replay window made their tombstones:
-            // the response dropped, the expiry moved to the tombstone's end (where the expiry
-            // index finds them again, and not before). One past both windows too, deleted by
-            // the purge's next step.
-            bury: statement(format!(
-                "UPDATE {quoted} SET response = NULL, expires_at = tombstone_until \
-                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM {quoted} \
-                 WHERE expires_at <= now() AND response IS NOT NULL \
-                 AND tombstone_until IS NOT NULL \
-                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))"
+                "WITH picked AS MATERIALIZED (SELECT ctid, \
+                 COALESCE(tombstone_until > now(), false) AS kept FROM {quoted} \
+                 WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED), \
+                 buried AS (UPDATE {quoted} SET response = NULL, expires_at = tombstone_until \
+                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked WHERE kept)) RETURNING 1), \
+                 deleted AS (DELETE FROM {quoted} \
+                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked WHERE NOT kept)) RETURNING 1) \
+                 SELECT (SELECT count(*) FROM buried) + (SELECT count(*) FROM deleted)"
             )),
             // Every change is made only if the catalog says it is missing, so that a start with
             // nothing to change takes no lock on the table that would wait for a writing

@@ -336,6 +336,7 @@ impl Dialect for SqliteStore {
             lease,
         } = claiming;
         let timeout = self.base.timeout();
+        let lease = crate::dialect::lease_on(&self.base.options, lease);
         let fingerprint = fingerprint.to_hex();
         let fingerprint = fingerprint.as_str();
         let token = reservation.as_u128().to_be_bytes();
@@ -506,9 +507,19 @@ mod tests {
     /// later column as the store adds it to a table made before.
     #[test]
     fn the_shipped_migration_makes_the_table_and_its_index() {
+        let later = include_str!("../../migrations/sqlite/0002_tombstones.sql");
         for (column, add) in open::LATER_COLUMNS {
             assert!(add.contains(column));
-            assert!(SqliteStore::SCHEMA.contains(add), "{add}");
+            assert!(later.contains(add), "{add}");
+            assert!(
+                SqliteStore::SCHEMA.contains(&format!("    {column} ")),
+                "{column}"
+            );
+        }
+        let first = include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
+        for line in first.lines().filter(|line| line.starts_with("    ")) {
+            let line = line.trim_end_matches(',');
+            assert!(SqliteStore::SCHEMA.contains(line), "{line}");
         }
         assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
         assert!(

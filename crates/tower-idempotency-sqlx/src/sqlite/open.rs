@@ -25,7 +25,7 @@ async fn prepare(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
 /// a file that has them all takes no write lock.
 pub(super) async fn make_table(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     if present(connection).await? < 2 {
-        connection.execute(TABLE).await?;
+        connection.execute(SqliteStore::SCHEMA).await?;
     }
     for (column, add) in LATER_COLUMNS {
         if !has_column(connection, column).await? {
@@ -50,10 +50,6 @@ async fn has_column(connection: &mut SqliteConnection, column: &str) -> Result<b
     .await?;
     Ok(found > 0)
 }
-
-/// The table and its expiry index as the first release made them (the shipped migration
-/// `0001_idempotency_records.sql`).
-const TABLE: &str = include_str!("../../migrations/sqlite/0001_idempotency_records.sql");
 
 /// The columns of later releases, each with the statement that adds it (the shipped migration
 /// `0002_tombstones.sql`, a statement a line).
@@ -105,11 +101,12 @@ pub(super) fn busy_millis(timeout: Duration) -> u64 {
 }
 
 impl SqliteStore {
-    /// The DDL of the store's table and its expiry index, for the migration tool you run
-    /// yourself: the files `migrations/sqlite/0001_idempotency_records.sql` and
-    /// `0002_tombstones.sql` shipped with the crate, one after the other, what
-    /// [`open`](Self::open) and [`migrate`](Self::migrate) make on a new file. (On a table the
-    /// first made, they add the second's columns.)
+    /// The DDL of the store's table with every column and its expiry index, safe to run
+    /// again: what [`open`](Self::open) and [`migrate`](Self::migrate) make on a new file. For
+    /// a migration tool that runs each file once, the crate ships the same as
+    /// `migrations/sqlite/0001_idempotency_records.sql` (the table as the first release made
+    /// it) and `0002_tombstones.sql` (its later columns, which `open` and `migrate` add to a
+    /// table made before).
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -118,10 +115,22 @@ impl SqliteStore {
     /// assert!(SqliteStore::SCHEMA.contains("CREATE TABLE IF NOT EXISTS idempotency_records"));
     /// # }
     /// ```
-    pub const SCHEMA: &'static str = concat!(
-        include_str!("../../migrations/sqlite/0001_idempotency_records.sql"),
-        include_str!("../../migrations/sqlite/0002_tombstones.sql")
-    );
+    pub const SCHEMA: &'static str = "\
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    key TEXT PRIMARY KEY NOT NULL,
+    fingerprint TEXT NOT NULL,
+    token BLOB,
+    response BLOB,
+    lease_until INTEGER,
+    take_over INTEGER NOT NULL DEFAULT 0,
+    changed_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    tombstone BLOB,
+    tombstone_until INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_records_expires_at
+    ON idempotency_records (expires_at) WHERE expires_at IS NOT NULL;
+";
 
     /// Opens (or creates) the store in the file at `path`, in WAL mode with
     /// `synchronous = FULL`, and creates its table if it is missing. The store's own pool

@@ -39,37 +39,41 @@ impl Purge for SqliteStore {
         // timeout is tried again halved; one given up on still runs to its end, before the
         // write connection is had again.
         let timed_out = |error: &StoreError| error.kind() == StoreErrorKind::Timeout;
-        let base = &self.base;
-        if base.options.tombstone_window().is_some() {
-            // First the records past their replay window become their tombstones: the
-            // response dropped, the expiry moved to the tombstone's end (so the expiry index
-            // finds them again then, and never before). One past both windows too, deleted
-            // in the next step.
-            let bury = deleting::<Sqlite, _>(|connection, batch| {
-                let statement = sqlx::query(
+        // Each batch looks at the first records past their expiry, oldest first: those
+        // within their tombstone's window lose their response and have their expiry moved to
+        // the tombstone's end (where the index finds them again, and not before); then, of
+        // the first records past their expiry now, those past their tombstone's window (or
+        // with none) are deleted. Each statement reads at most a batch of the index, whatever
+        // mix of records it holds; the two together change a whole batch while one is left.
+        let purge = deleting::<Sqlite, _>(|connection, batch| {
+            let now = now_millis();
+            Box::pin(async move {
+                let buried = sqlx::query(
                     "UPDATE idempotency_records SET response = NULL, \
                      expires_at = tombstone_until WHERE key IN (SELECT key \
                      FROM idempotency_records WHERE expires_at <= ?1 \
-                     AND response IS NOT NULL AND tombstone_until IS NOT NULL \
-                     ORDER BY expires_at LIMIT ?2)",
-                );
-                let done = statement.bind(now_millis()).bind(batch).execute(connection);
-                Box::pin(async move { Ok(done.await?.rows_affected()) })
-            });
-            let buried = &mut 0;
-            base.purge_paced(buried, PURGE_BATCH, unavailable, timed_out, bury)
-                .await?;
-        }
-        let purge = deleting::<Sqlite, _>(|connection, batch| {
-            let statement = sqlx::query(
-                "DELETE FROM idempotency_records WHERE key IN (SELECT key \
-                 FROM idempotency_records WHERE expires_at <= ?1 \
-                 AND (tombstone_until IS NULL OR tombstone_until <= ?1) \
-                 ORDER BY expires_at LIMIT ?2)",
-            );
-            let done = statement.bind(now_millis()).bind(batch).execute(connection);
-            Box::pin(async move { Ok(done.await?.rows_affected()) })
+                     ORDER BY expires_at LIMIT ?2) AND tombstone_until > ?1",
+                )
+                .bind(now)
+                .bind(batch)
+                .execute(&mut *connection)
+                .await?
+                .rows_affected();
+                let deleted = sqlx::query(
+                    "DELETE FROM idempotency_records WHERE key IN (SELECT key \
+                     FROM idempotency_records WHERE expires_at <= ?1 \
+                     ORDER BY expires_at LIMIT ?2) \
+                     AND (tombstone_until IS NULL OR tombstone_until <= ?1)",
+                )
+                .bind(now)
+                .bind(batch)
+                .execute(&mut *connection)
+                .await?
+                .rows_affected();
+                Ok(buried + deleted)
+            })
         });
+        let base = &self.base;
         base.purge_paced(purged, PURGE_BATCH, unavailable, timed_out, purge)
             .await
     }
