@@ -286,3 +286,59 @@ async fn the_operators_tool_purges_lists_resolves_and_forgets() {
     let _ = std::fs::remove_file(&body);
     run(&mut session().await, format!("DROP TABLE {table}")).await;
 }
+
+/// Found in review: `migrate` adding a later release's column to a table made before waited
+/// for the table's metadata lock as long as the server lets it (a year by default), behind any
+/// transaction open on the table (the transactional store holds one for every create), and
+/// every claim queued behind its waiting request. It waits a second at a time and tries again
+/// with pauses, so claims go on meanwhile, and it adds the column once the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_column_beside_an_open_transaction_stalls_no_claim() {
+    let (table, store) = own_table("add_column").await;
+    run(
+        &mut session().await,
+        format!("ALTER TABLE {table} DROP COLUMN tombstone, DROP COLUMN tombstone_until"),
+    )
+    .await;
+    let mut holder = session().await;
+    run(&mut holder, "BEGIN").await;
+    // Holds the table's shared metadata lock until the transaction ends.
+    run(&mut holder, format!("SELECT count(*) FROM {table}")).await;
+    let migrating = store.clone();
+    let migrate = tokio::spawn(async move { migrating.migrate().await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(format!(
+        "SELECT count(*) FROM information_schema.processlist \
+         WHERE info LIKE 'ALTER TABLE `{table}`%'"
+    ))
+    .await
+        == 0
+    {
+        assert!(!migrate.is_finished(), "migrate ended without waiting");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ALTER never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // New keys are claimed (an insert, which the old table takes) while it tries.
+    let claiming = store.clone().timeout(Duration::from_secs(4));
+    let fp = LabelContract::fingerprint("x", "y");
+    for i in 0..3 {
+        let key = unique_key(&format!("beside-alter-{i}"));
+        let claim = claiming.claim(&key, &fp).await;
+        assert!(matches!(claim, Ok(Claim::New(_))), "{key}: {claim:?}");
+    }
+    run(&mut holder, "ROLLBACK").await;
+    migrate
+        .await
+        .unwrap()
+        .expect("the column added once the lock is free");
+    let added = count(format!(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = DATABASE() \
+         AND table_name = '{table}' AND column_name IN ('tombstone', 'tombstone_until')"
+    ))
+    .await;
+    assert_eq!(added, 2);
+    run(&mut session().await, format!("DROP TABLE {table}")).await;
+}

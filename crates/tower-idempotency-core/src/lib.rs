@@ -115,8 +115,9 @@ pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub const CHANGE_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How long every store keeps a completed record unless told otherwise: 24 hours, the retry
-/// window of Stripe's API and of most peers. A retry within it replays; after it, the key is
-/// a new operation. Set another window with each store's `retention` (or
+/// window of Stripe's API and of most peers. A retry within it replays; after it, a store that
+/// keeps tombstones ([`DEFAULT_TOMBSTONES`]) refuses it as expired for the tombstone window,
+/// and past that (or on a store that keeps none) the key is a new operation. Set another window with each store's `retention` (or
 /// [`MemoryStore::with_retention`](https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.MemoryStore.html#method.with_retention)), or keep records for good with its `keep_forever`.
 pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 

@@ -39,7 +39,10 @@ use crate::fingerprint::Fingerprint;
 /// # }
 /// ```
 pub trait Operator: Store {
-    /// The record of `key`, if there is one.
+    /// The record of `key`, if there is one: pending, completed, or
+    /// [`Expired`](RecordState::Expired) once its replay window passed while its tombstone is
+    /// kept (its `status` the create's; whether or not a purge dropped its response yet). A
+    /// record past both windows is `None`, as to a claim, on the stores that keep tombstones.
     ///
     /// # Errors
     ///
@@ -84,7 +87,7 @@ pub trait Operator: Store {
     fn forget(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
-/// Whether a record is pending or completed.
+/// Whether a record is pending, completed, or remembered past its replay window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordState {
     /// Reserved: the create is running, or its process died before completing.
@@ -111,7 +114,7 @@ impl RecordState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordInfo {
-    /// Pending or completed.
+    /// Pending, completed, or expired (its tombstone kept).
     pub state: RecordState,
     /// Since it was claimed (pending) or completed; `None` where the store does not keep it
     /// (a memory store's completed records without a retention).

@@ -5,10 +5,11 @@ use std::time::Duration;
 use crate::backend::retention_millis;
 use crate::{DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_TOMBSTONES};
 
-/// What every store is configured with: how long a completed record is replayed, and how long
-/// one store call may take. One value type for every store, built once and handed to each
-/// store's `with_options` (the memory store's builder takes it with `options`); a store's
-/// `retention`, `keep_forever` and `timeout` methods are shorthands that set one field of it.
+/// What every store is configured with: how long a completed record is replayed, how long its
+/// tombstone is kept after that, and how long one store call may take. One value type for
+/// every store, built once and handed to each store's `with_options` (the memory store's
+/// builder takes it with `options`); a store's `retention`, `tombstones`, `keep_forever` and
+/// `timeout` methods are shorthands that set one field of it.
 /// An application names it `tower_idempotency::store::StoreOptions`.
 ///
 /// It is a plain value: changing it changes nothing already built. A store whose own pool
@@ -87,8 +88,9 @@ impl StoreOptions {
     }
 
     /// Completed records are replayed for `retention` after they were completed; from then on
-    /// a claim treats them as absent, and the store's purge deletes them. Pending records never
-    /// expire. Any duration is accepted; a remote store clamps it to
+    /// a store that keeps tombstones ([`tombstones`](Self::tombstones)) answers a retry as
+    /// expired until the tombstone window ends, and otherwise a claim treats them as absent;
+    /// the store's purge drops what it no longer needs. Pending records never expire. Any duration is accepted; a remote store clamps it to
     /// [`MAX_RETENTION`](crate::MAX_RETENTION) (a hundred years).
     #[must_use]
     pub const fn retention(mut self, retention: Duration) -> Self {

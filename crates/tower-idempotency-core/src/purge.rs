@@ -35,7 +35,9 @@ use crate::{Store, StoreError, StoreErrorKind};
 /// # Ok(()) }
 /// ```
 pub trait Purge: Store {
-    /// Deletes the completed records past their retention, adding each batch's deletions to
+    /// Deletes the completed records past their retention (on a store that keeps tombstones:
+    /// drops the response of those within their tombstone window, which count as purged, and
+    /// deletes those past it), adding each batch's deletions to
     /// `purged` as it goes: after a failure it holds what the batches before it deleted.
     ///
     /// # Errors
@@ -47,7 +49,8 @@ pub trait Purge: Store {
         purged: &mut u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Deletes the completed records past their retention, and returns how many.
+    /// Purges the completed records past their retention (see
+    /// [`purge_expired_counting`](Purge::purge_expired_counting)), and returns how many.
     ///
     /// # Errors
     ///

@@ -502,7 +502,7 @@ pub(crate) async fn store_response(
 /// bounding a call.
 macro_rules! options_methods {
     ($store:ident, $with_options:literal, $timeout:literal) => {
-        /// Runs the store with `options`: its retention, and its timeout.
+        /// Runs the store with `options`: its retention, its tombstone window, and its timeout.
         #[doc = ""]
         #[doc = $with_options]
         /// For another timeout a store on its own pool makes the pool afresh (its connections
@@ -540,8 +540,9 @@ macro_rules! options_methods {
         }
 
         /// Gives completed records an `expires_at` `retention` after they were completed; from
-        /// then on a claim treats them as absent, and [`purge_expired`](Self::purge_expired)
-        /// deletes them. Default: [`DEFAULT_RETENTION`](tower_idempotency_core::DEFAULT_RETENTION),
+        /// then on a claim answers expired while the record's tombstone is kept
+        /// ([`tombstones`](Self::tombstones)) and treats it as absent after, and
+        /// [`purge_expired`](Self::purge_expired) drops its response, then the record. Default: [`DEFAULT_RETENTION`](tower_idempotency_core::DEFAULT_RETENTION),
         /// 24 hours. Pending records never expire. Any duration is accepted; past
         /// [`MAX_RETENTION`](tower_idempotency_core::MAX_RETENTION) (a hundred years) it is
         /// clamped. Shorthand for [`StoreOptions::retention`](tower_idempotency_core::StoreOptions::retention).

@@ -48,9 +48,11 @@ pub use transactional::{MySqlTransaction, MySqlTransactionConnection, Transactio
 /// - Complete is an `UPDATE` and release a `DELETE`, both guarded by this request's
 ///   reservation token.
 /// - Times are the server's (milliseconds since 1970), so replicas' clocks do not matter.
-///   Completed records get an `expires_at` from the [retention](Self::retention), if set; a
-///   claim treats expired ones as absent and [`purge_expired`](Self::purge_expired) deletes
-///   them in batches. Pending records never expire.
+///   Completed records get an `expires_at` from the [retention](Self::retention), if set, and
+///   keep a tombstone for the [tombstone window](Self::tombstones) after it: a claim answers
+///   expired until then and treats the record as absent after;
+///   [`purge_expired`](Self::purge_expired) drops the response, then the record, in batches.
+///   Pending records never expire.
 /// - A request waiting for a first attempt ([`pending_wait`](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/struct.IdempotencyLayer.html#method.pending_wait))
 ///   is woken at once by a change this process made, and looks again every
 ///   [`CHANGE_POLL_INTERVAL`](tower_idempotency_core::CHANGE_POLL_INTERVAL) for a change another replica made (MySQL has no notifications).
@@ -204,6 +206,14 @@ fn corrupt(error: sqlx::Error) -> StoreError {
     StoreError::with_source(StoreErrorKind::Corrupt, error)
 }
 
+/// Attempts of [`MySqlStore::migrate`] at adding a column whose table's metadata lock stays
+/// held, each waiting [`MIGRATE_LOCK_WAIT`] for it: about half a minute in all.
+const MIGRATE_ATTEMPTS: usize = 20;
+
+/// How long an attempt of [`MySqlStore::migrate`] at adding a column waits for the table's
+/// metadata lock (`lock_wait_timeout`, whole seconds).
+const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(1);
+
 impl MySqlStore {
     /// The default table name.
     pub const DEFAULT_TABLE: &'static str = "idempotency_records";
@@ -345,22 +355,62 @@ impl MySqlStore {
                     .await
                     .map_err(unavailable)?;
             }
-            // Each column of a later release the table lacks, added (MySQL has no `ADD
-            // COLUMN IF NOT EXISTS`): an addition that fails because another replica's made
-            // it since the look is done.
-            for (column, add) in &self.sql.later_columns {
-                if self.has_column(connection, column).await? {
-                    continue;
-                }
-                if let Err(error) = connection.execute(add.clone()).await
-                    && !self.has_column(connection, column).await?
-                {
-                    return Err(unavailable(error));
-                }
-            }
             Ok(())
         })
-        .await
+        .await?;
+        for (column, add) in &self.sql.later_columns {
+            self.add_column(column, add, timeout).await?;
+        }
+        Ok(())
+    }
+
+    /// Adds `column` (by `add`) if the table lacks it (MySQL has no `ADD COLUMN IF NOT
+    /// EXISTS`; an addition that fails because another replica's made it since the look is
+    /// done). On a session of its own whose wait for the table's metadata lock is a second:
+    /// claims queue behind a waiting `ALTER TABLE`, so no longer than that, and behind a
+    /// transaction open on the table (the transactional store holds one for every create) it
+    /// is tried again, with pauses growing to a second, [`MIGRATE_ATTEMPTS`] times.
+    async fn add_column(
+        &self,
+        column: &str,
+        add: &sqlx::SqlStr,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let mut pause = Duration::from_millis(100);
+        for _ in 0..MIGRATE_ATTEMPTS {
+            let mut session = OwnSession::take(&self.base.connections, timeout).await?;
+            let added = within(timeout + MIGRATE_LOCK_WAIT, async {
+                let connection = session.connection();
+                if self.has_column(connection, column).await? {
+                    return Ok(true);
+                }
+                sqlx::raw_sql(AssertSqlSafe("SET SESSION lock_wait_timeout = 1"))
+                    .execute(&mut *connection)
+                    .await
+                    .map_err(unavailable)?;
+                match connection.execute(add.clone()).await {
+                    Ok(_) => Ok(true),
+                    Err(_) if self.has_column(connection, column).await? => Ok(true),
+                    // ER_LOCK_WAIT_TIMEOUT: the metadata lock was held all the while.
+                    Err(error) if transactional::error_number(&error) == Some(1205) => Ok(false),
+                    Err(error) => Err(unavailable(error)),
+                }
+            })
+            .await;
+            match added {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(error) if error.kind() == StoreErrorKind::Timeout => {}
+                Err(error) => return Err(error),
+            }
+            drop(session);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+        Err(StoreError::with_source(
+            StoreErrorKind::Timeout,
+            format!("the table's metadata lock stayed held: {column} not added"),
+        ))
     }
 
     /// Whether the table has `column`.
@@ -417,7 +467,10 @@ impl std::fmt::Debug for MySqlStore {
     }
 }
 
-/// In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index, each one
+/// Records past their replay window and within their tombstone's become tombstones (their
+/// response dropped, counted as purged); records past both, or with no tombstone, are
+/// deleted. In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index,
+/// each batch two statements (the tombstones, then the deletions) on its first records, each
 /// statement well within the store's timeout, until none is left. So it finishes at any
 /// backlog. The batches run on a connection of the purge's own, at `READ COMMITTED`: they lock
 /// the records they delete and no gap, so a claim beside them, whose new row has no expiry

@@ -23,9 +23,11 @@ impl View for MySqlStore {
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
         let age = u64::try_from(age).ok().map(Duration::from_millis);
         match (pending, response, tombstone) {
-            (false, None, Some(tombstone)) => {
+            (false, None, Some(tombstone)) if remembered => {
                 return expired_info(fingerprint, age, tombstone).map(Some);
             }
+            // A tombstone past its window, not purged yet: absent, as to a claim.
+            (false, None, Some(_)) => return Ok(None),
             (false, Some(_), Some(tombstone)) if expired && remembered => {
                 return expired_info(fingerprint, age, tombstone).map(Some);
             }

@@ -139,7 +139,7 @@ fn lock_not_had(error: &sqlx::Error) -> bool {
 }
 
 /// The server's error number of `error`, if the server sent one.
-fn error_number(error: &sqlx::Error) -> Option<u16> {
+pub(super) fn error_number(error: &sqlx::Error) -> Option<u16> {
     match error {
         sqlx::Error::Database(database) => database
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()

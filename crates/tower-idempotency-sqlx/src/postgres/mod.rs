@@ -60,7 +60,8 @@ pub use transactional::{PgTransaction, PgTransactionConnection, TransactionalPos
 /// The table is created by [`migrate`](PostgresStore::migrate), which is idempotent and safe to
 /// run from several replicas at once. Completed records get an `expires_at` from the
 /// [retention](PostgresStore::retention), if set, and [`purge_expired`](PostgresStore::purge_expired)
-/// deletes the expired ones; schedule it as you like. Pending records never expire.
+/// drops the response of the expired ones within their [tombstone window](PostgresStore::tombstones)
+/// and deletes the others; schedule it as you like. Pending records never expire.
 ///
 /// With [`pending_wait`](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/struct.IdempotencyLayer.html#method.pending_wait), a waiting request marks the
 /// record it waits on, and once a marked record is completed, released, resolved or forgotten
@@ -506,7 +507,10 @@ fn any_waited(rows: &[PgRow]) -> bool {
     rows.iter().any(|row| row.try_get(0).unwrap_or(true))
 }
 
-/// In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index, each one
+/// Records past their replay window and within their tombstone's become tombstones (their
+/// response dropped, counted as purged); records past both, or with no tombstone, are
+/// deleted. In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index,
+/// each batch one statement that does both to the records it picks,
 /// statement well within the store's timeout, until none is left. So it finishes at any
 /// backlog (one statement for millions of rows would outlast the timeout every time, and the
 /// table would grow while the purge kept failing), and claims between and beside its batches

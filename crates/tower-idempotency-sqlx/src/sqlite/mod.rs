@@ -57,9 +57,11 @@ pub use self::purge::PURGE_BATCH;
 ///   so it waits until that deadline has passed on the same clock (one timeout from the
 ///   settling's start at most) and releases again: after it, the claim can no longer write,
 ///   and a key is never left pending by an answer nobody read.
-/// - Completed records get an `expires_at` from the [retention](Self::retention), if set; a
-///   claim treats expired ones as absent and [`purge_expired`](Self::purge_expired) deletes
-///   them. Pending records never expire.
+/// - Completed records get an `expires_at` from the [retention](Self::retention), if set, and
+///   keep a tombstone for the [tombstone window](Self::tombstones) after it: a claim answers
+///   expired until then and treats the record as absent after;
+///   [`purge_expired`](Self::purge_expired) drops the response, then the record. Pending
+///   records never expire.
 /// - A request waiting for a first attempt ([`pending_wait`](https://docs.rs/tower-idempotency/latest/tower_idempotency/layer/struct.IdempotencyLayer.html#method.pending_wait))
 ///   is woken at once by a change this store made, and looks again every
 ///   [`CHANGE_POLL_INTERVAL`](tower_idempotency_core::CHANGE_POLL_INTERVAL) for a change another process made.

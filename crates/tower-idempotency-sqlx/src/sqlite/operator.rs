@@ -28,7 +28,9 @@ impl View for SqliteStore {
         let expired = row.5.is_some_and(|at| at <= now);
         let remembered = row.8.is_some_and(|until| until > now);
         Ok(Some(match (response, row.7) {
-            (None, Some(tombstone)) => expired_info(fingerprint, age, &tombstone)?,
+            (None, Some(tombstone)) if remembered => expired_info(fingerprint, age, &tombstone)?,
+            // A tombstone past its window, not purged yet: absent, as to a claim.
+            (None, Some(_)) => return Ok(None),
             (Some(_), Some(tombstone)) if expired && remembered => {
                 expired_info(fingerprint, age, &tombstone)?
             }

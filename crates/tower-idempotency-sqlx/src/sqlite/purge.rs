@@ -11,8 +11,9 @@ use crate::dialect::deleting;
 pub const PURGE_BATCH: u64 = 5_000;
 
 /// Records past their replay window and within their tombstone's become tombstones (their
-/// response dropped); records past both are deleted. Each step in batches of at most
-/// [`PURGE_BATCH`] records, oldest first by the expiry index, each one
+/// response dropped, counted as purged); records past both, or with no tombstone, are
+/// deleted. In batches of at most [`PURGE_BATCH`] records, oldest first by the expiry index,
+/// each batch two statements (the tombstones, then the deletions) on its first records, each
 /// statement well within the store's timeout, until none is left. So it finishes at any
 /// backlog, and the claims of every process of the host take their turns at the file's write
 /// lock between its batches, which pause four times a batch's time. One process of the host
