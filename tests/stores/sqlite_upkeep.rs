@@ -571,3 +571,63 @@ async fn complete_new_at(
     let response = StoredResponse::new(http::StatusCode::CREATED, Default::default(), "{}".into());
     store.complete(key, &reservation, &response).await.unwrap();
 }
+
+/// The operator's tool on a key past its replay window (issue "after the window"): `show`
+/// says it is expired, when it completed, its `Location` and until when it is remembered;
+/// `forget` drops the tombstone, and the key is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_tool_shows_an_expired_key_and_forgets_it() {
+    use tower_idempotency::scope::store_key;
+    use tower_idempotency::store::{Claim, Store};
+    let (dir, file) = fresh_file("tool-expired");
+    let url = format!("sqlite://{}", file.display());
+    let retention = Duration::from_millis(200);
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .retention(retention)
+        .tombstones(Duration::from_secs(3600));
+    let key = store_key(None, &http::Method::POST, "/labels", "old");
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint("k", "p");
+    let Ok(Claim::New(reservation)) = store.claim(&key, &fingerprint).await else {
+        panic!("a new key");
+    };
+    let completed = std::time::Instant::now();
+    let response = common::conformance::awkward_response();
+    store.complete(&key, &reservation, &response).await.unwrap();
+    tokio::time::sleep_until((completed + retention + Duration::from_millis(50)).into()).await;
+    let run = |args: &[&str]| {
+        let mut all = vec!["--store", url.as_str()];
+        all.extend_from_slice(args);
+        let (code, out, _) = common::operator_tool(&all);
+        (code, out)
+    };
+    let (code, shown) = run(&["show", "old"]);
+    assert_eq!(code, Some(0), "{shown}");
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines[0], "state expired", "{shown}");
+    assert_eq!(
+        lines[3],
+        format!("status {}", response.status().as_u16()),
+        "{shown}"
+    );
+    assert!(
+        lines[4].starts_with("completed_at ") && lines[4].ends_with(" GMT"),
+        "{shown}"
+    );
+    assert_eq!(lines[5], "location /labels/label-901", "{shown}");
+    assert!(
+        lines[6].starts_with("remembered_until ") && lines[6].ends_with(" GMT"),
+        "{shown}"
+    );
+    assert_eq!(lines.len(), 7, "{shown}");
+    assert_eq!(
+        run(&["forget", "old"]),
+        (Some(0), "forgotten old\n".to_owned())
+    );
+    assert_eq!(run(&["show", "old"]).0, Some(1), "no record left");
+    let Ok(Claim::New(_)) = store.claim(&key, &fingerprint).await else {
+        panic!("forgotten: the key is new");
+    };
+    let _ = std::fs::remove_dir_all(dir);
+}

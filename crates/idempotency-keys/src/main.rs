@@ -283,6 +283,17 @@ purging!(PostgresStore, MySqlStore, SqliteStore);
 
 /// Whether `key` is a stored digest as `pending` prints it: `sha256:` and 64 lowercase
 /// hexadecimal digits (PostgreSQL and MySQL keep a key over 512 bytes so).
+/// `time` as an HTTP date, or as it is past the last one (the year 9999), which a record read
+/// back from a store may hold.
+fn http_date(time: std::time::SystemTime) -> String {
+    // 9999-12-31T23:59:59Z, the last time an HTTP date names.
+    const LAST: Duration = Duration::from_secs(253_402_300_799);
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) if since <= LAST => httpdate::fmt_http_date(time),
+        _ => format!("{time:?}"),
+    }
+}
+
 fn is_digest(key: &str) -> bool {
     key.strip_prefix("sha256:").is_some_and(|hex| {
         hex.len() == 64
@@ -317,6 +328,17 @@ async fn run(store: impl Operator + Purging, options: &Options) -> Result<u8, St
                 out!("fingerprint {}", record.fingerprint);
                 if let Some(status) = record.status {
                     out!("status {}", status.as_u16());
+                }
+                // Expired: when it completed, where its resource is, and until when a retry
+                // is refused as expired (then its key is new).
+                if let Some(tombstone) = &record.tombstone {
+                    out!("completed_at {}", http_date(tombstone.completed_at()));
+                    if let Some(location) = tombstone.location() {
+                        out!("location {}", String::from_utf8_lossy(location.as_bytes()));
+                    }
+                }
+                if let Some(until) = record.remembered_until {
+                    out!("remembered_until {}", http_date(until));
                 }
                 if record.state == RecordState::Pending {
                     let lease = if record.abandoned {

@@ -2,11 +2,11 @@
 //! or forgetting a stuck key.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 
-use super::{Store, StoreError, StoredResponse};
+use super::{Store, StoreError, StoredResponse, Tombstone};
 use crate::fingerprint::Fingerprint;
 
 /// What an operator does with keys a crash left pending: look one up, list the old ones,
@@ -126,6 +126,12 @@ pub struct RecordInfo {
     /// Pending, and its owner's lease lapsed: nobody renewed it within the lease, so its
     /// owner most likely died. A pending record that is not abandoned is in progress.
     pub abandoned: bool,
+    /// An expired record's tombstone (when it completed, its status and `Location`), where
+    /// the store reads it back.
+    pub tombstone: Option<Tombstone>,
+    /// When an expired record's tombstone window ends (then its key is new), where the store
+    /// keeps it.
+    pub remembered_until: Option<SystemTime>,
 }
 
 impl RecordInfo {
@@ -147,6 +153,42 @@ impl RecordInfo {
             fingerprint,
             status: None,
             abandoned,
+            tombstone: None,
+            remembered_until: None,
+        }
+    }
+
+    /// An expired record, for a store of your own: its replay window passed, its
+    /// `tombstone` kept (the status is the tombstone's) until `remembered_until`, if the store
+    /// knows when.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use http::StatusCode;
+    /// use tower_idempotency_core::{Fingerprint, RecordInfo, RecordState, Tombstone};
+    ///
+    /// let completed = SystemTime::now();
+    /// let tombstone = Tombstone::new(completed, StatusCode::CREATED, None);
+    /// let until = completed + Duration::from_secs(8 * 24 * 3600);
+    /// let fp = Fingerprint::digest(["k", "p"]);
+    /// let info = RecordInfo::expired(fp, None, tombstone.clone(), Some(until));
+    /// assert_eq!((info.state, info.status), (RecordState::Expired, Some(StatusCode::CREATED)));
+    /// assert_eq!((info.tombstone, info.remembered_until), (Some(tombstone), Some(until)));
+    /// ```
+    pub fn expired(
+        fingerprint: Fingerprint,
+        age: Option<Duration>,
+        tombstone: Tombstone,
+        remembered_until: Option<SystemTime>,
+    ) -> Self {
+        Self {
+            state: RecordState::Expired,
+            age,
+            fingerprint,
+            status: Some(tombstone.status()),
+            abandoned: false,
+            tombstone: Some(tombstone),
+            remembered_until,
         }
     }
 
@@ -200,6 +242,8 @@ impl RecordInfo {
             fingerprint,
             status: Some(status),
             abandoned: false,
+            tombstone: None,
+            remembered_until: None,
         }
     }
 }

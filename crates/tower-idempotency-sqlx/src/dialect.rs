@@ -128,20 +128,19 @@ pub(crate) fn completed<R>(
     })
 }
 
-/// The operator's view of a record past its replay window, remembered by its `tombstone`.
+/// The operator's view of a record past its replay window, remembered by its `tombstone`
+/// until `until_ms` (milliseconds since 1970).
 pub(crate) fn expired_info(
     fingerprint: Fingerprint,
     age: Option<Duration>,
     tombstone: &[u8],
+    until_ms: Option<i64>,
 ) -> Result<RecordInfo, StoreError> {
-    let status = tower_idempotency_core::Tombstone::from_bytes(tombstone)?.status();
-    Ok(RecordInfo::new(
-        tower_idempotency_core::RecordState::Expired,
-        fingerprint,
-        age,
-        Some(status),
-        false,
-    ))
+    let tombstone = tower_idempotency_core::Tombstone::from_bytes(tombstone)?;
+    let until = until_ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .and_then(|ms| std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms)));
+    Ok(RecordInfo::expired(fingerprint, age, tombstone, until))
 }
 
 /// The lease a claim runs under on a store of `options`: a store that keeps no tombstones

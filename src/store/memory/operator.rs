@@ -14,6 +14,7 @@ impl Operator for MemoryStore {
         let now = self.now();
         let (probe, shard) = self.locked(key);
         Ok(shard.get(probe).map(|record| {
+            let fingerprint = Fingerprint::from_sha256(record.fingerprint);
             let (state, since, status, abandoned) = match &record.state {
                 State::Pending { since, until, .. } => {
                     (RecordState::Pending, *since, None, now >= *until)
@@ -25,13 +26,19 @@ impl Operator for MemoryStore {
                 }
                 State::Tombstone { at, .. } => {
                     let tombstone = record.tombstone().unwrap_or_default();
-                    let status = Tombstone::from_bytes(&tombstone).ok().map(|t| t.status());
-                    (RecordState::Expired, *at, status, false)
+                    let age = (*at != Tick::NEVER).then(|| now.since(*at));
+                    if let Ok(tombstone) = Tombstone::from_bytes(&tombstone) {
+                        let until = self
+                            .windows()
+                            .and_then(|windows| self.wall(*at).checked_add(windows.remembered()));
+                        return RecordInfo::expired(fingerprint, age, tombstone, until);
+                    }
+                    (RecordState::Expired, *at, None, false)
                 }
             };
             RecordInfo::new(
                 state,
-                Fingerprint::from_sha256(record.fingerprint),
+                fingerprint,
                 (since != Tick::NEVER).then(|| now.since(since)),
                 status,
                 abandoned,

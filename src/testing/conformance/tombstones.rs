@@ -113,6 +113,16 @@ pub async fn purge_keeps_tombstones_until_their_window_ends(
         .expect("a tombstone kept");
     assert_eq!(info.state, RecordState::Expired);
     assert_eq!(info.fingerprint, fp("a"));
+    assert_eq!(info.status, Some(awkward_response().status()));
+    // What the operator reads of it: the tombstone, and when its window ends.
+    let kept = info.tombstone.expect("the tombstone, read back");
+    assert_eq!(kept.location().expect("its Location"), "/labels/label-901");
+    let until = info.remembered_until.expect("when its window ends");
+    let (window, second) = (retention + tombstones, Duration::from_secs(1));
+    assert!(
+        until + second >= before + window && until <= after + window + second,
+        "remembered until {until:?}, not {window:?} after {before:?}"
+    );
     checked(claim(&store, &key, &fp("a")).await, (before, after));
     past(started, retention + tombstones).await;
     store.purge_expired().await.unwrap();

@@ -17,6 +17,7 @@ impl View for MySqlStore {
         let tombstone: Option<&[u8]> = row.try_get(5).map_err(corrupt)?;
         let expired = row.try_get::<i64, _>(6).map_err(corrupt)? != 0;
         let remembered = row.try_get::<i64, _>(7).map_err(corrupt)? != 0;
+        let until: Option<i64> = row.try_get(8).map_err(corrupt)?;
         let fingerprint = std::str::from_utf8(fingerprint)
             .ok()
             .and_then(Fingerprint::parse)
@@ -24,12 +25,12 @@ impl View for MySqlStore {
         let age = u64::try_from(age).ok().map(Duration::from_millis);
         match (pending, response, tombstone) {
             (false, None, Some(tombstone)) if remembered => {
-                return expired_info(fingerprint, age, tombstone).map(Some);
+                return expired_info(fingerprint, age, tombstone, until).map(Some);
             }
             // A tombstone past its window, not purged yet: absent, as to a claim.
             (false, None, Some(_)) => return Ok(None),
             (false, Some(_), Some(tombstone)) if expired && remembered => {
-                return expired_info(fingerprint, age, tombstone).map(Some);
+                return expired_info(fingerprint, age, tombstone, until).map(Some);
             }
             _ => {}
         }

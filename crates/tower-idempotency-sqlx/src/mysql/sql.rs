@@ -118,8 +118,8 @@ impl Sql {
             inspect: statement(format!(
                 "SELECT fingerprint, token IS NOT NULL, response, {NOW_MS} - changed_at, \
                  token IS NOT NULL AND COALESCE(lease_until <= {NOW_MS}, 0), tombstone, \
-                 COALESCE(expires_at <= {NOW_MS}, 0), COALESCE(tombstone_until > {NOW_MS}, 0) \
-                 FROM {quoted} WHERE `key` = ?"
+                 COALESCE(expires_at <= {NOW_MS}, 0), COALESCE(tombstone_until > {NOW_MS}, 0), \
+                 tombstone_until FROM {quoted} WHERE `key` = ?"
             )),
             pending: statement(format!(
                 "SELECT `key` FROM {quoted} WHERE token IS NOT NULL \

@@ -30,17 +30,18 @@ impl View for PostgresStore {
         let tombstone: Option<&[u8]> = row.try_get(5).map_err(corrupt)?;
         let expired: bool = row.try_get(6).map_err(corrupt)?;
         let remembered: bool = row.try_get(7).map_err(corrupt)?;
+        let until: Option<i64> = row.try_get(8).map_err(corrupt)?;
         let fingerprint = Fingerprint::parse(fingerprint)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
         let age = u64::try_from(age).ok().map(Duration::from_millis);
         match (pending, response, tombstone) {
             (false, None, Some(tombstone)) if remembered => {
-                return expired_info(fingerprint, age, tombstone).map(Some);
+                return expired_info(fingerprint, age, tombstone, until).map(Some);
             }
             // A tombstone past its window, not purged yet: absent, as to a claim.
             (false, None, Some(_)) => return Ok(None),
             (false, Some(_), Some(tombstone)) if expired && remembered => {
-                return expired_info(fingerprint, age, tombstone).map(Some);
+                return expired_info(fingerprint, age, tombstone, until).map(Some);
             }
             _ => {}
         }

@@ -233,7 +233,8 @@ impl Sql {
                 "SELECT fingerprint, token IS NOT NULL, response, \
                  (extract(epoch FROM now() - changed_at) * 1000)::bigint, \
                  token IS NOT NULL AND COALESCE(lease_until <= now(), false), tombstone, \
-                 COALESCE(expires_at <= now(), false), COALESCE(tombstone_until > now(), false) \
+                 COALESCE(expires_at <= now(), false), COALESCE(tombstone_until > now(), false), \
+                 (extract(epoch FROM tombstone_until) * 1000)::bigint \
                  FROM {quoted} WHERE key = $1"
             )),
             // The claim of the transactional mode, in the claim's transaction: first the key's

@@ -28,11 +28,13 @@ impl View for SqliteStore {
         let expired = row.5.is_some_and(|at| at <= now);
         let remembered = row.8.is_some_and(|until| until > now);
         Ok(Some(match (response, row.7) {
-            (None, Some(tombstone)) if remembered => expired_info(fingerprint, age, &tombstone)?,
+            (None, Some(tombstone)) if remembered => {
+                expired_info(fingerprint, age, &tombstone, row.8)?
+            }
             // A tombstone past its window, not purged yet: absent, as to a claim.
             (None, Some(_)) => return Ok(None),
             (Some(_), Some(tombstone)) if expired && remembered => {
-                expired_info(fingerprint, age, &tombstone)?
+                expired_info(fingerprint, age, &tombstone, row.8)?
             }
             (Some(response), _) => {
                 let status = codec::decode(Bytes::from(response))?.status();
