@@ -629,5 +629,26 @@ async fn the_operators_tool_shows_an_expired_key_and_forgets_it() {
     let Ok(Claim::New(_)) = store.claim(&key, &fingerprint).await else {
         panic!("forgotten: the key is new");
     };
+    // A key resolved by hand keeps a tombstone as the servers were told: by default a week's,
+    // none with `--tombstone-s 0`.
+    let body = dir.join("body.json");
+    std::fs::write(&body, "{}").unwrap();
+    let body = body.display().to_string();
+    for (name, flags) in [("kept", &[][..]), ("unkept", &["--tombstone-s", "0"][..])] {
+        let key = store_key(None, &http::Method::POST, "/labels", name);
+        store.claim(&key, &fingerprint).await.unwrap();
+        let mut args = flags.to_vec();
+        args.extend(["resolve", name, "--status", "201", "--body-file", &body]);
+        assert_eq!(run(&args).0, Some(0), "{name}");
+        let kept: Option<i64> = sqlx::query_scalar(
+            "SELECT tombstone_until - expires_at FROM idempotency_records WHERE key = ?1",
+        )
+        .bind(&key)
+        .fetch_one(&mut connect(&file).await)
+        .await
+        .unwrap();
+        let week = i64::try_from(tower_idempotency::store::DEFAULT_TOMBSTONES.as_millis()).unwrap();
+        assert_eq!(kept, (name == "kept").then_some(week), "{name}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo install idempotency-keys
 //! idempotency_keys --store URL [--path PATH] [--method POST] [--scope SCOPE] \
-//!     [--table NAME] [--retention-s N] COMMAND
+//!     [--table NAME] [--retention-s N] [--tombstone-s N] COMMAND
 //! ```
 //!
 //! Run `idempotency_keys --help` for the commands. Exit codes: 0 done, 1 no such record (or,
@@ -82,6 +82,10 @@ struct Args {
     /// 0 for good: give what the servers were given).
     #[arg(long, global = true, value_name = "N")]
     retention_s: Option<u64>,
+    /// How long a resolved key is remembered past its replay window, refused as expired, as
+    /// the servers keep one (default 604800, a week; 0 none: give what the servers were given).
+    #[arg(long, global = true, value_name = "N")]
+    tombstone_s: Option<u64>,
     /// Each store call's timeout (default 1; a listing gets ten times it: raise it for a
     /// Redis of millions of keys, whose listing scans them all).
     #[arg(long, global = true, value_name = "N")]
@@ -143,6 +147,8 @@ struct Options {
     scope: Option<String>,
     /// How long a resolved key replays, as the servers keep a completed one; `None`: for good.
     retention: Option<Duration>,
+    /// How long a resolved key is remembered past its replay window.
+    tombstones: Duration,
     /// Each store call's timeout (a listing gets ten times it), if not the store's default.
     timeout: Option<Duration>,
     /// The replicas a Redis write waits for, if not the store's default.
@@ -250,6 +256,10 @@ fn options(args: Args) -> Result<Options, clap::Error> {
             Some(0) => None,
             Some(seconds) => Some(Duration::from_secs(seconds)),
         },
+        tombstones: args.tombstone_s.map_or(
+            tower_idempotency::store::DEFAULT_TOMBSTONES,
+            Duration::from_secs,
+        ),
         timeout: args.timeout_s.map(|s| Duration::from_secs(s.max(1))),
         wait_for_replicas: args.wait_for_replicas,
         command,
@@ -414,7 +424,8 @@ async fn run(store: impl Operator + Purging, options: &Options) -> Result<u8, St
     }
 }
 
-/// `store` keeping a completed key for `--retention-s`, or for good, with `--timeout-s`'s
+/// `store` keeping a completed key for `--retention-s`, or for good, then its tombstone for
+/// `--tombstone-s`, with `--timeout-s`'s
 /// timeout if given: every store has these settings.
 macro_rules! configured {
     ($store:expr, $options:expr) => {{
@@ -422,6 +433,8 @@ macro_rules! configured {
             Some(retention) => $store.retention(retention),
             None => $store.keep_forever(),
         };
+        let kept = store.options().tombstones($options.tombstones);
+        let store = store.with_options(kept);
         match $options.timeout {
             Some(timeout) => store.timeout(timeout),
             None => store,
@@ -546,6 +559,13 @@ mod tests {
             (options.retention, options.timeout),
             (None, Some(Duration::from_secs(1)))
         );
+        assert_eq!(
+            options.tombstones,
+            tower_idempotency::store::DEFAULT_TOMBSTONES,
+            "a week unless told"
+        );
+        let options = parse("--store redis://h purge --tombstone-s 60").unwrap();
+        assert_eq!(options.tombstones, Duration::from_secs(60));
         let options = parse("--store redis://h --path /p forget -- --dashed").unwrap();
         assert!(matches!(options.command, Action::Forget(ref key) if key == "--dashed"));
     }
