@@ -626,3 +626,95 @@ async fn one_purge_buries_and_deletes_records_however_they_interleave() {
     assert_eq!(claimed_again(&store, "interleaved-1").await, "new");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A file made by a release before tombstones: opening it adds their columns (and a second
+/// open, or `migrate`, finds them and changes nothing), and the store keeps tombstones on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_an_earlier_release_gains_the_tombstone_columns() {
+    use common::{claimed_again, complete_new};
+    use tower_idempotency::store::sqlite::sqlx::Executor as _;
+    let (dir, file) = fresh_file("earlier-release");
+    let mut old = SqliteConnection::connect_with(
+        &SqliteConnectOptions::new()
+            .filename(&file)
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
+    old.execute(include_str!(
+        "../../crates/tower-idempotency-sqlx/migrations/sqlite/0001_idempotency_records.sql"
+    ))
+    .await
+    .unwrap();
+    old.execute(
+        "INSERT INTO idempotency_records (key, fingerprint, response, changed_at, expires_at) \
+         VALUES ('before', 'f', x'00', 0, 1)",
+    )
+    .await
+    .unwrap();
+    let columns = async |connection: &mut SqliteConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pragma_table_info('idempotency_records') \
+             WHERE name IN ('tombstone', 'tombstone_until')",
+        )
+        .fetch_one(connection)
+        .await
+        .unwrap()
+    };
+    assert_eq!(columns(&mut old).await, 0, "the earlier release's table");
+    let retention = Duration::from_millis(200);
+    let store = SqliteStore::open(&file)
+        .await
+        .unwrap()
+        .retention(retention)
+        .tombstones(Duration::from_secs(60));
+    assert_eq!(columns(&mut old).await, 2, "both columns added");
+    store.migrate().await.unwrap();
+    SqliteStore::open(&file)
+        .await
+        .expect("opened again as it is");
+    let key = format!(
+        "upgraded-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    let started = std::time::Instant::now();
+    complete_new(&store, &key).await;
+    tokio::time::sleep_until((started + retention + Duration::from_millis(50)).into()).await;
+    assert_eq!(claimed_again(&store, &key).await, "expired");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A pending record is pending whatever else its row holds: a claim never answers expired (or
+/// replays) a key whose reservation is held, even beside a tombstone left in its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_record_is_pending_beside_a_stray_tombstone() {
+    use tower_idempotency::store::{Claim, Store};
+    let store = make_store(Some(Duration::from_secs(3600))).await;
+    let key = format!(
+        "stray-{}",
+        tower_idempotency::store::Reservation::generate()
+    );
+    let fingerprint = tower_idempotency::operation::LabelContract::fingerprint(&key, "p");
+    let Ok(Claim::New(_)) = store.claim(&key, &fingerprint).await else {
+        panic!("a new key");
+    };
+    let tombstone = tower_idempotency::store::Tombstone::new(
+        std::time::SystemTime::now(),
+        http::StatusCode::CREATED,
+        None,
+    );
+    sqlx::query(
+        "UPDATE idempotency_records SET tombstone = ?2, tombstone_until = ?3, expires_at = 1 \
+         WHERE key = ?1",
+    )
+    .bind(&key)
+    .bind(&tombstone.to_bytes()[..])
+    .bind(now_millis() + 3_600_000)
+    .execute(&mut connect(path()).await)
+    .await
+    .unwrap();
+    assert_eq!(
+        store.claim(&key, &fingerprint).await.unwrap(),
+        Claim::Pending
+    );
+}
