@@ -143,6 +143,68 @@ pub(crate) fn expired_info(
     Ok(RecordInfo::expired(fingerprint, age, tombstone, until))
 }
 
+/// A record as a server's inspect statement reads it back.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct Inspected<'r> {
+    pub(crate) fingerprint: Fingerprint,
+    /// Since it was claimed or completed.
+    pub(crate) age: Option<Duration>,
+    /// It holds a reservation.
+    pub(crate) pending: bool,
+    /// Pending, its lease lapsed.
+    pub(crate) abandoned: bool,
+    pub(crate) response: Option<&'r [u8]>,
+    pub(crate) tombstone: Option<&'r [u8]>,
+    /// Past its replay window.
+    pub(crate) expired: bool,
+    /// Within its tombstone's window.
+    pub(crate) remembered: bool,
+    /// When its tombstone's window ends, in milliseconds since 1970.
+    pub(crate) until: Option<i64>,
+}
+
+/// The operator's view of a record a server's inspect read: pending, completed with its
+/// response's status, or expired by its tombstone; `None` for a tombstone past its window not
+/// purged yet, absent as to a claim.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn record_info(record: Inspected<'_>) -> Result<Option<RecordInfo>, StoreError> {
+    let Inspected {
+        fingerprint,
+        age,
+        pending,
+        ..
+    } = record;
+    match (pending, record.response, record.tombstone) {
+        (false, None, Some(tombstone)) if record.remembered => {
+            return expired_info(fingerprint, age, tombstone, record.until).map(Some);
+        }
+        (false, None, Some(_)) => return Ok(None),
+        (false, Some(_), Some(tombstone)) if record.expired && record.remembered => {
+            return expired_info(fingerprint, age, tombstone, record.until).map(Some);
+        }
+        _ => {}
+    }
+    let status = match record.response {
+        Some(response) => Some(
+            tower_idempotency_core::codec::decode(bytes::Bytes::copy_from_slice(response))?
+                .status(),
+        ),
+        None => None,
+    };
+    let state = if pending {
+        tower_idempotency_core::RecordState::Pending
+    } else {
+        tower_idempotency_core::RecordState::Completed
+    };
+    Ok(Some(RecordInfo::new(
+        state,
+        fingerprint,
+        age,
+        status,
+        record.abandoned,
+    )))
+}
+
 /// The lease a claim runs under on a store of `options`: a store that keeps no tombstones
 /// forgets any a record holds (written by another replica, or an earlier setting), so that a
 /// key past its replay window is new there, as its options say.

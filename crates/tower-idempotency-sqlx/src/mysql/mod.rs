@@ -23,8 +23,8 @@ use tower_idempotency_core::Purge;
 use tower_idempotency_core::backend::within;
 use tower_idempotency_core::codec;
 use tower_idempotency_core::{
-    Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, RecordInfo, RecordState, StoreError,
-    StoreErrorKind, StoredResponse, decide,
+    Claim, DEFAULT_TIMEOUT, Decision, Found, Lease, RecordInfo, StoreError, StoreErrorKind,
+    StoredResponse, decide,
 };
 
 mod claim;

@@ -1,7 +1,7 @@
 //! The operator's view of a MySQL store's records.
 
 use super::*;
-use crate::dialect::{View, expired_info};
+use crate::dialect::{Inspected, View, record_info};
 
 impl View for MySqlStore {
     async fn inspect_record(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -22,33 +22,17 @@ impl View for MySqlStore {
             .ok()
             .and_then(Fingerprint::parse)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
-        let age = u64::try_from(age).ok().map(Duration::from_millis);
-        match (pending, response, tombstone) {
-            (false, None, Some(tombstone)) if remembered => {
-                return expired_info(fingerprint, age, tombstone, until).map(Some);
-            }
-            // A tombstone past its window, not purged yet: absent, as to a claim.
-            (false, None, Some(_)) => return Ok(None),
-            (false, Some(_), Some(tombstone)) if expired && remembered => {
-                return expired_info(fingerprint, age, tombstone, until).map(Some);
-            }
-            _ => {}
-        }
-        let status = match response {
-            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
-            None => None,
-        };
-        Ok(Some(RecordInfo::new(
-            if pending {
-                RecordState::Pending
-            } else {
-                RecordState::Completed
-            },
+        record_info(Inspected {
             fingerprint,
-            age,
-            status,
+            age: u64::try_from(age).ok().map(Duration::from_millis),
+            pending,
             abandoned,
-        )))
+            response,
+            tombstone,
+            expired,
+            remembered,
+            until,
+        })
     }
 
     async fn pending_keys(&self, millis: i64) -> Result<Vec<String>, StoreError> {

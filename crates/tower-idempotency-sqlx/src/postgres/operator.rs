@@ -2,16 +2,13 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use tower_idempotency_core::Fingerprint;
 use tower_idempotency_core::backend::within;
-use tower_idempotency_core::codec;
-use tower_idempotency_core::{RecordInfo, RecordState, StoreError, StoreErrorKind};
+use tower_idempotency_core::{RecordInfo, StoreError, StoreErrorKind};
 
 use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr as _};
 
-use crate::dialect::{View, expired_info};
+use crate::dialect::{Inspected, View, record_info};
 
 use super::{PostgresStore, begin_on, corrupt, statement_timeout_ms, table_key, unavailable};
 
@@ -33,33 +30,17 @@ impl View for PostgresStore {
         let until: Option<i64> = row.try_get(8).map_err(corrupt)?;
         let fingerprint = Fingerprint::parse(fingerprint)
             .ok_or_else(|| StoreError::new(StoreErrorKind::Corrupt))?;
-        let age = u64::try_from(age).ok().map(Duration::from_millis);
-        match (pending, response, tombstone) {
-            (false, None, Some(tombstone)) if remembered => {
-                return expired_info(fingerprint, age, tombstone, until).map(Some);
-            }
-            // A tombstone past its window, not purged yet: absent, as to a claim.
-            (false, None, Some(_)) => return Ok(None),
-            (false, Some(_), Some(tombstone)) if expired && remembered => {
-                return expired_info(fingerprint, age, tombstone, until).map(Some);
-            }
-            _ => {}
-        }
-        let status = match response {
-            Some(response) => Some(codec::decode(Bytes::copy_from_slice(response))?.status()),
-            None => None,
-        };
-        Ok(Some(RecordInfo::new(
-            if pending {
-                RecordState::Pending
-            } else {
-                RecordState::Completed
-            },
+        record_info(Inspected {
             fingerprint,
-            age,
-            status,
+            age: u64::try_from(age).ok().map(Duration::from_millis),
+            pending,
             abandoned,
-        )))
+            response,
+            tombstone,
+            expired,
+            remembered,
+            until,
+        })
     }
 
     async fn pending_keys(&self, millis: i64) -> Result<Vec<String>, StoreError> {
