@@ -13,7 +13,7 @@ impl Operator for MemoryStore {
     async fn inspect(&self, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = self.now();
         let (probe, shard) = self.locked(key);
-        Ok(shard.get(probe).map(|record| {
+        Ok(shard.get(probe).and_then(|record| {
             let fingerprint = Fingerprint::from_sha256(record.fingerprint);
             let (state, since, status, abandoned) = match &record.state {
                 State::Pending { since, until, .. } => {
@@ -21,28 +21,47 @@ impl Operator for MemoryStore {
                 }
                 State::Completed { at, .. } => {
                     let response = record.response().unwrap_or_default();
+                    // Past its replay window, not swept yet, on a store that keeps tombstones:
+                    // expired within the tombstone's window, absent after, as to a claim.
+                    if let Some(windows) = self.windows()
+                        && windows.tombstones.is_some()
+                        && now.since(*at) >= windows.retention
+                    {
+                        if now.since(*at) >= windows.remembered() {
+                            return None;
+                        }
+                        if let Ok(tombstone) = codec::tombstone(&response, self.wall(*at)) {
+                            let until = self.wall(*at).checked_add(windows.remembered());
+                            let age = Some(now.since(*at));
+                            return Some(RecordInfo::expired(fingerprint, age, tombstone, until));
+                        }
+                    }
                     let status = codec::decode(response).ok().map(|r| r.status());
                     (RecordState::Completed, *at, status, false)
                 }
                 State::Tombstone { at, .. } => {
+                    let windows = self.windows();
+                    // Past its window, not swept yet: absent, as to a claim.
+                    if windows.is_some_and(|windows| now.since(*at) >= windows.remembered()) {
+                        return None;
+                    }
                     let tombstone = record.tombstone().unwrap_or_default();
                     let age = (*at != Tick::NEVER).then(|| now.since(*at));
                     if let Ok(tombstone) = Tombstone::from_bytes(&tombstone) {
-                        let until = self
-                            .windows()
+                        let until = windows
                             .and_then(|windows| self.wall(*at).checked_add(windows.remembered()));
-                        return RecordInfo::expired(fingerprint, age, tombstone, until);
+                        return Some(RecordInfo::expired(fingerprint, age, tombstone, until));
                     }
                     (RecordState::Expired, *at, None, false)
                 }
             };
-            RecordInfo::new(
+            Some(RecordInfo::new(
                 state,
                 fingerprint,
                 (since != Tick::NEVER).then(|| now.since(since)),
                 status,
                 abandoned,
-            )
+            ))
         }))
     }
 

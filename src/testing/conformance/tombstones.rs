@@ -105,6 +105,12 @@ pub async fn purge_keeps_tombstones_until_their_window_ends(
     let key = unique_key("tombstone-purged");
     let (before, after, started) = completed(&store, &key).await;
     past(started, retention).await;
+    let unpurged = store.inspect(&key).await.unwrap().expect("a record");
+    assert_eq!(
+        unpurged.state,
+        RecordState::Expired,
+        "past its window, before any purge: expired"
+    );
     store.purge_expired().await.unwrap();
     let info = store
         .inspect(&key)
@@ -125,6 +131,11 @@ pub async fn purge_keeps_tombstones_until_their_window_ends(
     );
     checked(claim(&store, &key, &fp("a")).await, (before, after));
     past(started, retention + tombstones).await;
+    assert_eq!(
+        store.inspect(&key).await.unwrap(),
+        None,
+        "past its window, before the purge: absent, as to a claim"
+    );
     store.purge_expired().await.unwrap();
     assert_eq!(
         store.inspect(&key).await.unwrap(),
